@@ -1,0 +1,25 @@
+"""Errors raised by the CEC core."""
+
+from __future__ import annotations
+
+__all__ = ["BadTupleError", "CecError", "CodecError", "ConfigError"]
+
+
+class CecError(Exception):
+    """Base class of every error raised by `cec`."""
+
+
+class CodecError(CecError):
+    """Bytes that are not a valid CEC record: wrong magic, unknown version, bad checksum, malformed Avro."""
+
+
+class ConfigError(CecError):
+    """Invalid operator, policy or CLI configuration."""
+
+
+class BadTupleError(CecError):
+    """An input tuple the operator cannot process; it goes to the dead-letter destination with `reason`."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason

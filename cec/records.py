@@ -1,0 +1,191 @@
+"""The tuple model of a CEC output queue and its wire format.
+
+Every record an operator writes to its output queue is an `OutputRecord`:
+- `R`: a result; for a windowed operator also the window's last footprint;
+- `GOPEN` / `GCHECK`: window footprints (state after the opening tuple / partial state "as of now");
+- `DEAD`: an input tuple the operator could not process (the dead-letter destination lives in the log
+  itself, so replay after a crash neither loses nor repeats it);
+- `EOS`: the operator reached the end of all its inputs.
+
+Each carries the operator's logical time, `pos` (for every input partition, the next offset it would
+read: everything below has been applied), and N, the number of open windows when it was produced.
+
+Wire format: `MAGIC | version | CRC32C(version + body) | Avro body` (fastavro schemaless). The version
+selects the writer schema, and decoding resolves it against the newest schema, so a newer release still
+loads checkpoints written by an older one.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+import fastavro
+import google_crc32c
+
+from cec.exceptions import CodecError
+from queuestore.base import RecordMeta
+
+__all__ = [
+    "CONTROL_KINDS",
+    "FOOTPRINT_KINDS",
+    "AvroCodec",
+    "Kind",
+    "OutputRecord",
+    "RecordCodec",
+    "crc32c",
+]
+
+MAGIC = 0xCE
+_HEADER = struct.Struct(">BBI")  # magic, version, crc32c
+
+
+class Kind(str, Enum):
+    R = "R"
+    GOPEN = "GOPEN"
+    GCHECK = "GCHECK"
+    DEAD = "DEAD"
+    EOS = "EOS"
+
+
+FOOTPRINT_KINDS = frozenset({Kind.GOPEN, Kind.GCHECK})
+CONTROL_KINDS = frozenset({Kind.GOPEN, Kind.GCHECK, Kind.DEAD, Kind.EOS})
+
+
+def crc32c(data: bytes) -> int:
+    return int(google_crc32c.value(data))
+
+
+@dataclass(frozen=True, slots=True)
+class OutputRecord:
+    kind: Kind
+    time: int
+    pos: tuple[int, ...]
+    n: int
+    key: str | None = None
+    seq: int = -1
+    state: bytes | None = None
+    payload: bytes | None = None
+
+    @property
+    def window(self) -> tuple[str, int] | None:
+        return None if self.key is None else (self.key, self.seq)
+
+    def meta(self) -> RecordMeta:
+        return RecordMeta(self.kind.value, self.time, self.key, self.seq)
+
+
+_KIND_SYMBOLS = [k.value for k in Kind]
+
+# Version 1: the first release. Never edit a published schema: add version N+1 whose new fields have
+# defaults, and make it the newest.
+SCHEMAS: dict[int, dict[str, Any]] = {
+    1: {
+        "type": "record",
+        "name": "OutputRecord",
+        "namespace": "cec",
+        "fields": [
+            {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": _KIND_SYMBOLS}},
+            {"name": "time", "type": "long"},
+            {"name": "pos", "type": {"type": "array", "items": "long"}},
+            {"name": "n", "type": "long"},
+            {"name": "key", "type": ["null", "string"], "default": None},
+            {"name": "seq", "type": "long", "default": -1},
+            {"name": "state", "type": ["null", "bytes"], "default": None},
+            {"name": "payload", "type": ["null", "bytes"], "default": None},
+        ],
+    }
+}
+
+
+class RecordCodec:
+    """Encodes `OutputRecord`s with the newest schema; decodes any known version.
+
+    `max_bytes` bounds what `decode` accepts, so hostile input cannot make it allocate without limit
+    (Avro lengths inside a record are also bounded by the record's own size, which is checked against
+    what the reader actually consumed).
+    """
+
+    def __init__(self, schemas: Mapping[int, dict[str, Any]] = SCHEMAS, max_bytes: int = 64 << 20) -> None:
+        if not schemas:
+            raise ValueError("at least one schema version is needed")
+        self.version = max(schemas)
+        self.max_bytes = max_bytes
+        self._parsed = {v: fastavro.parse_schema(dict(s)) for v, s in schemas.items()}
+        self._reader_schema = self._parsed[self.version]
+
+    def encode(self, record: OutputRecord) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(
+            buf,
+            self._reader_schema,
+            {
+                "kind": record.kind.value,
+                "time": record.time,
+                "pos": list(record.pos),
+                "n": record.n,
+                "key": record.key,
+                "seq": record.seq,
+                "state": record.state,
+                "payload": record.payload,
+            },
+        )
+        body = buf.getvalue()
+        return _HEADER.pack(MAGIC, self.version, crc32c(bytes([self.version]) + body)) + body
+
+    def decode(self, data: bytes) -> OutputRecord:
+        if len(data) < _HEADER.size + 1:
+            raise CodecError(f"record too short ({len(data)} bytes)")
+        if len(data) > self.max_bytes:
+            raise CodecError(f"record of {len(data)} bytes exceeds the {self.max_bytes}-byte limit")
+        magic, version, crc = _HEADER.unpack_from(data)
+        if magic != MAGIC:
+            raise CodecError(f"not a CEC record (magic 0x{magic:02x})")
+        writer_schema = self._parsed.get(version)
+        if writer_schema is None:
+            raise CodecError(f"unknown record schema version {version} (this reader knows {sorted(self._parsed)})")
+        body = memoryview(data)[_HEADER.size :]
+        if crc32c(bytes([version]) + bytes(body)) != crc:
+            raise CodecError("checksum mismatch: torn or corrupt record")
+        buf = io.BytesIO(body)
+        try:
+            obj = fastavro.schemaless_reader(buf, writer_schema, self._reader_schema)
+        except Exception as exc:  # fastavro raises many types on malformed input
+            raise CodecError(f"malformed record body: {exc!s:.200}") from None
+        if buf.tell() != len(body):
+            raise CodecError("trailing bytes after record body")
+        assert isinstance(obj, dict)
+        return OutputRecord(
+            Kind(obj["kind"]),
+            obj["time"],
+            tuple(obj["pos"]),
+            obj["n"],
+            obj["key"],
+            obj["seq"],
+            obj["state"],
+            obj["payload"],
+        )
+
+
+class AvroCodec:
+    """Schemaless Avro for operator-defined payloads and window states (the schema is the operator's)."""
+
+    def __init__(self, schema: dict[str, Any]) -> None:
+        self.schema = fastavro.parse_schema(schema)
+
+    def encode(self, datum: Mapping[str, Any]) -> bytes:
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, self.schema, dict(datum))
+        return buf.getvalue()
+
+    def decode(self, data: bytes) -> dict[str, Any]:
+        try:
+            obj = fastavro.schemaless_reader(io.BytesIO(data), self.schema, None)
+        except Exception as exc:
+            raise CodecError(f"malformed payload: {exc!s:.200}") from None
+        assert isinstance(obj, dict)
+        return obj

@@ -1,0 +1,132 @@
+"""A job: one operator instance with its input, output queue and checkpoint policy, as plain data.
+
+Specs are JSON-able so the same job runs in this process, in a child process (`python -m
+operators.worker SPEC.json`, which tests and the CLI SIGKILL), or inside a Spark task.
+"""
+
+from __future__ import annotations
+
+import json
+import operator as _op
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from cec.exceptions import ConfigError
+from cec.policy import CheckpointSchedule, make_policy
+from operators.aggregate import KeyedAggregate
+from operators.base import Operator
+from operators.runtime import OperatorRuntime, Progress, RunStats
+from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
+from operators.stateless import Filter
+from queuestore.base import QueueStore
+from queuestore.factory import open_store
+from queuestore.output import OutputQueue
+
+__all__ = ["SCHEMAS", "JobSpec", "build_operator", "build_source", "run_job"]
+
+SCHEMAS: dict[str, dict[str, Any]] = {"purchase": PURCHASE_SCHEMA}
+_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
+    ">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne,
+}
+
+
+@dataclass
+class JobSpec:
+    operator: dict[str, Any]
+    source: dict[str, Any]
+    store: dict[str, Any]
+    output_topic: str
+    output_partition: int = 0
+    output_partitions: int = 1
+    q_target: int | None = None
+    u_target: int | None = None
+    ci_ms: float = 5.0
+    cp_ms: float = 100.0
+    batch_size: int = 512
+    progress: bool = False
+    stats_path: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> JobSpec:
+        return cls(**json.loads(text))
+
+
+def build_operator(spec: Mapping[str, Any]) -> Operator:
+    kind = spec.get("type")
+    if kind == "aggregate":
+        return KeyedAggregate(
+            key_field=spec["key_field"],
+            value_field=spec["value_field"],
+            agg=spec.get("agg", "avg"),
+            window_count=spec.get("window_count"),
+            window_ms=spec.get("window_ms"),
+            time_field=spec.get("time_field"),
+        )
+    if kind == "filter":
+        field_name, op, threshold = spec["field"], spec["op"], spec["value"]
+        compare = _COMPARE.get(op)
+        if compare is None:
+            raise ConfigError(f"unknown comparison {op!r}")
+        return Filter(
+            lambda v: bool(compare(v[field_name], threshold)),
+            SCHEMAS[spec["schema"]],
+            time_field=spec.get("time_field"),
+            description=f"filter {field_name} {op} {threshold!r}",
+        )
+    raise ConfigError(f"unknown operator type {kind!r}")
+
+
+def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
+    kind = spec.get("type")
+    if kind == "csv":
+        return CsvSource(spec["path"])
+    if kind == "generator":
+        return PurchaseGenerator(
+            spec["count"], spec["keys"], seed=spec.get("seed", 1), partitions=spec.get("partitions", 1),
+            bad_every=spec.get("bad_every", 0),
+        )
+    if kind == "queue":
+        return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]])
+    raise ConfigError(f"unknown source type {kind!r}")
+
+
+def run_job(spec: JobSpec) -> RunStats:
+    store = open_store(spec.store)
+    try:
+        store.create_topic(spec.output_topic, spec.output_partitions)
+        operator = build_operator(spec.operator)
+        source = build_source(spec.source, store)
+        progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
+        output = OutputQueue(
+            store,
+            spec.output_topic,
+            spec.output_partition,
+            index_progress=lambda done, total: progress(f"index reconcile {done:,}/{total:,}"),
+        )
+        try:
+            runtime = OperatorRuntime(
+                operator,
+                source,
+                output,
+                policy=make_policy(spec.q_target, spec.u_target),
+                schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
+                batch_size=spec.batch_size,
+                progress=progress,
+            )
+            stats = runtime.run()
+        finally:
+            source.close()
+            output.close()
+    finally:
+        store.close()
+    if spec.stats_path:
+        tmp = Path(spec.stats_path + ".tmp")
+        tmp.write_text(json.dumps(stats.as_dict()))
+        tmp.replace(spec.stats_path)
+    return stats

@@ -1,0 +1,225 @@
+"""Replayable inputs. Every input tuple has a position (partition, offset); a source can seek to any
+position vector, which is how recovery asks "upstream" to replay from T.
+"""
+
+from __future__ import annotations
+
+import abc
+import csv
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+from cec.exceptions import CodecError, ConfigError
+from cec.records import AvroCodec, Kind, RecordCodec
+from operators.base import InputTuple
+from queuestore.base import PartitionReader, QueueStore
+
+__all__ = ["PURCHASE_SCHEMA", "CsvSource", "InputSource", "PurchaseGenerator", "QueueSource"]
+
+
+class InputSource(abc.ABC):
+    partitions: int
+
+    @abc.abstractmethod
+    def seek(self, positions: Sequence[int]) -> None:
+        """Continue from `positions[j]` on every partition j."""
+
+    @abc.abstractmethod
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        """The next tuples (possibly none yet); None once every partition has ended."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        pass
+
+    @abc.abstractmethod
+    def describe(self) -> str: ...
+
+
+class CsvSource(InputSource):
+    """A CSV file with a header row, read in file order: one partition, offset = data row number."""
+
+    partitions = 1
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise ConfigError(f"input file not found: {self.path}")
+        self._file: TextIO | None = None
+        self._rows: Iterator[list[str]] | None = None
+        self.header: list[str] = []
+        self._offset = 0
+        self._ended = False
+        self.seek([0])
+
+    def describe(self) -> str:
+        return f"csv {self.path}"
+
+    def seek(self, positions: Sequence[int]) -> None:
+        self.close()
+        self._file = self.path.open(newline="", encoding="utf-8", errors="replace")
+        self._rows = csv.reader(self._file)
+        try:
+            self.header = next(self._rows)
+        except StopIteration:
+            raise ConfigError(f"{self.path} is empty: a header row is required") from None
+        if len(set(self.header)) != len(self.header):
+            raise ConfigError(f"{self.path}: duplicate column names in the header")
+        self._offset = 0
+        self._ended = False
+        target = positions[0]
+        while self._offset < target and self._next_row() is not None:
+            pass
+
+    def _next_row(self) -> InputTuple | None:
+        assert self._rows is not None
+        offset = self._offset
+        try:
+            row = next(self._rows)
+        except StopIteration:
+            self._ended = True
+            return None
+        except csv.Error as exc:
+            self._offset += 1
+            return InputTuple(0, offset, None, f"unreadable CSV row: {exc}")
+        self._offset += 1
+        if len(row) != len(self.header):
+            return InputTuple(0, offset, None, f"row has {len(row)} fields, header has {len(self.header)}")
+        return InputTuple(0, offset, dict(zip(self.header, row, strict=True)))
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        if self._ended:
+            return None
+        out: list[InputTuple] = []
+        while len(out) < max_records:
+            tup = self._next_row()
+            if tup is None:
+                break
+            out.append(tup)
+        return out if out or not self._ended else None
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+PURCHASE_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Purchase",
+    "namespace": "cec.demo",
+    "fields": [
+        {"name": "item_id", "type": "long"},
+        {"name": "item_price", "type": "long"},
+        {"name": "item_time", "type": "long"},
+    ],
+}
+
+_M64 = (1 << 64) - 1
+
+
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & _M64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _M64
+    return x ^ (x >> 31)
+
+
+class PurchaseGenerator(InputSource):
+    """The paper's workload: purchases (item_id, item_price, item_time), uniform over `keys` items.
+
+    Tuple i of partition j is a pure function of (seed, j, i), so replay from any offset regenerates the
+    same tuples. Items are spread over partitions by item_id so that each key lives in one partition. A
+    `bad_every` > 0 makes every n-th price 0 (for the demo's filter to drop).
+    """
+
+    def __init__(self, count: int, keys: int, *, seed: int = 1, partitions: int = 1, bad_every: int = 0) -> None:
+        if count < 0 or keys < 1 or partitions < 1:
+            raise ConfigError("need count >= 0, keys >= 1, partitions >= 1")
+        self.partitions = partitions
+        self.count = count
+        self.keys = keys
+        self.seed = seed
+        self.bad_every = bad_every
+        self._per_partition = [count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)]
+        self._next = [0] * partitions
+
+    def describe(self) -> str:
+        return f"generator {self.count} purchases over {self.keys} items (seed {self.seed})"
+
+    def tuple_at(self, partition: int, offset: int) -> dict[str, int]:
+        h = _splitmix64((self.seed << 40) ^ (partition << 32) ^ offset)
+        item = (h % self.keys) // self.partitions * self.partitions + partition
+        if item >= self.keys:
+            item = partition
+        price = 1 + (h >> 20) % 1000
+        if self.bad_every and (h >> 40) % self.bad_every == 0:
+            price = 0
+        return {"item_id": item, "item_price": price, "item_time": offset * self.partitions + partition}
+
+    def seek(self, positions: Sequence[int]) -> None:
+        self._next = list(positions)
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        out: list[InputTuple] = []
+        for j in range(self.partitions):
+            share = max(1, max_records // self.partitions)
+            stop = min(self._per_partition[j], self._next[j] + share)
+            out.extend(InputTuple(j, o, self.tuple_at(j, o)) for o in range(self._next[j], stop))
+            self._next[j] = max(self._next[j], stop)
+        if not out and all(n >= c for n, c in zip(self._next, self._per_partition, strict=True)):
+            return None
+        return out
+
+
+class QueueSource(InputSource):
+    """An upstream operator's output queue. Yields its R tuples; control tuples are skipped by their kind
+    (kept beside the value) without decoding, and an upstream EOS ends a partition. A record that fails
+    its checksum is delivered as an error tuple (dead-lettered, counted), never used."""
+
+    def __init__(self, store: QueueStore, topic: str, payload_schema: dict[str, Any]) -> None:
+        self.topic = topic
+        self.partitions = store.partitions(topic)
+        self._readers: list[PartitionReader] = [store.reader(topic, p) for p in range(self.partitions)]
+        self._codec = RecordCodec()
+        self._payload = AvroCodec(payload_schema)
+        self._next = [0] * self.partitions
+        self._ended = [False] * self.partitions
+
+    def describe(self) -> str:
+        return f"queue {self.topic} ({self.partitions} partitions)"
+
+    def seek(self, positions: Sequence[int]) -> None:
+        self._next = list(positions)
+        self._ended = [False] * self.partitions
+
+    def _decode(self, partition: int, offset: int, value: bytes) -> InputTuple:
+        try:
+            record = self._codec.decode(value)
+            if record.payload is None:
+                raise CodecError("R record without payload")
+            return InputTuple(partition, offset, self._payload.decode(record.payload))
+        except CodecError as exc:
+            return InputTuple(partition, offset, None, f"corrupt upstream record: {exc}")
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        out: list[InputTuple] = []
+        share = max(1, max_records // self.partitions)
+        for j, reader in enumerate(self._readers):
+            if self._ended[j]:
+                continue
+            for rec in reader.read_forward(self._next[j], share):
+                self._next[j] = rec.offset + 1
+                kind = rec.meta.kind
+                if kind == Kind.R.value:
+                    out.append(self._decode(j, rec.offset, rec.value))
+                elif kind == Kind.EOS.value:
+                    self._ended[j] = True
+                    break
+        if not out and all(self._ended):
+            return None
+        return out
+
+    def close(self) -> None:
+        for reader in self._readers:
+            reader.close()

@@ -1,0 +1,190 @@
+"""The queue-store interface that every backend (embedded SQLite, Kafka) implements.
+
+A queue store holds persistent, append-only output queues: topics split into partitions, each partition an
+ordered log addressed by offsets 0, 1, 2, ... Records are opaque bytes plus a small `RecordMeta` that the
+store keeps beside the value (SQLite columns, Kafka headers) so that the stream index and downstream
+consumers can read kind/time/window without decoding the value.
+
+Contract (checked by the conformance suite in `tests/conformance`):
+- exactly one writer per partition; appends are durable in order and reported through callbacks served
+  by `poll()`/`flush()` in the writer's thread, each with the record's offset;
+- the durable log is always a prefix of what the writer appended (a crash loses a suffix, never a record
+  in the middle, never duplicates);
+- a reader never returns part of a record; it can read forward from an offset, backward from an offset,
+  and find the end of the partition; readers may live in other processes than the writer.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "DurableCallback",
+    "PartitionReader",
+    "PartitionWriter",
+    "QueueStore",
+    "RecordMeta",
+    "StoredRecord",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class RecordMeta:
+    """What the store keeps beside a record's value.
+
+    `kind` is the tuple kind code (see `cec.records.Kind`), `time` the operator's logical time, and
+    `key`/`seq` the window id for records that belong to a window (`None`/-1 otherwise).
+    """
+
+    kind: str
+    time: int
+    key: str | None = None
+    seq: int = -1
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    offset: int
+    value: bytes
+    meta: RecordMeta
+
+
+# Called once per appended record when it is durable (offset, None) or definitely failed (None, error).
+DurableCallback = Callable[[int | None, Exception | None], None]
+
+
+class PartitionWriter(abc.ABC):
+    """The single writer of one partition."""
+
+    topic: str
+    partition: int
+
+    @abc.abstractmethod
+    def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
+        """Queue a record for durable append. May block while too much data is outstanding."""
+
+    @abc.abstractmethod
+    def poll(self, timeout: float = 0.0) -> int:
+        """Serve completion callbacks of records that became durable; returns how many were served."""
+
+    @abc.abstractmethod
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every appended record is durable and its callback served."""
+
+    @property
+    @abc.abstractmethod
+    def outstanding(self) -> int:
+        """Records appended whose completion has not been served yet."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Flush and release the partition."""
+
+    def __enter__(self) -> PartitionWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PartitionReader(abc.ABC):
+    """Reads one partition. Safe to use from a process other than the writer's."""
+
+    topic: str
+    partition: int
+
+    @abc.abstractmethod
+    def end_offset(self) -> int:
+        """One past the last durable record (0 for an empty partition)."""
+
+    @abc.abstractmethod
+    def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
+        """Up to `max_records` records with offset >= `from_offset`, oldest first."""
+
+    @abc.abstractmethod
+    def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
+        """Up to `max_records` records with offset < `before_offset`, newest first."""
+
+    def scan_backward(self, before_offset: int | None = None, chunk: int = 4096) -> Iterator[StoredRecord]:
+        """Every record below `before_offset` (default: the end), newest first, read in chunks."""
+        upper = self.end_offset() if before_offset is None else before_offset
+        while upper > 0:
+            records = self.read_backward(upper, chunk)
+            if not records:
+                return
+            yield from records
+            upper = records[-1].offset
+
+    def scan_forward(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[StoredRecord]:
+        """Every record from `from_offset` to the end as it is now, oldest first."""
+        end = self.end_offset()
+        offset = from_offset
+        while offset < end:
+            records = self.read_forward(offset, min(chunk, end - offset))
+            if not records:
+                return
+            yield from records
+            offset = records[-1].offset + 1
+
+    @abc.abstractmethod
+    def tail(
+        self,
+        from_offset: int,
+        *,
+        stop: Callable[[], bool] | None = None,
+        idle_timeout: float | None = None,
+        batch: int = 4096,
+    ) -> Iterator[list[StoredRecord]]:
+        """Batches from `from_offset` through the stored end and on into the live stream (catch-up).
+
+        Ends when `stop()` returns true or nothing new arrived for `idle_timeout` seconds.
+        """
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> PartitionReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class QueueStore(abc.ABC):
+    """A set of topics. `state_dir` holds local state such as the stream indexes."""
+
+    state_dir: Path
+    max_record_bytes: int
+
+    @abc.abstractmethod
+    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
+        """Create a topic, or check that an existing one has `partitions` partitions."""
+
+    @abc.abstractmethod
+    def topic_exists(self, topic: str) -> bool: ...
+
+    @abc.abstractmethod
+    def partitions(self, topic: str) -> int: ...
+
+    @abc.abstractmethod
+    def writer(self, topic: str, partition: int) -> PartitionWriter:
+        """Take exclusive ownership of a partition for appending."""
+
+    @abc.abstractmethod
+    def reader(self, topic: str, partition: int) -> PartitionReader: ...
+
+    def index_path(self, topic: str, partition: int) -> Path:
+        """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""
+        return self.state_dir / "index" / f"{topic}.{partition}.rocksdb"
+
+    @abc.abstractmethod
+    def close(self) -> None: ...
+
+    def __enter__(self) -> QueueStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

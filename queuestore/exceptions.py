@@ -1,0 +1,41 @@
+"""Errors raised by queue stores and the stream index."""
+
+from __future__ import annotations
+
+__all__ = [
+    "IndexError_",
+    "PartitionLockedError",
+    "QueueStoreError",
+    "RecordTooLargeError",
+    "StoreClosedError",
+    "TopicMismatchError",
+    "UnknownTopicError",
+]
+
+
+class QueueStoreError(Exception):
+    """Base class of every error raised by `queuestore`."""
+
+
+class UnknownTopicError(QueueStoreError):
+    """The topic does not exist in the store."""
+
+
+class TopicMismatchError(QueueStoreError):
+    """An existing topic does not fit what the caller asked for (partition count, configs)."""
+
+
+class PartitionLockedError(QueueStoreError):
+    """Another live writer owns the partition: output queues have exactly one writer."""
+
+
+class RecordTooLargeError(QueueStoreError):
+    """A record exceeds the store's `max_record_bytes`; callers must chunk it."""
+
+
+class StoreClosedError(QueueStoreError):
+    """The writer, reader or store was used after `close()`."""
+
+
+class IndexError_(QueueStoreError):  # noqa: N801 - avoid shadowing the builtin IndexError
+    """The stream index is unusable (corrupt, or does not belong to this partition)."""

@@ -1,0 +1,43 @@
+"""Crash-point injection for tests: SIGKILL this very process when a named site is hit.
+
+Tests set `CEC_FAULTS="site:n[,site:n...]"` in a child process's environment; the n-th time the code
+passes `hit(site)`, the process kills itself with SIGKILL, exactly like `kill -9` from outside, so
+nothing (no `finally`, no atexit, no flush) runs. Sites sit where a crash is hardest to get right: between
+processing and produce, between produce and durable completion, inside a commit, during recovery.
+Unset, `hit` costs one dict lookup.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+__all__ = ["hit", "reset"]
+
+_counters: dict[str, int] = {}
+
+
+def _parse(spec: str) -> dict[str, int]:
+    plan: dict[str, int] = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        site, _, count = item.partition(":")
+        plan[site] = int(count or 1)
+    return plan
+
+
+_plan = _parse(os.environ.get("CEC_FAULTS", ""))
+
+
+def reset(spec: str = "") -> None:
+    global _plan
+    _plan = _parse(spec)
+    _counters.clear()
+
+
+def hit(site: str) -> None:
+    if not _plan or site not in _plan:
+        return
+    n = _counters.get(site, 0) + 1
+    _counters[site] = n
+    if n == _plan[site]:
+        os.kill(os.getpid(), signal.SIGKILL)

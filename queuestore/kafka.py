@@ -1,0 +1,773 @@
+"""Kafka backend of the queue store, on confluent-kafka (librdkafka).
+
+Each output partition of an operator is a Kafka partition written by one idempotent producer, so the log
+is always an ordered, duplicate-free prefix of what the operator appended (DESIGN-NOTES section 3).
+
+The record's `RecordMeta` travels in Kafka headers (`cec.kind`, `cec.time`, `cec.key`, `cec.seq`, all as
+UTF-8 text; decimal for the integers) so that downstream consumers and the stream index can filter control
+tuples without decoding values, and so that tools such as kcat show them readably.
+
+The readers never trust broker watermarks or time lookups to locate data: the broker we test against
+(Tansu 0.6) understates `get_watermark_offsets` and answers 0 to every `offsets_for_times`. The end of a
+partition is therefore always the offset of a `PARTITION_EOF` event reached by consuming. The only use of a
+watermark is the one cached from fetch responses, as a *suspicion* that a seek went past the end (Tansu
+answers such fetches with silence instead of OFFSET_OUT_OF_RANGE); the suspicion is then confirmed or
+refuted by consuming to EOF.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from queuestore.base import (
+    DurableCallback,
+    PartitionReader,
+    PartitionWriter,
+    QueueStore,
+    RecordMeta,
+    StoredRecord,
+)
+from queuestore.exceptions import (
+    PartitionLockedError,
+    QueueStoreError,
+    RecordTooLargeError,
+    StoreClosedError,
+    TopicMismatchError,
+    UnknownTopicError,
+)
+
+__all__ = [
+    "HEADER_KEY",
+    "HEADER_KIND",
+    "HEADER_SEQ",
+    "HEADER_TIME",
+    "KafkaPartitionReader",
+    "KafkaPartitionWriter",
+    "KafkaQueueStore",
+    "meta_from_headers",
+    "meta_to_headers",
+    "redact_config",
+]
+
+log = logging.getLogger(__name__)
+# librdkafka's own log lines go through Python logging instead of stderr, so that applications control them.
+_rdkafka_log = logging.getLogger(__name__ + ".librdkafka")
+
+HEADER_KIND = "cec.kind"
+HEADER_TIME = "cec.time"
+HEADER_KEY = "cec.key"
+HEADER_SEQ = "cec.seq"
+
+# Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
+# record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
+DEFAULT_MAX_RECORD_BYTES = 900_000
+# Header bytes we add on top of the value; counted against `max_record_bytes` (names plus typical values).
+_HEADER_OVERHEAD = 96
+
+_SENSITIVE_PREFIXES = ("sasl.", "ssl.")
+_SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
+_REDACTED = "***"
+
+# Offsets-out-of-range style answers: the seek went past the end of the partition (Apache Kafka answers
+# this way; with auto.offset.reset=error librdkafka surfaces it as _AUTO_OFFSET_RESET).
+_BEYOND_END_CODES = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+_UNKNOWN_CODES = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+)
+
+
+def redact_config(config: dict[str, Any]) -> dict[str, Any]:
+    """A copy of a client config that is safe to print: credentials and TLS material are masked.
+
+    Whole `sasl.*`/`ssl.*` families are masked rather than a list of known secret names, because new
+    secret-bearing properties appear in librdkafka over time and a leak is worse than an opaque repr.
+    """
+    out: dict[str, Any] = {}
+    for key, value in config.items():
+        lowered = key.lower()
+        if lowered.startswith(_SENSITIVE_PREFIXES) or any(w in lowered for w in _SENSITIVE_WORDS):
+            out[key] = _REDACTED
+        else:
+            out[key] = value
+    return out
+
+
+def meta_to_headers(meta: RecordMeta) -> list[tuple[str, bytes]]:
+    """Kafka headers for a record's meta; absent key/seq are omitted so that data tuples stay small."""
+    headers = [(HEADER_KIND, meta.kind.encode()), (HEADER_TIME, b"%d" % meta.time)]
+    if meta.key is not None:
+        headers.append((HEADER_KEY, meta.key.encode()))
+    if meta.seq != -1:
+        headers.append((HEADER_SEQ, b"%d" % meta.seq))
+    return headers
+
+
+def meta_from_headers(headers: list[tuple[str, bytes | None]] | None) -> RecordMeta:
+    """Rebuild `RecordMeta` from headers.
+
+    Lenient on purpose: a record produced by a foreign tool (no cec headers) reads as kind "" and time -1
+    rather than making the whole partition unreadable; CEC code treats an unknown kind as data it can skip.
+    """
+    kind = ""
+    t = -1
+    key: str | None = None
+    seq = -1
+    for name, raw in headers or ():
+        if raw is None:
+            continue
+        if name == HEADER_KIND:
+            kind = raw.decode()
+        elif name == HEADER_TIME:
+            t = int(raw)
+        elif name == HEADER_KEY:
+            key = raw.decode()
+        elif name == HEADER_SEQ:
+            seq = int(raw)
+    return RecordMeta(kind=kind, time=t, key=key, seq=seq)
+
+
+def _to_record(msg: Message) -> StoredRecord:
+    value = msg.value()
+    return StoredRecord(
+        offset=msg.offset(), value=value if value is not None else b"", meta=meta_from_headers(msg.headers())
+    )
+
+
+def _error_code(exc: KafkaException) -> int | None:
+    err = exc.args[0] if exc.args else None
+    return err.code() if isinstance(err, KafkaError) else None
+
+
+class KafkaQueueStore(QueueStore):
+    """Topics of a Kafka cluster (or any Kafka-protocol broker) used as CEC output queues.
+
+    `config` is passed to every client (producer, consumers, admin) and is where security settings go
+    (`security.protocol`, `sasl.*`, `ssl.*`); it is never logged and is masked in `repr`. Settings that the
+    queue-store contract depends on (idempotence, acks=all, gapless delivery, no auto-commit) are forced
+    after `config` is applied, because weakening them would silently break recovery.
+
+    `topic_configs` override the configs `create_topic` sets (`cleanup.policy=delete`, `retention.ms=-1`):
+    retention must stay longer than any checkpoint extent, otherwise recovery loses footprints.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        state_dir: Path,
+        *,
+        config: dict[str, str] | None = None,
+        topic_configs: dict[str, str] | None = None,
+        request_timeout: float = 30.0,
+        max_outstanding: int = 100_000,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
+        # Seconds an admin/metadata/read operation may go without progress before it fails.
+        self.request_timeout = request_timeout
+        self.max_outstanding = max_outstanding
+        self._config: dict[str, Any] = dict(config or {})
+        self._topic_configs: dict[str, str] = {
+            "cleanup.policy": "delete",
+            "retention.ms": "-1",
+            **(topic_configs or {}),
+        }
+        self._admin: AdminClient | None = None
+        self._lock = threading.Lock()
+        self._children: list[KafkaPartitionWriter | KafkaPartitionReader] = []
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"state_dir={str(self.state_dir)!r}, config={redact_config(self._config)!r})"
+        )
+
+    __str__ = __repr__
+
+    # -- client configs ---------------------------------------------------------------------------------
+
+    def _base_config(self, client_id: str) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "client.id": client_id,
+            "logger": _rdkafka_log,
+        }
+        conf.update(self._config)
+        return conf
+
+    def _producer_config(self, topic: str, partition: int) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            # Throughput: small linger lets batches form without adding visible latency to checkpoints.
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": max(self.max_outstanding, 1),
+        }
+        conf.update(self._base_config(f"cec-writer-{topic}-{partition}"))
+        conf.update(
+            {
+                # The log must be an ordered, duplicate-free prefix of what was appended.
+                "enable.idempotence": True,
+                "acks": "all",
+                # A batch that fails for good must stop the producer instead of leaving a hole that later
+                # batches would land after.
+                "enable.gapless.guarantee": True,
+                # No timeout: a timed-out message is the one failure gapless delivery cannot cover. Callers
+                # bound their waits with flush(timeout) instead.
+                "message.timeout.ms": 0,
+            }
+        )
+        return conf
+
+    def _consumer_config(self, purpose: str) -> dict[str, Any]:
+        conf: dict[str, Any] = {
+            # Tansu holds every fetch for the full fetch.wait.max.ms, even when data is available, so every
+            # positioned read costs about two waits; keep it short.
+            "fetch.wait.max.ms": 10,
+            "isolation.level": "read_committed",
+            "check.crcs": True,
+        }
+        conf.update(self._base_config(f"cec-{purpose}"))
+        conf.update(
+            {
+                # Readers position themselves explicitly: no group, nothing committed, nothing auto-created.
+                "group.id": f"cec-{purpose}-{uuid.uuid4().hex}",
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "enable.partition.eof": True,
+                # A seek past the end must be reported (Apache Kafka), not silently moved to 0 or the end.
+                "auto.offset.reset": "error",
+                "allow.auto.create.topics": False,
+            }
+        )
+        return conf
+
+    def _admin_client(self) -> AdminClient:
+        self._check_open()
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient(self._base_config("cec-admin"))
+            return self._admin
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the Kafka queue store is closed")
+
+    # -- topics -----------------------------------------------------------------------------------------
+
+    def _topic_partitions(self, topic: str) -> int | None:
+        """Partition count from cluster metadata, None when the topic does not exist.
+
+        Lists all topics rather than asking for one: a metadata request naming a topic can auto-create it
+        on brokers with auto.create.topics.enable (Tansu auto-creates on produce too).
+        """
+        try:
+            md = self._admin_client().list_topics(timeout=self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+        tmd = md.topics.get(topic)
+        if tmd is None or tmd.error is not None or not tmd.partitions:
+            return None
+        return len(tmd.partitions)
+
+    def _wait_partitions(self, topic: str) -> int:
+        # Metadata propagates asynchronously after CreateTopics on a multi-broker cluster.
+        deadline = time.monotonic() + self.request_timeout
+        while True:
+            n = self._topic_partitions(topic)
+            if n is not None:
+                return n
+            if time.monotonic() >= deadline:
+                raise QueueStoreError(
+                    f"topic {topic!r} did not appear in metadata within {self.request_timeout}s"
+                )
+            time.sleep(0.05)  # pacing of a bounded metadata poll, not a wait for correctness
+
+    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
+        if partitions < 1:
+            raise ValueError(f"partitions must be >= 1, got {partitions}")
+        admin = self._admin_client()
+        new = NewTopic(
+            topic, num_partitions=partitions, replication_factor=-1, config=dict(self._topic_configs)
+        )
+        future = admin.create_topics([new], request_timeout=self.request_timeout)[topic]
+        try:
+            future.result()
+        except KafkaException as exc:
+            if _error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise QueueStoreError(f"cannot create topic {topic!r}: {exc}") from exc
+            if not exist_ok:
+                raise TopicMismatchError(f"topic {topic!r} already exists") from exc
+            existing = self._wait_partitions(topic)
+            if existing != partitions:
+                raise TopicMismatchError(
+                    f"topic {topic!r} exists with {existing} partitions, {partitions} requested"
+                ) from exc
+            return
+        existing = self._wait_partitions(topic)
+        if existing != partitions:  # someone raced us with another count
+            raise TopicMismatchError(f"topic {topic!r} has {existing} partitions, {partitions} requested")
+
+    def topic_exists(self, topic: str) -> bool:
+        return self._topic_partitions(topic) is not None
+
+    def partitions(self, topic: str) -> int:
+        n = self._topic_partitions(topic)
+        if n is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        return n
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        n = self.partitions(topic)
+        if not 0 <= partition < n:
+            raise UnknownTopicError(
+                f"topic {topic!r} has {n} partitions; partition {partition} does not exist"
+            )
+
+    # -- writers and readers ----------------------------------------------------------------------------
+
+    def writer(self, topic: str, partition: int) -> KafkaPartitionWriter:
+        # Checked first because producing to a missing topic would auto-create it on Tansu.
+        self._check_partition(topic, partition)
+        w = KafkaPartitionWriter(self, topic, partition)
+        with self._lock:
+            self._children.append(w)
+        return w
+
+    def reader(self, topic: str, partition: int) -> KafkaPartitionReader:
+        self._check_partition(topic, partition)
+        r = KafkaPartitionReader(self, topic, partition)
+        with self._lock:
+            self._children.append(r)
+        return r
+
+    def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._children.remove(child)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            try:
+                child.close()
+            except Exception:  # close the rest even if one fails; the error is not about them
+                log.exception("closing %r failed", child)
+        self._closed = True
+        self._admin = None
+
+
+class _PartitionLock:
+    """Best-effort single-host exclusivity of a partition's writer.
+
+    An flock on `state_dir/locks/<topic>.<partition>.lock` is released by the kernel when the holder dies,
+    so a crashed writer never blocks its successor. It protects only writers sharing this host and state
+    directory; across hosts, exclusivity must come from deployment (one task per partition) or from
+    transactional-id fencing, which this backend does not use. The file is never deleted: removing it would
+    let two processes lock two different inodes.
+    """
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        fh: IO[bytes] = open(path, "a+b")  # noqa: SIM115 - held open for the lock's lifetime
+        try:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError as exc:
+            fh.close()
+            raise PartitionLockedError(f"another writer holds {path}") from exc
+        except BaseException:
+            fh.close()
+            raise
+        # The holder's pid helps an operator find who owns the partition; not used for correctness.
+        fh.truncate(0)
+        fh.write(str(os.getpid()).encode())
+        fh.flush()
+        self._fh: IO[bytes] | None = fh
+
+    def release(self) -> None:
+        if self._fh is not None:
+            try:
+                fcntl.flock(self._fh.fileno(), fcntl.LOCK_UN)
+            finally:
+                self._fh.close()
+                self._fh = None
+
+
+class KafkaPartitionWriter(PartitionWriter):
+    """The single idempotent producer of one partition.
+
+    Completion callbacks run inside `poll()`/`flush()` (and inside `append` when it must wait for room),
+    always in the caller's thread, in append order: librdkafka reports deliveries per partition in order.
+    After a failed delivery the writer refuses further appends, because anything appended later could no
+    longer be guaranteed to follow the failed record in the log; the owner must recover from the log.
+    """
+
+    def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._store = store
+        self._max_record_bytes = store.max_record_bytes
+        self._max_outstanding = max(store.max_outstanding, 1)
+        self._lock = _PartitionLock(store.state_dir / "locks" / f"{topic}.{partition}.lock")
+        try:
+            self._producer: Producer | None = Producer(store._producer_config(topic, partition))
+        except BaseException:
+            self._lock.release()
+            raise
+        self._appended = 0
+        self._served = 0
+        self._failure: Exception | None = None
+        # Bound once: most appends have no callback and must not pay for a closure each.
+        self._plain_report = self._make_report(None)
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
+
+    @property
+    def outstanding(self) -> int:
+        return self._appended - self._served
+
+    @property
+    def failure(self) -> Exception | None:
+        """The first delivery failure, after which appends are refused."""
+        return self._failure
+
+    def _make_report(
+        self, on_durable: DurableCallback | None
+    ) -> Callable[[KafkaError | None, Message], None]:
+        def report(err: KafkaError | None, msg: Message) -> None:
+            self._served += 1
+            if err is None:
+                if on_durable is not None:
+                    on_durable(msg.offset(), None)
+                return
+            exc = QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {err.str()}")
+            if self._failure is None:
+                self._failure = exc
+            if on_durable is not None:
+                on_durable(None, exc)
+
+        return report
+
+    def _live_producer(self) -> Producer:
+        if self._producer is None:
+            raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
+        return self._producer
+
+    def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
+        producer = self._live_producer()
+        if self._failure is not None:
+            raise QueueStoreError("writer failed earlier; recover from the log") from self._failure
+        if len(value) + _HEADER_OVERHEAD + len(meta.key or "") > self._max_record_bytes:
+            raise RecordTooLargeError(
+                f"record of {len(value)} bytes exceeds max_record_bytes={self._max_record_bytes}; chunk it"
+            )
+        # Bounded outstanding: serve completions (running callbacks here, in the caller's thread) until
+        # there is room, so memory stays bounded when the broker is slower than the operator.
+        while self._appended - self._served >= self._max_outstanding:
+            producer.poll(0.05)
+        report = self._plain_report if on_durable is None else self._make_report(on_durable)
+        headers = meta_to_headers(meta)
+        while True:
+            try:
+                producer.produce(
+                    self.topic, value, partition=self.partition, headers=headers, on_delivery=report
+                )
+                break
+            except BufferError:
+                # librdkafka's local queue is full (size limit in bytes): make room the same way.
+                producer.poll(0.05)
+            except KafkaException as exc:
+                if _error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE:
+                    raise RecordTooLargeError(str(exc)) from exc
+                raise QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {exc}") from exc
+        self._appended += 1
+
+    def poll(self, timeout: float = 0.0) -> int:
+        producer = self._live_producer()
+        before = self._served
+        producer.poll(timeout)
+        return self._served - before
+
+    def flush(self, timeout: float | None = None) -> None:
+        producer = self._live_producer()
+        remaining = producer.flush(-1 if timeout is None else timeout)
+        if remaining > 0 or self.outstanding > 0:
+            raise TimeoutError(
+                f"{self.outstanding} appends to {self.topic}[{self.partition}] not durable after {timeout}s"
+            )
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        """Flush and release the partition.
+
+        Bounded by `timeout` because appends never time out on their own: if the broker stays unreachable,
+        unsent records are purged (their callbacks report failure) rather than hanging the caller forever.
+        """
+        if self._producer is None:
+            return
+        producer = self._producer
+        try:
+            try:
+                self.flush(timeout)
+            except TimeoutError:
+                log.warning("closing %r with %d appends not durable: purging them", self, self.outstanding)
+                producer.purge(in_queue=True, in_flight=True, blocking=False)
+                producer.flush(5.0)
+            else:
+                producer.close()
+        finally:
+            self._producer = None
+            self._lock.release()
+            self._store._forget(self)
+
+
+@dataclass
+class _ReadResult:
+    records: list[StoredRecord] = field(default_factory=list)
+    eof: int | None = None  # offset of the PARTITION_EOF event, when one was reached
+    beyond_end: bool = False  # the start offset lies past the end of the partition
+
+
+class KafkaPartitionReader(PartitionReader):
+    """Positioned reads of one partition through its own group-less consumer.
+
+    Each operation re-assigns the partition at an explicit offset; nothing is committed. One reader is used
+    by one thread; `tail` opens its own consumer so that it can run (in another thread, too) alongside
+    positioned reads.
+    """
+
+    def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
+        self.topic = topic
+        self.partition = partition
+        self._store = store
+        self._stall_timeout = store.request_timeout
+        # How long a positioned read waits in silence before suspecting it was positioned past the end
+        # (Tansu answers those fetches with silence rather than OFFSET_OUT_OF_RANGE).
+        self.beyond_end_suspicion = 0.5
+        self._consumer: Consumer | None = Consumer(store._consumer_config(f"reader-{topic}-{partition}"))
+        # Lowest offset known to be <= the end: a seek hint for end_offset, never an answer.
+        self._known_end = 0
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
+
+    def _live_consumer(self) -> Consumer:
+        if self._consumer is None:
+            raise StoreClosedError(f"reader of {self.topic}[{self.partition}] is closed")
+        return self._consumer
+
+    def _note_end(self, offset: int) -> None:
+        if offset > self._known_end:
+            self._known_end = offset
+
+    def _check_error(self, err: KafkaError) -> bool:
+        """Classify an error event; returns True when it means the position is beyond the end."""
+        code = err.code()
+        if code in _BEYOND_END_CODES:
+            return True
+        if code in _UNKNOWN_CODES:
+            raise UnknownTopicError(f"{self.topic}[{self.partition}]: {err.str()}")
+        if err.fatal():
+            raise QueueStoreError(f"reading {self.topic}[{self.partition}] failed: {err.str()}")
+        # Transport hiccups and the like: librdkafka retries by itself.
+        log.debug("transient consumer error on %s[%d]: %s", self.topic, self.partition, err.str())
+        return False
+
+    def _read(
+        self, start: int, *, want: int | None, stop_before: int | None, collect: bool = True
+    ) -> _ReadResult:
+        """Consume from `start` until `want` records, an offset >= `stop_before`, or the EOF event."""
+        consumer = self._live_consumer()
+        consumer.assign([TopicPartition(self.topic, self.partition, start)])
+        result = _ReadResult()
+        last_progress = time.monotonic()
+        drain = 10_000 if want is None else min(want, 10_000)
+        try:
+            while True:
+                first = consumer.poll(0.1)
+                now = time.monotonic()
+                if first is None:
+                    idle = now - last_progress
+                    if (
+                        not result.records
+                        and idle >= self.beyond_end_suspicion
+                        and self._past_end(consumer, start)
+                    ):
+                        result.beyond_end = True
+                        return result
+                    if idle >= self._stall_timeout:
+                        raise QueueStoreError(
+                            f"no data nor end-of-partition from {self.topic}[{self.partition}] at offset "
+                            f"{start} for {self._stall_timeout}s"
+                        )
+                    continue
+                last_progress = now
+                # poll() delivers one message; drain what librdkafka already prefetched without waiting
+                # (consume() with a timeout would wait for the full count).
+                batch = [first, *consumer.consume(drain, 0)]
+                for msg in batch:
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            if msg.offset() >= start:
+                                result.eof = msg.offset()
+                                self._note_end(msg.offset())
+                                return result
+                            continue
+                        if self._check_error(err):
+                            result.beyond_end = True
+                            return result
+                        continue
+                    offset = msg.offset()
+                    if offset < start:
+                        continue
+                    if stop_before is not None and offset >= stop_before:
+                        return result
+                    self._note_end(offset + 1)
+                    if collect:
+                        result.records.append(_to_record(msg))
+                    if want is not None and len(result.records) >= want:
+                        return result
+                    if stop_before is not None and offset == stop_before - 1:
+                        return result
+        finally:
+            # Stop fetching in the background between operations (and drop prefetched data).
+            consumer.unassign()
+
+    def _past_end(self, consumer: Consumer, start: int) -> bool:
+        # The high watermark cached from the latest fetch response: a cheap suspicion only, confirmed by
+        # the callers through an EOF scan, because it can be stale or (on Tansu, when queried) understated.
+        try:
+            wm = consumer.get_watermark_offsets(TopicPartition(self.topic, self.partition), cached=True)
+        except KafkaException:
+            return False
+        if not wm:
+            return False
+        high = wm[1]
+        return 0 <= high < start
+
+    def end_offset(self) -> int:
+        hint = self._known_end
+        if hint > 0:
+            result = self._read(hint, want=None, stop_before=None, collect=False)
+            if result.eof is not None:
+                return result.eof
+            # The hint overshoots: the partition shrank (topic recreated, broker lost its memory storage).
+            log.warning(
+                "%s[%d] ends below offset %d seen earlier; rescanning", self.topic, self.partition, hint
+            )
+            self._known_end = 0
+        result = self._read(0, want=None, stop_before=None, collect=False)
+        if result.eof is None:
+            raise QueueStoreError(f"could not find the end of {self.topic}[{self.partition}]")
+        self._known_end = result.eof
+        return result.eof
+
+    def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
+        if max_records <= 0:
+            return []
+        start = max(0, from_offset)
+        result = self._read(start, want=max_records, stop_before=None)
+        if result.beyond_end:
+            if start >= self.end_offset():
+                return []
+            result = self._read(start, want=max_records, stop_before=None)
+        return result.records
+
+    def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
+        if max_records <= 0 or before_offset <= 0:
+            return []
+        # Offsets are not dense (transaction markers take offsets but are never delivered), so a window of
+        # `max_records` offsets may hold fewer records: keep widening downwards until enough or offset 0.
+        collected: list[StoredRecord] = []
+        upper = before_offset
+        while len(collected) < max_records and upper > 0:
+            lower = max(0, upper - (max_records - len(collected)))
+            result = self._read(lower, want=None, stop_before=upper)
+            if result.beyond_end:
+                end = self.end_offset()
+                if end >= upper:  # stale suspicion: the data is there after all
+                    result = self._read(lower, want=None, stop_before=upper)
+                else:
+                    upper = end
+                    continue
+            collected[:0] = result.records
+            upper = lower
+        collected.reverse()
+        return collected[:max_records]
+
+    def tail(
+        self,
+        from_offset: int,
+        *,
+        stop: Callable[[], bool] | None = None,
+        idle_timeout: float | None = None,
+        batch: int = 4096,
+    ) -> Iterator[list[StoredRecord]]:
+        self._live_consumer()
+        # Its own consumer: a tail runs for long and must not be repositioned by read_forward/end_offset.
+        consumer = Consumer(self._store._consumer_config(f"tail-{self.topic}-{self.partition}"))
+        batch = max(1, batch)
+        try:
+            consumer.assign([TopicPartition(self.topic, self.partition, max(0, from_offset))])
+            last_data = time.monotonic()
+            while stop is None or not stop():
+                if self._consumer is None:
+                    # The reader was closed, possibly from another thread: closing this consumer from
+                    # there while it polls here is unsafe in librdkafka, so the tail notices and ends.
+                    raise StoreClosedError(f"reader of {self.topic}[{self.partition}] is closed")
+                wait = 0.1
+                if idle_timeout is not None:
+                    wait = max(0.0, min(wait, idle_timeout - (time.monotonic() - last_data)))
+                first = consumer.poll(wait)
+                if first is None:
+                    if idle_timeout is not None and time.monotonic() - last_data >= idle_timeout:
+                        return
+                    continue
+                out: list[StoredRecord] = []
+                for msg in (first, *consumer.consume(batch - 1, 0)) if batch > 1 else (first,):
+                    err = msg.error()
+                    if err is not None:
+                        if err.code() == KafkaError._PARTITION_EOF:
+                            self._note_end(msg.offset())
+                        elif self._check_error(err):
+                            raise QueueStoreError(
+                                f"tail of {self.topic}[{self.partition}] starts past the end ({from_offset})"
+                            )
+                        continue
+                    out.append(_to_record(msg))
+                if out:
+                    last_data = time.monotonic()
+                    self._note_end(out[-1].offset + 1)
+                    yield out
+        finally:
+            # Also runs when an abandoned tail generator is garbage-collected.
+            consumer.close()
+
+    def close(self) -> None:
+        if self._consumer is None:
+            return
+        consumer, self._consumer = self._consumer, None
+        try:
+            consumer.close()
+        finally:
+            self._store._forget(self)

@@ -1,0 +1,70 @@
+"""A persistent output queue: one partition's writer with its stream index kept up to date.
+
+This is the data path's write end: the operator appends, the store makes records durable, and on each
+durable completion the index learns the record (paper appendix: "once a completion of a write I/O is
+posted ... we first update a per-stream index").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from queuestore.base import PartitionWriter, QueueStore, RecordMeta
+from queuestore.index import StreamIndex
+
+__all__ = ["OutputQueue"]
+
+
+class OutputQueue:
+    def __init__(
+        self,
+        store: QueueStore,
+        topic: str,
+        partition: int,
+        *,
+        index_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.store = store
+        self.topic = topic
+        self.partition = partition
+        self.writer: PartitionWriter = store.writer(topic, partition)
+        self.index = StreamIndex(store.index_path(topic, partition), identity=f"{topic}/{partition}")
+        with store.reader(topic, partition) as reader:
+            # Paper appendix, recovery step (1): reconcile the index with the log's real length.
+            self.reconciled = self.index.reconcile(reader, index_progress)
+        self.durable_count = 0
+        self.failures: list[Exception] = []
+
+    def _on_durable(self, meta: RecordMeta) -> Callable[[int | None, Exception | None], None]:
+        def done(offset: int | None, error: Exception | None) -> None:
+            if error is not None or offset is None:
+                self.failures.append(error or RuntimeError("no offset"))
+                return
+            self.index.add(offset, meta)
+            self.durable_count += 1
+
+        return done
+
+    def append(self, value: bytes, meta: RecordMeta) -> None:
+        self.writer.append(value, meta, self._on_durable(meta))
+
+    def poll(self, timeout: float = 0.0) -> int:
+        served = self.writer.poll(timeout)
+        if served:
+            self.index.commit()
+        return served
+
+    def flush(self) -> None:
+        self.writer.flush()
+        self.index.commit()
+
+    @property
+    def outstanding(self) -> int:
+        return self.writer.outstanding
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+            self.index.commit()
+        finally:
+            self.index.close()

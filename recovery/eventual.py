@@ -1,0 +1,162 @@
+"""Eventual-checkpoint (EC) reconstruction: read the output log back from its end (paper II.B).
+
+Rules (DESIGN-NOTES section 2):
+- the crash point t_c is the `pos` of the newest record that passes its checksum; N and the logical time
+  come from the same record. Newer records that fail their checksum must all be footprints by their kind:
+  between two records only tuples that change no window membership can have been processed, so resuming
+  from the older t_c re-derives exactly the same state. Any other damaged record there is a hard error;
+- reading back, a window whose R is met before any footprint is closed: its older footprints are
+  skipped; the first footprint met of a window not closed is its latest; stop after N windows;
+- a footprint that fails its checksum is not a footprint: keep reading back to an older one of the same
+  window (a G-check falls back to an older G-check or to the G-open: longer replay, same result).
+The extent is what this scan reads: from the log end back to the oldest footprint in the EC.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from cec.exceptions import CodecError
+from cec.records import FOOTPRINT_KINDS, Kind, OutputRecord, RecordCodec
+from queuestore.base import PartitionReader, StoredRecord
+from recovery.exceptions import RecoveryError
+
+__all__ = ["ECFootprint", "EventualCheckpoint", "EventualCheckpointBuilder"]
+
+_FOOTPRINT_CODES = frozenset(k.value for k in FOOTPRINT_KINDS)
+
+
+@dataclass(frozen=True, slots=True)
+class ECFootprint:
+    offset: int
+    record: OutputRecord
+
+    @property
+    def key(self) -> str:
+        assert self.record.key is not None
+        return self.record.key
+
+
+@dataclass
+class EventualCheckpoint:
+    windows: dict[str, ECFootprint]  # key -> latest footprint of its window open at t_c
+    crash_pos: tuple[int, ...] | None  # None: the log is empty, nothing ever happened
+    n: int
+    time: int
+    end_offset: int
+    extent_start: int  # offset of the oldest footprint (== end_offset when the EC is empty)
+    records_read: int
+    corrupt_skipped: int
+    complete: bool  # the log ends with EOS: the operator had finished
+    build_seconds: float = 0.0
+    fallbacks: list[int] = field(default_factory=list)  # offsets of damaged footprints passed over
+
+    @property
+    def extent_size(self) -> int:
+        return self.end_offset - self.extent_start
+
+
+class EventualCheckpointBuilder:
+    def __init__(
+        self,
+        reader: PartitionReader,
+        codec: RecordCodec | None = None,
+        *,
+        chunk: int = 8192,
+        progress: Callable[[int, int, int], None] | None = None,
+    ) -> None:
+        self.reader = reader
+        self.codec = codec or RecordCodec()
+        self.chunk = chunk
+        self.progress = progress  # (records read, windows found, N)
+
+    def _decode(self, stored: StoredRecord) -> OutputRecord | None:
+        try:
+            return self.codec.decode(stored.value)
+        except CodecError:
+            return None
+
+    def build(self) -> EventualCheckpoint:
+        started = time.perf_counter()
+        end = self.reader.end_offset()
+        scan = self.reader.scan_backward(end, self.chunk)
+        records_read = 0
+        corrupt: list[int] = []
+
+        # 1. The crash point: the newest intact record.
+        newest: OutputRecord | None = None
+        newest_stored: StoredRecord | None = None
+        for stored in scan:
+            records_read += 1
+            record = self._decode(stored)
+            if record is not None:
+                newest, newest_stored = record, stored
+                break
+            if stored.meta.kind not in _FOOTPRINT_CODES:
+                raise RecoveryError(
+                    f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: the newest records "
+                    f"are damaged and one of them is a {stored.meta.kind}, so the crash point is unknown"
+                )
+            corrupt.append(stored.offset)
+        if newest is None or newest_stored is None:
+            if corrupt:
+                raise RecoveryError(f"{self.reader.topic}[{self.reader.partition}]: no intact record in the log")
+            return EventualCheckpoint({}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started)
+
+        n = newest.n
+        windows: dict[str, ECFootprint] = {}
+        closed: set[tuple[str, int]] = set()
+        extent_start = end
+
+        def consider(offset: int, record: OutputRecord) -> None:
+            nonlocal extent_start
+            if record.key is None:
+                return
+            wid = (record.key, record.seq)
+            if record.kind is Kind.R:
+                closed.add(wid)
+            elif record.kind in FOOTPRINT_KINDS and wid not in closed and record.key not in windows:
+                windows[record.key] = ECFootprint(offset, record)
+                extent_start = offset
+
+        # 2. Read back until N windows are found.
+        consider(newest_stored.offset, newest)
+        if len(windows) < n:
+            for stored in scan:
+                records_read += 1
+                record = self._decode(stored)
+                if record is None:
+                    if stored.meta.kind not in _FOOTPRINT_CODES:
+                        raise RecoveryError(
+                            f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: a damaged "
+                            f"{stored.meta.kind} record inside the extent; the output log itself is lost"
+                        )
+                    corrupt.append(stored.offset)
+                    continue
+                consider(stored.offset, record)
+                if self.progress and records_read % 65536 == 0:
+                    self.progress(records_read, len(windows), n)
+                if len(windows) >= n:
+                    break
+        if len(windows) < n:
+            raise RecoveryError(
+                f"{self.reader.topic}[{self.reader.partition}]: found {len(windows)} of N={n} open windows "
+                "before the start of the log (truncated by retention, or a G-open is damaged)"
+            )
+        if self.progress:
+            self.progress(records_read, len(windows), n)
+        return EventualCheckpoint(
+            windows=windows,
+            crash_pos=newest.pos,
+            n=n,
+            time=newest.time,
+            end_offset=end,
+            extent_start=extent_start,
+            records_read=records_read,
+            corrupt_skipped=len(corrupt),
+            complete=newest.kind is Kind.EOS,
+            build_seconds=time.perf_counter() - started,
+            fallbacks=corrupt,
+        )

@@ -1,0 +1,451 @@
+"""The Kafka queue store against a real Kafka-protocol broker (Tansu here, Apache Kafka with Docker/env).
+
+Waits are polls bounded by deadlines: nothing in these tests sleeps to let something happen.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from queuestore.base import RecordMeta, StoredRecord
+from queuestore.exceptions import (
+    PartitionLockedError,
+    RecordTooLargeError,
+    StoreClosedError,
+    TopicMismatchError,
+    UnknownTopicError,
+)
+from queuestore.kafka import KafkaQueueStore, meta_from_headers, meta_to_headers, redact_config
+
+try:
+    from tests.brokers import Broker, start_broker
+except ImportError:  # pytest's rootdir-relative import mode without a `tests` package
+    from brokers import Broker, start_broker  # type: ignore[no-redef]
+
+DEADLINE = 30.0
+
+
+@pytest.fixture(scope="session")
+def kafka_broker() -> Iterator[Broker]:
+    broker = start_broker()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture
+def store(kafka_broker: Broker, tmp_path: Path) -> Iterator[KafkaQueueStore]:
+    s = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "state")
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture
+def topic(store: KafkaQueueStore) -> str:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    store.create_topic(name, 2)
+    return name
+
+
+def wait_for(cond: Callable[[], bool], timeout: float = DEADLINE, what: str = "condition") -> None:
+    """Poll `cond` until true; the short pause paces the poll, it is not what the test relies on."""
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def meta(i: int) -> RecordMeta:
+    # A mix of data tuples (no window) and window footprints, as an operator would write.
+    if i % 5 == 0:
+        return RecordMeta(kind="G", time=1_000 + i, key=f"k{i % 7}", seq=i // 5)
+    return RecordMeta(kind="D", time=1_000 + i)
+
+
+def value(i: int) -> bytes:
+    return b"v%06d-" % i + b"x" * 40
+
+
+def append_n(store: KafkaQueueStore, topic: str, partition: int, start: int, n: int) -> list[int]:
+    offsets: list[int] = []
+    with store.writer(topic, partition) as w:
+        for i in range(start, start + n):
+            w.append(value(i), meta(i), lambda off, err: offsets.append(off if err is None else -1))
+        w.flush(DEADLINE)
+    return offsets
+
+
+# -- writer ---------------------------------------------------------------------------------------------
+
+
+def test_durable_callbacks_report_offsets_in_order(store: KafkaQueueStore, topic: str) -> None:
+    reports: list[tuple[int | None, Exception | None]] = []
+    with store.writer(topic, 0) as w:
+        for i in range(500):
+            w.append(value(i), meta(i), lambda off, err: reports.append((off, err)))
+        assert w.outstanding + len(reports) == 500
+        w.flush(DEADLINE)
+        assert w.outstanding == 0
+    assert [err for _, err in reports] == [None] * 500
+    assert [off for off, _ in reports] == list(range(500))
+
+
+def test_poll_serves_callbacks_in_caller_thread(store: KafkaQueueStore, topic: str) -> None:
+    threads: set[int] = set()
+    served: list[int] = []
+
+    def cb(off: int | None, err: Exception | None) -> None:
+        threads.add(threading.get_ident())
+        assert err is None and off is not None
+        served.append(off)
+
+    with store.writer(topic, 1) as w:
+        for i in range(50):
+            w.append(value(i), meta(i), cb)
+        total = 0
+        deadline = time.monotonic() + DEADLINE
+        while total < 50 and time.monotonic() < deadline:
+            total += w.poll(0.1)
+        assert total == 50
+        assert w.outstanding == 0
+    assert threads == {threading.get_ident()}
+    assert served == list(range(50))
+
+
+def test_bounded_outstanding(kafka_broker: Broker, tmp_path: Path) -> None:
+    s = KafkaQueueStore(kafka_broker.bootstrap, tmp_path, max_outstanding=16)
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s.create_topic(name, 1)
+        with s.writer(name, 0) as w:
+            peak = 0
+            for i in range(300):
+                w.append(value(i), meta(i))
+                peak = max(peak, w.outstanding)
+            assert peak <= 16
+            w.flush(DEADLINE)
+        with s.reader(name, 0) as r:
+            assert r.end_offset() == 300
+    finally:
+        s.close()
+
+
+def test_record_too_large(store: KafkaQueueStore, topic: str) -> None:
+    with store.writer(topic, 0) as w, pytest.raises(RecordTooLargeError):
+        w.append(b"x" * (store.max_record_bytes + 1), meta(1))
+
+
+def test_second_writer_on_same_partition_is_refused(store: KafkaQueueStore, topic: str) -> None:
+    w = store.writer(topic, 0)
+    try:
+        with pytest.raises(PartitionLockedError):
+            store.writer(topic, 0)
+        # Another partition is independent.
+        store.writer(topic, 1).close()
+    finally:
+        w.close()
+    # Released on close: a successor can take over.
+    store.writer(topic, 0).close()
+
+
+def _hold_lock(bootstrap: str, state_dir: str, topic: str, ready: mp.Event, release: mp.Event) -> None:
+    s = KafkaQueueStore(bootstrap, Path(state_dir))
+    w = s.writer(topic, 0)
+    ready.set()
+    release.wait(DEADLINE)
+    w.close()
+    s.close()
+
+
+def test_writer_lock_across_processes(kafka_broker: Broker, store: KafkaQueueStore, topic: str) -> None:
+    ctx = mp.get_context("spawn")
+    ready, release = ctx.Event(), ctx.Event()
+    proc = ctx.Process(
+        target=_hold_lock, args=(kafka_broker.bootstrap, str(store.state_dir), topic, ready, release)
+    )
+    proc.start()
+    try:
+        assert ready.wait(60), "child did not take the lock"
+        with pytest.raises(PartitionLockedError):
+            store.writer(topic, 0)
+    finally:
+        release.set()
+        proc.join(60)
+    assert proc.exitcode == 0
+    store.writer(topic, 0).close()
+
+
+def test_writer_for_unknown_topic_or_partition(store: KafkaQueueStore, topic: str) -> None:
+    with pytest.raises(UnknownTopicError):
+        store.writer(f"missing-{uuid.uuid4().hex[:8]}", 0)
+    with pytest.raises(UnknownTopicError):
+        store.writer(topic, 2)
+    with pytest.raises(UnknownTopicError):
+        store.reader(topic, 5)
+
+
+def test_closed_writer_refuses_appends(store: KafkaQueueStore, topic: str) -> None:
+    w = store.writer(topic, 0)
+    w.close()
+    with pytest.raises(StoreClosedError):
+        w.append(b"x", meta(0))
+
+
+# -- meta in headers ------------------------------------------------------------------------------------
+
+
+def test_headers_round_trip_pure() -> None:
+    for m in [
+        RecordMeta("D", 0),
+        RecordMeta("G", -5, key="clé", seq=0),
+        RecordMeta("R", 2**62, key="", seq=7),
+        RecordMeta("C", 3, key=None, seq=4),
+    ]:
+        assert meta_from_headers(meta_to_headers(m)) == m
+    assert dict(meta_to_headers(RecordMeta("D", 12))) == {"cec.kind": b"D", "cec.time": b"12"}
+    assert meta_from_headers(None) == RecordMeta("", -1)
+
+
+def test_meta_round_trip_through_broker(store: KafkaQueueStore, topic: str) -> None:
+    metas = [
+        RecordMeta("D", 10),
+        RecordMeta("G", 11, key="window-a", seq=3),
+        RecordMeta("R", -2, key="ünïcode", seq=0),
+        RecordMeta("C", 2**40, key="", seq=-1),
+    ]
+    values = [b"", b"\x00\x01", b"r" * 1000, b"c"]
+    with store.writer(topic, 0) as w:
+        for v, m in zip(values, metas, strict=True):
+            w.append(v, m)
+        w.flush(DEADLINE)
+    with store.reader(topic, 0) as r:
+        got = r.read_forward(0, 10)
+    assert [(x.offset, x.value, x.meta) for x in got] == list(zip(range(4), values, metas, strict=True))
+
+
+# -- reader ---------------------------------------------------------------------------------------------
+
+
+def expected(offsets: range) -> list[tuple[int, bytes, RecordMeta]]:
+    return [(i, value(i), meta(i)) for i in offsets]
+
+
+def triples(records: list[StoredRecord]) -> list[tuple[int, bytes, RecordMeta]]:
+    return [(r.offset, r.value, r.meta) for r in records]
+
+
+def test_empty_partition(store: KafkaQueueStore, topic: str) -> None:
+    with store.reader(topic, 1) as r:
+        assert r.end_offset() == 0
+        assert r.read_forward(0, 10) == []
+        assert r.read_backward(10, 10) == []
+        assert list(r.scan_backward()) == []
+
+
+def test_read_forward_and_backward(store: KafkaQueueStore, topic: str) -> None:
+    n = 1_000
+    assert append_n(store, topic, 0, 0, n) == list(range(n))
+    with store.reader(topic, 0) as r:
+        assert r.end_offset() == n
+        assert triples(r.read_forward(0, 10)) == expected(range(10))
+        assert triples(r.read_forward(990, 100)) == expected(range(990, 1000))
+        assert triples(r.read_forward(437, 3)) == expected(range(437, 440))
+        assert r.read_forward(n, 10) == []
+        assert r.read_forward(n + 50, 10) == []  # past the end: empty, not a hang
+        assert triples(r.read_backward(n, 5)) == expected(range(999, 994, -1))
+        assert triples(r.read_backward(7, 100)) == expected(range(6, -1, -1))
+        assert triples(r.read_backward(500, 1)) == [(499, value(499), meta(499))]
+        assert triples(r.read_backward(n + 20, 3)) == expected(range(999, 996, -1))
+        assert r.read_backward(0, 5) == []
+        # Chunked scans cover everything exactly once, in the right order.
+        assert [x.offset for x in r.scan_backward(chunk=64)] == list(range(n - 1, -1, -1))
+        assert [x.offset for x in r.scan_forward(100, chunk=77)] == list(range(100, n))
+        assert triples(list(r.scan_backward(300, chunk=33))) == expected(range(299, -1, -1))
+
+
+def test_end_offset_across_writer_sessions(store: KafkaQueueStore, topic: str) -> None:
+    with store.reader(topic, 0) as r:
+        assert r.end_offset() == 0
+        assert append_n(store, topic, 0, 0, 120) == list(range(120))
+        assert r.end_offset() == 120
+        # A second writer session (new producer id) continues the same log.
+        assert append_n(store, topic, 0, 120, 37) == list(range(120, 157))
+        assert r.end_offset() == 157
+        assert r.end_offset() == 157  # repeatable with the seek hint
+    with store.reader(topic, 0) as fresh:  # and from scratch, in another reader
+        assert fresh.end_offset() == 157
+        assert triples(fresh.read_backward(157, 40)) == expected(range(156, 116, -1))
+    with store.reader(topic, 1) as other:
+        assert other.end_offset() == 0
+
+
+def test_end_offset_many_batches(store: KafkaQueueStore, topic: str) -> None:
+    # Several produce batches, each flushed: Tansu's watermark would report the last batch's base + 1.
+    total = 0
+    with store.writer(topic, 0) as w:
+        for b in range(6):
+            for i in range(total, total + 11 + b):
+                w.append(value(i), meta(i))
+            w.flush(DEADLINE)
+            total += 11 + b
+    with store.reader(topic, 0) as r:
+        assert r.end_offset() == total
+        assert [x.offset for x in r.scan_backward(chunk=10)] == list(range(total - 1, -1, -1))
+
+
+def _tail_collect(
+    store: KafkaQueueStore,
+    topic: str,
+    want: int,
+    out: list[StoredRecord],
+    batches: list[int],
+    stop: threading.Event,
+) -> None:
+    with store.reader(topic, 0) as r:
+        for batch in r.tail(0, stop=stop.is_set, batch=50):
+            batches.append(len(batch))
+            out.extend(batch)
+            if len(out) >= want:
+                return
+
+
+def test_tail_catches_up_with_concurrent_writer_thread(store: KafkaQueueStore, topic: str) -> None:
+    stored = 200
+    append_n(store, topic, 0, 0, stored)
+    out: list[StoredRecord] = []
+    batches: list[int] = []
+    stop = threading.Event()
+    total = stored + 300
+    t = threading.Thread(target=_tail_collect, args=(store, topic, total, out, batches, stop), daemon=True)
+    t.start()
+    try:
+        # Live appends start once the tail has read the stored part, so that it really reads both.
+        wait_for(lambda: len(out) >= stored, what="tail to read the stored records")
+        with store.writer(topic, 0) as w:
+            for i in range(stored, total):
+                w.append(value(i), meta(i))
+                if i % 50 == 0:
+                    w.flush(DEADLINE)
+            w.flush(DEADLINE)
+        wait_for(lambda: len(out) >= total, what="tail to reach the live records")
+    finally:
+        stop.set()
+        t.join(DEADLINE)
+    assert not t.is_alive()
+    assert triples(out) == expected(range(total))
+    assert max(batches) <= 50
+
+
+def _append_in_child(bootstrap: str, state_dir: str, topic: str, start: int, n: int) -> None:
+    s = KafkaQueueStore(bootstrap, Path(state_dir))
+    try:
+        append_n(s, topic, 0, start, n)
+    finally:
+        s.close()
+
+
+def test_tail_catches_up_with_writer_process(
+    kafka_broker: Broker, store: KafkaQueueStore, topic: str
+) -> None:
+    append_n(store, topic, 0, 0, 30)
+    ctx = mp.get_context("spawn")
+    proc = ctx.Process(
+        target=_append_in_child, args=(kafka_broker.bootstrap, str(store.state_dir), topic, 30, 400)
+    )
+    out: list[StoredRecord] = []
+    with store.reader(topic, 0) as r:
+        proc.start()
+        try:
+            deadline = time.monotonic() + 60
+            for batch in r.tail(0, stop=lambda: time.monotonic() > deadline):
+                out.extend(batch)
+                if len(out) >= 430:
+                    break
+        finally:
+            proc.join(60)
+    assert proc.exitcode == 0
+    assert triples(out) == expected(range(430))
+
+
+def test_tail_idle_timeout_ends(store: KafkaQueueStore, topic: str) -> None:
+    append_n(store, topic, 0, 0, 5)
+    with store.reader(topic, 0) as r:
+        started = time.monotonic()
+        got = [x.offset for batch in r.tail(2, idle_timeout=0.5) for x in batch]
+        assert got == [2, 3, 4]
+        assert time.monotonic() - started < DEADLINE
+
+
+# -- topics and store -----------------------------------------------------------------------------------
+
+
+def test_create_topic_checks_partitions(store: KafkaQueueStore) -> None:
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    assert not store.topic_exists(name)
+    store.create_topic(name, 3)
+    assert store.topic_exists(name)
+    assert store.partitions(name) == 3
+    store.create_topic(name, 3)  # exist_ok with the same shape
+    with pytest.raises(TopicMismatchError):
+        store.create_topic(name, 4)
+    with pytest.raises(TopicMismatchError):
+        store.create_topic(name, 3, exist_ok=False)
+    with pytest.raises(UnknownTopicError):
+        store.partitions(f"missing-{uuid.uuid4().hex[:8]}")
+
+
+def test_config_is_redacted(kafka_broker: Broker, tmp_path: Path) -> None:
+    secret = "hunter2-" + uuid.uuid4().hex
+    s = KafkaQueueStore(
+        kafka_broker.bootstrap,
+        tmp_path,
+        config={
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": "PLAIN",
+            "sasl.username": "alice",
+            "sasl.password": secret,
+            "ssl.key.password": secret,
+        },
+    )
+    try:
+        assert secret not in repr(s)
+        assert secret not in str(s)
+        assert "SASL_SSL" in repr(s)  # non-secret settings stay visible for debugging
+    finally:
+        s.close()
+    assert secret not in str(redact_config({"sasl.oauthbearer.client.secret": secret, "x.token": secret}))
+
+
+def test_store_close_closes_children(kafka_broker: Broker, tmp_path: Path) -> None:
+    s = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
+    name = f"t-{uuid.uuid4().hex[:12]}"
+    s.create_topic(name, 1)
+    w = s.writer(name, 0)
+    r = s.reader(name, 0)
+    w.append(b"a", meta(1))
+    s.close()
+    with pytest.raises(StoreClosedError):
+        w.append(b"b", meta(2))
+    with pytest.raises(StoreClosedError):
+        r.end_offset()
+    with pytest.raises(StoreClosedError):
+        s.topic_exists(name)
+    # The partition lock was released by close: a new store can write (and the flushed record is there).
+    s2 = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
+    try:
+        s2.writer(name, 0).close()
+        with s2.reader(name, 0) as r2:
+            assert r2.end_offset() == 1
+    finally:
+        s2.close()
