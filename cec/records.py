@@ -60,6 +60,13 @@ def crc32c(data: bytes) -> int:
     return int(google_crc32c.value(data))
 
 
+def _checksum(version: int, kind: str, time: int, key: str | None, seq: int, body: bytes | memoryview) -> int:
+    # Covers the metadata a store keeps beside the value (SQLite columns, Kafka headers) as well as the
+    # body, so that neither can be damaged unnoticed. The separators keep the encoding unambiguous.
+    meta = f"{version}\x1f{kind}\x1f{time}\x1f{'' if key is None else 'k' + key}\x1f{seq}\x1e".encode()
+    return int(google_crc32c.extend(google_crc32c.value(meta), bytes(body)))
+
+
 @dataclass(frozen=True, slots=True)
 class OutputRecord:
     kind: Kind
@@ -76,10 +83,12 @@ class OutputRecord:
         return None if self.key is None else (self.key, self.seq)
 
     def meta(self) -> RecordMeta:
-        return RecordMeta(self.kind.value, self.time, self.key, self.seq)
+        return RecordMeta(_KIND_VALUE[self.kind], self.time, self.key, self.seq)
 
 
 _KIND_SYMBOLS = [k.value for k in Kind]
+_KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too slow per record
+_KIND_OF = {k.value: k for k in Kind}
 
 # Version 1: the first release. Never edit a published schema: add version N+1 whose new fields have
 # defaults, and make it the newest.
@@ -120,11 +129,12 @@ class RecordCodec:
 
     def encode(self, record: OutputRecord) -> bytes:
         buf = io.BytesIO()
+        kind = _KIND_VALUE[record.kind]
         fastavro.schemaless_writer(
             buf,
             self._reader_schema,
             {
-                "kind": record.kind.value,
+                "kind": kind,
                 "time": record.time,
                 "pos": list(record.pos),
                 "n": record.n,
@@ -135,9 +145,10 @@ class RecordCodec:
             },
         )
         body = buf.getvalue()
-        return _HEADER.pack(MAGIC, self.version, crc32c(bytes([self.version]) + body)) + body
+        crc = _checksum(self.version, kind, record.time, record.key, record.seq, body)
+        return _HEADER.pack(MAGIC, self.version, crc) + body
 
-    def decode(self, data: bytes) -> OutputRecord:
+    def _header(self, data: bytes) -> tuple[int, int]:
         if len(data) < _HEADER.size + 1:
             raise CodecError(f"record too short ({len(data)} bytes)")
         if len(data) > self.max_bytes:
@@ -145,30 +156,44 @@ class RecordCodec:
         magic, version, crc = _HEADER.unpack_from(data)
         if magic != MAGIC:
             raise CodecError(f"not a CEC record (magic 0x{magic:02x})")
-        writer_schema = self._parsed.get(version)
-        if writer_schema is None:
+        if version not in self._parsed:
             raise CodecError(f"unknown record schema version {version} (this reader knows {sorted(self._parsed)})")
+        return version, crc
+
+    def verify(self, data: bytes, meta: RecordMeta) -> None:
+        """Check a stored record and the metadata kept beside it against the checksum, without decoding.
+
+        This is what lets recovery scan the extent at checksum speed and decode only the footprints it
+        keeps, while never trusting a damaged record or damaged metadata.
+        """
+        version, crc = self._header(data)
         body = memoryview(data)[_HEADER.size :]
-        if crc32c(bytes([version]) + bytes(body)) != crc:
-            raise CodecError("checksum mismatch: torn or corrupt record")
+        if _checksum(version, meta.kind, meta.time, meta.key, meta.seq, body) != crc:
+            raise CodecError("checksum mismatch: torn or corrupt record (or metadata)")
+
+    def decode(self, data: bytes) -> OutputRecord:
+        version, crc = self._header(data)
+        body = memoryview(data)[_HEADER.size :]
         buf = io.BytesIO(body)
         try:
-            obj = fastavro.schemaless_reader(buf, writer_schema, self._reader_schema)
+            obj = fastavro.schemaless_reader(buf, self._parsed[version], self._reader_schema)
+            if not isinstance(obj, dict) or buf.tell() != len(body):
+                raise CodecError("trailing bytes after record body")
+            record = OutputRecord(
+                _KIND_OF[obj["kind"]],
+                obj["time"],
+                tuple(obj["pos"]),
+                obj["n"],
+                obj["key"],
+                obj["seq"],
+                obj["state"],
+                obj["payload"],
+            )
         except Exception as exc:  # fastavro raises many types on malformed input
-            raise CodecError(f"malformed record body: {exc!s:.200}") from None
-        if buf.tell() != len(body):
-            raise CodecError("trailing bytes after record body")
-        assert isinstance(obj, dict)
-        return OutputRecord(
-            Kind(obj["kind"]),
-            obj["time"],
-            tuple(obj["pos"]),
-            obj["n"],
-            obj["key"],
-            obj["seq"],
-            obj["state"],
-            obj["payload"],
-        )
+            raise CodecError(f"checksum mismatch or malformed record body: {exc!s:.200}") from None
+        if _checksum(version, obj["kind"], record.time, record.key, record.seq, body) != crc:
+            raise CodecError("checksum mismatch: torn or corrupt record")
+        return record
 
 
 class AvroCodec:

@@ -56,8 +56,8 @@ class AggState:
     total: float
     lo: float
     hi: float
-    start: int  # time window: aligned start; count window: time of the first tuple
-    last: int  # time of the last tuple
+    start: int  # time window: aligned start; count window: event time (or offset) of the first tuple
+    last: int  # event time (or offset) of the last tuple
 
     def add(self, x: float, t: int) -> None:
         self.count += 1
@@ -158,7 +158,9 @@ class KeyedAggregate(Operator):
         if key is None:
             raise BadTupleError(f"missing key {self.key_field!r}")
         x = _number(tup.value.get(self.value_field), f"value {self.value_field!r}")
-        t = self.event_time(tup.value) if self.time_field else ctx.time
+        # Window bounds must depend on this key's input only (not on how partitions interleave): event time
+        # when there is one, else the tuple's offset in its partition.
+        t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
         window = ctx.registry.get(key)
         if window is not None and self.window_ms is not None:

@@ -196,6 +196,8 @@ class QueueSource(InputSource):
     def _decode(self, partition: int, offset: int, value: bytes) -> InputTuple:
         try:
             record = self._codec.decode(value)
+            if record.kind is not Kind.R:
+                raise CodecError(f"stored as R but the record is a {record.kind.value}")
             if record.payload is None:
                 raise CodecError("R record without payload")
             return InputTuple(partition, offset, self._payload.decode(record.payload))
@@ -211,6 +213,12 @@ class QueueSource(InputSource):
             for rec in reader.read_forward(self._next[j], share):
                 self._next[j] = rec.offset + 1
                 kind = rec.meta.kind
+                if kind != Kind.R.value:
+                    try:  # a control tuple is skipped by its kind only once the checksum vouches for it
+                        self._codec.verify(rec.value, rec.meta)
+                    except CodecError as exc:
+                        out.append(InputTuple(j, rec.offset, None, f"corrupt upstream record: {exc}"))
+                        continue
                 if kind == Kind.R.value:
                     out.append(self._decode(j, rec.offset, rec.value))
                 elif kind == Kind.EOS.value:

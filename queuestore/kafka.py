@@ -24,7 +24,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -105,9 +105,12 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def meta_to_headers(meta: RecordMeta) -> list[tuple[str, bytes]]:
+def meta_to_headers(meta: RecordMeta) -> list[tuple[str, str | bytes | None]]:
     """Kafka headers for a record's meta; absent key/seq are omitted so that data tuples stay small."""
-    headers = [(HEADER_KIND, meta.kind.encode()), (HEADER_TIME, b"%d" % meta.time)]
+    headers: list[tuple[str, str | bytes | None]] = [
+        (HEADER_KIND, meta.kind.encode()),
+        (HEADER_TIME, b"%d" % meta.time),
+    ]
     if meta.key is not None:
         headers.append((HEADER_KEY, meta.key.encode()))
     if meta.seq != -1:
@@ -115,7 +118,9 @@ def meta_to_headers(meta: RecordMeta) -> list[tuple[str, bytes]]:
     return headers
 
 
-def meta_from_headers(headers: list[tuple[str, bytes | None]] | None) -> RecordMeta:
+def meta_from_headers(
+    headers: Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None,
+) -> RecordMeta:
     """Rebuild `RecordMeta` from headers.
 
     Lenient on purpose: a record produced by a foreign tool (no cec headers) reads as kind "" and time -1
@@ -125,9 +130,11 @@ def meta_from_headers(headers: list[tuple[str, bytes | None]] | None) -> RecordM
     t = -1
     key: str | None = None
     seq = -1
-    for name, raw in headers or ():
-        if raw is None:
+    items = headers.items() if isinstance(headers, Mapping) else headers or ()
+    for name, header in items:
+        if header is None:
             continue
+        raw = header.encode() if isinstance(header, str) else header
         if name == HEADER_KIND:
             kind = raw.decode()
         elif name == HEADER_TIME:
@@ -139,11 +146,19 @@ def meta_from_headers(headers: list[tuple[str, bytes | None]] | None) -> RecordM
     return RecordMeta(kind=kind, time=t, key=key, seq=seq)
 
 
+def _offset(msg: Message) -> int:
+    # Typed optional by confluent-kafka's stubs, but always set on fetched messages and EOF events.
+    offset = msg.offset()
+    if offset is None:
+        raise QueueStoreError("consumer event without an offset")
+    return offset
+
+
 def _to_record(msg: Message) -> StoredRecord:
     value = msg.value()
-    return StoredRecord(
-        offset=msg.offset(), value=value if value is not None else b"", meta=meta_from_headers(msg.headers())
-    )
+    if isinstance(value, str):  # not with the default deserializer; keeps the type checker honest
+        value = value.encode()
+    return StoredRecord(offset=_offset(msg), value=value or b"", meta=meta_from_headers(msg.headers()))
 
 
 def _error_code(exc: KafkaException) -> int | None:
@@ -161,6 +176,10 @@ class KafkaQueueStore(QueueStore):
 
     `topic_configs` override the configs `create_topic` sets (`cleanup.policy=delete`, `retention.ms=-1`):
     retention must stay longer than any checkpoint extent, otherwise recovery loses footprints.
+
+    `request_timeout` bounds how long admin calls and positioned reads may go without progress, so that an
+    unreachable broker surfaces as an error instead of a hang. `max_outstanding` bounds each writer's
+    appended-but-not-completed records, which bounds memory when the broker is slower than the operator.
     """
 
     def __init__(
@@ -240,6 +259,11 @@ class KafkaQueueStore(QueueStore):
             # Tansu holds every fetch for the full fetch.wait.max.ms, even when data is available, so every
             # positioned read costs about two waits; keep it short.
             "fetch.wait.max.ms": 10,
+            # Positioned reads stop consuming mid-stream and re-assign, which leaves the prefetch queue over
+            # its thresholds; librdkafka then pauses fetching for fetch.queue.backoff.ms (1 s by default),
+            # which made about one backward chunk in three take a second.
+            "fetch.queue.backoff.ms": 10,
+            "fetch.error.backoff.ms": 100,
             "isolation.level": "read_committed",
             "check.crcs": True,
         }
@@ -458,7 +482,7 @@ class KafkaPartitionWriter(PartitionWriter):
             self._served += 1
             if err is None:
                 if on_durable is not None:
-                    on_durable(msg.offset(), None)
+                    on_durable(_offset(msg), None)
                 return
             exc = QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {err.str()}")
             if self._failure is None:
@@ -628,16 +652,17 @@ class KafkaPartitionReader(PartitionReader):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            if msg.offset() >= start:
-                                result.eof = msg.offset()
-                                self._note_end(msg.offset())
+                            eof = _offset(msg)
+                            if eof >= start:
+                                result.eof = eof
+                                self._note_end(eof)
                                 return result
                             continue
                         if self._check_error(err):
                             result.beyond_end = True
                             return result
                         continue
-                    offset = msg.offset()
+                    offset = _offset(msg)
                     if offset < start:
                         continue
                     if stop_before is not None and offset >= stop_before:
@@ -748,7 +773,7 @@ class KafkaPartitionReader(PartitionReader):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
-                            self._note_end(msg.offset())
+                            self._note_end(_offset(msg))
                         elif self._check_error(err):
                             raise QueueStoreError(
                                 f"tail of {self.topic}[{self.partition}] starts past the end ({from_offset})"

@@ -67,6 +67,20 @@ def _row_to_record(row: tuple[int, str, int, str | None, int, bytes]) -> StoredR
     return StoredRecord(row[0], row[5], RecordMeta(row[1], row[2], row[3], row[4]))
 
 
+def _create_partition_file(path: Path) -> None:
+    """Create an empty partition database atomically, so no reader ever opens one without its table."""
+    if path.exists():
+        return
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    conn = sqlite3.connect(tmp, isolation_level=None)
+    try:
+        conn.execute("PRAGMA journal_mode=WAL")
+        conn.execute(_SCHEMA)
+    finally:
+        conn.close()
+    os.replace(tmp, path)
+
+
 def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
     if read_only:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
@@ -100,6 +114,7 @@ class SqlitePartitionWriter(PartitionWriter):
         self.topic = topic
         self.partition = partition
         self._max_record_bytes = max_record_bytes
+        _create_partition_file(path)
         self._lock_file = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 - held for the writer's life
         try:
             fcntl.flock(self._lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -112,7 +127,7 @@ class SqlitePartitionWriter(PartitionWriter):
         self._max_batch = max_batch
         self._pending: list[tuple[int, str, int, str | None, int, bytes]] = []
         self._pending_callbacks: list[DurableCallback | None] = []
-        self._slots = threading.BoundedSemaphore(max_outstanding)
+        self._max_outstanding = max_outstanding
         self._io_queue: queue.Queue[tuple[list[tuple], list[DurableCallback | None]] | None] = queue.Queue()
         self._completed: deque[tuple[list[int], list[DurableCallback | None], Exception | None]] = deque()
         self._completed_cv = threading.Condition()
@@ -129,8 +144,8 @@ class SqlitePartitionWriter(PartitionWriter):
             raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
         if len(value) > self._max_record_bytes:
             raise RecordTooLargeError(f"{len(value)} bytes > max_record_bytes={self._max_record_bytes}")
-        while not self._slots.acquire(timeout=0.05):
-            self.poll()  # back-pressure: serve completions so slots come back
+        while self._outstanding >= self._max_outstanding:
+            self.poll(0.05)  # back-pressure: wait for completions (the counter is only touched here)
         self._pending.append((self._next_offset, meta.kind, meta.time, meta.key, meta.seq, value))
         self._pending_callbacks.append(on_durable)
         self._next_offset += 1
@@ -160,7 +175,6 @@ class SqlitePartitionWriter(PartitionWriter):
             for offsets, callbacks, error in batches:
                 for offset, callback in zip(offsets, callbacks, strict=True):
                     self._outstanding -= 1
-                    self._slots.release()
                     if callback is not None:
                         callback(None, error) if error else callback(offset, None)
                     served += 1
@@ -236,9 +250,7 @@ class SqlitePartitionReader(PartitionReader):
         self.topic = topic
         self.partition = partition
         self._path = path
-        if not path.exists():
-            # A reader may come before the first writer: create the empty log so the reader can open it.
-            _connect(path, read_only=False, fsync=False).close()
+        _create_partition_file(path)  # a reader may come before the first writer
         self._conn = _connect(path, read_only=True, fsync=False)
 
     def end_offset(self) -> int:
@@ -314,6 +326,8 @@ class SqliteQueueStore(QueueStore):
                 raise TopicMismatchError(f"topic {topic!r} has {existing} partitions, asked for {partitions}")
             return
         meta.parent.mkdir(parents=True, exist_ok=True)
+        for p in range(partitions):
+            _create_partition_file(meta.parent / f"{p}.sqlite")
         tmp = meta.with_suffix(".tmp")
         tmp.write_text(json.dumps({"partitions": partitions}))
         os.replace(tmp, meta)  # atomic: a crash never leaves a half-written topic description

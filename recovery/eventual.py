@@ -72,11 +72,22 @@ class EventualCheckpointBuilder:
         self.chunk = chunk
         self.progress = progress  # (records read, windows found, N)
 
-    def _decode(self, stored: StoredRecord) -> OutputRecord | None:
+    def _intact(self, stored: StoredRecord) -> bool:
         try:
-            return self.codec.decode(stored.value)
+            self.codec.verify(stored.value, stored.meta)
         except CodecError:
-            return None
+            return False
+        return True
+
+    def _damaged(self, stored: StoredRecord, corrupt: list[int], where: str) -> None:
+        # Only a damaged footprint can be passed over: its window falls back to an older footprint. The
+        # kind of a damaged record is itself unverified, so this is the best that can be known.
+        if stored.meta.kind not in _FOOTPRINT_CODES:
+            raise RecoveryError(
+                f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: a damaged record "
+                f"(kind {stored.meta.kind!r}) {where}; the output log itself is damaged"
+            )
+        corrupt.append(stored.offset)
 
     def build(self) -> EventualCheckpoint:
         started = time.perf_counter()
@@ -87,20 +98,14 @@ class EventualCheckpointBuilder:
 
         # 1. The crash point: the newest intact record.
         newest: OutputRecord | None = None
-        newest_stored: StoredRecord | None = None
+        newest_offset = -1
         for stored in scan:
             records_read += 1
-            record = self._decode(stored)
-            if record is not None:
-                newest, newest_stored = record, stored
+            if self._intact(stored):
+                newest, newest_offset = self.codec.decode(stored.value), stored.offset
                 break
-            if stored.meta.kind not in _FOOTPRINT_CODES:
-                raise RecoveryError(
-                    f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: the newest records "
-                    f"are damaged and one of them is a {stored.meta.kind}, so the crash point is unknown"
-                )
-            corrupt.append(stored.offset)
-        if newest is None or newest_stored is None:
+            self._damaged(stored, corrupt, "at the end of the log, so the crash point is unknown")
+        if newest is None:
             if corrupt:
                 raise RecoveryError(f"{self.reader.topic}[{self.reader.partition}]: no intact record in the log")
             return EventualCheckpoint({}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started)
@@ -109,37 +114,33 @@ class EventualCheckpointBuilder:
         windows: dict[str, ECFootprint] = {}
         closed: set[tuple[str, int]] = set()
         extent_start = end
+        if newest.key is not None:
+            if newest.kind is Kind.R:
+                closed.add((newest.key, newest.seq))
+            elif newest.kind in FOOTPRINT_KINDS:
+                windows[newest.key] = ECFootprint(newest_offset, newest)
+                extent_start = newest_offset
 
-        def consider(offset: int, record: OutputRecord) -> None:
-            nonlocal extent_start
-            if record.key is None:
-                return
-            wid = (record.key, record.seq)
-            if record.kind is Kind.R:
-                closed.add(wid)
-            elif record.kind in FOOTPRINT_KINDS and wid not in closed and record.key not in windows:
-                windows[record.key] = ECFootprint(offset, record)
-                extent_start = offset
-
-        # 2. Read back until N windows are found.
-        consider(newest_stored.offset, newest)
+        # 2. Read back until N windows are found. Records are checked by checksum (cheap); only the
+        #    footprints that enter the EC are decoded.
         if len(windows) < n:
             for stored in scan:
                 records_read += 1
-                record = self._decode(stored)
-                if record is None:
-                    if stored.meta.kind not in _FOOTPRINT_CODES:
-                        raise RecoveryError(
-                            f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: a damaged "
-                            f"{stored.meta.kind} record inside the extent; the output log itself is lost"
-                        )
-                    corrupt.append(stored.offset)
+                if not self._intact(stored):
+                    self._damaged(stored, corrupt, "inside the extent")
                     continue
-                consider(stored.offset, record)
+                meta = stored.meta
+                if meta.key is not None:
+                    wid = (meta.key, meta.seq)
+                    if meta.kind == "R":
+                        closed.add(wid)
+                    elif meta.kind in _FOOTPRINT_CODES and meta.key not in windows and wid not in closed:
+                        windows[meta.key] = ECFootprint(stored.offset, self.codec.decode(stored.value))
+                        extent_start = stored.offset
+                        if len(windows) >= n:
+                            break
                 if self.progress and records_read % 65536 == 0:
                     self.progress(records_read, len(windows), n)
-                if len(windows) >= n:
-                    break
         if len(windows) < n:
             raise RecoveryError(
                 f"{self.reader.topic}[{self.reader.partition}]: found {len(windows)} of N={n} open windows "

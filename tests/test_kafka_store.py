@@ -10,9 +10,11 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
 
 import pytest
+from confluent_kafka import KafkaError, Message, Producer
 
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.exceptions import (
@@ -81,7 +83,11 @@ def append_n(store: KafkaQueueStore, topic: str, partition: int, start: int, n: 
     offsets: list[int] = []
     with store.writer(topic, partition) as w:
         for i in range(start, start + n):
-            w.append(value(i), meta(i), lambda off, err: offsets.append(off if err is None else -1))
+            w.append(
+                value(i),
+                meta(i),
+                lambda off, err: offsets.append(-1 if off is None or err is not None else off),
+            )
         w.flush(DEADLINE)
     return offsets
 
@@ -159,7 +165,7 @@ def test_second_writer_on_same_partition_is_refused(store: KafkaQueueStore, topi
     store.writer(topic, 0).close()
 
 
-def _hold_lock(bootstrap: str, state_dir: str, topic: str, ready: mp.Event, release: mp.Event) -> None:
+def _hold_lock(bootstrap: str, state_dir: str, topic: str, ready: EventType, release: EventType) -> None:
     s = KafkaQueueStore(bootstrap, Path(state_dir))
     w = s.writer(topic, 0)
     ready.set()
@@ -449,3 +455,48 @@ def test_store_close_closes_children(kafka_broker: Broker, tmp_path: Path) -> No
             assert r2.end_offset() == 1
     finally:
         s2.close()
+
+
+def test_reads_skip_transaction_markers(kafka_broker: Broker, store: KafkaQueueStore, topic: str) -> None:
+    """Offsets are not dense: commit markers take offsets that are never delivered.
+
+    Only committed transactions: Tansu 0.6 delivers records of aborted transactions even to read_committed
+    consumers (it reports no aborted transactions in fetch responses). CEC writers never use transactions.
+    """
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "transactional.id": f"txn-{uuid.uuid4().hex[:8]}",
+            "linger.ms": 0,
+        }
+    )
+    producer.init_transactions(DEADLINE)
+    n = 24
+    offsets: dict[int, int] = {}
+
+    def report(i: int) -> Callable[[KafkaError | None, Message], None]:
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            offset = msg.offset()
+            assert err is None and offset is not None
+            offsets[i] = offset
+
+        return on_delivery
+
+    for txn in range(n // 3):
+        producer.begin_transaction()
+        for i in range(3 * txn, 3 * txn + 3):
+            producer.produce(
+                topic, value(i), partition=0, headers=meta_to_headers(meta(i)), on_delivery=report(i)
+            )
+        producer.flush(DEADLINE)
+        producer.commit_transaction(DEADLINE)
+    want = [(offsets[i], value(i), meta(i)) for i in range(n)]
+    assert max(offsets.values()) >= n  # the commit markers left gaps
+    with store.reader(topic, 0) as r:
+        end = r.end_offset()
+        assert end > max(offsets.values())
+        assert triples(r.read_forward(0, 1000)) == want
+        assert triples(list(r.scan_backward(chunk=4))) == want[::-1]
+        assert triples(r.read_backward(end, 5)) == want[::-1][:5]
+        assert triples(r.read_forward(offsets[4], 4)) == want[4:8]
+        assert triples(r.read_forward(offsets[2] + 1, 2)) == want[3:5]  # starts on a marker

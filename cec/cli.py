@@ -1,0 +1,382 @@
+"""`cec`: run CEC operators from the command line.
+
+- `cec demo`: the paper's workload (purchases -> filter -> average price per item over count windows),
+  the aggregate in its own process, SIGKILLed midway, recovered, and compared with a failure-free run;
+- `cec run`: CEC over a user's CSV, optionally SIGKILLed after K rows and recovered;
+- `cec inspect`: what an output queue holds and what recovery would rebuild from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cec.exceptions import CecError, ConfigError
+from cec.records import Kind, RecordCodec
+from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
+from operators.job import JobSpec, run_job
+from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from queuestore.exceptions import QueueStoreError
+from queuestore.factory import open_store, store_spec
+from recovery.eventual import EventualCheckpointBuilder
+from recovery.exceptions import RecoveryError
+
+__all__ = ["main"]
+
+RESULT_COLUMNS = ["key", "window", "value", "count"]
+
+
+# -- helpers ----------------------------------------------------------------------------------------------
+def _say(message: str = "") -> None:
+    print(message, flush=True)
+
+
+@contextmanager
+def _store_dir(given: str | None, prefix: str):  # type: ignore[no-untyped-def]
+    if given:
+        path = Path(given)
+        path.mkdir(parents=True, exist_ok=True)
+        yield path
+    else:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def _worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
+    """Start the job in its own process: the unit that gets killed and recovered."""
+    spec_path.write_text(spec.to_json())
+    env = dict(os.environ)
+    env.pop("CEC_FAULTS", None)
+    if faults:
+        env["CEC_FAULTS"] = faults
+    return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path)], env=env)
+
+
+def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
+    rc = proc.wait()
+    if rc not in (0, -signal.SIGKILL):
+        raise CecError(f"{what} failed with exit code {rc}")
+    return rc
+
+
+def _load_stats(path: Path) -> dict[str, Any]:
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def _recovery_lines(rec: dict[str, Any] | None) -> list[str]:
+    if not rec:
+        return ["  recovery:            none (no crash)"]
+    return [
+        f"  extent at the crash:   {rec['extent_records']:,} records ({rec['ec_windows']:,} open windows in the EC)",
+        f"  EC reconstruction:     {rec['ec_build_seconds'] * 1000:.1f} ms "
+        f"({rec['records_read'] / max(rec['ec_build_seconds'], 1e-9):,.0f} records/s)",
+        f"  EC-load time:          {rec['ec_load_seconds'] * 1000:.1f} ms",
+        f"  replay:                from {rec['replay_start']} to crash point {rec['crash_pos']}: "
+        f"{rec['tuples_replayed']:,} tuples replayed, {rec['tuples_skipped']:,} skipped",
+        f"  damaged footprints:    {rec['corrupt_footprints']}",
+        f"  recovery time:         {rec['recovery_seconds'] * 1000:.1f} ms (EC build + load + replay to the crash point)",
+    ]
+
+
+def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Poll `condition` until true; False if `proc` exits first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    raise CecError("timed out waiting for the operator to make progress")
+
+
+def _log_input_position(store_cfg: dict[str, Any], topic: str) -> int:
+    """Input tuples the operator has durably accounted for: sum of `pos` of its newest record."""
+    store = open_store(store_cfg)
+    try:
+        if not store.topic_exists(topic):
+            return 0
+        with store.reader(topic, 0) as reader:
+            newest = reader.read_backward(reader.end_offset(), 1)
+            if not newest:
+                return 0
+            return sum(RecordCodec().decode(newest[0].value).pos)
+    finally:
+        store.close()
+
+
+# -- cec demo ---------------------------------------------------------------------------------------------
+def _demo_specs(args: argparse.Namespace, root: Path, store_cfg: dict[str, Any], tag: str) -> tuple[JobSpec, JobSpec]:
+    filtered, aggregated = f"{tag}.purchases", f"{tag}.avg-price"
+    filter_spec = JobSpec(
+        operator={"type": "filter", "field": "item_price", "op": ">", "value": 0, "schema": "purchase",
+                  "time_field": "item_time"},
+        source={"type": "generator", "count": args.input, "keys": args.keys, "seed": args.seed, "bad_every": 50},
+        store=store_cfg,
+        output_topic=filtered,
+        batch_size=args.batch,
+    )
+    agg_spec = JobSpec(
+        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
+                  "window_count": args.window},
+        source={"type": "queue", "topic": filtered, "schema": "purchase"},
+        store=store_cfg,
+        output_topic=aggregated,
+        q_target=args.Q,
+        u_target=args.U,
+        ci_ms=args.ci_ms,
+        cp_ms=args.cp_ms,
+        batch_size=args.batch,
+        progress=not args.quiet,
+        stats_path=str(root / f"{tag}.aggregate.stats.json"),
+    )
+    return filter_spec, agg_spec
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    crash_at = args.crash_at if args.crash_at is not None else args.input // 2
+    with _store_dir(args.store_dir, "cec-demo-") as root:
+        store_cfg = store_spec(root, args.bootstrap_servers)
+        tag = f"demo-{args.seed}-{os.getpid()}-{int(time.time())}"
+        _say(f"cec demo: {args.input:,} purchases over {args.keys:,} items -> filter(price > 0) -> "
+             f"avg(price) per item over count windows of {args.window}")
+        _say(f"  queue store: {store_cfg['type']} ({store_cfg.get('bootstrap_servers') or root})")
+        _say(f"  policy: Q={args.Q} U={args.U} CI={args.ci_ms} ms CP={args.cp_ms} ms")
+
+        # 1. Failure-free reference, in this process.
+        ref_filter, ref_agg = _demo_specs(args, root, store_cfg, tag + "-ref")
+        ref_agg.progress = False
+        started = time.perf_counter()
+        run_job(ref_filter)
+        ref_stats = run_job(ref_agg)
+        ref_seconds = time.perf_counter() - started
+        _say(f"  failure-free run: {ref_stats.results:,} results in {ref_seconds:.2f} s")
+
+        # 2. The same pipeline with the aggregate in its own process, SIGKILLed midway and recovered.
+        filter_spec, agg_spec = _demo_specs(args, root, store_cfg, tag)
+        stats_path = Path(agg_spec.stats_path or "")
+        filter_proc = _worker(filter_spec, root / "filter.json")
+        agg_proc = _worker(agg_spec, root / "aggregate.json")
+        crashed = _wait_until(
+            lambda: _log_input_position(store_cfg, agg_spec.output_topic) >= crash_at, agg_proc, args.timeout
+        )
+        if crashed:
+            agg_proc.send_signal(signal.SIGKILL)
+            _wait(agg_proc, "aggregate")
+            killed_at = _log_input_position(store_cfg, agg_spec.output_topic)
+            _say(f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering")
+            agg_proc = _worker(agg_spec, root / "aggregate.json")
+        _wait(agg_proc, "aggregate")
+        _wait(filter_proc, "filter")
+        stats = _load_stats(stats_path)
+
+        # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
+        store = open_store(store_cfg)
+        try:
+            got = list(iter_payloads(store, agg_spec.output_topic, RESULT_SCHEMA))
+            want = list(iter_payloads(store, ref_agg.output_topic, RESULT_SCHEMA))
+            kinds = count_kinds(store, agg_spec.output_topic)
+            filtered = sum(count_kinds(store, filter_spec.output_topic).get(k, 0) for k in ("R",))
+        finally:
+            store.close()
+        same = got == want
+        _say("")
+        _say("CEC demo report")
+        _say(f"  input tuples:          {args.input:,} ({filtered:,} passed the filter)")
+        _say(f"  results (R):           {kinds.get('R', 0):,} (failure-free run: {len(want):,})")
+        _say(f"  G-open / G-check:      {kinds.get('GOPEN', 0):,} / {kinds.get('GCHECK', 0):,}")
+        _say(f"  crash:                 {'SIGKILL at input ~' + format(crash_at, ',') if crashed else 'none: the run ended first'}")
+        for line in _recovery_lines(stats.get("recovery")):
+            _say(line)
+        if not same:
+            diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
+            _say(f"  first difference at result #{diff}: got {got[diff] if diff < len(got) else None}, "
+                 f"want {want[diff] if diff < len(want) else None}")
+        _say(f"  verdict:               {'PASS: output identical to the failure-free run' if same else 'FAIL: outputs differ'}")
+        return 0 if same else 1
+
+
+# -- cec run ----------------------------------------------------------------------------------------------
+def _check_columns(path: Path, columns: list[str]) -> None:
+    try:
+        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+            header = next(csv.reader(f), None)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
+    if not header:
+        raise ConfigError(f"{path} is empty: a header row is required")
+    missing = [c for c in columns if c not in header]
+    if missing:
+        raise ConfigError(f"{path} has no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    input_path = Path(args.input)
+    if not input_path.is_file():
+        raise ConfigError(f"input file not found: {input_path}")
+    if args.window_time and not args.time:
+        raise ConfigError("--window-time needs --time COL")
+    _check_columns(input_path, [c for c in (args.key, args.value, args.time) if c])
+    if args.crash_after is not None and args.crash_after < 1:
+        raise ConfigError("--crash-after needs K >= 1")
+    operator = {
+        "type": "aggregate", "key_field": args.key, "value_field": args.value, "agg": args.agg,
+        "window_count": args.window_count,
+        "window_ms": parse_duration_ms(args.window_time) if args.window_time else None,
+        "time_field": args.time,
+    }
+    results_path = Path(args.results)
+    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
+    with _store_dir(args.store_dir, "cec-run-") as root:
+        store_cfg = store_spec(root, args.bootstrap_servers)
+        # A store dir holds the log of one job: refuse to resume a different one from it.
+        fingerprint = hashlib.sha256(
+            json.dumps([operator, str(input_path.resolve()), input_path.stat().st_size], sort_keys=True).encode()
+        ).hexdigest()[:16]
+        topic = f"run-{fingerprint}"
+        spec = JobSpec(
+            operator=operator,
+            source={"type": "csv", "path": str(input_path.resolve())},
+            store=store_cfg,
+            output_topic=topic,
+            q_target=args.Q,
+            u_target=args.U,
+            ci_ms=args.ci_ms,
+            cp_ms=args.cp_ms,
+            progress=args.progress,
+            stats_path=str(root / f"{topic}.stats.json"),
+        )
+        recovery: dict[str, Any] | None = None
+        if args.crash_after is not None:
+            rc = _wait(_worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator")
+            if rc == -signal.SIGKILL:
+                _say(f"operator process SIGKILLed after {args.crash_after:,} input rows; recovering")
+            _wait(_worker(spec, root / "run.json"), "operator")
+            recovery = _load_stats(Path(spec.stats_path or "")).get("recovery")
+        else:
+            stats = run_job(spec)
+            recovery = stats.recovery.as_dict() if stats.recovery else None
+        store = open_store(store_cfg)
+        try:
+            n_results = write_results_csv(iter_payloads(store, topic, RESULT_SCHEMA), results_path, RESULT_COLUMNS)
+            n_dead = write_dead_letter_csv(iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead_path)
+            kinds = count_kinds(store, topic)
+        finally:
+            store.close()
+    _say(f"results:      {n_results:,} closed windows -> {results_path}")
+    _say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
+    _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
+    _say("windows still open at the end of the input are not emitted")
+    if args.crash_after is not None:
+        for line in _recovery_lines(recovery):
+            _say(line)
+    return 0
+
+
+# -- cec inspect ------------------------------------------------------------------------------------------
+def cmd_inspect(args: argparse.Namespace) -> int:
+    store = open_store(store_spec(args.store_dir, args.bootstrap_servers))
+    try:
+        for p in range(store.partitions(args.topic)):
+            with store.reader(args.topic, p) as reader:
+                end = reader.end_offset()
+                ec = EventualCheckpointBuilder(reader).build()
+            kinds = count_kinds(store, args.topic)
+            _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
+            _say(f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
+                 f"{'finished (EOS)' if ec.complete else 'not finished'}")
+            _say(f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
+                 f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms")
+    finally:
+        store.close()
+    return 0
+
+
+# -- argument parsing -------------------------------------------------------------------------------------
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> None:
+    p.add_argument("--Q", type=_positive_int, default=q, help="extent size target q (records); default %(default)s")
+    p.add_argument("--U", type=_positive_int, default=u, help="replay size target u (input tuples); default %(default)s")
+    p.add_argument("--ci-ms", type=float, default=5.0, help="checkpoint interval CI in ms (default 5)")
+    p.add_argument("--cp-ms", type=float, default=100.0, help="checkpoint period CP in ms (default 100)")
+    p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
+    p.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+                   help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    demo = sub.add_parser("demo", help="the paper's workload, killed midway, recovered, verified")
+    demo.add_argument("--input", type=_positive_int, default=200_000, help="purchases to generate (default 200000)")
+    demo.add_argument("--keys", type=_positive_int, default=10_000, help="distinct items (default 10000)")
+    demo.add_argument("--window", type=_positive_int, default=10, help="count window size (default 10)")
+    demo.add_argument("--seed", type=int, default=1)
+    demo.add_argument("--crash-at", type=int, help="kill once the aggregate has consumed this many tuples "
+                      "(default: half the input)")
+    demo.add_argument("--batch", type=_positive_int, default=512, help="input batch size")
+    demo.add_argument("--timeout", type=float, default=600.0)
+    demo.add_argument("--quiet", action="store_true", help="no progress lines")
+    _policy_args(demo, q=20_000, u=100_000)
+    demo.set_defaults(func=cmd_demo)
+
+    run = sub.add_parser("run", help="CEC aggregate over a CSV file")
+    run.add_argument("input", help="input CSV with a header row, processed in file order")
+    run.add_argument("--key", required=True, help="key column")
+    run.add_argument("--value", required=True, help="value column (a number)")
+    run.add_argument("--time", help="event-time column (integer milliseconds); needed for --window-time")
+    group = run.add_mutually_exclusive_group(required=True)
+    group.add_argument("--window-count", type=_positive_int, help="tumbling window of N tuples per key")
+    group.add_argument("--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h")
+    run.add_argument("--agg", choices=AGGREGATES, default="avg")
+    run.add_argument("--results", required=True, help="results CSV: key,window,value,count")
+    run.add_argument("--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover")
+    run.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    _policy_args(run, q=None, u=None)
+    run.set_defaults(func=cmd_run)
+
+    inspect = sub.add_parser("inspect", help="what an output queue holds and what recovery would rebuild")
+    inspect.add_argument("topic")
+    inspect.add_argument("--store-dir", required=True)
+    inspect.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"))
+    inspect.set_defaults(func=cmd_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args))
+    except (CecError, QueueStoreError, RecoveryError) as exc:
+        print(f"cec: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

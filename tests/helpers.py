@@ -1,0 +1,74 @@
+"""Shared test helpers: run jobs in real child processes and read what they wrote."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cec.records import Kind, RecordCodec
+from operators.aggregate import RESULT_SCHEMA
+from operators.job import JobSpec
+from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.sinks import iter_payloads
+from queuestore.base import QueueStore
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def child_env(faults: str | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("CEC_FAULTS", None)
+    if faults:
+        env["CEC_FAULTS"] = faults
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def start_worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
+    spec_path.write_text(spec.to_json())
+    return subprocess.Popen(
+        [sys.executable, "-m", "operators.worker", str(spec_path)],
+        env=child_env(faults),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def run_worker(spec: JobSpec, spec_path: Path, faults: str | None = None, timeout: float = 120) -> int:
+    proc = start_worker(spec, spec_path, faults)
+    _, err = proc.communicate(timeout=timeout)
+    if proc.returncode not in (0, -9):
+        raise AssertionError(f"worker failed ({proc.returncode}):\n{err.decode()[-3000:]}")
+    return proc.returncode
+
+
+def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: float = 0.005) -> None:
+    """Wait on a condition (never a blind sleep): raises if it does not hold within `timeout`."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not met in time")
+        time.sleep(interval)
+
+
+def log_records(store: QueueStore, topic: str, partition: int = 0) -> list[Any]:
+    codec = RecordCodec()
+    with store.reader(topic, partition) as reader:
+        return [codec.decode(r.value) for r in reader.scan_forward(0)]
+
+
+def results(store: QueueStore, topic: str, kind: Kind = Kind.R) -> list[dict[str, Any]]:
+    """What a consumer sees: the payloads of `kind` records, control tuples dropped, in log order."""
+    return list(iter_payloads(store, topic, RESULT_SCHEMA if kind is Kind.R else DEAD_LETTER_SCHEMA, kind))
+
+
+def per_key(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["key"], []).append(row)
+    return out

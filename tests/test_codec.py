@@ -1,0 +1,114 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cec.exceptions import CodecError
+from cec.records import SCHEMAS, AvroCodec, Kind, OutputRecord, RecordCodec
+
+records = st.builds(
+    OutputRecord,
+    kind=st.sampled_from(list(Kind)),
+    time=st.integers(-(2**62), 2**62),
+    pos=st.lists(st.integers(0, 2**62), max_size=8).map(tuple),
+    n=st.integers(0, 2**40),
+    key=st.none() | st.text(max_size=40),
+    seq=st.integers(-1, 2**40),
+    state=st.none() | st.binary(max_size=200),
+    payload=st.none() | st.binary(max_size=200),
+)
+
+
+@given(records)
+def test_round_trip(record: OutputRecord) -> None:
+    codec = RecordCodec()
+    data = codec.encode(record)
+    assert codec.decode(data) == record
+    codec.verify(data, record.meta())
+
+
+@given(records, st.data())
+def test_any_single_byte_flip_is_detected(record: OutputRecord, data: st.DataObject) -> None:
+    codec = RecordCodec()
+    encoded = bytearray(codec.encode(record))
+    i = data.draw(st.integers(0, len(encoded) - 1))
+    encoded[i] ^= data.draw(st.integers(1, 255))
+    with pytest.raises(CodecError):
+        codec.decode(bytes(encoded))
+    with pytest.raises(CodecError):
+        codec.verify(bytes(encoded), record.meta())
+
+
+@given(records)
+def test_truncated_record_is_detected(record: OutputRecord) -> None:
+    codec = RecordCodec()
+    encoded = codec.encode(record)
+    for cut in range(len(encoded)):
+        with pytest.raises(CodecError):
+            codec.decode(encoded[:cut])
+
+
+@settings(max_examples=300)
+@given(st.binary(max_size=300))
+def test_untrusted_bytes_fail_cleanly(data: bytes) -> None:
+    codec = RecordCodec()
+    try:
+        codec.decode(b"\xce\x01" + data)
+    except CodecError:
+        pass  # the only acceptable failure
+
+
+def test_metadata_kept_beside_the_value_is_covered_by_the_checksum() -> None:
+    codec = RecordCodec()
+    record = OutputRecord(Kind.GCHECK, 10, (3,), 2, "k", 4, b"state", None)
+    data = codec.encode(record)
+    codec.verify(data, record.meta())
+    for wrong in (
+        OutputRecord(Kind.R, 10, (3,), 2, "k", 4).meta(),
+        OutputRecord(Kind.GCHECK, 11, (3,), 2, "k", 4).meta(),
+        OutputRecord(Kind.GCHECK, 10, (3,), 2, "j", 4).meta(),
+        OutputRecord(Kind.GCHECK, 10, (3,), 2, "k", 5).meta(),
+        OutputRecord(Kind.GCHECK, 10, (3,), 2, None, 4).meta(),
+    ):
+        with pytest.raises(CodecError):
+            codec.verify(data, wrong)
+
+
+def test_unknown_version_and_magic_are_clear_errors() -> None:
+    codec = RecordCodec()
+    data = bytearray(codec.encode(OutputRecord(Kind.R, 1, (1,), 0)))
+    data[1] = 9
+    with pytest.raises(CodecError, match="unknown record schema version 9"):
+        codec.decode(bytes(data))
+    data[0] = 0x00
+    with pytest.raises(CodecError, match="not a CEC record"):
+        codec.decode(bytes(data))
+
+
+def test_size_limit_bounds_what_decode_accepts() -> None:
+    big = OutputRecord(Kind.GCHECK, 1, (1,), 1, "k", 0, b"x" * 5000)
+    data = RecordCodec().encode(big)
+    with pytest.raises(CodecError, match="exceeds"):
+        RecordCodec(max_bytes=1000).decode(data)
+
+
+def test_newer_reader_loads_records_written_by_an_older_release() -> None:
+    """Version skew: a v2 reader (one more field, with a default) decodes v1 checkpoints."""
+    v1 = RecordCodec()
+    v2_schema = dict(SCHEMAS[1])
+    v2_schema["fields"] = [*SCHEMAS[1]["fields"], {"name": "operator_id", "type": "string", "default": ""}]
+    v2 = RecordCodec({1: SCHEMAS[1], 2: v2_schema})
+    old = OutputRecord(Kind.GOPEN, 7, (5, 6), 3, "item-1", 2, b"st", None)
+    assert v2.version == 2
+    assert v2.decode(v1.encode(old)) == old
+    # ...and an old reader refuses, clearly, what it cannot know.
+    with pytest.raises(CodecError, match="unknown record schema version 2"):
+        v1.decode(v2.encode(old))
+
+
+def test_payload_codec_rejects_garbage() -> None:
+    codec = AvroCodec({"type": "record", "name": "P", "fields": [{"name": "s", "type": "string"}]})
+    assert codec.decode(codec.encode({"s": "x"})) == {"s": "x"}
+    with pytest.raises(CodecError):
+        codec.decode(b"\x7f")

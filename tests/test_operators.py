@@ -1,0 +1,147 @@
+"""Operator semantics, checked against a straightforward reference implementation."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from cec.records import Kind
+from operators.job import JobSpec, run_job
+from operators.sources import PurchaseGenerator
+from queuestore.sqlite import SqliteQueueStore
+from tests.helpers import log_records, results
+
+
+def reference(rows: list[dict[str, Any]], agg: str, count: int | None, ms: int | None) -> list[dict[str, Any]]:
+    """Per-key tumbling windows, results in closing order."""
+    open_: dict[str, list[tuple[float, int]]] = {}
+    seqs: dict[str, int] = {}
+    out = []
+
+    def close(key: str) -> None:
+        xs = [x for x, _ in open_.pop(key)]
+        value = {"avg": sum(xs) / len(xs), "sum": sum(xs), "count": float(len(xs)), "min": min(xs), "max": max(xs)}[agg]
+        if agg in ("avg", "sum"):  # same summation order as the operator
+            total = 0.0
+            for x in xs:
+                total += x
+            value = total / len(xs) if agg == "avg" else total
+        seq = seqs.get(key, 0)
+        seqs[key] = seq + 1
+        out.append({"key": key, "window": seq, "value": value, "count": len(xs)})
+
+    for row in rows:
+        key, x, t = str(row["k"]), float(row["v"]), int(row.get("t", 0))
+        if ms is not None and key in open_ and t >= open_[key][0][1] - open_[key][0][1] % ms + ms:
+            close(key)
+        open_.setdefault(key, []).append((x, t))
+        if count is not None and len(open_[key]) >= count:
+            close(key)
+    return out
+
+
+def _write_csv(path: Path, rows: list[dict[str, Any]], columns: list[str]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, columns)
+        w.writeheader()
+        w.writerows(rows)
+
+
+def _run_csv(tmp_path: Path, rows: list[dict[str, Any]], **operator: Any) -> SqliteQueueStore:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    path = tmp_path / "in.csv"
+    _write_csv(path, rows, ["k", "v", "t"])
+    store_root = tmp_path / "store"
+    spec = JobSpec(
+        operator={"type": "aggregate", "key_field": "k", "value_field": "v", **operator},
+        source={"type": "csv", "path": str(path)},
+        store={"type": "sqlite", "root": str(store_root)},
+        output_topic="out",
+    )
+    run_job(spec)
+    return SqliteQueueStore(store_root)
+
+
+rows_strategy = st.lists(
+    st.fixed_dictionaries({"k": st.integers(0, 4), "v": st.integers(-100, 100), "dt": st.integers(0, 40)}),
+    max_size=120,
+)
+
+
+@settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(rows_strategy, st.sampled_from(["avg", "sum", "count", "min", "max"]), st.integers(1, 5), st.booleans())
+def test_aggregate_matches_reference(tmp_path_factory: Any, raw: list[dict[str, int]], agg: str, size: int,
+                                     timed: bool) -> None:
+    tmp_path = tmp_path_factory.mktemp("agg")
+    t, rows = 0, []
+    for r in raw:
+        t += r["dt"]
+        rows.append({"k": r["k"], "v": r["v"], "t": t})
+    if timed:
+        store = _run_csv(tmp_path, rows, agg=agg, window_ms=size * 10, time_field="t")
+        want = reference(rows, agg, None, size * 10)
+    else:
+        store = _run_csv(tmp_path, rows, agg=agg, window_count=size)
+        want = reference(rows, agg, size, None)
+    got = [{k: r[k] for k in ("key", "window", "value", "count")} for r in results(store, "out")]
+    assert got == want
+
+
+def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(tmp_path: Path) -> None:
+    rows = [
+        {"k": "a", "v": "1", "t": 0},
+        {"k": "", "v": "2", "t": 1},  # missing key
+        {"k": "a", "v": "x", "t": 2},  # not a number
+        {"k": "a", "v": "nan", "t": 3},  # not finite
+        {"k": "a", "v": "3", "t": 4},
+    ]
+    store = _run_csv(tmp_path, rows, agg="sum", window_count=2)
+    assert [r["value"] for r in results(store, "out")] == [4.0]
+    dead = results(store, "out", Kind.DEAD)
+    assert [(d["offset"], d["reason"]) for d in dead] == [
+        (1, "missing key 'k'"),
+        (2, "value 'v' is not a number: 'x'"),
+        (3, "value 'v' is not finite: 'nan'"),
+    ]
+
+
+def test_late_tuple_in_a_time_window_is_dead_lettered(tmp_path: Path) -> None:
+    rows = [{"k": "a", "v": 1, "t": 100}, {"k": "a", "v": 5, "t": 50}, {"k": "a", "v": 2, "t": 150},
+            {"k": "a", "v": 9, "t": 230}]
+    store = _run_csv(tmp_path, rows, agg="sum", window_ms=100, time_field="t")
+    assert [(r["value"], r["start"], r["end"]) for r in results(store, "out")] == [(3.0, 100, 200)]
+    assert "late tuple" in results(store, "out", Kind.DEAD)[0]["reason"]
+
+
+def test_footprints_carry_n_pos_and_g_open_is_elided_for_instant_windows(tmp_path: Path) -> None:
+    store = _run_csv(tmp_path, [{"k": "a", "v": 1, "t": 0}, {"k": "b", "v": 1, "t": 0}, {"k": "a", "v": 1, "t": 0}],
+                     agg="count", window_count=2)
+    recs = log_records(store, "out")
+    assert [(r.kind, r.key, r.seq, r.n, r.pos) for r in recs] == [
+        (Kind.GOPEN, "a", 0, 1, (1,)),
+        (Kind.GOPEN, "b", 0, 2, (2,)),
+        (Kind.R, "a", 0, 1, (3,)),
+        (Kind.EOS, None, -1, 1, (3,)),
+    ]
+    store1 = _run_csv(tmp_path / "one", [{"k": "a", "v": 1, "t": 0}], agg="count", window_count=1)
+    assert [r.kind for r in log_records(store1, "out")] == [Kind.R, Kind.EOS]
+
+
+@pytest.mark.parametrize("partitions", [1, 3])
+def test_generator_is_replayable_and_keys_stay_in_one_partition(partitions: int) -> None:
+    gen = PurchaseGenerator(300, 17, seed=5, partitions=partitions)
+    first: list[Any] = []
+    while (batch := gen.poll(64)) is not None:
+        first.extend(batch)
+    assert len(first) == 300
+    for t in first:
+        assert t.value is not None and t.value["item_id"] % partitions == t.partition
+    gen.seek([5] * partitions)
+    again = gen.poll(10 * partitions) or []
+    assert all(t.value == gen.tuple_at(t.partition, t.offset) for t in again)
+    assert {(t.partition, t.offset) for t in again} <= {(t.partition, t.offset) for t in first}

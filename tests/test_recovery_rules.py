@@ -1,0 +1,164 @@
+"""The recovery rules at every possible crash point, deterministically.
+
+The property test SIGKILLs at random points; this one stops the operator after each input tuple k in turn
+(everything produced so far durable, nothing after), resumes it with a fresh runtime, and requires the
+failure-free output. Exhaustive over k, so off-by-one errors at the crash point cannot hide. It also
+checks EC reconstruction against damaged footprints.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cec.policy import CheckpointSchedule, make_policy
+from cec.exceptions import CodecError
+from cec.records import Kind
+from operators.job import JobSpec, build_operator, build_source, run_job
+from operators.runtime import OperatorRuntime
+from queuestore.output import OutputQueue
+from queuestore.sqlite import SqliteQueueStore
+from recovery.eventual import EventualCheckpointBuilder
+from recovery.exceptions import RecoveryError
+from tests.helpers import log_records, results
+
+
+def _spec(root: Path, *, count: int = 60, keys: int = 4, window: int = 3, q: int | None = 2,
+          partitions: int = 1, timed: bool = False) -> JobSpec:
+    win: dict[str, Any] = {"window_ms": window * 5, "time_field": "item_time"} if timed else {"window_count": window}
+    return JobSpec(
+        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "sum", **win},
+        source={"type": "generator", "count": count, "keys": keys, "seed": 11, "partitions": partitions},
+        store={"type": "sqlite", "root": str(root)},
+        output_topic="agg",
+        q_target=q,
+        ci_ms=10.0,
+        cp_ms=10.0,  # always in a checkpoint slot: G-checks as often as the policy asks
+        batch_size=1,
+    )
+
+
+def _run_until(spec: JobSpec, inputs: int | None) -> None:
+    """Run in this process; stop after `inputs` tuples with all output durable, as a crash right there."""
+    store = SqliteQueueStore(spec.store["root"])
+    store.create_topic(spec.output_topic, 1)
+    output = OutputQueue(store, spec.output_topic, 0)
+    source = build_source(spec.source, store)
+    runtime = OperatorRuntime(
+        build_operator(spec.operator), source, output,
+        policy=make_policy(spec.q_target, spec.u_target), schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
+        batch_size=spec.batch_size,
+    )
+    try:
+        runtime.run(stop=None if inputs is None else (lambda: runtime.stats.inputs >= inputs))
+    finally:
+        source.close()
+        output.close()
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [
+        {"window": 1},
+        {"window": 3},
+        {"window": 3, "q": None},
+        {"window": 4, "partitions": 2},
+        {"window": 3, "timed": True},
+    ],
+    ids=lambda s: ",".join(f"{k}={v}" for k, v in s.items()),
+)
+def test_resume_after_every_possible_crash_point(tmp_path: Path, shape: dict[str, Any]) -> None:
+    reference = _spec(tmp_path / "ref", **shape)
+    run_job(reference)
+    want = results(SqliteQueueStore(tmp_path / "ref"), "agg")
+    assert want, "the workload must produce results"
+    total = reference.source["count"]
+    for k in range(1, total):
+        spec = _spec(tmp_path / f"stop{k}", **shape)
+        _run_until(spec, k)
+        _run_until(spec, k + 7)  # a second crash after recovery, before or after catching up
+        _run_until(spec, None)
+        got = results(SqliteQueueStore(spec.store["root"]), "agg")
+        if shape.get("partitions", 1) == 1:
+            assert got == want, f"stopped after {k} tuples"
+        else:
+            assert sorted(map(repr, got)) == sorted(map(repr, want)), f"stopped after {k} tuples"
+
+
+def _crashed_log(tmp_path: Path, q: int | None = 3) -> tuple[JobSpec, SqliteQueueStore, list[Any]]:
+    spec = _spec(tmp_path / "log", count=200, keys=5, window=6, q=q)
+    _run_until(spec, 120)
+    store = SqliteQueueStore(spec.store["root"])
+    return spec, store, log_records(store, "agg")
+
+
+def test_damaged_g_check_falls_back_to_an_older_footprint(tmp_path: Path) -> None:
+    reference = _spec(tmp_path / "ref", count=200, keys=5, window=6, q=3)
+    run_job(reference)
+    want = results(SqliteQueueStore(tmp_path / "ref"), "agg")
+
+    spec, store, records = _crashed_log(tmp_path)
+    with store.reader("agg", 0) as reader:
+        before = EventualCheckpointBuilder(reader).build()
+    # Damage the latest footprint of every window in the EC that has an older footprint to fall back to.
+    damaged = []
+    for key, fp in before.windows.items():
+        older = [i for i, r in enumerate(records[: fp.offset]) if r.key == key and r.seq == fp.record.seq
+                 and r.kind in (Kind.GOPEN, Kind.GCHECK)]
+        if older:
+            store.corrupt_record_for_testing("agg", 0, fp.offset)
+            damaged.append((key, fp.offset, older[-1]))
+    assert damaged, "the workload must give some window more than one footprint"
+    with store.reader("agg", 0) as reader:
+        after = EventualCheckpointBuilder(reader).build()
+    assert after.corrupt_skipped == len(damaged)
+    for key, bad_offset, older_offset in damaged:
+        assert after.windows[key].offset == older_offset != bad_offset
+    assert after.extent_size >= before.extent_size  # longer replay...
+
+    _run_until(spec, None)
+    assert results(store, "agg") == want  # ...same result
+
+
+def test_damaged_newest_footprint_moves_the_crash_point_back_safely(tmp_path: Path) -> None:
+    reference = _spec(tmp_path / "ref", count=200, keys=5, window=6, q=3)
+    run_job(reference)
+    want = results(SqliteQueueStore(tmp_path / "ref"), "agg")
+    spec, store, records = _crashed_log(tmp_path)
+    last = len(records) - 1
+    while records[last].kind not in (Kind.GOPEN, Kind.GCHECK):
+        last -= 1
+    for offset in range(last, len(records)):
+        if records[offset].kind in (Kind.GOPEN, Kind.GCHECK):
+            store.corrupt_record_for_testing("agg", 0, offset)
+    _run_until(spec, None)
+    assert results(store, "agg") == want
+
+
+def test_damaged_g_open_without_fallback_is_a_clear_error(tmp_path: Path) -> None:
+    spec, store, records = _crashed_log(tmp_path)
+    with store.reader("agg", 0) as reader:
+        ec = EventualCheckpointBuilder(reader).build()
+    key, fp = next(iter(ec.windows.items()))
+    g_open = next(i for i, r in enumerate(records) if r.key == key and r.seq == fp.record.seq and r.kind is Kind.GOPEN)
+    for i, r in enumerate(records):
+        if r.key == key and r.seq == fp.record.seq and r.kind in (Kind.GOPEN, Kind.GCHECK):
+            store.corrupt_record_for_testing("agg", 0, i)
+    with store.reader("agg", 0) as reader, pytest.raises(RecoveryError, match="open windows before the start"):
+        EventualCheckpointBuilder(reader).build()
+    assert g_open >= 0
+
+
+def test_damaged_result_record_is_never_used(tmp_path: Path) -> None:
+    spec, store, records = _crashed_log(tmp_path, q=None)  # G-open only: a long extent
+    with store.reader("agg", 0) as reader:
+        ec = EventualCheckpointBuilder(reader).build()
+    r_offset = max(i for i, r in enumerate(records) if r.kind is Kind.R)
+    assert r_offset > ec.extent_start, "the workload must close a window inside the extent"
+    store.corrupt_record_for_testing("agg", 0, r_offset, flip_at=10)
+    with store.reader("agg", 0) as reader, pytest.raises(RecoveryError, match="damaged"):
+        EventualCheckpointBuilder(reader).build()
+    with pytest.raises(CodecError, match=f"offset {r_offset}"):
+        results(store, "agg")

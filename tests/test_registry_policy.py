@@ -1,0 +1,88 @@
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cec.exceptions import ConfigError
+from cec.policy import CheckpointSchedule, GOpenOnly, TargetPolicy, make_policy
+from cec.registry import OpenWindow, WindowRegistry
+
+
+def _window(key: str, mark: int) -> OpenWindow:
+    return OpenWindow(key, 0, None, mark, mark, mark, mark)
+
+
+ops = st.lists(
+    st.tuples(st.sampled_from(["open", "footprint", "close"]), st.integers(0, 9)), max_size=200
+)
+
+
+@given(ops)
+def test_registry_keeps_footprint_order(operations: list[tuple[str, int]]) -> None:
+    """Model check against a naive list: the oldest window is always the one with the oldest footprint."""
+    registry = WindowRegistry()
+    model: dict[str, int] = {}  # key -> out_mark of its last footprint
+    out = 0
+    for op, k in operations:
+        key = f"k{k}"
+        out += 1
+        if op == "open" and key not in model:
+            registry.open(_window(key, out))
+            model[key] = out
+        elif op == "footprint" and key in model:
+            registry.footprint(key, time=out, out_mark=out, in_mark=out)
+            model[key] = out
+        elif op == "close" and key in model:
+            registry.close(key)
+            del model[key]
+        assert registry.n == len(model)
+        assert [w.key for w in registry] == sorted(model, key=model.__getitem__)
+        oldest = registry.oldest()
+        if model:
+            assert oldest is not None and oldest.out_mark == min(model.values())
+            assert registry.extent_size(out) == out - min(model.values())
+        else:
+            assert oldest is None and registry.extent_size(out) == 0
+
+
+def test_registry_rejects_a_second_open_window_per_key() -> None:
+    registry = WindowRegistry()
+    registry.open(_window("a", 1))
+    with pytest.raises(KeyError):
+        registry.open(_window("a", 2))
+
+
+def test_extent_and_replay_sizes_follow_the_oldest_window() -> None:
+    registry = WindowRegistry()
+    registry.open(OpenWindow("a", 0, None, 0, 0, out_mark=10, in_mark=100))
+    registry.open(OpenWindow("b", 0, None, 0, 0, out_mark=20, in_mark=150))
+    assert registry.extent_size(30) == 20 and registry.replay_size(200) == 100
+    registry.footprint("a", time=5, out_mark=30, in_mark=200)
+    assert registry.oldest().key == "b"  # type: ignore[union-attr]
+    assert registry.extent_size(31) == 11 and registry.replay_size(200) == 50
+
+
+def test_policies() -> None:
+    assert not GOpenOnly().wants_checkpoint(10**9, 10**9)
+    q_only = TargetPolicy(q_target=100)
+    assert q_only.wants_checkpoint(101, 0) and not q_only.wants_checkpoint(100, 10**9)
+    u_only = TargetPolicy(u_target=50)
+    assert u_only.wants_checkpoint(0, 51) and not u_only.wants_checkpoint(10**9, 50)
+    assert isinstance(make_policy(None, None), GOpenOnly)
+    with pytest.raises(ConfigError):
+        TargetPolicy(q_target=0)
+
+
+def test_checkpoint_slots_follow_ci_and_cp() -> None:
+    now = [1000.0]
+    schedule = CheckpointSchedule(ci_ms=10, cp_ms=100, clock=lambda: now[0])
+    assert schedule.in_slot()
+    now[0] += 0.009
+    assert schedule.in_slot() and schedule.slot_remaining() == pytest.approx(0.001)
+    now[0] += 0.002
+    assert not schedule.in_slot()
+    now[0] += 0.090  # next period
+    assert schedule.in_slot()
+    with pytest.raises(ConfigError):
+        CheckpointSchedule(ci_ms=20, cp_ms=10)
