@@ -123,19 +123,38 @@ def _log_input_position(store_cfg: dict[str, Any], topic: str) -> int:
 
 
 # -- cec demo ---------------------------------------------------------------------------------------------
-def _demo_specs(args: argparse.Namespace, root: Path, store_cfg: dict[str, Any], tag: str) -> tuple[JobSpec, JobSpec]:
+def _demo_specs(
+    args: argparse.Namespace, root: Path, store_cfg: dict[str, Any], tag: str
+) -> tuple[JobSpec, JobSpec]:
     filtered, aggregated = f"{tag}.purchases", f"{tag}.avg-price"
     filter_spec = JobSpec(
-        operator={"type": "filter", "field": "item_price", "op": ">", "value": 0, "schema": "purchase",
-                  "time_field": "item_time"},
-        source={"type": "generator", "count": args.input, "keys": args.keys, "seed": args.seed, "bad_every": 50},
+        operator={
+            "type": "filter",
+            "field": "item_price",
+            "op": ">",
+            "value": 0,
+            "schema": "purchase",
+            "time_field": "item_time",
+        },
+        source={
+            "type": "generator",
+            "count": args.input,
+            "keys": args.keys,
+            "seed": args.seed,
+            "bad_every": 50,
+        },
         store=store_cfg,
         output_topic=filtered,
         batch_size=args.batch,
     )
     agg_spec = JobSpec(
-        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
-                  "window_count": args.window},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "avg",
+            "window_count": args.window,
+        },
         source={"type": "queue", "topic": filtered, "schema": "purchase"},
         store=store_cfg,
         output_topic=aggregated,
@@ -145,7 +164,7 @@ def _demo_specs(args: argparse.Namespace, root: Path, store_cfg: dict[str, Any],
         cp_ms=args.cp_ms,
         batch_size=args.batch,
         progress=not args.quiet,
-        stats_path=str(root / f"{tag}.aggregate.stats.json"),
+        stats_path=str(root / f".{tag}.aggregate.stats.json"),
     )
     return filter_spec, agg_spec
 
@@ -155,8 +174,10 @@ def cmd_demo(args: argparse.Namespace) -> int:
     with _store_dir(args.store_dir, "cec-demo-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         tag = f"demo-{args.seed}-{os.getpid()}-{int(time.time())}"
-        _say(f"cec demo: {args.input:,} purchases over {args.keys:,} items -> filter(price > 0) -> "
-             f"avg(price) per item over count windows of {args.window}")
+        _say(
+            f"cec demo: {args.input:,} purchases over {args.keys:,} items -> filter(price > 0) -> "
+            f"avg(price) per item over count windows of {args.window}"
+        )
         _say(f"  queue store: {store_cfg['type']} ({store_cfg.get('bootstrap_servers') or root})")
         _say(f"  policy: Q={args.Q} U={args.U} CI={args.ci_ms} ms CP={args.cp_ms} ms")
 
@@ -172,6 +193,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # 2. The same pipeline with the aggregate in its own process, SIGKILLed midway and recovered.
         filter_spec, agg_spec = _demo_specs(args, root, store_cfg, tag)
         stats_path = Path(agg_spec.stats_path or "")
+        store = open_store(store_cfg)
+        try:  # the pipeline's topics exist before either stage starts, whichever process runs first
+            for spec in (filter_spec, agg_spec):
+                store.create_topic(spec.output_topic, spec.output_partitions)
+        finally:
+            store.close()
         filter_proc = _worker(filter_spec, root / "filter.json")
         agg_proc = _worker(agg_spec, root / "aggregate.json")
         crashed = _wait_until(
@@ -181,7 +208,9 @@ def cmd_demo(args: argparse.Namespace) -> int:
             agg_proc.send_signal(signal.SIGKILL)
             _wait(agg_proc, "aggregate")
             killed_at = _log_input_position(store_cfg, agg_spec.output_topic)
-            _say(f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering")
+            _say(
+                f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering"
+            )
             agg_proc = _worker(agg_spec, root / "aggregate.json")
         _wait(agg_proc, "aggregate")
         _wait(filter_proc, "filter")
@@ -202,14 +231,23 @@ def cmd_demo(args: argparse.Namespace) -> int:
         _say(f"  input tuples:          {args.input:,} ({filtered:,} passed the filter)")
         _say(f"  results (R):           {kinds.get('R', 0):,} (failure-free run: {len(want):,})")
         _say(f"  G-open / G-check:      {kinds.get('GOPEN', 0):,} / {kinds.get('GCHECK', 0):,}")
-        _say(f"  crash:                 {'SIGKILL at input ~' + format(crash_at, ',') if crashed else 'none: the run ended first'}")
+        _say(
+            f"  crash:                 {'SIGKILL at input ~' + format(crash_at, ',') if crashed else 'none: the run ended first'}"
+        )
         for line in _recovery_lines(stats.get("recovery")):
             _say(line)
         if not same:
-            diff = next((i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b), min(len(got), len(want)))
-            _say(f"  first difference at result #{diff}: got {got[diff] if diff < len(got) else None}, "
-                 f"want {want[diff] if diff < len(want) else None}")
-        _say(f"  verdict:               {'PASS: output identical to the failure-free run' if same else 'FAIL: outputs differ'}")
+            diff = next(
+                (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
+                min(len(got), len(want)),
+            )
+            _say(
+                f"  first difference at result #{diff}: got {got[diff] if diff < len(got) else None}, "
+                f"want {want[diff] if diff < len(want) else None}"
+            )
+        _say(
+            f"  verdict:               {'PASS: output identical to the failure-free run' if same else 'FAIL: outputs differ'}"
+        )
         return 0 if same else 1
 
 
@@ -224,7 +262,9 @@ def _check_columns(path: Path, columns: list[str]) -> None:
         raise ConfigError(f"{path} is empty: a header row is required")
     missing = [c for c in columns if c not in header]
     if missing:
-        raise ConfigError(f"{path} has no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})")
+        raise ConfigError(
+            f"{path} has no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})"
+        )
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -237,7 +277,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
     operator = {
-        "type": "aggregate", "key_field": args.key, "value_field": args.value, "agg": args.agg,
+        "type": "aggregate",
+        "key_field": args.key,
+        "value_field": args.value,
+        "agg": args.agg,
         "window_count": args.window_count,
         "window_ms": parse_duration_ms(args.window_time) if args.window_time else None,
         "time_field": args.time,
@@ -248,7 +291,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         store_cfg = store_spec(root, args.bootstrap_servers)
         # A store dir holds the log of one job: refuse to resume a different one from it.
         fingerprint = hashlib.sha256(
-            json.dumps([operator, str(input_path.resolve()), input_path.stat().st_size], sort_keys=True).encode()
+            json.dumps(
+                [operator, str(input_path.resolve()), input_path.stat().st_size], sort_keys=True
+            ).encode()
         ).hexdigest()[:16]
         topic = f"run-{fingerprint}"
         spec = JobSpec(
@@ -261,11 +306,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             ci_ms=args.ci_ms,
             cp_ms=args.cp_ms,
             progress=args.progress,
-            stats_path=str(root / f"{topic}.stats.json"),
+            stats_path=str(root / f".{topic}.stats.json"),
         )
         recovery: dict[str, Any] | None = None
         if args.crash_after is not None:
-            rc = _wait(_worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator")
+            rc = _wait(
+                _worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator"
+            )
             if rc == -signal.SIGKILL:
                 _say(f"operator process SIGKILLed after {args.crash_after:,} input rows; recovering")
             _wait(_worker(spec, root / "run.json"), "operator")
@@ -275,8 +322,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             recovery = stats.recovery.as_dict() if stats.recovery else None
         store = open_store(store_cfg)
         try:
-            n_results = write_results_csv(iter_payloads(store, topic, RESULT_SCHEMA), results_path, RESULT_COLUMNS)
-            n_dead = write_dead_letter_csv(iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead_path)
+            n_results = write_results_csv(
+                iter_payloads(store, topic, RESULT_SCHEMA), results_path, RESULT_COLUMNS
+            )
+            n_dead = write_dead_letter_csv(
+                iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead_path
+            )
             kinds = count_kinds(store, topic)
         finally:
             store.close()
@@ -300,10 +351,14 @@ def cmd_inspect(args: argparse.Namespace) -> int:
                 ec = EventualCheckpointBuilder(reader).build()
             kinds = count_kinds(store, args.topic)
             _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
-            _say(f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
-                 f"{'finished (EOS)' if ec.complete else 'not finished'}")
-            _say(f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
-                 f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms")
+            _say(
+                f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
+                f"{'finished (EOS)' if ec.complete else 'not finished'}"
+            )
+            _say(
+                f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
+                f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms"
+            )
     finally:
         store.close()
     return 0
@@ -318,26 +373,40 @@ def _positive_int(text: str) -> int:
 
 
 def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> None:
-    p.add_argument("--Q", type=_positive_int, default=q, help="extent size target q (records); default %(default)s")
-    p.add_argument("--U", type=_positive_int, default=u, help="replay size target u (input tuples); default %(default)s")
+    p.add_argument(
+        "--Q", type=_positive_int, default=q, help="extent size target q (records); default %(default)s"
+    )
+    p.add_argument(
+        "--U", type=_positive_int, default=u, help="replay size target u (input tuples); default %(default)s"
+    )
     p.add_argument("--ci-ms", type=float, default=5.0, help="checkpoint interval CI in ms (default 5)")
     p.add_argument("--cp-ms", type=float, default=100.0, help="checkpoint period CP in ms (default 100)")
     p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
-    p.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
-                   help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+        help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="the paper's workload, killed midway, recovered, verified")
-    demo.add_argument("--input", type=_positive_int, default=200_000, help="purchases to generate (default 200000)")
+    demo.add_argument(
+        "--input", type=_positive_int, default=200_000, help="purchases to generate (default 200000)"
+    )
     demo.add_argument("--keys", type=_positive_int, default=10_000, help="distinct items (default 10000)")
     demo.add_argument("--window", type=_positive_int, default=10, help="count window size (default 10)")
     demo.add_argument("--seed", type=int, default=1)
-    demo.add_argument("--crash-at", type=int, help="kill once the aggregate has consumed this many tuples "
-                      "(default: half the input)")
+    demo.add_argument(
+        "--crash-at",
+        type=int,
+        help="kill once the aggregate has consumed this many tuples (default: half the input)",
+    )
     demo.add_argument("--batch", type=_positive_int, default=512, help="input batch size")
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
@@ -354,7 +423,9 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h")
     run.add_argument("--agg", choices=AGGREGATES, default="avg")
     run.add_argument("--results", required=True, help="results CSV: key,window,value,count")
-    run.add_argument("--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover")
+    run.add_argument(
+        "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
+    )
     run.add_argument("--progress", action="store_true", help="progress lines on stderr")
     _policy_args(run, q=None, u=None)
     run.set_defaults(func=cmd_run)

@@ -157,7 +157,9 @@ class RecordCodec:
         if magic != MAGIC:
             raise CodecError(f"not a CEC record (magic 0x{magic:02x})")
         if version not in self._parsed:
-            raise CodecError(f"unknown record schema version {version} (this reader knows {sorted(self._parsed)})")
+            raise CodecError(
+                f"unknown record schema version {version} (this reader knows {sorted(self._parsed)})"
+            )
         return version, crc
 
     def verify(self, data: bytes, meta: RecordMeta) -> None:

@@ -5,4 +5,13 @@ from operators.base import InputTuple, Operator, OperatorContext
 from operators.runtime import OperatorRuntime, RunStats
 from operators.stateless import Filter, Map
 
-__all__ = ["Filter", "InputTuple", "KeyedAggregate", "Map", "Operator", "OperatorContext", "OperatorRuntime", "RunStats"]
+__all__ = [
+    "Filter",
+    "InputTuple",
+    "KeyedAggregate",
+    "Map",
+    "Operator",
+    "OperatorContext",
+    "OperatorRuntime",
+    "RunStats",
+]

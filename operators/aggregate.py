@@ -166,7 +166,9 @@ class KeyedAggregate(Operator):
         if window is not None and self.window_ms is not None:
             state: AggState = window.state
             if t < state.start:
-                raise BadTupleError(f"late tuple: time {t} is before its key's open window [{state.start}, ...)")
+                raise BadTupleError(
+                    f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
+                )
             if t >= state.start + self.window_ms:
                 ctx.close_window(key, self._result(key, window.seq, state))
                 window = None
@@ -190,12 +192,25 @@ class KeyedAggregate(Operator):
         else:
             value = state.hi
         end = state.start + self.window_ms if self.window_ms else state.last
-        return {"key": key, "window": seq, "value": value, "count": state.count, "start": state.start, "end": end}
+        return {
+            "key": key,
+            "window": seq,
+            "value": value,
+            "count": state.count,
+            "start": state.start,
+            "end": end,
+        }
 
     def encode_state(self, state: AggState) -> bytes:
         return self._state_codec.encode(
-            {"count": state.count, "total": state.total, "lo": state.lo, "hi": state.hi,
-             "start": state.start, "last": state.last}
+            {
+                "count": state.count,
+                "total": state.total,
+                "lo": state.lo,
+                "hi": state.hi,
+                "start": state.start,
+                "last": state.last,
+            }
         )
 
     def decode_state(self, data: bytes) -> AggState:

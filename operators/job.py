@@ -28,7 +28,12 @@ __all__ = ["SCHEMAS", "JobSpec", "build_operator", "build_source", "run_job"]
 
 SCHEMAS: dict[str, dict[str, Any]] = {"purchase": PURCHASE_SCHEMA}
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    ">": _op.gt, ">=": _op.ge, "<": _op.lt, "<=": _op.le, "==": _op.eq, "!=": _op.ne,
+    ">": _op.gt,
+    ">=": _op.ge,
+    "<": _op.lt,
+    "<=": _op.le,
+    "==": _op.eq,
+    "!=": _op.ne,
 }
 
 
@@ -88,8 +93,12 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
         return CsvSource(spec["path"])
     if kind == "generator":
         return PurchaseGenerator(
-            spec["count"], spec["keys"], seed=spec.get("seed", 1), partitions=spec.get("partitions", 1),
+            spec["count"],
+            spec["keys"],
+            seed=spec.get("seed", 1),
+            partitions=spec.get("partitions", 1),
             bad_every=spec.get("bad_every", 0),
+            invalid_every=spec.get("invalid_every", 0),
         )
     if kind == "queue":
         return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]])

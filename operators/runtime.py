@@ -119,6 +119,7 @@ class OperatorRuntime:
         self._in_count = 0
         self._out_count = 0
         self._plan: ReplayPlan | None = None
+        self._rebuilding = False  # applying a replayed tuple below the crash point
         self.stats = RunStats()
 
     # -- OperatorContext -------------------------------------------------------------------------------
@@ -151,7 +152,16 @@ class OperatorRuntime:
         self.stats.results += 1
 
     # -- output ----------------------------------------------------------------------------------------
-    def _emit(self, kind: Kind, key: str | None, seq: int, state: bytes | None, payload: bytes | None) -> None:
+    def _emit(
+        self, kind: Kind, key: str | None, seq: int, state: bytes | None, payload: bytes | None
+    ) -> None:
+        if self._rebuilding:
+            # A tuple replayed below the crash point only rebuilds window state: whatever it produced the
+            # first time is already in the log. Only a dead letter can come out of it again; a result or a
+            # window opening would mean the log and the replay disagree, and writing it would corrupt output.
+            if kind is not Kind.DEAD:
+                raise RuntimeError(f"replay below the crash point produced a {kind.value} record for {key!r}")
+            return
         record = OutputRecord(kind, self._time, tuple(self._pos), self._registry.n, key, seq, state, payload)
         value = self.codec.encode(record)
         faults.hit("runtime.before_append")
@@ -161,10 +171,14 @@ class OperatorRuntime:
         faults.hit("runtime.after_append")
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
-        self._registry.footprint(window.key, time=self._time, out_mark=self._out_count, in_mark=self._in_count)
+        self._registry.footprint(
+            window.key, time=self._time, out_mark=self._out_count, in_mark=self._in_count
+        )
         self._emit(kind, window.key, window.seq, self.operator.encode_state(window.state), None)
 
     def _dead_letter(self, tup: InputTuple, reason: str) -> None:
+        if self._rebuilding:
+            return  # its dead letter is already in the log (see _emit)
         raw = "" if tup.value is None else json.dumps(dict(tup.value), default=str, sort_keys=True)
         payload = self._dead_codec.encode(
             {"partition": tup.partition, "offset": tup.offset, "reason": reason, "raw": raw}
@@ -182,7 +196,9 @@ class OperatorRuntime:
                 reader,
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),
                 codec=self.codec,
-                progress=lambda read, found, n: progress(f"EC scan: {read:,} records read, {found:,}/{n:,} windows"),
+                progress=lambda read, found, n: progress(
+                    f"EC scan: {read:,} records read, {found:,}/{n:,} windows"
+                ),
             )
             recovery = manager.recover(self.source.partitions)
         if not recovery.needed:
@@ -196,8 +212,17 @@ class OperatorRuntime:
         end = ec.end_offset
         for lw in recovery.windows:  # oldest footprint first, so the registry order is the log order
             fp = lw.footprint
-            self._registry.open(OpenWindow(lw.key, lw.seq, lw.state, fp.record.time, fp.record.time,
-                                           fp.offset - end, -(sum(ec.crash_pos) - sum(fp.record.pos))))
+            self._registry.open(
+                OpenWindow(
+                    lw.key,
+                    lw.seq,
+                    lw.state,
+                    fp.record.time,
+                    fp.record.time,
+                    fp.offset - end,
+                    -(sum(ec.crash_pos) - sum(fp.record.pos)),
+                )
+            )
             self._next_seq[lw.key] = lw.seq + 1
         self._pos = list(ec.crash_pos)
         self._time = ec.time
@@ -221,6 +246,7 @@ class OperatorRuntime:
         self._in_count += 1
         self.stats.inputs += 1
         plan = self._plan
+        self._rebuilding = False
         if plan is not None:
             if o < plan.crash_pos[j]:
                 key = None
@@ -234,6 +260,7 @@ class OperatorRuntime:
                 if not plan.admit(j, o, key):
                     self.stats.recovery.tuples_skipped += 1
                     return
+                self._rebuilding = True
             elif plan.caught_up(self._pos):
                 self._caught_up()
         faults.hit("runtime.before_process")
@@ -257,7 +284,9 @@ class OperatorRuntime:
         if self.stats.recovery is not None and self._plan is not None:
             report = self.stats.recovery
             report.recovery_seconds = time.perf_counter() - self._started
-            report.catch_up_seconds = report.recovery_seconds - report.ec_build_seconds - report.ec_load_seconds
+            report.catch_up_seconds = (
+                report.recovery_seconds - report.ec_build_seconds - report.ec_load_seconds
+            )
             self.progress(
                 f"caught up with the crash point: {report.tuples_replayed:,} tuples replayed, "
                 f"{report.tuples_skipped:,} skipped",

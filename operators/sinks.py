@@ -15,7 +15,9 @@ from queuestore.base import QueueStore
 __all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_results_csv"]
 
 
-def iter_payloads(store: QueueStore, topic: str, schema: dict[str, Any], kind: Kind = Kind.R) -> Iterator[dict[str, Any]]:
+def iter_payloads(
+    store: QueueStore, topic: str, schema: dict[str, Any], kind: Kind = Kind.R
+) -> Iterator[dict[str, Any]]:
     """Decoded payloads of every `kind` record of every partition, partition by partition in log order.
 
     A record that fails its checksum raises `CodecError`: results are never silently dropped or used.

@@ -130,10 +130,20 @@ class PurchaseGenerator(InputSource):
 
     Tuple i of partition j is a pure function of (seed, j, i), so replay from any offset regenerates the
     same tuples. Items are spread over partitions by item_id so that each key lives in one partition. A
-    `bad_every` > 0 makes every n-th price 0 (for the demo's filter to drop).
+    `bad_every` > 0 makes about one price in n 0 (for the demo's filter to drop); `invalid_every` > 0
+    makes about one in n have no price at all (a bad tuple the aggregate must dead-letter).
     """
 
-    def __init__(self, count: int, keys: int, *, seed: int = 1, partitions: int = 1, bad_every: int = 0) -> None:
+    def __init__(
+        self,
+        count: int,
+        keys: int,
+        *,
+        seed: int = 1,
+        partitions: int = 1,
+        bad_every: int = 0,
+        invalid_every: int = 0,
+    ) -> None:
         if count < 0 or keys < 1 or partitions < 1:
             raise ConfigError("need count >= 0, keys >= 1, partitions >= 1")
         self.partitions = partitions
@@ -141,13 +151,16 @@ class PurchaseGenerator(InputSource):
         self.keys = keys
         self.seed = seed
         self.bad_every = bad_every
-        self._per_partition = [count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)]
+        self.invalid_every = invalid_every
+        self._per_partition = [
+            count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)
+        ]
         self._next = [0] * partitions
 
     def describe(self) -> str:
         return f"generator {self.count} purchases over {self.keys} items (seed {self.seed})"
 
-    def tuple_at(self, partition: int, offset: int) -> dict[str, int]:
+    def tuple_at(self, partition: int, offset: int) -> dict[str, int | None]:
         h = _splitmix64((self.seed << 40) ^ (partition << 32) ^ offset)
         item = (h % self.keys) // self.partitions * self.partitions + partition
         if item >= self.keys:
@@ -155,6 +168,8 @@ class PurchaseGenerator(InputSource):
         price = 1 + (h >> 20) % 1000
         if self.bad_every and (h >> 40) % self.bad_every == 0:
             price = 0
+        if self.invalid_every and (h >> 50) % self.invalid_every == 0:
+            return {"item_id": item, "item_price": None, "item_time": offset * self.partitions + partition}
         return {"item_id": item, "item_price": price, "item_time": offset * self.partitions + partition}
 
     def seek(self, positions: Sequence[int]) -> None:

@@ -37,5 +37,5 @@ class StoreClosedError(QueueStoreError):
     """The writer, reader or store was used after `close()`."""
 
 
-class IndexError_(QueueStoreError):  # noqa: N801 - avoid shadowing the builtin IndexError
+class IndexError_(QueueStoreError):
     """The stream index is unusable (corrupt, or does not belong to this partition)."""

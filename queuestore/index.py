@@ -111,7 +111,10 @@ class StreamIndex:
         return end - start
 
     def _index_records(
-        self, records: Iterable[tuple[int, RecordMeta]], total: int, progress: Callable[[int, int], None] | None
+        self,
+        records: Iterable[tuple[int, RecordMeta]],
+        total: int,
+        progress: Callable[[int, int], None] | None,
     ) -> None:
         done = 0
         for offset, meta in records:

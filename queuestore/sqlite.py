@@ -259,7 +259,8 @@ class SqlitePartitionReader(PartitionReader):
 
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
         rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM log WHERE offset >= ? ORDER BY offset LIMIT ?", (from_offset, max_records)
+            f"SELECT {_COLUMNS} FROM log WHERE offset >= ? ORDER BY offset LIMIT ?",
+            (from_offset, max_records),
         ).fetchall()
         return [_row_to_record(r) for r in rows]
 
@@ -299,7 +300,9 @@ class SqlitePartitionReader(PartitionReader):
 class SqliteQueueStore(QueueStore):
     """Topics under `root/<topic>/`, a `topic.json` with the partition count, `<p>.sqlite` per partition."""
 
-    def __init__(self, root: str | os.PathLike[str], *, fsync: bool = False, max_record_bytes: int = 16 << 20):
+    def __init__(
+        self, root: str | os.PathLike[str], *, fsync: bool = False, max_record_bytes: int = 16 << 20
+    ):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.root
@@ -333,14 +336,14 @@ class SqliteQueueStore(QueueStore):
         os.replace(tmp, meta)  # atomic: a crash never leaves a half-written topic description
 
     def topic_exists(self, topic: str) -> bool:
-        return (self._topic_dir(topic) / "topic.json").exists()
+        return (self._topic_dir(topic) / "topic.json").is_file()
 
     def partitions(self, topic: str) -> int:
         meta = self._topic_dir(topic) / "topic.json"
         try:
             return int(json.loads(meta.read_text())["partitions"])
-        except FileNotFoundError:
-            raise UnknownTopicError(topic) from None
+        except (FileNotFoundError, NotADirectoryError):
+            raise UnknownTopicError(f"no topic {topic!r} in {self.root}") from None
 
     def _partition_path(self, topic: str, partition: int) -> Path:
         count = self.partitions(topic)

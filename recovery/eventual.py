@@ -107,8 +107,12 @@ class EventualCheckpointBuilder:
             self._damaged(stored, corrupt, "at the end of the log, so the crash point is unknown")
         if newest is None:
             if corrupt:
-                raise RecoveryError(f"{self.reader.topic}[{self.reader.partition}]: no intact record in the log")
-            return EventualCheckpoint({}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started)
+                raise RecoveryError(
+                    f"{self.reader.topic}[{self.reader.partition}]: no intact record in the log"
+                )
+            return EventualCheckpoint(
+                {}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started
+            )
 
         n = newest.n
         windows: dict[str, ECFootprint] = {}

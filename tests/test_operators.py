@@ -17,7 +17,9 @@ from queuestore.sqlite import SqliteQueueStore
 from tests.helpers import log_records, results
 
 
-def reference(rows: list[dict[str, Any]], agg: str, count: int | None, ms: int | None) -> list[dict[str, Any]]:
+def reference(
+    rows: list[dict[str, Any]], agg: str, count: int | None, ms: int | None
+) -> list[dict[str, Any]]:
     """Per-key tumbling windows, results in closing order."""
     open_: dict[str, list[tuple[float, int]]] = {}
     seqs: dict[str, int] = {}
@@ -25,7 +27,13 @@ def reference(rows: list[dict[str, Any]], agg: str, count: int | None, ms: int |
 
     def close(key: str) -> None:
         xs = [x for x, _ in open_.pop(key)]
-        value = {"avg": sum(xs) / len(xs), "sum": sum(xs), "count": float(len(xs)), "min": min(xs), "max": max(xs)}[agg]
+        value = {
+            "avg": sum(xs) / len(xs),
+            "sum": sum(xs),
+            "count": float(len(xs)),
+            "min": min(xs),
+            "max": max(xs),
+        }[agg]
         if agg in ("avg", "sum"):  # same summation order as the operator
             total = 0.0
             for x in xs:
@@ -74,9 +82,12 @@ rows_strategy = st.lists(
 
 
 @settings(max_examples=40, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
-@given(rows_strategy, st.sampled_from(["avg", "sum", "count", "min", "max"]), st.integers(1, 5), st.booleans())
-def test_aggregate_matches_reference(tmp_path_factory: Any, raw: list[dict[str, int]], agg: str, size: int,
-                                     timed: bool) -> None:
+@given(
+    rows_strategy, st.sampled_from(["avg", "sum", "count", "min", "max"]), st.integers(1, 5), st.booleans()
+)
+def test_aggregate_matches_reference(
+    tmp_path_factory: Any, raw: list[dict[str, int]], agg: str, size: int, timed: bool
+) -> None:
     tmp_path = tmp_path_factory.mktemp("agg")
     t, rows = 0, []
     for r in raw:
@@ -111,16 +122,24 @@ def test_bad_rows_go_to_dead_letters_and_the_run_goes_on(tmp_path: Path) -> None
 
 
 def test_late_tuple_in_a_time_window_is_dead_lettered(tmp_path: Path) -> None:
-    rows = [{"k": "a", "v": 1, "t": 100}, {"k": "a", "v": 5, "t": 50}, {"k": "a", "v": 2, "t": 150},
-            {"k": "a", "v": 9, "t": 230}]
+    rows = [
+        {"k": "a", "v": 1, "t": 100},
+        {"k": "a", "v": 5, "t": 50},
+        {"k": "a", "v": 2, "t": 150},
+        {"k": "a", "v": 9, "t": 230},
+    ]
     store = _run_csv(tmp_path, rows, agg="sum", window_ms=100, time_field="t")
     assert [(r["value"], r["start"], r["end"]) for r in results(store, "out")] == [(3.0, 100, 200)]
     assert "late tuple" in results(store, "out", Kind.DEAD)[0]["reason"]
 
 
 def test_footprints_carry_n_pos_and_g_open_is_elided_for_instant_windows(tmp_path: Path) -> None:
-    store = _run_csv(tmp_path, [{"k": "a", "v": 1, "t": 0}, {"k": "b", "v": 1, "t": 0}, {"k": "a", "v": 1, "t": 0}],
-                     agg="count", window_count=2)
+    store = _run_csv(
+        tmp_path,
+        [{"k": "a", "v": 1, "t": 0}, {"k": "b", "v": 1, "t": 0}, {"k": "a", "v": 1, "t": 0}],
+        agg="count",
+        window_count=2,
+    )
     recs = log_records(store, "out")
     assert [(r.kind, r.key, r.seq, r.n, r.pos) for r in recs] == [
         (Kind.GOPEN, "a", 0, 1, (1,)),

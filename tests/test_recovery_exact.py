@@ -37,12 +37,27 @@ crash = st.one_of(
 
 
 def _spec(root: Path, job: dict[str, Any]) -> JobSpec:
-    window = {"window_count": job["window"]} if not job["timed"] else {
-        "window_ms": job["window"] * 7, "time_field": "item_time"}
+    window = (
+        {"window_count": job["window"]}
+        if not job["timed"]
+        else {"window_ms": job["window"] * 7, "time_field": "item_time"}
+    )
     return JobSpec(
-        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": job["agg"], **window},
-        source={"type": "generator", "count": job["count"], "keys": job["keys"], "seed": job["seed"],
-                "partitions": job["partitions"]},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": job["agg"],
+            **window,
+        },
+        source={
+            "type": "generator",
+            "count": job["count"],
+            "keys": job["keys"],
+            "seed": job["seed"],
+            "partitions": job["partitions"],
+            "invalid_every": job["invalid_every"],
+        },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
         q_target=job["q"],
@@ -71,29 +86,38 @@ def _kill_when_log_has(spec: JobSpec, spec_path: Path, root: Path, records: int)
         proc.communicate(timeout=60)
 
 
-jobs = st.fixed_dictionaries({
-    "count": st.integers(50, 2500),
-    "keys": st.integers(1, 80),
-    "partitions": st.integers(1, 3),
-    "window": st.integers(1, 12),
-    "timed": st.booleans(),
-    "agg": st.sampled_from(["avg", "sum", "min", "max", "count"]),
-    "seed": st.integers(0, 10_000),
-    "q": st.none() | st.integers(1, 300),
-    "u": st.none() | st.integers(1, 800),
-    "ci": st.sampled_from([1.0, 10.0]),
-    "batch": st.sampled_from([1, 7, 64, 512]),
-})
+jobs = st.fixed_dictionaries(
+    {
+        "count": st.integers(50, 2500),
+        "keys": st.integers(1, 80),
+        "partitions": st.integers(1, 3),
+        "window": st.integers(1, 12),
+        "timed": st.booleans(),
+        "agg": st.sampled_from(["avg", "sum", "min", "max", "count"]),
+        "seed": st.integers(0, 10_000),
+        "q": st.none() | st.integers(1, 300),
+        "u": st.none() | st.integers(1, 800),
+        "ci": st.sampled_from([1.0, 10.0]),
+        "batch": st.sampled_from([1, 7, 64, 512]),
+        "invalid_every": st.sampled_from([0, 5, 40]),  # tuples the aggregate must dead-letter
+    }
+)
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
-                                                                 HealthCheck.too_slow])
+@settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(job=jobs, crashes=st.lists(crash, min_size=1, max_size=3))
-def test_recovery_is_exact(tmp_path_factory: Any, job: dict[str, Any], crashes: list[tuple[str, int]]) -> None:
+def test_recovery_is_exact(
+    tmp_path_factory: Any, job: dict[str, Any], crashes: list[tuple[str, int]]
+) -> None:
     base = tmp_path_factory.mktemp("exact")
     reference_store = SqliteQueueStore(base / "reference")
     run_job(_spec(base / "reference", job))
     want = results(reference_store, "agg")
+    want_dead = results(reference_store, "agg", Kind.DEAD)
 
     root = base / "crashed"
     spec = _spec(root, job)
@@ -114,10 +138,13 @@ def test_recovery_is_exact(tmp_path_factory: Any, job: dict[str, Any], crashes: 
 
     crashed_store = SqliteQueueStore(root)
     got = results(crashed_store, "agg")
+    got_dead = results(crashed_store, "agg", Kind.DEAD)
     if job["partitions"] == 1:
         assert got == want
+        assert got_dead == want_dead
     else:
         assert per_key(got) == per_key(want)
         assert len(got) == len(want)
+        assert sorted(map(repr, got_dead)) == sorted(map(repr, want_dead))
     kinds = [r.kind for r in log_records(crashed_store, "agg")]
     assert kinds.count(Kind.EOS) == 1 and kinds[-1] is Kind.EOS

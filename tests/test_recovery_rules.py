@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from cec.policy import CheckpointSchedule, make_policy
 from cec.exceptions import CodecError
+from cec.policy import CheckpointSchedule, make_policy
 from cec.records import Kind
 from operators.job import JobSpec, build_operator, build_source, run_job
 from operators.runtime import OperatorRuntime
@@ -25,12 +25,35 @@ from recovery.exceptions import RecoveryError
 from tests.helpers import log_records, results
 
 
-def _spec(root: Path, *, count: int = 60, keys: int = 4, window: int = 3, q: int | None = 2,
-          partitions: int = 1, timed: bool = False) -> JobSpec:
-    win: dict[str, Any] = {"window_ms": window * 5, "time_field": "item_time"} if timed else {"window_count": window}
+def _spec(
+    root: Path,
+    *,
+    count: int = 60,
+    keys: int = 4,
+    window: int = 3,
+    q: int | None = 2,
+    partitions: int = 1,
+    timed: bool = False,
+) -> JobSpec:
+    win: dict[str, Any] = (
+        {"window_ms": window * 5, "time_field": "item_time"} if timed else {"window_count": window}
+    )
     return JobSpec(
-        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "sum", **win},
-        source={"type": "generator", "count": count, "keys": keys, "seed": 11, "partitions": partitions},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "sum",
+            **win,
+        },
+        source={
+            "type": "generator",
+            "count": count,
+            "keys": keys,
+            "seed": 11,
+            "partitions": partitions,
+            "invalid_every": 6,
+        },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
         q_target=q,
@@ -47,8 +70,11 @@ def _run_until(spec: JobSpec, inputs: int | None) -> None:
     output = OutputQueue(store, spec.output_topic, 0)
     source = build_source(spec.source, store)
     runtime = OperatorRuntime(
-        build_operator(spec.operator), source, output,
-        policy=make_policy(spec.q_target, spec.u_target), schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
+        build_operator(spec.operator),
+        source,
+        output,
+        policy=make_policy(spec.q_target, spec.u_target),
+        schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
         batch_size=spec.batch_size,
     )
     try:
@@ -73,7 +99,8 @@ def test_resume_after_every_possible_crash_point(tmp_path: Path, shape: dict[str
     reference = _spec(tmp_path / "ref", **shape)
     run_job(reference)
     want = results(SqliteQueueStore(tmp_path / "ref"), "agg")
-    assert want, "the workload must produce results"
+    want_dead = results(SqliteQueueStore(tmp_path / "ref"), "agg", Kind.DEAD)
+    assert want and want_dead, "the workload must produce results and dead letters"
     total = reference.source["count"]
     for k in range(1, total):
         spec = _spec(tmp_path / f"stop{k}", **shape)
@@ -81,10 +108,12 @@ def test_resume_after_every_possible_crash_point(tmp_path: Path, shape: dict[str
         _run_until(spec, k + 7)  # a second crash after recovery, before or after catching up
         _run_until(spec, None)
         got = results(SqliteQueueStore(spec.store["root"]), "agg")
+        got_dead = results(SqliteQueueStore(spec.store["root"]), "agg", Kind.DEAD)
         if shape.get("partitions", 1) == 1:
-            assert got == want, f"stopped after {k} tuples"
+            assert (got, got_dead) == (want, want_dead), f"stopped after {k} tuples"
         else:
             assert sorted(map(repr, got)) == sorted(map(repr, want)), f"stopped after {k} tuples"
+            assert sorted(map(repr, got_dead)) == sorted(map(repr, want_dead)), f"stopped after {k} tuples"
 
 
 def _crashed_log(tmp_path: Path, q: int | None = 3) -> tuple[JobSpec, SqliteQueueStore, list[Any]]:
@@ -105,8 +134,11 @@ def test_damaged_g_check_falls_back_to_an_older_footprint(tmp_path: Path) -> Non
     # Damage the latest footprint of every window in the EC that has an older footprint to fall back to.
     damaged = []
     for key, fp in before.windows.items():
-        older = [i for i, r in enumerate(records[: fp.offset]) if r.key == key and r.seq == fp.record.seq
-                 and r.kind in (Kind.GOPEN, Kind.GCHECK)]
+        older = [
+            i
+            for i, r in enumerate(records[: fp.offset])
+            if r.key == key and r.seq == fp.record.seq and r.kind in (Kind.GOPEN, Kind.GCHECK)
+        ]
         if older:
             store.corrupt_record_for_testing("agg", 0, fp.offset)
             damaged.append((key, fp.offset, older[-1]))
@@ -138,21 +170,26 @@ def test_damaged_newest_footprint_moves_the_crash_point_back_safely(tmp_path: Pa
 
 
 def test_damaged_g_open_without_fallback_is_a_clear_error(tmp_path: Path) -> None:
-    spec, store, records = _crashed_log(tmp_path)
+    _, store, records = _crashed_log(tmp_path)
     with store.reader("agg", 0) as reader:
         ec = EventualCheckpointBuilder(reader).build()
     key, fp = next(iter(ec.windows.items()))
-    g_open = next(i for i, r in enumerate(records) if r.key == key and r.seq == fp.record.seq and r.kind is Kind.GOPEN)
+    g_open = next(
+        i for i, r in enumerate(records) if r.key == key and r.seq == fp.record.seq and r.kind is Kind.GOPEN
+    )
     for i, r in enumerate(records):
         if r.key == key and r.seq == fp.record.seq and r.kind in (Kind.GOPEN, Kind.GCHECK):
             store.corrupt_record_for_testing("agg", 0, i)
-    with store.reader("agg", 0) as reader, pytest.raises(RecoveryError, match="open windows before the start"):
+    with (
+        store.reader("agg", 0) as reader,
+        pytest.raises(RecoveryError, match="open windows before the start"),
+    ):
         EventualCheckpointBuilder(reader).build()
     assert g_open >= 0
 
 
 def test_damaged_result_record_is_never_used(tmp_path: Path) -> None:
-    spec, store, records = _crashed_log(tmp_path, q=None)  # G-open only: a long extent
+    _, store, records = _crashed_log(tmp_path, q=None)  # G-open only: a long extent
     with store.reader("agg", 0) as reader:
         ec = EventualCheckpointBuilder(reader).build()
     r_offset = max(i for i, r in enumerate(records) if r.kind is Kind.R)

@@ -13,9 +13,7 @@ def _window(key: str, mark: int) -> OpenWindow:
     return OpenWindow(key, 0, None, mark, mark, mark, mark)
 
 
-ops = st.lists(
-    st.tuples(st.sampled_from(["open", "footprint", "close"]), st.integers(0, 9)), max_size=200
-)
+ops = st.lists(st.tuples(st.sampled_from(["open", "footprint", "close"]), st.integers(0, 9)), max_size=200)
 
 
 @given(ops)
@@ -23,10 +21,8 @@ def test_registry_keeps_footprint_order(operations: list[tuple[str, int]]) -> No
     """Model check against a naive list: the oldest window is always the one with the oldest footprint."""
     registry = WindowRegistry()
     model: dict[str, int] = {}  # key -> out_mark of its last footprint
-    out = 0
-    for op, k in operations:
+    for out, (op, k) in enumerate(operations, start=1):
         key = f"k{k}"
-        out += 1
         if op == "open" and key not in model:
             registry.open(_window(key, out))
             model[key] = out

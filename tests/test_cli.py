@@ -1,0 +1,208 @@
+"""`cec demo` and `cec run` end to end, called as a user calls them (the installed console script)."""
+
+from __future__ import annotations
+
+import csv
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import child_env
+
+
+def cec(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "cec"
+    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
+    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env())
+
+
+def test_demo_passes_its_own_verdict_with_a_real_kill(tmp_path: Path) -> None:
+    out = cec(
+        "demo", "--input", "30000", "--keys", "800", "--window", "10", "--quiet", "--store-dir", str(tmp_path)
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SIGKILLed the aggregate process" in out.stdout
+    assert "verdict:               PASS" in out.stdout
+    for field in (
+        "input tuples:",
+        "results (R):",
+        "G-open / G-check:",
+        "extent at the crash:",
+        "EC-load time:",
+        "tuples replayed",
+        "recovery time:",
+    ):
+        assert field in out.stdout
+
+
+def test_demo_passes_with_aggressive_checkpointing(tmp_path: Path) -> None:
+    out = cec(
+        "demo",
+        "--input",
+        "30000",
+        "--keys",
+        "800",
+        "--window",
+        "10",
+        "--quiet",
+        "--Q",
+        "900",
+        "--U",
+        "1000",
+        "--ci-ms",
+        "10",
+        "--cp-ms",
+        "10",
+        "--store-dir",
+        str(tmp_path),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "verdict:               PASS" in out.stdout
+    g_checks = int(out.stdout.split("G-open / G-check:")[1].split("/")[1].split()[0].replace(",", ""))
+    assert g_checks > 0
+
+
+def _purchases_csv(path: Path, rows: int, seed: int = 7) -> None:
+    rng = random.Random(seed)
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["item_id", "item_price", "ts", "note"])
+        t = 0
+        for i in range(rows):
+            t += rng.randint(0, 30)
+            key, price = f"item-{rng.randint(0, 40)}", str(rng.randint(1, 500))
+            if i % 97 == 13:
+                price = "n/a"  # not a number
+            if i % 131 == 5:
+                key = ""  # missing key
+            w.writerow([key, price, t, "x"])
+
+
+@pytest.mark.parametrize(
+    "window", [["--window-count", "5"], ["--time", "ts", "--window-time", "200ms"]], ids=["count", "time"]
+)
+def test_run_with_crash_after_k_is_byte_identical(tmp_path: Path, window: list[str]) -> None:
+    data = tmp_path / "purchases.csv"
+    _purchases_csv(data, 3000)
+    base = ["run", str(data), "--key", "item_id", "--value", "item_price", *window, "--agg", "avg"]
+    ok = cec(*base, "--results", str(tmp_path / "plain.csv"))
+    assert ok.returncode == 0, ok.stderr
+    plain = (tmp_path / "plain.csv").read_bytes()
+    plain_dead = (tmp_path / "plain.dead-letters.csv").read_bytes()
+    rows = list(csv.DictReader((tmp_path / "plain.csv").open()))
+    assert rows and list(rows[0]) == ["key", "window", "value", "count"]
+    dead = list(csv.DictReader((tmp_path / "plain.dead-letters.csv").open()))
+    assert len(dead) >= 3000 // 131 + 3000 // 97 - 2
+    assert f"dead letters: {len(dead):,} rows" in ok.stdout
+
+    for k in (1, 14, 1500, 2999):
+        out = cec(*base, "--results", str(tmp_path / f"crash{k}.csv"), "--crash-after", str(k), "--Q", "30")
+        assert out.returncode == 0, out.stderr
+        assert f"SIGKILLed after {k:,} input rows" in out.stdout
+        assert (tmp_path / f"crash{k}.csv").read_bytes() == plain, f"--crash-after {k}"
+        assert (tmp_path / f"crash{k}.dead-letters.csv").read_bytes() == plain_dead, f"--crash-after {k}"
+
+
+def test_run_resumes_from_its_store_dir_after_being_killed(tmp_path: Path) -> None:
+    """A user's `cec run --store-dir` killed from outside resumes where the log ends when run again."""
+    data = tmp_path / "in.csv"
+    _purchases_csv(data, 20000)
+    args = [
+        "run",
+        str(data),
+        "--key",
+        "item_id",
+        "--value",
+        "item_price",
+        "--window-count",
+        "3",
+        "--results",
+        str(tmp_path / "out.csv"),
+    ]
+    assert cec(*args).returncode == 0
+    want = (tmp_path / "out.csv").read_bytes()
+    (tmp_path / "out.csv").unlink()
+    store = tmp_path / "store"
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), *args, "--store-dir", str(store)],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    from tests.helpers import wait_for
+
+    wait_for(lambda: proc.poll() is not None or any(store.glob("*/0.sqlite-wal")), timeout=60)
+    proc.kill()
+    proc.communicate()
+    again = cec(*args, "--store-dir", str(store))
+    assert again.returncode == 0, again.stderr
+    assert (tmp_path / "out.csv").read_bytes() == want
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--key", "nope", "--value", "item_price", "--window-count", "3"], "has no column 'nope'"),
+        (["--key", "item_id", "--value", "item_price", "--window-time", "1s"], "--window-time needs --time"),
+        (
+            ["--key", "item_id", "--value", "item_price", "--time", "ts", "--window-time", "soon"],
+            "not a duration",
+        ),
+    ],
+)
+def test_run_rejects_bad_arguments_clearly(tmp_path: Path, args: list[str], message: str) -> None:
+    data = tmp_path / "in.csv"
+    _purchases_csv(data, 10)
+    out = cec("run", str(data), *args, "--results", str(tmp_path / "out.csv"))
+    assert out.returncode == 2
+    assert message in out.stderr and "Traceback" not in out.stderr
+
+
+def test_missing_input_file_is_a_clear_error(tmp_path: Path) -> None:
+    out = cec(
+        "run",
+        str(tmp_path / "nope.csv"),
+        "--key",
+        "a",
+        "--value",
+        "b",
+        "--window-count",
+        "2",
+        "--results",
+        str(tmp_path / "o.csv"),
+    )
+    assert out.returncode == 2 and "input file not found" in out.stderr
+
+
+def test_inspect_shows_the_eventual_checkpoint(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    _purchases_csv(data, 500)
+    store = tmp_path / "store"
+    out = cec(
+        "run",
+        str(data),
+        "--key",
+        "item_id",
+        "--value",
+        "item_price",
+        "--window-count",
+        "4",
+        "--results",
+        str(tmp_path / "o.csv"),
+        "--store-dir",
+        str(store),
+        "--Q",
+        "20",
+    )
+    assert out.returncode == 0
+    topic = next(p.name for p in store.iterdir() if p.is_dir() and p.name.startswith("run-"))
+    shown = cec("inspect", topic, "--store-dir", str(store))
+    assert shown.returncode == 0, shown.stderr
+    assert "finished (EOS)" in shown.stdout and "eventual checkpoint:" in shown.stdout
+    unknown = cec("inspect", "no-such-topic", "--store-dir", str(store))
+    assert unknown.returncode == 2 and "no topic 'no-such-topic'" in unknown.stderr
