@@ -99,7 +99,10 @@ class OperatorRuntime:
         progress: Progress | None = None,
         codec: RecordCodec | None = None,
         idle_wait_s: float = 0.005,
+        footprints: bool = True,
     ) -> None:
+        """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
+        against (the paper's "native" runs). Such a log cannot be recovered from."""
         self.operator = operator
         self.source = source
         self.output = output
@@ -109,6 +112,7 @@ class OperatorRuntime:
         self.progress = progress or Progress(operator.name, enabled=False)
         self.codec = codec or RecordCodec()
         self.idle_wait_s = idle_wait_s
+        self.footprints = footprints
         self._result_codec = AvroCodec(operator.result_schema)
         self._dead_codec = AvroCodec(DEAD_LETTER_SCHEMA)
         self._registry = WindowRegistry()
@@ -171,10 +175,16 @@ class OperatorRuntime:
         faults.hit("runtime.after_append")
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
+        if not self.footprints:
+            return
         self._registry.footprint(
             window.key, time=self._time, out_mark=self._out_count, in_mark=self._in_count
         )
         self._emit(kind, window.key, window.seq, self.operator.encode_state(window.state), None)
+        if kind is Kind.GOPEN:
+            self.stats.gopens += 1
+        else:
+            self.stats.gchecks += 1
 
     def _dead_letter(self, tup: InputTuple, reason: str) -> None:
         if self._rebuilding:
@@ -276,7 +286,6 @@ class OperatorRuntime:
         for window in self._pending_opens:
             if self._registry.get(window.key) is window:  # still open: not opened-and-closed by one tuple
                 self._footprint(Kind.GOPEN, window)
-                self.stats.gopens += 1
         self._pending_opens.clear()
         faults.hit("runtime.after_input")
 
@@ -309,7 +318,6 @@ class OperatorRuntime:
             oldest = self._registry.oldest()
             assert oldest is not None
             self._footprint(Kind.GCHECK, oldest)
-            self.stats.gchecks += 1
             budget -= 1
             if budget % 32 == 0:
                 if time.monotonic() >= deadline:
