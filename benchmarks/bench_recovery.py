@@ -29,11 +29,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cec.policy import CheckpointSchedule, make_policy  # noqa: E402
-from operators.job import JobSpec, build_operator, build_source  # noqa: E402
-from operators.runtime import OperatorRuntime, RunStats  # noqa: E402
-from queuestore.output import OutputQueue  # noqa: E402
-from queuestore.sqlite import SqliteQueueStore  # noqa: E402
+from cec.policy import CheckpointSchedule, make_policy
+from operators.job import JobSpec, build_operator, build_source
+from operators.runtime import OperatorRuntime, RunStats
+from queuestore.output import OutputQueue
+from queuestore.sqlite import SqliteQueueStore
 
 __all__ = ["main"]
 

@@ -25,22 +25,9 @@ from queuestore.exceptions import (
     UnknownTopicError,
 )
 from queuestore.kafka import KafkaQueueStore, meta_from_headers, meta_to_headers, redact_config
-
-try:
-    from tests.brokers import Broker, start_broker
-except ImportError:  # pytest's rootdir-relative import mode without a `tests` package
-    from brokers import Broker, start_broker  # type: ignore[no-redef]
+from tests.brokers import Broker
 
 DEADLINE = 30.0
-
-
-@pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Broker]:
-    broker = start_broker()
-    try:
-        yield broker
-    finally:
-        broker.stop()
 
 
 @pytest.fixture
