@@ -28,15 +28,26 @@ __all__ = ["ECFootprint", "EventualCheckpoint", "EventualCheckpointBuilder"]
 _FOOTPRINT_CODES = frozenset(k.value for k in FOOTPRINT_KINDS)
 
 
-@dataclass(frozen=True, slots=True)
 class ECFootprint:
-    offset: int
-    record: OutputRecord
+    """The latest footprint of one window in the EC. Reconstruction only identifies it (by checksum and
+    the metadata beside it); its body, state included, is decoded when the EC is loaded."""
+
+    __slots__ = ("_codec", "_record", "_value", "key", "offset")
+
+    def __init__(
+        self, offset: int, key: str, value: bytes, codec: RecordCodec, record: OutputRecord | None = None
+    ) -> None:
+        self.offset = offset
+        self.key = key
+        self._value = value
+        self._codec = codec
+        self._record = record
 
     @property
-    def key(self) -> str:
-        assert self.record.key is not None
-        return self.record.key
+    def record(self) -> OutputRecord:
+        if self._record is None:
+            self._record = self._codec.decode(self._value)
+        return self._record
 
 
 @dataclass
@@ -122,7 +133,7 @@ class EventualCheckpointBuilder:
             if newest.kind is Kind.R:
                 closed.add((newest.key, newest.seq))
             elif newest.kind in FOOTPRINT_KINDS:
-                windows[newest.key] = ECFootprint(newest_offset, newest)
+                windows[newest.key] = ECFootprint(newest_offset, newest.key, b"", self.codec, newest)
                 extent_start = newest_offset
 
         # 2. Read back until N windows are found. Records are checked by checksum (cheap); only the
@@ -139,7 +150,7 @@ class EventualCheckpointBuilder:
                     if meta.kind == "R":
                         closed.add(wid)
                     elif meta.kind in _FOOTPRINT_CODES and meta.key not in windows and wid not in closed:
-                        windows[meta.key] = ECFootprint(stored.offset, self.codec.decode(stored.value))
+                        windows[meta.key] = ECFootprint(stored.offset, meta.key, stored.value, self.codec)
                         extent_start = stored.offset
                         if len(windows) >= n:
                             break

@@ -87,14 +87,14 @@ class RecoveryManager:
         started = time.perf_counter()
         ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
         faults.hit("recovery.after_ec_build")
-        load_started = time.perf_counter()
+        load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
         windows = [
             LoadedWindow(fp.key, fp.record.seq, self.decode_state(fp.record.state or b""), fp)
             for fp in sorted(ec.windows.values(), key=lambda f: f.offset)
         ]
         load_seconds = time.perf_counter() - load_started
         plan = ReplayPlan.build(
-            ec.crash_pos, {fp.key: fp.record.pos for fp in ec.windows.values()}, input_partitions
+            ec.crash_pos, {w.key: w.footprint.record.pos for w in windows}, input_partitions
         )
         report = RecoveryReport(
             log_end=ec.end_offset,
