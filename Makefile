@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[test,bench]'
+	$(VENV)/bin/pip install --quiet -e '.[test,bench,spark]'
 	touch $(STAMP)
 
 setup: $(STAMP)

@@ -8,25 +8,45 @@ from __future__ import annotations
 
 import json
 import operator as _op
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
 from cec.policy import CheckpointSchedule, make_policy
+from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
 from operators.aggregate import KeyedAggregate
 from operators.base import Operator
-from operators.runtime import OperatorRuntime, Progress, RunStats
+from operators.runtime import DEAD_LETTER_SCHEMA, OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
 from operators.stateless import Filter
 from queuestore.base import QueueStore
+from queuestore.exceptions import PartitionLockedError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
 
-__all__ = ["SCHEMAS", "JobSpec", "build_operator", "build_source", "run_job"]
+__all__ = [
+    "INPUT_PARTITIONS",
+    "SCHEMAS",
+    "JobSpec",
+    "build_operator",
+    "build_source",
+    "instance_spec",
+    "open_output",
+    "run_job",
+    "source_partitions",
+]
 
-SCHEMAS: dict[str, dict[str, Any]] = {"purchase": PURCHASE_SCHEMA}
+SCHEMAS: dict[str, dict[str, Any]] = {
+    "purchase": PURCHASE_SCHEMA,
+    "aggregate": AGG_RESULT_SCHEMA,
+    "dead_letter": DEAD_LETTER_SCHEMA,
+}
+# Source-spec key: the input partitions one instance of a partitioned stage reads (default: all of them).
+INPUT_PARTITIONS = "input_partitions"
+_LOCK_POLL_S = 0.05
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": _op.gt,
     ">=": _op.ge,
@@ -89,7 +109,10 @@ def build_operator(spec: Mapping[str, Any]) -> Operator:
 
 def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
     kind = spec.get("type")
+    subset = spec.get(INPUT_PARTITIONS)
     if kind == "csv":
+        if subset not in (None, [0], (0,)):
+            raise ConfigError("a CSV file has one partition, 0")
         return CsvSource(spec["path"])
     if kind == "generator":
         return PurchaseGenerator(
@@ -99,25 +122,64 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
             partitions=spec.get("partitions", 1),
             bad_every=spec.get("bad_every", 0),
             invalid_every=spec.get("invalid_every", 0),
+            only=subset,
         )
     if kind == "queue":
-        return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]])
+        return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]], subset)
     raise ConfigError(f"unknown source type {kind!r}")
 
 
-def run_job(spec: JobSpec) -> RunStats:
+def source_partitions(spec: Mapping[str, Any], store: QueueStore) -> int:
+    """How many partitions the stream behind a source spec has (before any `input_partitions` subset)."""
+    kind = spec.get("type")
+    if kind == "generator":
+        return int(spec.get("partitions", 1))
+    if kind == "queue":
+        return store.partitions(spec["topic"])
+    if kind == "csv":
+        return 1
+    raise ConfigError(f"unknown source type {kind!r}")
+
+
+def instance_spec(template: JobSpec, partition: int) -> JobSpec:
+    """Instance `partition` of a partitioned stage: reads input partition p, writes output partition p."""
+    if not 0 <= partition < template.output_partitions:
+        raise ConfigError(f"partition {partition} outside 0..{template.output_partitions - 1}")
+    source = dict(template.source)
+    source.setdefault(INPUT_PARTITIONS, [partition])
+    return replace(template, source=source, output_partition=partition)
+
+
+def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: float = 0.0) -> OutputQueue:
+    """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
+
+    After a SIGKILL the kernel releases the writer's lock at once, but a relaunched instance can start
+    while its predecessor is still shutting down (a cancelled Spark job, a driver that takes its executors
+    down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
+    """
+    deadline = time.monotonic() + lock_wait_s
+    while True:
+        try:
+            return OutputQueue(store, topic, partition)
+        except PartitionLockedError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(_LOCK_POLL_S)
+
+
+def run_job(spec: JobSpec, *, stop: Callable[[], bool] | None = None, lock_wait_s: float = 0.0) -> RunStats:
+    """Run one operator instance to the end of its input (or until `stop()`), recovering from its log."""
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
         operator = build_operator(spec.operator)
         source = build_source(spec.source, store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
-        output = OutputQueue(
-            store,
-            spec.output_topic,
-            spec.output_partition,
-            index_progress=lambda done, total: progress(f"index reconcile {done:,}/{total:,}"),
-        )
+        try:
+            output = open_output(store, spec.output_topic, spec.output_partition, lock_wait_s=lock_wait_s)
+        except BaseException:
+            source.close()
+            raise
         try:
             runtime = OperatorRuntime(
                 operator,
@@ -128,7 +190,7 @@ def run_job(spec: JobSpec) -> RunStats:
                 batch_size=spec.batch_size,
                 progress=progress,
             )
-            stats = runtime.run()
+            stats = runtime.run(stop)
         finally:
             source.close()
             output.close()

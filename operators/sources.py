@@ -18,7 +18,25 @@ from queuestore.base import PartitionReader, QueueStore
 __all__ = ["PURCHASE_SCHEMA", "CsvSource", "InputSource", "PurchaseGenerator", "QueueSource"]
 
 
+def _partition_subset(partitions: Sequence[int] | None, total: int, what: str) -> tuple[int, ...]:
+    """The global partitions an instance reads, in local order (local partition i = subset[i])."""
+    if partitions is None:
+        return tuple(range(total))
+    subset = tuple(int(p) for p in partitions)
+    if not subset:
+        raise ConfigError(f"{what}: an instance must read at least one input partition")
+    if len(set(subset)) != len(subset):
+        raise ConfigError(f"{what}: input partitions {list(subset)} repeat")
+    bad = [p for p in subset if not 0 <= p < total]
+    if bad:
+        raise ConfigError(f"{what} has {total} partitions; {bad} do not exist")
+    return subset
+
+
 class InputSource(abc.ABC):
+    """Local partitions 0..partitions-1; a source restricted to some of a stream's partitions (one
+    instance of a partitioned stage) maps them to the stream's own partitions in `global_partitions`."""
+
     partitions: int
 
     @abc.abstractmethod
@@ -40,6 +58,7 @@ class CsvSource(InputSource):
     """A CSV file with a header row, read in file order: one partition, offset = data row number."""
 
     partitions = 1
+    global_partitions = (0,)
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -143,46 +162,50 @@ class PurchaseGenerator(InputSource):
         partitions: int = 1,
         bad_every: int = 0,
         invalid_every: int = 0,
+        only: Sequence[int] | None = None,
     ) -> None:
         if count < 0 or keys < 1 or partitions < 1:
             raise ConfigError("need count >= 0, keys >= 1, partitions >= 1")
-        self.partitions = partitions
+        self.total_partitions = partitions
+        self.global_partitions = _partition_subset(only, partitions, "the generator")
+        self.partitions = len(self.global_partitions)
         self.count = count
         self.keys = keys
         self.seed = seed
         self.bad_every = bad_every
         self.invalid_every = invalid_every
-        self._per_partition = [
-            count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)
-        ]
-        self._next = [0] * partitions
+        self.sizes = [count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)]
+        self._local_sizes = [self.sizes[j] for j in self.global_partitions]
+        self._next = [0] * self.partitions
 
     def describe(self) -> str:
         return f"generator {self.count} purchases over {self.keys} items (seed {self.seed})"
 
     def tuple_at(self, partition: int, offset: int) -> dict[str, int | None]:
+        """Tuple `offset` of global partition `partition`."""
+        total = self.total_partitions
         h = _splitmix64((self.seed << 40) ^ (partition << 32) ^ offset)
-        item = (h % self.keys) // self.partitions * self.partitions + partition
+        item = (h % self.keys) // total * total + partition
         if item >= self.keys:
             item = partition
-        price = 1 + (h >> 20) % 1000
+        price: int | None = 1 + (h >> 20) % 1000
         if self.bad_every and (h >> 40) % self.bad_every == 0:
             price = 0
         if self.invalid_every and (h >> 50) % self.invalid_every == 0:
-            return {"item_id": item, "item_price": None, "item_time": offset * self.partitions + partition}
-        return {"item_id": item, "item_price": price, "item_time": offset * self.partitions + partition}
+            price = None
+        return {"item_id": item, "item_price": price, "item_time": offset * total + partition}
 
     def seek(self, positions: Sequence[int]) -> None:
         self._next = list(positions)
 
     def poll(self, max_records: int) -> list[InputTuple] | None:
         out: list[InputTuple] = []
-        for j in range(self.partitions):
-            share = max(1, max_records // self.partitions)
-            stop = min(self._per_partition[j], self._next[j] + share)
-            out.extend(InputTuple(j, o, self.tuple_at(j, o)) for o in range(self._next[j], stop))
-            self._next[j] = max(self._next[j], stop)
-        if not out and all(n >= c for n, c in zip(self._next, self._per_partition, strict=True)):
+        share = max(1, max_records // self.partitions)
+        for i, j in enumerate(self.global_partitions):
+            stop = min(self._local_sizes[i], self._next[i] + share)
+            out.extend(InputTuple(i, o, self.tuple_at(j, o)) for o in range(self._next[i], stop))
+            self._next[i] = max(self._next[i], stop)
+        if not out and all(n >= c for n, c in zip(self._next, self._local_sizes, strict=True)):
             return None
         return out
 
@@ -192,17 +215,24 @@ class QueueSource(InputSource):
     (kept beside the value) without decoding, and an upstream EOS ends a partition. A record that fails
     its checksum is delivered as an error tuple (dead-lettered, counted), never used."""
 
-    def __init__(self, store: QueueStore, topic: str, payload_schema: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        store: QueueStore,
+        topic: str,
+        payload_schema: dict[str, Any],
+        partitions: Sequence[int] | None = None,
+    ) -> None:
         self.topic = topic
-        self.partitions = store.partitions(topic)
-        self._readers: list[PartitionReader] = [store.reader(topic, p) for p in range(self.partitions)]
+        self.global_partitions = _partition_subset(partitions, store.partitions(topic), f"topic {topic!r}")
+        self.partitions = len(self.global_partitions)
+        self._readers: list[PartitionReader] = [store.reader(topic, p) for p in self.global_partitions]
         self._codec = RecordCodec()
         self._payload = AvroCodec(payload_schema)
         self._next = [0] * self.partitions
         self._ended = [False] * self.partitions
 
     def describe(self) -> str:
-        return f"queue {self.topic} ({self.partitions} partitions)"
+        return f"queue {self.topic} partitions {list(self.global_partitions)}"
 
     def seek(self, positions: Sequence[int]) -> None:
         self._next = list(positions)

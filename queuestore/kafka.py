@@ -225,6 +225,9 @@ class KafkaQueueStore(QueueStore):
             "bootstrap.servers": self.bootstrap_servers,
             "client.id": client_id,
             "logger": _rdkafka_log,
+            # Without a log queue, warnings raised while the client is being built bypass the logger and
+            # land on stderr; queued, they are served by poll() like everything else.
+            "log.queue": True,
         }
         conf.update(self._config)
         return conf

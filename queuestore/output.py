@@ -28,10 +28,19 @@ class OutputQueue:
         self.topic = topic
         self.partition = partition
         self.writer: PartitionWriter = store.writer(topic, partition)
-        self.index = StreamIndex(store.index_path(topic, partition), identity=f"{topic}/{partition}")
-        with store.reader(topic, partition) as reader:
-            # Paper appendix, recovery step (1): reconcile the index with the log's real length.
-            self.reconciled = self.index.reconcile(reader, index_progress)
+        try:
+            self.index = StreamIndex(store.index_path(topic, partition), identity=f"{topic}/{partition}")
+        except BaseException:
+            self.writer.close()  # else the partition's writer lock stays held by this process
+            raise
+        try:
+            with store.reader(topic, partition) as reader:
+                # Paper appendix, recovery step (1): reconcile the index with the log's real length.
+                self.reconciled = self.index.reconcile(reader, index_progress)
+        except BaseException:
+            self.index.close()
+            self.writer.close()
+            raise
         self.durable_count = 0
         self.failures: list[Exception] = []
 

@@ -1,0 +1,594 @@
+"""The "cec-kafka" Python Data Source: CEC output queues (and other CEC-format topics) in Spark.
+
+PySpark ships no Kafka connector here (DESIGN-NOTES section 4), so Kafka I/O goes through the Python Data
+Source API and confluent-kafka, reusing the queue store's Kafka readers:
+
+    register(spark)
+    spark.read.format("cec-kafka").option("topic", "agg").option("bootstrap.servers", bs)
+         .option("schema", "aggregate").load()
+    spark.readStream.format("cec-kafka")...option("maxRecordsPerTrigger", 1000).load()
+    df.writeStream.format("cec-kafka").option("topic", "out").option("schema", "purchase")...
+
+Reading
+- One Spark input partition per Kafka partition; streaming offsets are `{"<partition>": next offset}`.
+- The end of a partition is where consuming reaches the EOF event, never a broker watermark (Tansu
+  understates watermarks and answers 0 to time lookups). The driver keeps one reader per partition across
+  micro-batches, so finding the end costs only the records that arrived since the last time.
+- By default a row is a result (R) of the operator; control tuples (G-open, G-check, DEAD, EOS) are
+  skipped by their `cec.kind` header, after their checksum vouches for the header, without decoding
+  state. `includeControl=true` yields them too, with the raw state / payload bytes. A record that fails
+  its checksum fails the read: results are never silently dropped or used.
+- `schema` decodes R payloads into columns: a name from `PAYLOAD_SCHEMAS` or a JSON Avro record schema;
+  without it the payload stays binary (`payload` column). CEC metadata columns are prefixed `cec_` so
+  that they never collide with payload fields (an aggregate result has its own `key`).
+- Admission control: `maxRecordsPerTrigger` bounds each micro-batch (split over partitions in proportion
+  to what each has pending); `Trigger.AvailableNow` is supported.
+
+Writing (batch and streaming sink)
+- Each row becomes an R record in CEC format (checksummed envelope, Avro payload of the `schema`
+  columns, `cec.*` headers), so a CEC operator can consume the topic with a queue source and this source
+  can read it back. `keyField` picks the Kafka partition by a stable hash of that column (CRC32C), else a
+  task writes to partition `task partition id % partitions`; `timeField` sets the record's logical time.
+- Delivery is at-least-once per micro-batch: the producer is idempotent, but Spark re-runs a failed
+  micro-batch with new producers, whose retried records Kafka cannot tell from new ones.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    InputPartition,
+    WriterCommitMessage,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DoubleType,
+    FloatType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from cec.exceptions import CodecError, ConfigError
+from cec.records import CONTROL_KINDS, AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
+from operators.aggregate import RESULT_SCHEMA
+from operators.job import SCHEMAS
+from operators.runtime import DEAD_LETTER_SCHEMA
+from queuestore.exceptions import QueueStoreError
+
+if TYPE_CHECKING:
+    from pyspark.sql import Row, SparkSession
+
+    from queuestore.kafka import KafkaPartitionReader, KafkaQueueStore
+
+__all__ = [
+    "FORMAT",
+    "META_COLUMNS",
+    "PAYLOAD_SCHEMAS",
+    "CecKafkaDataSource",
+    "KafkaSlice",
+    "register",
+    "spark_schema",
+]
+
+FORMAT = "cec-kafka"
+# Payload schemas known by name: the job schemas (inputs) plus the operators' result schemas.
+PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
+    **SCHEMAS,
+    "aggregate": RESULT_SCHEMA,
+    "dead_letter": DEAD_LETTER_SCHEMA,
+}
+META_COLUMNS: list[StructField] = [
+    StructField("cec_partition", IntegerType(), False),
+    StructField("cec_offset", LongType(), False),
+    StructField("cec_kind", StringType(), False),
+    StructField("cec_time", LongType(), False),
+    StructField("cec_key", StringType(), True),
+    StructField("cec_seq", LongType(), False),
+    StructField("cec_n", LongType(), False),
+    StructField("cec_pos", ArrayType(LongType(), False), False),
+]
+_CONTROL_COLUMNS = [
+    StructField("cec_state", BinaryType(), True),
+    StructField("cec_payload", BinaryType(), True),
+]
+_CONTROL_CODES = frozenset(k.value for k in CONTROL_KINDS)
+_AVRO_TYPES: dict[str, DataType] = {
+    "long": LongType(),
+    "int": IntegerType(),
+    "double": DoubleType(),
+    "float": FloatType(),
+    "string": StringType(),
+    "boolean": BooleanType(),
+    "bytes": BinaryType(),
+}
+_READ_CHUNK = 10_000
+_TRUE = {"true", "1", "yes"}
+
+
+# -- options --------------------------------------------------------------------------------------------
+
+
+def _payload_schema(text: str | None) -> dict[str, Any] | None:
+    if text is None or not text.strip():
+        return None
+    if text in PAYLOAD_SCHEMAS:
+        return PAYLOAD_SCHEMAS[text]
+    try:
+        schema = json.loads(text)
+    except json.JSONDecodeError:
+        raise ConfigError(
+            f"schema {text[:60]!r} is neither a known name ({', '.join(PAYLOAD_SCHEMAS)}) nor JSON"
+        ) from None
+    if not isinstance(schema, dict) or schema.get("type") != "record":
+        raise ConfigError("a JSON payload schema must be an Avro record schema")
+    return schema
+
+
+def _avro_field_type(avro: Any) -> tuple[DataType, bool]:
+    if isinstance(avro, list):  # a union: only ["null", T] (either order) maps to a nullable column
+        others = [t for t in avro if t != "null"]
+        if len(others) == 1 and len(avro) == 2:
+            return _avro_field_type(others[0])[0], True
+    elif isinstance(avro, str) and avro in _AVRO_TYPES:
+        return _AVRO_TYPES[avro], False
+    elif isinstance(avro, dict) and avro.get("type") in _AVRO_TYPES and "logicalType" not in avro:
+        return _AVRO_TYPES[avro["type"]], False
+    raise ConfigError(f"Avro type {avro!r} has no column mapping here (primitives and [null, T] only)")
+
+
+def spark_schema(payload: dict[str, Any] | None, *, include_control: bool) -> StructType:
+    """The rows' schema: `cec_` metadata, then the payload fields (nullable: control rows have none)."""
+    fields = list(META_COLUMNS)
+    if payload is None:
+        fields.append(StructField("payload", BinaryType(), True))
+    else:
+        taken = {f.name for f in META_COLUMNS} | {f.name for f in _CONTROL_COLUMNS}
+        for f in payload["fields"]:
+            if f["name"] in taken:
+                raise ConfigError(f"payload field {f['name']!r} collides with a cec metadata column")
+            data_type, _ = _avro_field_type(f["type"])
+            fields.append(StructField(f["name"], data_type, True))
+    if include_control:
+        fields.extend(_CONTROL_COLUMNS)
+    return StructType(fields)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Parsed options; picklable, because Spark ships readers and writers to executors."""
+
+    topic: str
+    bootstrap: str
+    client_config: dict[str, str]
+    include_control: bool
+    payload: dict[str, Any] | None
+    max_records_per_trigger: int | None
+    starting_offsets: str
+    state_dir: str
+    key_field: str | None
+    time_field: str | None
+    partitions: int | None  # sink: create the topic with this many partitions if it is missing
+    extra: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> _Options:
+        opts = {k.lower(): v for k, v in options.items()}
+        topic = opts.get("topic")
+        bootstrap = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
+        if not topic or not bootstrap:
+            raise ConfigError(f"{FORMAT} needs the options 'topic' and 'bootstrap.servers'")
+        # Client settings (security.protocol, sasl.*, ssl.*, ...) pass through with a "kafka." prefix.
+        client = {
+            k[len("kafka.") :]: v
+            for k, v in options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+        }
+        limit = opts.get("maxrecordspertrigger")
+        max_records = int(limit) if limit else None
+        if max_records is not None and max_records < 1:
+            raise ConfigError("maxRecordsPerTrigger must be >= 1")
+        partitions = opts.get("partitions")
+        return cls(
+            topic=topic,
+            bootstrap=bootstrap,
+            client_config=client,
+            include_control=opts.get("includecontrol", "false").strip().lower() in _TRUE,
+            payload=_payload_schema(opts.get("schema")),
+            max_records_per_trigger=max_records,
+            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
+            state_dir=opts.get("statedir") or str(Path(tempfile.gettempdir()) / "cec-spark"),
+            key_field=opts.get("keyfield"),
+            time_field=opts.get("timefield"),
+            partitions=int(partitions) if partitions else None,
+        )
+
+    def store(self) -> KafkaQueueStore:
+        from queuestore.kafka import KafkaQueueStore
+
+        return KafkaQueueStore(self.bootstrap, Path(self.state_dir), config=dict(self.client_config))
+
+
+# -- reading --------------------------------------------------------------------------------------------
+
+
+class KafkaSlice(InputPartition):
+    """Offsets [start, end) of one Kafka partition: one Spark input partition."""
+
+    def __init__(self, partition: int, start: int, end: int) -> None:
+        super().__init__((partition, start, end))
+        self.partition = partition
+        self.start = start
+        self.end = end
+
+
+def _rows(opts: _Options, piece: KafkaSlice) -> Iterator[tuple[Any, ...]]:
+    """Decode one slice into rows (runs on an executor)."""
+    codec = RecordCodec()
+    payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
+    names = [f["name"] for f in opts.payload["fields"]] if opts.payload is not None else []
+    store = opts.store()
+    try:
+        with store.reader(opts.topic, piece.partition) as reader:
+            offset = piece.start
+            while offset < piece.end:
+                records = reader.read_forward(offset, min(_READ_CHUNK, piece.end - offset))
+                if not records:
+                    raise QueueStoreError(
+                        f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
+                    )
+                for stored in records:
+                    if stored.offset >= piece.end:
+                        break
+                    kind = stored.meta.kind
+                    where = f"{opts.topic}[{piece.partition}] offset {stored.offset}"
+                    if kind in _CONTROL_CODES and not opts.include_control:
+                        try:  # skipped by its kind only once the checksum vouches for the kind
+                            codec.verify(stored.value, stored.meta)
+                        except CodecError as exc:
+                            raise CodecError(f"{where}: {exc}") from None
+                        continue
+                    try:
+                        record = codec.decode(stored.value)  # also what rejects foreign (non-CEC) records
+                    except CodecError as exc:
+                        raise CodecError(f"{where}: {exc}") from None
+                    yield _row(piece.partition, stored.offset, record, payload_codec, names, opts)
+                offset = records[-1].offset + 1
+    finally:
+        store.close()
+
+
+def _row(
+    partition: int,
+    offset: int,
+    record: OutputRecord,
+    payload_codec: AvroCodec | None,
+    names: list[str],
+    opts: _Options,
+) -> tuple[Any, ...]:
+    meta = (
+        partition,
+        offset,
+        record.kind.value,
+        record.time,
+        record.key,
+        record.seq,
+        record.n,
+        list(record.pos),
+    )
+    if record.kind is Kind.R:
+        if payload_codec is None:
+            payload: tuple[Any, ...] = (record.payload,)
+        else:
+            values = payload_codec.decode(record.payload or b"")
+            payload = tuple(values.get(n) for n in names)
+    else:
+        payload = (None,) * (len(names) if payload_codec is not None else 1)
+    if not opts.include_control:
+        return meta + payload
+    control = (record.state, record.payload) if record.kind is not Kind.R else (None, None)
+    return meta + payload + control
+
+
+class _Ends:
+    """Finds partition ends on the driver by consuming to EOF, with one reader per partition kept open so
+    that each call reads only what arrived since the previous one. Never pickled (holds Kafka clients)."""
+
+    def __init__(self, opts: _Options) -> None:
+        self.store = opts.store()
+        self.topic = opts.topic
+        self.readers: list[KafkaPartitionReader] = [
+            self.store.reader(opts.topic, p) for p in range(self.store.partitions(opts.topic))
+        ]
+
+    def ends(self) -> list[int]:
+        return [reader.end_offset() for reader in self.readers]
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _starting(opts: _Options, ends: Sequence[int]) -> list[int]:
+    spec = opts.starting_offsets
+    if spec.lower() == "earliest":
+        return [0] * len(ends)  # retention is infinite on CEC topics (the log is the checkpoint)
+    if spec.lower() == "latest":
+        return list(ends)
+    try:
+        given = {int(k): int(v) for k, v in json.loads(spec).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(
+            f'startingOffsets must be earliest, latest or {{"<partition>": offset}}: {spec!r}'
+        ) from None
+    return [min(given.get(p, 0), end) for p, end in enumerate(ends)]
+
+
+def _as_offsets(positions: Sequence[int]) -> dict[str, int]:
+    return {str(p): int(o) for p, o in enumerate(positions)}
+
+
+def _from_offsets(offsets: Mapping[str, Any]) -> list[int]:
+    return [int(offsets[str(p)]) for p in range(len(offsets))]
+
+
+def admit(start: Sequence[int], ends: Sequence[int], max_rows: int | None) -> list[int]:
+    """End offsets of the next micro-batch: everything pending, or at most `max_rows` offsets split over
+    partitions in proportion to what each has pending (every partition with data advances)."""
+    pending = [max(0, e - s) for s, e in zip(start, ends, strict=True)]
+    total = sum(pending)
+    if max_rows is None or total <= max_rows:
+        return [max(s, e) for s, e in zip(start, ends, strict=True)]
+    take = [n * max_rows // total for n in pending]
+    spare = max_rows - sum(take)
+    for p in sorted(range(len(pending)), key=lambda i: pending[i] - take[i], reverse=True):
+        if spare == 0:
+            break
+        if take[p] < pending[p]:
+            take[p] += 1
+            spare -= 1
+    return [s + t for s, t in zip(start, take, strict=True)]
+
+
+class _BatchReader(DataSourceReader):
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        finder = _Ends(self.opts)
+        try:
+            ends = finder.ends()
+        finally:
+            finder.close()
+        start = _starting(self.opts, ends)
+        return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(start, ends, strict=True)) if e > s]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, KafkaSlice):  # Spark passes InputPartition(None) for an empty topic
+            return iter(())
+        return _rows(self.opts, partition)
+
+
+class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+        self._finder: _Ends | None = None
+        self._target: list[int] | None = None  # Trigger.AvailableNow: the ends when the query started
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spark pickles the reader into the read function; Kafka clients stay behind.
+        state = dict(self.__dict__)
+        state["_finder"] = None
+        return state
+
+    def _ends(self) -> list[int]:
+        if self._target is not None:
+            return list(self._target)
+        if self._finder is None:
+            self._finder = _Ends(self.opts)
+        return self._finder.ends()
+
+    def initialOffset(self) -> dict[str, int]:
+        return _as_offsets(_starting(self.opts, self._ends()))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        ends = self._ends()
+        begin = _from_offsets(start)
+        begin += [0] * (len(ends) - len(begin))  # partitions added to the topic since: read from 0
+        return _as_offsets(admit(begin, ends, max_rows))
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return None  # finding the end costs a consume; Spark would call this every trigger
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = self._ends()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        stop = _from_offsets(end)
+        begin = _from_offsets(start)
+        begin += [0] * (len(stop) - len(begin))
+        return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, KafkaSlice)
+        return _rows(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # Spark's checkpoint holds the offsets; nothing is committed to Kafka
+
+    def stop(self) -> None:
+        if self._finder is not None:
+            self._finder.close()
+            self._finder = None
+
+
+# -- writing --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class SinkCommit(WriterCommitMessage):
+    partition_id: int
+    records: int
+
+
+def _write(opts: _Options, rows: Iterator[Row]) -> SinkCommit:
+    """Write one Spark partition's rows as R records (runs on an executor)."""
+    from confluent_kafka import Producer
+    from pyspark import TaskContext
+
+    from queuestore.kafka import meta_to_headers
+
+    if opts.payload is None:
+        raise ConfigError(f"writing to {FORMAT} needs the 'schema' option (the payload's Avro schema)")
+    ctx = TaskContext.get()
+    task_partition = ctx.partitionId() if ctx is not None else 0
+    store = opts.store()
+    try:
+        partitions = store.partitions(opts.topic)
+    finally:
+        store.close()
+    codec, payload_codec = RecordCodec(), AvroCodec(opts.payload)
+    names = [f["name"] for f in opts.payload["fields"]]
+    producer = Producer(
+        {
+            "bootstrap.servers": opts.bootstrap,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+            **opts.client_config,
+            "enable.idempotence": True,
+            "acks": "all",
+        }
+    )
+    failures: list[str] = []
+
+    def report(err: Any, _msg: Any) -> None:
+        if err is not None:
+            failures.append(str(err))
+
+    count = 0
+    for row in rows:
+        values = row.asDict()
+        payload = payload_codec.encode({n: values.get(n) for n in names})
+        t = int(values[opts.time_field]) if opts.time_field else 0
+        record = OutputRecord(Kind.R, t, (), 0, None, -1, None, payload)
+        key = None
+        if opts.key_field:
+            key = str(values[opts.key_field]).encode()
+            partition = crc32c(key) % partitions
+        else:
+            partition = task_partition % partitions
+        while True:
+            try:
+                producer.produce(
+                    opts.topic,
+                    codec.encode(record),
+                    key=key,
+                    partition=partition,
+                    headers=meta_to_headers(record.meta()),
+                    on_delivery=report,
+                )
+                break
+            except BufferError:  # local queue full: serve deliveries to make room
+                producer.poll(0.05)
+        count += 1
+        producer.poll(0)
+    remaining = producer.flush(60.0)
+    if remaining or failures:
+        raise RuntimeError(f"{FORMAT} sink: {remaining} records undelivered, failures: {failures[:3]}")
+    return SinkCommit(task_partition, count)
+
+
+def _ensure_topic(opts: _Options) -> None:
+    if opts.partitions is None:
+        return
+    store = opts.store()
+    try:
+        store.create_topic(opts.topic, opts.partitions)
+    finally:
+        store.close()
+
+
+class _BatchWriter(DataSourceWriter):
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+        _ensure_topic(opts)
+
+    def write(self, iterator: Iterator[Row]) -> SinkCommit:
+        return _write(self.opts, iterator)
+
+
+class _StreamWriter(DataSourceStreamWriter):
+    def __init__(self, opts: _Options) -> None:
+        self.opts = opts
+        _ensure_topic(opts)
+
+    def write(self, iterator: Iterator[Row]) -> SinkCommit:
+        return _write(self.opts, iterator)
+
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # records are durable when write() returns (flushed with acks=all)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        pass  # cannot be undone: the sink is at-least-once (see the module docstring)
+
+
+# -- the data source ------------------------------------------------------------------------------------
+
+
+class CecKafkaDataSource(DataSource):
+    """`format("cec-kafka")`: see the module docstring for options and semantics."""
+
+    @classmethod
+    def name(cls) -> str:
+        return FORMAT
+
+    def _opts(self) -> _Options:
+        return _Options.parse(self.options)
+
+    def schema(self) -> StructType:
+        opts = self._opts()
+        return spark_schema(opts.payload, include_control=opts.include_control)
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _BatchReader(self._opts())
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _StreamReader(self._opts())
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        return _BatchWriter(self._opts())
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        return _StreamWriter(self._opts())
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("cec-kafka")` available in this session."""
+    spark.dataSource.register(CecKafkaDataSource)

@@ -1,0 +1,78 @@
+"""A SparkSession configured for hosting CEC operators and the cec-kafka data source.
+
+Why each setting (DESIGN-NOTES section 4):
+- `local[N,F]`: plain `local[N]` fails a job on its first task failure; F is the per-task attempt budget
+  (`spark.task.maxFailures` in local mode) that lets Spark relaunch a killed operator task;
+- the Python workers must run this interpreter (the venv that has the project installed), not whatever
+  `python3` is first on PATH;
+- the UI is off (tests, CI) and shuffle partitions are small (they equal output partitions in the
+  Structured Streaming design).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["local_session", "task_max_failures"]
+
+_LOCAL = re.compile(r"local\[(\d+|\*)(?:\s*,\s*(\d+))?\]")
+
+
+def local_session(
+    master: str = "local[2,3]",
+    *,
+    app_name: str = "cec",
+    shuffle_partitions: int = 2,
+    extra_conf: dict[str, str] | None = None,
+) -> SparkSession:
+    """Get or create the process's SparkSession with the settings above (Spark keeps one per process)."""
+    from pyspark.sql import SparkSession
+
+    # Read by the JVM when it launches Python workers; the conf key below covers a session whose JVM was
+    # started before this environment variable was set.
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
+        .config("spark.default.parallelism", _slots(master) or "2")
+        .config("spark.pyspark.python", sys.executable)
+        .config("spark.pyspark.driver.python", sys.executable)
+    )
+    for key, value in (extra_conf or {}).items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def _slots(master: str) -> str | None:
+    m = _LOCAL.fullmatch(master.strip())
+    if m is None or m.group(1) == "*":
+        return None
+    return m.group(1)
+
+
+def task_max_failures(spark: SparkSession) -> int:
+    """How many attempts Spark gives one task before failing its job.
+
+    `local[N,F]` -> F; `local[N]`/`local` -> 1 (no retry at all); otherwise `spark.task.maxFailures`
+    (Spark's default 4). A long-running operator task spends one attempt per crash of its worker, so a
+    partition that crashes F times within one job fails the job; `SparkOperatorHost` then resubmits it.
+    """
+    sc = spark.sparkContext
+    master = (sc.master or "").strip()
+    m = _LOCAL.fullmatch(master)
+    if m is not None:
+        return int(m.group(2)) if m.group(2) else 1
+    if master == "local":
+        return 1
+    return int(sc.getConf().get("spark.task.maxFailures", "4") or "4")

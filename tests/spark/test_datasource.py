@@ -1,0 +1,272 @@
+"""The "cec-kafka" Python Data Source against a real broker: batch reads of an operator's output queue
+(results only by default, control tuples on request), streaming reads with admission control that see
+every record exactly once (also across a restart from the query checkpoint), and the sink.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from cec.records import Kind
+from operators.aggregate import RESULT_SCHEMA
+from operators.sinks import count_kinds, iter_payloads
+from operators.sources import PURCHASE_SCHEMA, PurchaseGenerator
+from operators.spark.datasource import FORMAT, admit
+from queuestore.kafka import KafkaQueueStore
+from tests.brokers import Broker
+from tests.spark.pipelines import AGGREGATED, FILTERED, filter_aggregate, run_reference
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+
+RESULT_FIELDS = [f["name"] for f in RESULT_SCHEMA["fields"]]
+PURCHASE_FIELDS = [f["name"] for f in PURCHASE_SCHEMA["fields"]]
+
+
+class Written:
+    """A filter -> aggregate run written to Kafka by the operators themselves (KafkaQueueStore)."""
+
+    def __init__(self, broker: Broker, state_dir: Path) -> None:
+        self.bootstrap = broker.bootstrap
+        self.state_dir = state_dir
+        suffix = uuid.uuid4().hex[:8]  # a long-lived broker keeps topics of earlier runs
+        self.topic = f"{AGGREGATED}-{suffix}"
+        store_spec = {"type": "kafka", "bootstrap_servers": broker.bootstrap, "state_dir": str(state_dir)}
+        pipeline = filter_aggregate(store_spec, count=6000, keys=40)
+        pipeline[0].output_topic = f"{FILTERED}-{suffix}"
+        pipeline[1].source["topic"] = pipeline[0].output_topic
+        pipeline[1].output_topic = self.topic
+        # Long windows and a small Q: the extent outgrows Q, so the log holds G-checks as well as G-opens.
+        pipeline[1].operator["window_count"] = 40
+        pipeline[1].q_target = 50
+        run_reference(pipeline)
+
+    def store(self) -> KafkaQueueStore:
+        return KafkaQueueStore(self.bootstrap, self.state_dir)
+
+
+@pytest.fixture(scope="module")
+def written(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Written:
+    return Written(spark_kafka_broker, tmp_path_factory.mktemp("kafka-state"))
+
+
+def _reader(spark: SparkSession, written: Written, **options: Any) -> Any:
+    reader = (
+        spark.read.format(FORMAT)
+        .option("topic", written.topic)
+        .option("bootstrap.servers", written.bootstrap)
+    )
+    for key, value in options.items():
+        reader = reader.option(key, value)
+    return reader
+
+
+def _expected(store: KafkaQueueStore, topic: str) -> dict[int, list[tuple[Any, ...]]]:
+    """Each partition's result payloads in log order, straight from the queue store."""
+    from cec.records import AvroCodec, RecordCodec
+
+    codec, payloads = RecordCodec(), AvroCodec(RESULT_SCHEMA)
+    out: dict[int, list[tuple[Any, ...]]] = {}
+    for p in range(store.partitions(topic)):
+        with store.reader(topic, p) as reader:
+            out[p] = [
+                tuple(payloads.decode(codec.decode(r.value).payload or b"")[f] for f in RESULT_FIELDS)
+                for r in reader.scan_forward(0)
+                if r.meta.kind == Kind.R.value
+            ]
+    return out
+
+
+def test_admission_splits_the_limit_over_pending_partitions() -> None:
+    assert admit([0, 0], [10, 30], None) == [10, 30]
+    assert admit([0, 0], [10, 30], 100) == [10, 30]
+    end = admit([0, 0], [10, 30], 8)
+    assert sum(end) == 8 and end[0] >= 1 and end[1] > end[0]
+    assert admit([10, 5], [10, 30], 4) == [10, 9]  # a partition with nothing pending stays put
+
+
+def test_batch_read_yields_results_only_by_default(spark: SparkSession, written: Written) -> None:
+    store = written.store()
+    try:
+        expected = _expected(store, written.topic)
+        kinds = count_kinds(store, written.topic)
+    finally:
+        store.close()
+    rows = _reader(spark, written, schema="aggregate").load().collect()
+    assert {r.cec_kind for r in rows} == {"R"}
+    assert len(rows) == kinds["R"] == sum(len(v) for v in expected.values())
+    for p, want in expected.items():
+        got = sorted((r for r in rows if r.cec_partition == p), key=lambda r: r.cec_offset)
+        assert [tuple(r[f] for f in RESULT_FIELDS) for r in got] == want
+        assert all(r.cec_key == r.key and len(r.cec_pos) == 1 for r in got)  # window id and pos kept
+
+
+def test_batch_read_with_control_tuples(spark: SparkSession, written: Written) -> None:
+    store = written.store()
+    try:
+        kinds = count_kinds(store, written.topic)
+    finally:
+        store.close()
+    assert kinds[Kind.GOPEN.value] and kinds[Kind.GCHECK.value] and kinds[Kind.EOS.value] == 2
+    df = _reader(spark, written, schema="aggregate", includeControl="true").load()
+    rows = df.collect()
+    assert Counter(r.cec_kind for r in rows) == kinds
+    for r in rows:
+        if r.cec_kind in (Kind.GOPEN.value, Kind.GCHECK.value):
+            assert r.cec_state and r.key is None and r.cec_key is not None  # state raw, no payload columns
+        elif r.cec_kind == Kind.R.value:
+            assert r.key == r.cec_key and r.cec_state is None
+    # Offsets of a partition are covered without gaps (the log has no transaction markers here).
+    for p in (0, 1):
+        offsets = sorted(r.cec_offset for r in rows if r.cec_partition == p)
+        assert offsets == list(range(len(offsets)))
+
+
+def _collect_stream(df: DataFrame, checkpoint: Path, columns: list[str]) -> list[list[tuple[Any, ...]]]:
+    """Run a streaming read to the current end (Trigger.AvailableNow); each micro-batch's rows."""
+    batches: list[list[tuple[Any, ...]]] = []
+
+    def each(batch: DataFrame, batch_id: int) -> None:
+        batches.append([tuple(r) for r in batch.select(*columns).collect()])
+
+    query = (
+        df.writeStream.foreachBatch(each)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert not query.isActive and query.exception() is None, query.exception()
+    return batches
+
+
+def test_streaming_read_with_admission_control_sees_every_result_once(
+    spark: SparkSession, written: Written, tmp_path: Path
+) -> None:
+    store = written.store()
+    try:
+        expected = _expected(store, written.topic)
+        offsets = 0
+        for p in (0, 1):
+            with store.reader(written.topic, p) as reader:
+                offsets += reader.end_offset()
+    finally:
+        store.close()
+    limit = offsets // 4 + 1  # forces at least four micro-batches
+    df = (
+        spark.readStream.format(FORMAT)
+        .option("topic", written.topic)
+        .option("bootstrap.servers", written.bootstrap)
+        .option("schema", "aggregate")
+        .option("maxRecordsPerTrigger", limit)
+        .load()
+    )
+    batches = _collect_stream(df, tmp_path / "ckpt", ["cec_partition", "cec_offset", *RESULT_FIELDS])
+    non_empty = [b for b in batches if b]
+    assert len(non_empty) >= math.ceil(offsets / limit) >= 4  # the limit really split the backlog
+    assert all(len(b) <= limit for b in batches)
+    rows = [r for b in batches for r in b]
+    assert len({(r[0], r[1]) for r in rows}) == len(rows)  # exactly once
+    for p, want in expected.items():
+        assert [r[2:] for r in sorted((r for r in rows if r[0] == p), key=lambda r: r[1])] == want
+
+
+def _purchases(n: int, start: int) -> list[dict[str, int]]:
+    gen = PurchaseGenerator(start + n, 25, seed=11)
+    gen.seek([start])
+    out: list[dict[str, int]] = []
+    for batch in iter(lambda: gen.poll(500), None):
+        out.extend(dict(t.value) for t in batch if t.value is not None)
+    return out
+
+
+def test_sink_and_stream_restart_from_checkpoint(
+    spark: SparkSession, spark_kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """Rows written by the sink read back as CEC results (by the queue store and by the source); a stream
+    restarted from its checkpoint reads only what was appended since, and a streaming sink copies it."""
+    bootstrap = spark_kafka_broker.bootstrap
+    topic, copy = f"purchases-{uuid.uuid4().hex[:8]}", f"copy-{uuid.uuid4().hex[:8]}"
+    common = {"bootstrap.servers": bootstrap, "schema": "purchase"}
+
+    def write(rows: list[dict[str, int]]) -> None:
+        (
+            spark.createDataFrame(rows)
+            .repartition(3)
+            .write.format(FORMAT)
+            .options(**common)
+            .option("topic", topic)
+            .option("partitions", 2)
+            .option("keyField", "item_id")
+            .option("timeField", "item_time")
+            .mode("append")
+            .save()
+        )
+
+    first, second = _purchases(1500, 0), _purchases(700, 1500)
+    write(first)
+    store = KafkaQueueStore(bootstrap, tmp_path / "state")
+    try:
+        assert sorted(map(_key, iter_payloads(store, topic, PURCHASE_SCHEMA))) == sorted(map(_key, first))
+        # keyField: each item lives in one partition (what keeps a downstream operator's per-key order).
+        homes: dict[int, set[int]] = {}
+        for p in (0, 1):
+            with store.reader(topic, p) as reader:
+                assert all(r.meta.kind == Kind.R.value for r in reader.scan_forward(0))
+        for row in _read_all(spark, topic, common):
+            homes.setdefault(row["item_id"], set()).add(row["cec_partition"])
+        assert all(len(h) == 1 for h in homes.values())
+    finally:
+        store.close()
+
+    def stream() -> DataFrame:
+        return (
+            spark.readStream.format(FORMAT)
+            .options(**common)
+            .option("topic", topic)
+            .option("maxRecordsPerTrigger", 1000)
+            .load()
+        )
+
+    ckpt = tmp_path / "ckpt"
+    got1 = [r for b in _collect_stream(stream(), ckpt, PURCHASE_FIELDS) for r in b]
+    assert sorted(got1) == sorted(map(_key, first))
+    write(second)
+    got2 = [r for b in _collect_stream(stream(), ckpt, PURCHASE_FIELDS) for r in b]
+    assert sorted(got2) == sorted(map(_key, second))  # only the new rows, each once
+
+    query = (
+        stream()
+        .select(*PURCHASE_FIELDS)
+        .writeStream.format(FORMAT)
+        .options(**common)
+        .option("topic", copy)
+        .option("partitions", 1)
+        .option("checkpointLocation", str(tmp_path / "ckpt-copy"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination(120)
+    assert query.exception() is None, query.exception()
+    store = KafkaQueueStore(bootstrap, tmp_path / "state")
+    try:
+        copied = sorted(map(_key, iter_payloads(store, copy, PURCHASE_SCHEMA)))
+    finally:
+        store.close()
+    assert copied == sorted(map(_key, first + second))
+
+
+def _key(row: dict[str, int]) -> tuple[int, ...]:
+    return tuple(row[f] for f in PURCHASE_FIELDS)
+
+
+def _read_all(spark: SparkSession, topic: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:
+    df = spark.read.format(FORMAT).options(**options).option("topic", topic).load()
+    return (r.asDict() for r in df.collect())
