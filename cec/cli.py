@@ -27,7 +27,7 @@ from typing import Any
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
-from operators.job import JobSpec, run_job
+from operators.job import JobSpec, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
 from queuestore.exceptions import QueueStoreError
@@ -142,9 +142,11 @@ def _demo_specs(
             "keys": args.keys,
             "seed": args.seed,
             "bad_every": 50,
+            "partitions": args.partitions,
         },
         store=store_cfg,
         output_topic=filtered,
+        output_partitions=args.partitions,
         batch_size=args.batch,
     )
     agg_spec = JobSpec(
@@ -158,6 +160,7 @@ def _demo_specs(
         source={"type": "queue", "topic": filtered, "schema": "purchase"},
         store=store_cfg,
         output_topic=aggregated,
+        output_partitions=args.partitions,
         q_target=args.Q,
         u_target=args.U,
         ci_ms=args.ci_ms,
@@ -169,7 +172,95 @@ def _demo_specs(
     return filter_spec, agg_spec
 
 
+def _run_pipeline_local(
+    args: argparse.Namespace,
+    root: Path,
+    store_cfg: dict[str, Any],
+    filter_spec: JobSpec,
+    agg_spec: JobSpec,
+    crash_at: int,
+) -> tuple[bool, dict[str, Any] | None]:
+    """Filter and aggregate in their own processes; the aggregate SIGKILLed from outside and restarted."""
+    stats_path = Path(agg_spec.stats_path or "")
+    filter_proc = _worker(filter_spec, root / "filter.json")
+    agg_proc = _worker(agg_spec, root / "aggregate.json")
+    crashed = _wait_until(
+        lambda: _log_input_position(store_cfg, agg_spec.output_topic) >= crash_at, agg_proc, args.timeout
+    )
+    if crashed:
+        agg_proc.send_signal(signal.SIGKILL)
+        _wait(agg_proc, "aggregate")
+        killed_at = _log_input_position(store_cfg, agg_spec.output_topic)
+        _say(
+            f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering"
+        )
+        agg_proc = _worker(agg_spec, root / "aggregate.json")
+    _wait(agg_proc, "aggregate")
+    _wait(filter_proc, "filter")
+    return crashed, _load_stats(stats_path).get("recovery")
+
+
+def _run_pipeline_spark(
+    args: argparse.Namespace,
+    root: Path,
+    store_cfg: dict[str, Any],
+    filter_spec: JobSpec,
+    agg_spec: JobSpec,
+    crash_at: int,
+) -> tuple[bool, dict[str, Any] | None]:
+    """Both stages as long-running Spark tasks (one chain per partition). Partition 0's Python worker, which
+    runs that partition's filter and aggregate, is SIGKILLed midway: Spark relaunches the task and both
+    instances recover from their own logs (the cascading case: upstream and downstream die together)."""
+    import threading
+
+    from operators.spark.host import SparkOperatorHost, pid_file_name
+    from operators.spark.session import local_session
+
+    master = f"local[{args.partitions},{args.task_attempts}]"
+    started = time.perf_counter()
+    spark = local_session(master, app_name="cec-demo", shuffle_partitions=args.partitions)
+    spark.sparkContext.setLogLevel(
+        "FATAL"
+    )  # the worker we kill makes Spark log a stack trace; it is expected
+    _say(f"  spark: {master} (session started in {time.perf_counter() - started:.1f} s)")
+    pid_dir = root / "pids"
+    pid_dir.mkdir(exist_ok=True)
+    host = SparkOperatorHost(spark, [filter_spec, agg_spec], pid_dir=pid_dir)
+    pid_file = pid_dir / pid_file_name("chain", 1, 0, 0)
+    target = crash_at // args.partitions
+    killed: list[tuple[int, int]] = []
+    done = threading.Event()
+
+    def killer() -> None:
+        while not done.is_set():
+            if pid_file.exists() and _log_input_position(store_cfg, agg_spec.output_topic) >= target:
+                pid = int(pid_file.read_text())
+                os.kill(pid, signal.SIGKILL)
+                killed.append((pid, _log_input_position(store_cfg, agg_spec.output_topic)))
+                return
+            done.wait(0.01)
+
+    thread = threading.Thread(target=killer, daemon=True)
+    thread.start()
+    try:
+        result = host.run()
+    finally:
+        done.set()
+        thread.join()
+        spark.stop()
+    if killed:
+        pid, at = killed[0]
+        _say(
+            f"  SIGKILLed the Python worker of partition 0 (pid {pid}, its filter and aggregate) at input "
+            f"position ~{at:,}; Spark relaunched the task and both recovered from their logs"
+        )
+    report = result.instance(1, 0)
+    return bool(killed), report.stats.get("recovery")
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.engine == "local" and args.partitions != 1:
+        raise ConfigError("--engine local runs one partition; use --engine spark for --partitions > 1")
     crash_at = args.crash_at if args.crash_at is not None else args.input // 2
     with _store_dir(args.store_dir, "cec-demo-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
@@ -178,43 +269,31 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"cec demo: {args.input:,} purchases over {args.keys:,} items -> filter(price > 0) -> "
             f"avg(price) per item over count windows of {args.window}"
         )
-        _say(f"  queue store: {store_cfg['type']} ({store_cfg.get('bootstrap_servers') or root})")
+        _say(
+            f"  engine: {args.engine}, {args.partitions} partition(s); queue store: {store_cfg['type']} "
+            f"({store_cfg.get('bootstrap_servers') or root})"
+        )
         _say(f"  policy: Q={args.Q} U={args.U} CI={args.ci_ms} ms CP={args.cp_ms} ms")
 
-        # 1. Failure-free reference, in this process.
+        # 1. Failure-free reference, in this process, instance by instance.
         ref_filter, ref_agg = _demo_specs(args, root, store_cfg, tag + "-ref")
         ref_agg.progress = False
         started = time.perf_counter()
-        run_job(ref_filter)
-        ref_stats = run_job(ref_agg)
+        for stage in (ref_filter, ref_agg):
+            for p in range(args.partitions):
+                run_job(instance_spec(stage, p))
         ref_seconds = time.perf_counter() - started
-        _say(f"  failure-free run: {ref_stats.results:,} results in {ref_seconds:.2f} s")
 
-        # 2. The same pipeline with the aggregate in its own process, SIGKILLed midway and recovered.
+        # 2. The same pipeline, a crash midway, recovery.
         filter_spec, agg_spec = _demo_specs(args, root, store_cfg, tag)
-        stats_path = Path(agg_spec.stats_path or "")
         store = open_store(store_cfg)
         try:  # the pipeline's topics exist before either stage starts, whichever process runs first
             for spec in (filter_spec, agg_spec):
                 store.create_topic(spec.output_topic, spec.output_partitions)
         finally:
             store.close()
-        filter_proc = _worker(filter_spec, root / "filter.json")
-        agg_proc = _worker(agg_spec, root / "aggregate.json")
-        crashed = _wait_until(
-            lambda: _log_input_position(store_cfg, agg_spec.output_topic) >= crash_at, agg_proc, args.timeout
-        )
-        if crashed:
-            agg_proc.send_signal(signal.SIGKILL)
-            _wait(agg_proc, "aggregate")
-            killed_at = _log_input_position(store_cfg, agg_spec.output_topic)
-            _say(
-                f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering"
-            )
-            agg_proc = _worker(agg_spec, root / "aggregate.json")
-        _wait(agg_proc, "aggregate")
-        _wait(filter_proc, "filter")
-        stats = _load_stats(stats_path)
+        run = _run_pipeline_spark if args.engine == "spark" else _run_pipeline_local
+        crashed, recovery = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
 
         # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
         store = open_store(store_cfg)
@@ -222,33 +301,43 @@ def cmd_demo(args: argparse.Namespace) -> int:
             got = list(iter_payloads(store, agg_spec.output_topic, RESULT_SCHEMA))
             want = list(iter_payloads(store, ref_agg.output_topic, RESULT_SCHEMA))
             kinds = count_kinds(store, agg_spec.output_topic)
-            filtered = sum(count_kinds(store, filter_spec.output_topic).get(k, 0) for k in ("R",))
+            filtered = count_kinds(store, filter_spec.output_topic).get("R", 0)
         finally:
             store.close()
-        same = got == want
+        _say(f"  failure-free run: {len(want):,} results in {ref_seconds:.2f} s")
+        # Partitions interleave differently from run to run: with several, each key's sequence must be identical.
+        same = got == want if args.partitions == 1 else _by_key(got) == _by_key(want)
         _say("")
         _say("CEC demo report")
         _say(f"  input tuples:          {args.input:,} ({filtered:,} passed the filter)")
         _say(f"  results (R):           {kinds.get('R', 0):,} (failure-free run: {len(want):,})")
         _say(f"  G-open / G-check:      {kinds.get('GOPEN', 0):,} / {kinds.get('GCHECK', 0):,}")
-        _say(
-            f"  crash:                 {'SIGKILL at input ~' + format(crash_at, ',') if crashed else 'none: the run ended first'}"
-        )
-        for line in _recovery_lines(stats.get("recovery")):
+        crash_line = f"SIGKILL at input ~{crash_at:,}" if crashed else "none: the run ended first"
+        _say(f"  crash:                 {crash_line}")
+        for line in _recovery_lines(recovery):
             _say(line)
         if not same:
-            diff = next(
-                (i for i, (a, b) in enumerate(zip(got, want, strict=False)) if a != b),
-                min(len(got), len(want)),
-            )
-            _say(
-                f"  first difference at result #{diff}: got {got[diff] if diff < len(got) else None}, "
-                f"want {want[diff] if diff < len(want) else None}"
-            )
-        _say(
-            f"  verdict:               {'PASS: output identical to the failure-free run' if same else 'FAIL: outputs differ'}"
-        )
+            _say(f"  first difference: {_first_difference(got, want)}")
+        verdict = "PASS: output identical to the failure-free run" if same else "FAIL: outputs differ"
+        if args.partitions > 1 and same:
+            verdict += " (per key)"
+        _say(f"  verdict:               {verdict}")
         return 0 if same else 1
+
+
+def _by_key(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["key"], []).append(row)
+    return out
+
+
+def _first_difference(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> str:
+    g, w = _by_key(got), _by_key(want)
+    for key in sorted(set(g) | set(w)):
+        if g.get(key) != w.get(key):
+            return f"key {key!r}: got {g.get(key)}, want {w.get(key)}"
+    return f"{len(got)} results vs {len(want)}"
 
 
 # -- cec run ----------------------------------------------------------------------------------------------
@@ -408,6 +497,25 @@ def build_parser() -> argparse.ArgumentParser:
         help="kill once the aggregate has consumed this many tuples (default: half the input)",
     )
     demo.add_argument("--batch", type=_positive_int, default=512, help="input batch size")
+    demo.add_argument(
+        "--engine",
+        choices=("spark", "local"),
+        default="spark",
+        help="spark: long-running operator tasks on PySpark in local mode (default); "
+        "local: each operator in its own process",
+    )
+    demo.add_argument(
+        "--partitions",
+        type=_positive_int,
+        default=None,
+        help="partitions of every stage (default: 2 on spark, 1 on local)",
+    )
+    demo.add_argument(
+        "--task-attempts",
+        type=_positive_int,
+        default=4,
+        help="Spark attempts per task, F in local[N,F] (default 4)",
+    )
     demo.add_argument("--timeout", type=float, default=600.0)
     demo.add_argument("--quiet", action="store_true", help="no progress lines")
     _policy_args(demo, q=20_000, u=100_000)
@@ -440,6 +548,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "command", None) == "demo" and args.partitions is None:
+        args.partitions = 2 if args.engine == "spark" else 1
     try:
         return int(args.func(args))
     except (CecError, QueueStoreError, RecoveryError) as exc:

@@ -20,12 +20,13 @@ def cec(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env())
 
 
-def test_demo_passes_its_own_verdict_with_a_real_kill(tmp_path: Path) -> None:
+def test_demo_on_spark_by_default_passes_its_own_verdict_with_a_real_kill(tmp_path: Path) -> None:
     out = cec(
         "demo", "--input", "30000", "--keys", "800", "--window", "10", "--quiet", "--store-dir", str(tmp_path)
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SIGKILLed the aggregate process" in out.stdout
+    assert "engine: spark, 2 partition(s)" in out.stdout
+    assert "SIGKILLed the Python worker of partition 0" in out.stdout
     assert "verdict:               PASS" in out.stdout
     for field in (
         "input tuples:",
@@ -39,28 +40,13 @@ def test_demo_passes_its_own_verdict_with_a_real_kill(tmp_path: Path) -> None:
         assert field in out.stdout
 
 
-def test_demo_passes_with_aggressive_checkpointing(tmp_path: Path) -> None:
+def test_local_demo_passes_with_aggressive_checkpointing(tmp_path: Path) -> None:
     out = cec(
-        "demo",
-        "--input",
-        "30000",
-        "--keys",
-        "800",
-        "--window",
-        "10",
-        "--quiet",
-        "--Q",
-        "900",
-        "--U",
-        "1000",
-        "--ci-ms",
-        "10",
-        "--cp-ms",
-        "10",
-        "--store-dir",
-        str(tmp_path),
-    )
+        "demo", "--engine", "local", "--input", "30000", "--keys", "800", "--window", "10", "--quiet",
+        "--Q", "900", "--U", "1000", "--ci-ms", "10", "--cp-ms", "10", "--store-dir", str(tmp_path),
+    )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
+    assert "SIGKILLed the aggregate process" in out.stdout
     assert "verdict:               PASS" in out.stdout
     g_checks = int(out.stdout.split("G-open / G-check:")[1].split("/")[1].split()[0].replace(",", ""))
     assert g_checks > 0
