@@ -202,6 +202,7 @@ class OperatorRuntime:
         label = f"{self.operator.name} recovery"
         progress = Progress(label, enabled=self.progress.enabled)
         with self.output.store.reader(self.output.topic, self.output.partition) as reader:
+            reader.hint_end(self.output.index.next_offset)  # the index was just reconciled with the log
             manager = RecoveryManager(
                 reader,
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),

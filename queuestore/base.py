@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 __all__ = [
     "DurableCallback",
@@ -31,12 +31,12 @@ __all__ = [
 ]
 
 
-@dataclass(frozen=True, slots=True)
-class RecordMeta:
+class RecordMeta(NamedTuple):
     """What the store keeps beside a record's value.
 
     `kind` is the tuple kind code (see `cec.records.Kind`), `time` the operator's logical time, and
-    `key`/`seq` the window id for records that belong to a window (`None`/-1 otherwise).
+    `key`/`seq` the window id for records that belong to a window (`None`/-1 otherwise). A NamedTuple, not
+    a dataclass: readers build one per record, and recovery scans read hundreds of thousands per second.
     """
 
     kind: str
@@ -45,8 +45,7 @@ class RecordMeta:
     seq: int = -1
 
 
-@dataclass(frozen=True, slots=True)
-class StoredRecord:
+class StoredRecord(NamedTuple):
     offset: int
     value: bytes
     meta: RecordMeta
@@ -99,6 +98,11 @@ class PartitionReader(abc.ABC):
     @abc.abstractmethod
     def end_offset(self) -> int:
         """One past the last durable record (0 for an empty partition)."""
+
+    def hint_end(self, offset: int) -> None:  # noqa: B027 - optional: a backend that can use it overrides
+        """Tell the reader that the partition holds at least `offset` records (e.g. the stream index's
+        `next_offset`), so that finding the end need not read what is known to be there. Only a lower
+        bound: the end is still found by reading; a wrong hint costs time, never correctness."""
 
     @abc.abstractmethod
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:

@@ -103,6 +103,7 @@ class StreamIndex:
 
         An index that claims more than the log holds (log replaced or truncated) is rebuilt from scratch.
         """
+        reader.hint_end(self._next_offset)
         end = reader.end_offset()
         if self._next_offset > end:
             self.clear()

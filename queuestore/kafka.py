@@ -59,6 +59,7 @@ __all__ = [
     "KafkaQueueStore",
     "meta_from_headers",
     "meta_to_headers",
+    "meta_to_key",
     "redact_config",
 ]
 
@@ -118,6 +119,35 @@ def meta_to_headers(meta: RecordMeta) -> list[tuple[str, str | bytes | None]]:
     return headers
 
 
+_NO_META = RecordMeta("", -1, None, -1)
+_KEY_SEP = b"\x1f"
+
+
+def meta_to_key(meta: RecordMeta) -> bytes:
+    """The same meta packed into the Kafka message key: `kind US time US seq [US key]`.
+
+    Readers here take the meta from the key, because confluent-kafka materialises headers lazily at several
+    microseconds per record, which would cap recovery scans near 100k records/s; the key is one bytes
+    object. The headers stay for downstream consumers that filter control tuples by `cec.kind`. Produced to
+    explicit partitions on a `cleanup.policy=delete` topic, the key plays no partitioning or compaction role.
+    The window key comes last so it may contain anything, separator included.
+    """
+    head = b"%s\x1f%d\x1f%d" % (meta.kind.encode(), meta.time, meta.seq)
+    return head if meta.key is None else head + _KEY_SEP + meta.key.encode()
+
+
+def _meta_from_key(raw: bytes) -> RecordMeta | None:
+    parts = raw.split(_KEY_SEP, 3)
+    if len(parts) < 3:
+        return None
+    try:
+        return RecordMeta(
+            parts[0].decode(), int(parts[1]), parts[3].decode() if len(parts) == 4 else None, int(parts[2])
+        )
+    except ValueError:  # not ours: a key written by another tool
+        return None
+
+
 def meta_from_headers(
     headers: Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None,
 ) -> RecordMeta:
@@ -126,24 +156,22 @@ def meta_from_headers(
     Lenient on purpose: a record produced by a foreign tool (no cec headers) reads as kind "" and time -1
     rather than making the whole partition unreadable; CEC code treats an unknown kind as data it can skip.
     """
-    kind = ""
-    t = -1
-    key: str | None = None
-    seq = -1
-    items = headers.items() if isinstance(headers, Mapping) else headers or ()
-    for name, header in items:
-        if header is None:
-            continue
-        raw = header.encode() if isinstance(header, str) else header
-        if name == HEADER_KIND:
-            kind = raw.decode()
-        elif name == HEADER_TIME:
-            t = int(raw)
-        elif name == HEADER_KEY:
-            key = raw.decode()
-        elif name == HEADER_SEQ:
-            seq = int(raw)
-    return RecordMeta(kind=kind, time=t, key=key, seq=seq)
+    if not headers:
+        return _NO_META
+    # One C-level dict() instead of a Python loop over the headers: recovery scans call this per record.
+    found = headers if isinstance(headers, Mapping) else dict(headers)
+    kind, t, key, seq = (
+        found.get(HEADER_KIND),
+        found.get(HEADER_TIME),
+        found.get(HEADER_KEY),
+        found.get(HEADER_SEQ),
+    )
+    return RecordMeta(
+        "" if kind is None else (kind if isinstance(kind, str) else kind.decode()),
+        -1 if t is None else int(t),
+        None if key is None else (key if isinstance(key, str) else key.decode()),
+        -1 if seq is None else int(seq),
+    )
 
 
 def _offset(msg: Message) -> int:
@@ -154,11 +182,15 @@ def _offset(msg: Message) -> int:
     return offset
 
 
-def _to_record(msg: Message) -> StoredRecord:
+def _to_record(msg: Message, offset: int) -> StoredRecord:
+    """The hot path of every read: meta from the message key (see `meta_to_key`); records written by
+    other tools, which have no such key, fall back to the headers."""
     value = msg.value()
-    if isinstance(value, str):  # not with the default deserializer; keeps the type checker honest
-        value = value.encode()
-    return StoredRecord(offset=_offset(msg), value=value or b"", meta=meta_from_headers(msg.headers()))
+    raw_key = msg.key()
+    meta = _meta_from_key(raw_key) if isinstance(raw_key, bytes) else None
+    if meta is None:
+        meta = meta_from_headers(msg.headers())
+    return StoredRecord(offset, value if isinstance(value, bytes) else b"", meta)
 
 
 def _error_code(exc: KafkaException) -> int | None:
@@ -514,10 +546,16 @@ class KafkaPartitionWriter(PartitionWriter):
             producer.poll(0.05)
         report = self._plain_report if on_durable is None else self._make_report(on_durable)
         headers = meta_to_headers(meta)
+        record_key = meta_to_key(meta)
         while True:
             try:
                 producer.produce(
-                    self.topic, value, partition=self.partition, headers=headers, on_delivery=report
+                    self.topic,
+                    value,
+                    record_key,
+                    partition=self.partition,
+                    headers=headers,
+                    on_delivery=report,
                 )
                 break
             except BufferError:
@@ -670,9 +708,10 @@ class KafkaPartitionReader(PartitionReader):
                         continue
                     if stop_before is not None and offset >= stop_before:
                         return result
-                    self._note_end(offset + 1)
+                    if offset >= self._known_end:
+                        self._known_end = offset + 1
                     if collect:
-                        result.records.append(_to_record(msg))
+                        result.records.append(_to_record(msg, offset))
                     if want is not None and len(result.records) >= want:
                         return result
                     if stop_before is not None and offset == stop_before - 1:
@@ -692,6 +731,11 @@ class KafkaPartitionReader(PartitionReader):
             return False
         high = wm[1]
         return 0 <= high < start
+
+    def hint_end(self, offset: int) -> None:
+        # Finding the end means consuming to the EOF event (watermarks are unreliable, DESIGN-NOTES 4);
+        # starting that read at a known lower bound spares reading the whole partition.
+        self._note_end(offset)
 
     def end_offset(self) -> int:
         hint = self._known_end
@@ -782,7 +826,7 @@ class KafkaPartitionReader(PartitionReader):
                                 f"tail of {self.topic}[{self.partition}] starts past the end ({from_offset})"
                             )
                         continue
-                    out.append(_to_record(msg))
+                    out.append(_to_record(msg, _offset(msg)))
                 if out:
                     last_data = time.monotonic()
                     self._note_end(out[-1].offset + 1)

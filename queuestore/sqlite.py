@@ -64,7 +64,8 @@ _TAIL_POLL_S = 0.002  # how often a tail reader at the live end looks for new ro
 
 
 def _row_to_record(row: tuple[int, str, int, str | None, int, bytes]) -> StoredRecord:
-    return StoredRecord(row[0], row[5], RecordMeta(row[1], row[2], row[3], row[4]))
+    offset, kind, time_, key, seq, value = row
+    return StoredRecord(offset, value, RecordMeta(kind, time_, key, seq))
 
 
 def _create_partition_file(path: Path) -> None:
