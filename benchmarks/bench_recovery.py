@@ -29,11 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from cec.policy import CheckpointSchedule, make_policy
-from operators.job import JobSpec, build_operator, build_source
-from operators.runtime import OperatorRuntime, RunStats
-from queuestore.output import OutputQueue
-from queuestore.sqlite import SqliteQueueStore
+from operators.job import JobSpec, run_job
+from operators.runtime import RunStats
 
 __all__ = ["main"]
 
@@ -70,24 +67,8 @@ def _spec(
 
 
 def _run(spec: JobSpec, *, stop_after: int | None = None, footprints: bool = True) -> RunStats:
-    store = SqliteQueueStore(spec.store["root"])
-    store.create_topic(spec.output_topic, 1)
-    output = OutputQueue(store, spec.output_topic, 0)
-    source = build_source(spec.source, store)
-    runtime = OperatorRuntime(
-        build_operator(spec.operator),
-        source,
-        output,
-        policy=make_policy(spec.q_target, spec.u_target),
-        schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
-        batch_size=spec.batch_size,
-        footprints=footprints,
-    )
-    try:
-        return runtime.run(stop=None if stop_after is None else (lambda: runtime.stats.inputs >= stop_after))
-    finally:
-        source.close()
-        output.close()
+    spec.footprints = footprints
+    return run_job(spec, max_inputs=stop_after)
 
 
 def _say(message: str) -> None:

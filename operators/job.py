@@ -72,6 +72,7 @@ class JobSpec:
     batch_size: int = 512
     progress: bool = False
     stats_path: str | None = None
+    footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:
@@ -167,8 +168,15 @@ def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: f
             time.sleep(_LOCK_POLL_S)
 
 
-def run_job(spec: JobSpec, *, stop: Callable[[], bool] | None = None, lock_wait_s: float = 0.0) -> RunStats:
-    """Run one operator instance to the end of its input (or until `stop()`), recovering from its log."""
+def run_job(
+    spec: JobSpec,
+    *,
+    stop: Callable[[], bool] | None = None,
+    max_inputs: int | None = None,
+    lock_wait_s: float = 0.0,
+) -> RunStats:
+    """Run one operator instance, recovering from its log first, to the end of its input (or until
+    `stop()` / `max_inputs`, see `OperatorRuntime.run`)."""
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
@@ -189,8 +197,9 @@ def run_job(spec: JobSpec, *, stop: Callable[[], bool] | None = None, lock_wait_
                 schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
                 batch_size=spec.batch_size,
                 progress=progress,
+                footprints=spec.footprints,
             )
-            stats = runtime.run(stop)
+            stats = runtime.run(stop, max_inputs=max_inputs)
         finally:
             source.close()
             output.close()

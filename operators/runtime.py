@@ -326,7 +326,10 @@ class OperatorRuntime:
                 self.output.poll()
 
     # -- main loop -------------------------------------------------------------------------------------
-    def run(self, stop: Callable[[], bool] | None = None) -> RunStats:
+    def run(self, stop: Callable[[], bool] | None = None, *, max_inputs: int | None = None) -> RunStats:
+        """Recover, then process until the input ends (EOS), `stop()` is true or `max_inputs` tuples were
+        read in this run; the last two leave everything produced so far durable and no EOS, exactly the log
+        a crash at that point would leave (checked between batches: use batch_size=1 for an exact count)."""
         self._started = time.perf_counter()
         if not self._recover():
             self.stats.completed = True
@@ -335,7 +338,7 @@ class OperatorRuntime:
         if self._plan is not None and self._plan.caught_up(self._pos):
             self._caught_up()
         last_sample = time.monotonic()
-        while stop is None or not stop():
+        while (stop is None or not stop()) and (max_inputs is None or self.stats.inputs < max_inputs):
             batch = self.source.poll(self.batch_size)
             if batch is None:
                 break

@@ -14,11 +14,8 @@ from typing import Any
 import pytest
 
 from cec.exceptions import CodecError
-from cec.policy import CheckpointSchedule, make_policy
 from cec.records import Kind
-from operators.job import JobSpec, build_operator, build_source, run_job
-from operators.runtime import OperatorRuntime
-from queuestore.output import OutputQueue
+from operators.job import JobSpec, run_job
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
@@ -65,23 +62,7 @@ def _spec(
 
 def _run_until(spec: JobSpec, inputs: int | None) -> None:
     """Run in this process; stop after `inputs` tuples with all output durable, as a crash right there."""
-    store = SqliteQueueStore(spec.store["root"])
-    store.create_topic(spec.output_topic, 1)
-    output = OutputQueue(store, spec.output_topic, 0)
-    source = build_source(spec.source, store)
-    runtime = OperatorRuntime(
-        build_operator(spec.operator),
-        source,
-        output,
-        policy=make_policy(spec.q_target, spec.u_target),
-        schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
-        batch_size=spec.batch_size,
-    )
-    try:
-        runtime.run(stop=None if inputs is None else (lambda: runtime.stats.inputs >= inputs))
-    finally:
-        source.close()
-        output.close()
+    run_job(spec, max_inputs=inputs)
 
 
 @pytest.mark.parametrize(
