@@ -124,6 +124,8 @@ class OperatorRuntime:
         self._out_count = 0
         self._plan: ReplayPlan | None = None
         self._rebuilding = False  # applying a replayed tuple below the crash point
+        self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
+        self._held: list[tuple[Kind, str | None, int, bytes | None, bytes | None, int]] = []
         self.stats = RunStats()
 
     # -- OperatorContext -------------------------------------------------------------------------------
@@ -166,13 +168,36 @@ class OperatorRuntime:
             if kind is not Kind.DEAD:
                 raise RuntimeError(f"replay below the crash point produced a {kind.value} record for {key!r}")
             return
-        record = OutputRecord(kind, self._time, tuple(self._pos), self._registry.n, key, seq, state, payload)
+        self._out_count += 1
+        self.stats.outputs += 1
+        if self._current is not None:
+            # Records of the tuple being applied are held until it is done; see _release.
+            self._held.append((kind, key, seq, state, payload, self._registry.n))
+            return
+        self._append(
+            OutputRecord(kind, self._time, tuple(self._pos), self._registry.n, key, seq, state, payload)
+        )
+
+    def _append(self, record: OutputRecord) -> None:
         value = self.codec.encode(record)
         faults.hit("runtime.before_append")
         self.output.append(value, record.meta())
-        self._out_count += 1
-        self.stats.outputs += 1
         faults.hit("runtime.after_append")
+
+    def _release(self, partition: int, offset: int) -> None:
+        """Append the records of tuple (partition, offset) now that it is fully applied.
+
+        Only the last one claims the tuple (`pos[partition] = offset + 1`); the ones before it carry
+        `offset`. A tuple can produce two records (a time window's R, then the next window's G-open), and
+        the log can end between them: had the R claimed the tuple, recovery would skip it as belonging to
+        a closed window and the new window would lose it. Unclaimed, it is replayed and opens that window.
+        """
+        held, self._held = self._held, []
+        last = len(held) - 1
+        for i, (kind, key, seq, state, payload, n) in enumerate(held):
+            pos = list(self._pos)
+            pos[partition] = offset + 1 if i == last else offset
+            self._append(OutputRecord(kind, self._time, tuple(pos), n, key, seq, state, payload))
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
         if not self.footprints:
@@ -257,7 +282,6 @@ class OperatorRuntime:
         self._in_count += 1
         self.stats.inputs += 1
         plan = self._plan
-        self._rebuilding = False
         if plan is not None:
             if o < plan.crash_pos[j]:
                 key = None
@@ -275,19 +299,25 @@ class OperatorRuntime:
             elif plan.caught_up(self._pos):
                 self._caught_up()
         faults.hit("runtime.before_process")
-        if tup.value is None:
-            self._dead_letter(tup, tup.error or "undecodable input")
-        else:
-            try:
-                event_time = self.operator.event_time(tup.value)
-                self._time = max(self._time, event_time if event_time is not None else sum(self._pos))
-                self.operator.process(tup, self)
-            except BadTupleError as exc:
-                self._dead_letter(tup, exc.reason)
-        for window in self._pending_opens:
-            if self._registry.get(window.key) is window:  # still open: not opened-and-closed by one tuple
-                self._footprint(Kind.GOPEN, window)
-        self._pending_opens.clear()
+        self._current = (j, o)
+        try:
+            if tup.value is None:
+                self._dead_letter(tup, tup.error or "undecodable input")
+            else:
+                try:
+                    event_time = self.operator.event_time(tup.value)
+                    self._time = max(self._time, event_time if event_time is not None else sum(self._pos))
+                    self.operator.process(tup, self)
+                except BadTupleError as exc:
+                    self._dead_letter(tup, exc.reason)
+            for window in self._pending_opens:
+                if self._registry.get(window.key) is window:  # still open: not opened-and-closed by one tuple
+                    self._footprint(Kind.GOPEN, window)
+            self._pending_opens.clear()
+        finally:
+            self._current = None
+            self._rebuilding = False  # only ever for the one replayed tuple
+        self._release(j, o)
         faults.hit("runtime.after_input")
 
     def _caught_up(self) -> None:

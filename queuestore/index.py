@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import shutil
 import struct
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 from rocksdict import AccessType, Options, Rdict, WriteBatch
@@ -155,6 +155,17 @@ class StreamIndex:
         """The window sequence of the last R of `key` in the indexed prefix, None if it has none."""
         value = self._db.get(_KEY + key.encode())
         return None if value is None else int(_U64.unpack(value)[0])
+
+    def closed_windows(self) -> Iterator[tuple[str, int]]:
+        """Every (key, last closed window sequence) in the indexed prefix of the log, in key byte order."""
+        it = self._db.iter()
+        it.seek(_KEY)
+        while it.valid():
+            raw = bytes(it.key())
+            if not raw.startswith(_KEY):
+                return
+            yield raw[len(_KEY) :].decode(), int(_U64.unpack(bytes(it.value()))[0])
+            it.next()
 
     def close(self) -> None:
         self._db.close()

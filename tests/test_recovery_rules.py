@@ -180,3 +180,37 @@ def test_damaged_result_record_is_never_used(tmp_path: Path) -> None:
         EventualCheckpointBuilder(reader).build()
     with pytest.raises(CodecError, match=f"offset {r_offset}"):
         results(store, "agg")
+
+
+def _copy_prefix(source: SqliteQueueStore, topic: str, target_root: Path, length: int) -> None:
+    """A log holding the first `length` records of `topic`: what a crash right after the
+    `length`-th record became durable leaves (the log is always a prefix of what was produced)."""
+    target = SqliteQueueStore(target_root)
+    target.create_topic(topic, 1)
+    with source.reader(topic, 0) as reader, target.writer(topic, 0) as writer:
+        for stored in reader.read_forward(0, length):
+            writer.append(stored.value, stored.meta)
+
+
+@pytest.mark.parametrize(
+    "shape",
+    [{"window": 3, "timed": True}, {"window": 2, "timed": True, "q": None}, {"window": 3}],
+    ids=["time,Q=2", "time,G-open-only", "count,Q=2"],
+)
+def test_recovery_from_every_prefix_of_the_log(tmp_path: Path, shape: dict[str, Any]) -> None:
+    """Every crash point at record granularity, including between two records one tuple produced (a time
+    window's R and the next window's G-open)."""
+    reference = _spec(tmp_path / "ref", count=50, **shape)
+    run_job(reference)
+    ref_store = SqliteQueueStore(tmp_path / "ref")
+    want = results(ref_store, "agg")
+    want_dead = results(ref_store, "agg", Kind.DEAD)
+    with ref_store.reader("agg", 0) as reader:
+        length = reader.end_offset()
+    for cut in range(1, length):
+        root = tmp_path / f"cut{cut}"
+        _copy_prefix(ref_store, "agg", root, cut)
+        run_job(_spec(root, count=50, **shape))
+        store = SqliteQueueStore(root)
+        assert results(store, "agg") == want, f"log cut after {cut} records"
+        assert results(store, "agg", Kind.DEAD) == want_dead, f"log cut after {cut} records"

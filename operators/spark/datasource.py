@@ -73,9 +73,7 @@ from pyspark.sql.types import (
 
 from cec.exceptions import CodecError, ConfigError
 from cec.records import CONTROL_KINDS, AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
-from operators.aggregate import RESULT_SCHEMA
 from operators.job import SCHEMAS
-from operators.runtime import DEAD_LETTER_SCHEMA
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
@@ -94,12 +92,8 @@ __all__ = [
 ]
 
 FORMAT = "cec-kafka"
-# Payload schemas known by name: the job schemas (inputs) plus the operators' result schemas.
-PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = {
-    **SCHEMAS,
-    "aggregate": RESULT_SCHEMA,
-    "dead_letter": DEAD_LETTER_SCHEMA,
-}
+# Payload schemas known by name: the job schemas (inputs and the operators' results).
+PAYLOAD_SCHEMAS: dict[str, dict[str, Any]] = SCHEMAS
 META_COLUMNS: list[StructField] = [
     StructField("cec_partition", IntegerType(), False),
     StructField("cec_offset", LongType(), False),

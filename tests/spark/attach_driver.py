@@ -1,0 +1,32 @@
+"""A Spark driver that runs `cec_aggregate` with Trigger.AvailableNow to the end of its input: the process the
+attach kill tests SIGKILL (through CEC_FAULTS=attach.sink.mid_batch:n in its environment).
+
+`python -m tests.spark.attach_driver ARGS.json`; ARGS holds the keyword arguments of `cec_aggregate` that
+are plain data, plus `done`: a file written (atomically) with the run's summary once the query finished.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from operators.spark.attach import cec_aggregate
+from operators.spark.session import local_session
+
+
+def main(argv: list[str]) -> int:
+    args = json.loads(Path(argv[0]).read_text())
+    done = Path(args.pop("done"))
+    spark = local_session("local[2,3]", app_name="cec-attach-driver")
+    query = cec_aggregate(spark, available_now=True, **args)
+    query.awaitTermination()
+    tmp = done.with_name(done.name + ".tmp")
+    tmp.write_text(json.dumps({"batches": query.batches, "resumed": query.recovery.resumed}))
+    tmp.replace(done)
+    spark.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
