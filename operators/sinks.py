@@ -11,6 +11,8 @@ from typing import Any
 from cec.exceptions import CodecError
 from cec.records import AvroCodec, Kind, RecordCodec
 from queuestore.base import QueueStore
+from queuestore.chunks import is_manifest, reassemble
+from queuestore.exceptions import TornRecordError
 
 __all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_results_csv"]
 
@@ -27,10 +29,12 @@ def iter_payloads(
         with store.reader(topic, p) as reader:
             for stored in reader.scan_forward(0):
                 if stored.meta.kind != kind.value:
-                    continue
+                    continue  # other kinds, and parts of chunked values (their manifest is the record)
                 try:
-                    record = codec.decode(stored.value)
-                except CodecError as exc:
+                    value = reassemble(reader, stored) if is_manifest(stored) else stored.value
+                    codec.verify(value, stored.meta)
+                    record = codec.decode(value)
+                except (CodecError, TornRecordError) as exc:
                     raise CodecError(f"{topic}[{p}] offset {stored.offset}: {exc}") from None
                 assert record.payload is not None
                 yield payloads.decode(record.payload)

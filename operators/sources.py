@@ -14,6 +14,8 @@ from cec.exceptions import CodecError, ConfigError
 from cec.records import AvroCodec, Kind, RecordCodec
 from operators.base import InputTuple
 from queuestore.base import PartitionReader, QueueStore
+from queuestore.chunks import PART_KIND, is_manifest, reassemble
+from queuestore.exceptions import TornRecordError
 
 __all__ = ["PURCHASE_SCHEMA", "CsvSource", "InputSource", "PurchaseGenerator", "QueueSource"]
 
@@ -258,15 +260,24 @@ class QueueSource(InputSource):
             for rec in reader.read_forward(self._next[j], share):
                 self._next[j] = rec.offset + 1
                 kind = rec.meta.kind
-                if kind != Kind.R.value:
-                    try:  # a control tuple is skipped by its kind only once the checksum vouches for it
-                        self._codec.verify(rec.value, rec.meta)
-                    except CodecError as exc:
+                if kind == PART_KIND:
+                    continue  # a part of a chunked value: its manifest, which follows, is the record
+                value = rec.value
+                if is_manifest(rec):
+                    try:
+                        value = reassemble(reader, rec)
+                    except TornRecordError as exc:
                         out.append(InputTuple(j, rec.offset, None, f"corrupt upstream record: {exc}"))
                         continue
                 if kind == Kind.R.value:
-                    out.append(self._decode(j, rec.offset, rec.value))
-                elif kind == Kind.EOS.value:
+                    out.append(self._decode(j, rec.offset, value))
+                    continue
+                try:  # a control tuple is skipped by its kind only once the checksum vouches for it
+                    self._codec.verify(value, rec.meta)
+                except CodecError as exc:
+                    out.append(InputTuple(j, rec.offset, None, f"corrupt upstream record: {exc}"))
+                    continue
+                if kind == Kind.EOS.value:
                     self._ended[j] = True
                     break
         if not out and all(self._ended):

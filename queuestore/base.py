@@ -180,6 +180,10 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def reader(self, topic: str, partition: int) -> PartitionReader: ...
 
+    def value_limit(self, meta: RecordMeta) -> int:
+        """The largest value a record with this meta may carry (larger ones go in parts, see chunks)."""
+        return self.max_record_bytes
+
     def index_path(self, topic: str, partition: int) -> Path:
         """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""
         return self.state_dir / "index" / f"{topic}.{partition}.rocksdb"

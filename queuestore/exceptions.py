@@ -9,6 +9,7 @@ __all__ = [
     "RecordTooLargeError",
     "StoreClosedError",
     "TopicMismatchError",
+    "TornRecordError",
     "UnknownTopicError",
 ]
 
@@ -39,3 +40,7 @@ class StoreClosedError(QueueStoreError):
 
 class IndexError_(QueueStoreError):
     """The stream index is unusable (corrupt, or does not belong to this partition)."""
+
+
+class TornRecordError(QueueStoreError):
+    """A value written in parts (larger than a record may be) whose parts are missing or damaged."""

@@ -24,11 +24,17 @@ def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> d
 def open_store(spec: dict[str, Any]) -> QueueStore:
     kind = spec.get("type")
     if kind == "sqlite":
-        return SqliteQueueStore(spec["root"], fsync=bool(spec.get("fsync", False)))
+        sqlite = SqliteQueueStore(spec["root"], fsync=bool(spec.get("fsync", False)))
+        if spec.get("max_record_bytes"):
+            sqlite.max_record_bytes = int(spec["max_record_bytes"])
+        return sqlite
     if kind == "kafka":
         from queuestore.kafka import KafkaQueueStore  # optional backend: imported only when used
 
-        return KafkaQueueStore(
+        kafka = KafkaQueueStore(
             spec["bootstrap_servers"], Path(spec["state_dir"]), config=dict(spec.get("config") or {})
         )
+        if spec.get("max_record_bytes"):  # lower than the broker's limit only (tests of chunked values)
+            kafka.max_record_bytes = min(kafka.max_record_bytes, int(spec["max_record_bytes"]))
+        return kafka
     raise QueueStoreError(f"unknown store type {kind!r}")

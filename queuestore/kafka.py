@@ -358,6 +358,10 @@ class KafkaQueueStore(QueueStore):
                 )
             time.sleep(0.05)  # pacing of a bounded metadata poll, not a wait for correctness
 
+    def value_limit(self, meta: RecordMeta) -> int:
+        # The window key travels twice beside the value (message key and header), plus the other headers.
+        return self.max_record_bytes - _HEADER_OVERHEAD - 2 * len((meta.key or "").encode())
+
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
         if partitions < 1:
             raise ValueError(f"partitions must be >= 1, got {partitions}")
@@ -536,9 +540,11 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._live_producer()
         if self._failure is not None:
             raise QueueStoreError("writer failed earlier; recover from the log") from self._failure
-        if len(value) + _HEADER_OVERHEAD + len(meta.key or "") > self._max_record_bytes:
+        limit = self._store.value_limit(meta)
+        if len(value) > limit:
             raise RecordTooLargeError(
-                f"record of {len(value)} bytes exceeds max_record_bytes={self._max_record_bytes}; chunk it"
+                f"record of {len(value)} bytes exceeds the {limit} bytes a record with this key may carry "
+                f"(max_record_bytes={self._max_record_bytes}); write it through OutputQueue, which chunks it"
             )
         # Bounded outstanding: serve completions (running callbacks here, in the caller's thread) until
         # there is room, so memory stays bounded when the broker is slower than the operator.

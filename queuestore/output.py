@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from queuestore import faults
 from queuestore.base import PartitionWriter, QueueStore, RecordMeta
+from queuestore.chunks import split
 from queuestore.index import StreamIndex
 
 __all__ = ["OutputQueue"]
@@ -55,7 +57,15 @@ class OutputQueue:
         return done
 
     def append(self, value: bytes, meta: RecordMeta) -> None:
-        self.writer.append(value, meta, self._on_durable(meta))
+        """Append a record; one larger than the store takes is written as parts plus a manifest
+        (`queuestore.chunks`), all-or-nothing for readers."""
+        limit = self.store.value_limit(meta)
+        if len(value) <= limit:
+            self.writer.append(value, meta, self._on_durable(meta))
+            return
+        for part_value, part_meta in split(value, meta, limit):
+            self.writer.append(part_value, part_meta, self._on_durable(part_meta))
+            faults.hit("chunks.between_parts")
 
     def poll(self, timeout: float = 0.0) -> int:
         served = self.writer.poll(timeout)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from cec.exceptions import CodecError
 from cec.records import FOOTPRINT_KINDS, Kind, OutputRecord, RecordCodec
 from queuestore.base import PartitionReader, StoredRecord
+from queuestore.chunks import PART_KIND, is_manifest, reassemble
+from queuestore.exceptions import TornRecordError
 from recovery.exceptions import RecoveryError
 
 __all__ = ["ECFootprint", "EventualCheckpoint", "EventualCheckpointBuilder"]
@@ -83,12 +85,19 @@ class EventualCheckpointBuilder:
         self.chunk = chunk
         self.progress = progress  # (records read, windows found, N)
 
-    def _intact(self, stored: StoredRecord) -> bool:
+    def _whole(self, stored: StoredRecord) -> StoredRecord | None:
+        """The record with its whole value (a manifest's parts joined, see queuestore.chunks), or None if
+        it fails its checksum or its parts are missing or damaged."""
+        if is_manifest(stored):
+            try:
+                stored = stored._replace(value=reassemble(self.reader, stored))
+            except TornRecordError:
+                return None
         try:
             self.codec.verify(stored.value, stored.meta)
         except CodecError:
-            return False
-        return True
+            return None
+        return stored
 
     def _damaged(self, stored: StoredRecord, corrupt: list[int], where: str) -> None:
         # Only a damaged footprint can be passed over: its window falls back to an older footprint. The
@@ -112,8 +121,11 @@ class EventualCheckpointBuilder:
         newest_offset = -1
         for stored in scan:
             records_read += 1
-            if self._intact(stored):
-                newest, newest_offset = self.codec.decode(stored.value), stored.offset
+            if stored.meta.kind == PART_KIND:
+                continue  # a part of a chunked value, not a record (or the orphan of a torn write)
+            whole = self._whole(stored)
+            if whole is not None:
+                newest, newest_offset = self.codec.decode(whole.value), stored.offset
                 break
             self._damaged(stored, corrupt, "at the end of the log, so the crash point is unknown")
         if newest is None:
@@ -141,16 +153,19 @@ class EventualCheckpointBuilder:
         if len(windows) < n:
             for stored in scan:
                 records_read += 1
-                if not self._intact(stored):
+                meta = stored.meta
+                if meta.kind == PART_KIND:
+                    continue
+                whole = self._whole(stored)
+                if whole is None:
                     self._damaged(stored, corrupt, "inside the extent")
                     continue
-                meta = stored.meta
                 if meta.key is not None:
                     wid = (meta.key, meta.seq)
                     if meta.kind == "R":
                         closed.add(wid)
                     elif meta.kind in _FOOTPRINT_CODES and meta.key not in windows and wid not in closed:
-                        windows[meta.key] = ECFootprint(stored.offset, meta.key, stored.value, self.codec)
+                        windows[meta.key] = ECFootprint(stored.offset, meta.key, whole.value, self.codec)
                         extent_start = stored.offset
                         if len(windows) >= n:
                             break
