@@ -192,3 +192,14 @@ def test_inspect_shows_the_eventual_checkpoint(tmp_path: Path) -> None:
     assert "finished (EOS)" in shown.stdout and "eventual checkpoint:" in shown.stdout
     unknown = cec("inspect", "no-such-topic", "--store-dir", str(store))
     assert unknown.returncode == 2 and "no topic 'no-such-topic'" in unknown.stderr
+
+
+def test_demo_against_kafka_recovers_exactly(tmp_path: Path, kafka_broker: object) -> None:
+    """`cec demo --bootstrap-servers`: the queues on a Kafka-protocol broker, a real kill, exact output."""
+    bootstrap = kafka_broker.bootstrap  # type: ignore[attr-defined]
+    out = cec("demo", "--engine", "local", "--input", "20000", "--keys", "500", "--quiet",
+              "--bootstrap-servers", bootstrap, "--store-dir", str(tmp_path))  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"queue store: kafka ({bootstrap})" in out.stdout
+    assert "SIGKILLed the aggregate process" in out.stdout
+    assert "verdict:               PASS" in out.stdout
