@@ -637,6 +637,9 @@ class KafkaPartitionReader(PartitionReader):
         self._consumer: Consumer | None = Consumer(store._consumer_config(f"reader-{topic}-{partition}"))
         # Lowest offset known to be <= the end: a seek hint for end_offset, never an answer.
         self._known_end = 0
+        # Where the consumer stands after a read that kept it assigned, and what it drained beyond it.
+        self._cursor: int | None = None
+        self._backlog: list[Message] = []
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
@@ -666,36 +669,38 @@ class KafkaPartitionReader(PartitionReader):
     def _read(
         self, start: int, *, want: int | None, stop_before: int | None, collect: bool = True
     ) -> _ReadResult:
-        """Consume from `start` until `want` records, an offset >= `stop_before`, or the EOF event."""
+        """Consume from `start` until `want` records, an offset >= `stop_before`, or the EOF event.
+
+        A read that ends because it has `want` records keeps the consumer assigned, and the messages it
+        drained but did not return: a next read starting right after it (a sequential reader such as an
+        operator's queue source) continues from there instead of re-assigning, which would drop the
+        prefetched data and wait for a new fetch (held for fetch.wait.max.ms on some brokers).
+        """
         consumer = self._live_consumer()
-        consumer.assign([TopicPartition(self.topic, self.partition, start)])
+        backlog: list[Message] = []
+        if self._cursor == start:
+            backlog = self._backlog
+        else:
+            consumer.assign([TopicPartition(self.topic, self.partition, start)])
+        self._cursor, self._backlog = None, []
+        keep_assigned = False
         result = _ReadResult()
         last_progress = time.monotonic()
         drain = 10_000 if want is None else min(want, 10_000)
         try:
             while True:
-                first = consumer.poll(0.1)
-                now = time.monotonic()
-                if first is None:
-                    idle = now - last_progress
-                    if (
-                        not result.records
-                        and idle >= self.beyond_end_suspicion
-                        and self._past_end(consumer, start)
-                    ):
-                        result.beyond_end = True
+                if backlog:
+                    batch, backlog = backlog, []
+                    last_progress = time.monotonic()
+                else:
+                    fetched = self._fetch(consumer, start, result, last_progress, drain)
+                    if fetched is None:
                         return result
-                    if idle >= self._stall_timeout:
-                        raise QueueStoreError(
-                            f"no data nor end-of-partition from {self.topic}[{self.partition}] at offset "
-                            f"{start} for {self._stall_timeout}s"
-                        )
-                    continue
-                last_progress = now
-                # poll() delivers one message; drain what librdkafka already prefetched without waiting
-                # (consume() with a timeout would wait for the full count).
-                batch = [first, *consumer.consume(drain, 0)]
-                for msg in batch:
+                    if not fetched:
+                        continue
+                    batch = fetched
+                    last_progress = time.monotonic()
+                for index, msg in enumerate(batch):
                     err = msg.error()
                     if err is not None:
                         if err.code() == KafkaError._PARTITION_EOF:
@@ -719,12 +724,36 @@ class KafkaPartitionReader(PartitionReader):
                     if collect:
                         result.records.append(_to_record(msg, offset))
                     if want is not None and len(result.records) >= want:
+                        self._cursor, self._backlog = offset + 1, batch[index + 1 :]
+                        keep_assigned = True
                         return result
                     if stop_before is not None and offset == stop_before - 1:
                         return result
         finally:
-            # Stop fetching in the background between operations (and drop prefetched data).
-            consumer.unassign()
+            if not keep_assigned:
+                # Stop fetching in the background between operations (and drop prefetched data).
+                consumer.unassign()
+
+    def _fetch(
+        self, consumer: Consumer, start: int, result: _ReadResult, last_progress: float, drain: int
+    ) -> list[Message] | None:
+        """The next batch of consumer events: [] when nothing came yet, None when the read must end (the
+        start lies beyond the end, which `result` then says)."""
+        first = consumer.poll(0.1)
+        if first is None:
+            idle = time.monotonic() - last_progress
+            if not result.records and idle >= self.beyond_end_suspicion and self._past_end(consumer, start):
+                result.beyond_end = True
+                return None
+            if idle >= self._stall_timeout:
+                raise QueueStoreError(
+                    f"no data nor end-of-partition from {self.topic}[{self.partition}] at offset "
+                    f"{start} for {self._stall_timeout}s"
+                )
+            return []
+        # poll() delivers one message; drain what librdkafka already prefetched without waiting
+        # (consume() with a timeout would wait for the full count).
+        return [first, *consumer.consume(drain, 0)]
 
     def _past_end(self, consumer: Consumer, start: int) -> bool:
         # The high watermark cached from the latest fetch response: a cheap suspicion only, confirmed by
