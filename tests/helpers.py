@@ -56,6 +56,20 @@ def wait_for(condition: Callable[[], bool], timeout: float = 60.0, interval: flo
         time.sleep(interval)
 
 
+def process_group_gone(pgid: int) -> Callable[[], bool]:
+    """A condition for `wait_for`: every process of group `pgid` has exited (e.g. a killed Spark driver's
+    JVM and Python workers, which exit on their own shortly after the driver)."""
+
+    def gone() -> bool:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    return gone
+
+
 def log_records(store: QueueStore, topic: str, partition: int = 0) -> list[Any]:
     codec = RecordCodec()
     with store.reader(topic, partition) as reader:

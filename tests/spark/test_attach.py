@@ -20,7 +20,6 @@ import subprocess
 import sys
 import uuid
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,7 +40,7 @@ from operators.spark.attach import (
 from operators.spark.datasource import FORMAT
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
-from tests.helpers import child_env, log_records, wait_for
+from tests.helpers import child_env, log_records, process_group_gone, wait_for
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -319,17 +318,6 @@ def test_exact_after_a_log_cut_between_two_records_of_one_tuple(
 # -- crashes ---------------------------------------------------------------------------------------------
 
 
-def _group_gone(pgid: int) -> Callable[[], bool]:
-    def gone() -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    return gone
-
-
 def _killed_driver(args: dict[str, Any], work: Path, hit: int) -> None:
     """Run the driver script in a child process that SIGKILLs itself at the `hit`-th pass of the sink's
     mid-batch fault site, i.e. with half of one partition's micro-batch durable in its log."""
@@ -352,9 +340,9 @@ def _killed_driver(args: dict[str, Any], work: Path, hit: int) -> None:
         )
         assert not done.exists()
         # The JVM exits when its stdin (the dead driver) closes, and takes its Python workers with it.
-        wait_for(_group_gone(child.pid), timeout=30, interval=0.05)
+        wait_for(process_group_gone(child.pid), timeout=30, interval=0.05)
     finally:
-        if child.poll() is None or not _group_gone(child.pid)():
+        if child.poll() is None or not process_group_gone(child.pid)():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
 

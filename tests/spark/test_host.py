@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,7 +26,7 @@ from cec.records import Kind
 from operators.sources import PurchaseGenerator
 from operators.spark.host import SparkOperatorHost, pid_file_name
 from queuestore.sqlite import SqliteQueueStore
-from tests.helpers import child_env, log_records, per_key, results, wait_for
+from tests.helpers import child_env, log_records, per_key, process_group_gone, results, wait_for
 from tests.spark.pipelines import AGGREGATED, FILTERED, filter_aggregate, run_reference
 
 if TYPE_CHECKING:
@@ -152,17 +151,6 @@ def test_exhausted_task_attempts_resubmit_the_job(spark: SparkSession, tmp_path:
     assert result.instance(1, 1).job_attempt == 2
 
 
-def _group_gone(pgid: int) -> Callable[[], bool]:
-    def gone() -> bool:
-        try:
-            os.killpg(pgid, 0)
-        except ProcessLookupError:
-            return True
-        return False
-
-    return gone
-
-
 def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
     root, pid_dir, out = tmp_path / "run", tmp_path / "pids", tmp_path / "result.json"
     pid_dir.mkdir()
@@ -188,9 +176,9 @@ def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
         # The driver's JVM exits when its stdin (the dead driver) closes, and takes its workers with it.
-        wait_for(_group_gone(first.pid), timeout=30, interval=0.05)
+        wait_for(process_group_gone(first.pid), timeout=30, interval=0.05)
     finally:
-        if first.poll() is None or not _group_gone(first.pid)():
+        if first.poll() is None or not process_group_gone(first.pid)():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(first.pid, signal.SIGKILL)
         assert first.stderr is not None
