@@ -30,6 +30,8 @@ from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
 from operators.job import JobSpec, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from queuestore.base import PartitionReader
+from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
 from recovery.eventual import EventualCheckpointBuilder
@@ -107,19 +109,39 @@ def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], ti
     raise CecError("timed out waiting for the operator to make progress")
 
 
-def _log_input_position(store_cfg: dict[str, Any], topic: str) -> int:
-    """Input tuples the operator has durably accounted for: sum of `pos` of its newest record."""
-    store = open_store(store_cfg)
-    try:
-        if not store.topic_exists(topic):
-            return 0
-        with store.reader(topic, 0) as reader:
-            newest = reader.read_backward(reader.end_offset(), 1)
-            if not newest:
+def _policy(args: argparse.Namespace) -> dict[str, Any]:
+    """The checkpoint-policy fields of a JobSpec, from the --Q/--U/--ci-ms/--cp-ms flags."""
+    return {"q_target": args.Q, "u_target": args.U, "ci_ms": args.ci_ms, "cp_ms": args.cp_ms}
+
+
+class _LogProgress:
+    """How far an operator has durably got: the sum of `pos` of the newest record in its log.
+
+    Polled every few milliseconds while waiting for the moment to crash it, so it keeps one store and one
+    reader open instead of opening them (on Kafka: a consumer and a scan to EOF) at every poll.
+    """
+
+    def __init__(self, store_cfg: dict[str, Any], topic: str) -> None:
+        self._store = open_store(store_cfg)
+        self._topic = topic
+        self._reader: PartitionReader | None = None
+        self._codec = RecordCodec()
+        self._last = 0
+
+    def __call__(self) -> int:
+        if self._reader is None:
+            if not self._store.topic_exists(self._topic):
                 return 0
-            return sum(RecordCodec().decode(newest[0].value).pos)
-    finally:
-        store.close()
+            self._reader = self._store.reader(self._topic, 0)
+        newest = self._reader.read_backward(self._reader.end_offset(), 1)
+        if newest and newest[0].meta.kind != PART_KIND:  # a part's manifest is not written yet: no news
+            self._last = sum(self._codec.decode(newest[0].value).pos)
+        return self._last
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+        self._store.close()
 
 
 # -- cec demo ---------------------------------------------------------------------------------------------
@@ -161,11 +183,8 @@ def _demo_specs(
         store=store_cfg,
         output_topic=aggregated,
         output_partitions=args.partitions,
-        q_target=args.Q,
-        u_target=args.U,
-        ci_ms=args.ci_ms,
-        cp_ms=args.cp_ms,
         batch_size=args.batch,
+        **_policy(args),
         progress=not args.quiet,
         stats_path=str(root / f".{tag}.aggregate.stats.json"),
     )
@@ -184,13 +203,16 @@ def _run_pipeline_local(
     stats_path = Path(agg_spec.stats_path or "")
     filter_proc = _worker(filter_spec, root / "filter.json")
     agg_proc = _worker(agg_spec, root / "aggregate.json")
-    crashed = _wait_until(
-        lambda: _log_input_position(store_cfg, agg_spec.output_topic) >= crash_at, agg_proc, args.timeout
-    )
+    progress = _LogProgress(store_cfg, agg_spec.output_topic)
+    try:
+        crashed = _wait_until(lambda: progress() >= crash_at, agg_proc, args.timeout)
+        if crashed:
+            agg_proc.send_signal(signal.SIGKILL)
+            _wait(agg_proc, "aggregate")
+            killed_at = progress()
+    finally:
+        progress.close()
     if crashed:
-        agg_proc.send_signal(signal.SIGKILL)
-        _wait(agg_proc, "aggregate")
-        killed_at = _log_input_position(store_cfg, agg_spec.output_topic)
         _say(
             f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering"
         )
@@ -232,13 +254,17 @@ def _run_pipeline_spark(
     done = threading.Event()
 
     def killer() -> None:
-        while not done.is_set():
-            if pid_file.exists() and _log_input_position(store_cfg, agg_spec.output_topic) >= target:
-                pid = int(pid_file.read_text())
-                os.kill(pid, signal.SIGKILL)
-                killed.append((pid, _log_input_position(store_cfg, agg_spec.output_topic)))
-                return
-            done.wait(0.01)
+        progress = _LogProgress(store_cfg, agg_spec.output_topic)
+        try:
+            while not done.is_set():
+                if pid_file.exists() and progress() >= target:
+                    pid = int(pid_file.read_text())
+                    os.kill(pid, signal.SIGKILL)
+                    killed.append((pid, progress()))
+                    return
+                done.wait(0.01)
+        finally:
+            progress.close()
 
     thread = threading.Thread(target=killer, daemon=True)
     thread.start()
@@ -390,11 +416,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             source={"type": "csv", "path": str(input_path.resolve())},
             store=store_cfg,
             output_topic=topic,
-            q_target=args.Q,
-            u_target=args.U,
-            ci_ms=args.ci_ms,
-            cp_ms=args.cp_ms,
             progress=args.progress,
+            **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
         )
         recovery: dict[str, Any] | None = None

@@ -32,8 +32,9 @@ def iter_payloads(
                     continue  # other kinds, and parts of chunked values (their manifest is the record)
                 try:
                     value = reassemble(reader, stored) if is_manifest(stored) else stored.value
-                    codec.verify(value, stored.meta)
-                    record = codec.decode(value)
+                    record = codec.decode(value)  # checks the CRC over the body and its own metadata
+                    if record.meta() != stored.meta:  # ...which must be what the store kept beside it
+                        raise CodecError("the metadata kept beside the record does not match it")
                 except (CodecError, TornRecordError) as exc:
                     raise CodecError(f"{topic}[{p}] offset {stored.offset}: {exc}") from None
                 assert record.payload is not None
