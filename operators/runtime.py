@@ -303,6 +303,7 @@ class OperatorRuntime:
                         key = None
                 assert self.stats.recovery is not None
                 self.stats.recovery.tuples_replayed += 1
+                faults.hit("runtime.replaying")
                 if plan.fate(j, o, key) is TupleFate.SKIP:
                     self.stats.recovery.tuples_skipped += 1
                     return
