@@ -30,7 +30,7 @@ def _spec(store: dict[str, object], partitions: int, topic: str) -> JobSpec:
         },
         source={
             "type": "generator",
-            "count": 6000,
+            "count": 100_000,
             "keys": 300,
             "seed": 5,
             "partitions": partitions,
