@@ -33,6 +33,12 @@ than t_c and stay in the extent, and produce nothing.
 Invariant kept: `pos` never decreases along the log, component-wise, across any number of crashes, so
 every prefix of the log, including one cut inside a recovering run, yields an exact recovery.
 
+N while replaying: a record carries the number of windows open at it, counting every EC window as open
+from the start of the replay (each was open at t_c, and a tuple below t_c can neither close it, whose R
+would then be in the log, nor open another), plus the windows opened and minus those closed by tuples
+past the crash point. So the next recovery, reading back from any record, finds exactly N footprints: the
+EC windows' own (older than t_c, still in the extent) and those written since.
+
 Claiming a tuple: a tuple can produce several records (a time window's R, then the next window's
 G-open). Only its last record claims it (pos[j] = o + 1); the ones before carry pos[j] = o. Had the R
 claimed the tuple and the log ended between the two, recovery would skip the tuple as belonging to a
