@@ -126,8 +126,8 @@ class RecoveryTimePolicy(CheckpointPolicy):
     the remaining time can read. Holding U takes at most N/U G-checks per input tuple, i.e. a duty of
     g * N * input_rate / U (g: seconds per G-check); the budget is that times `headroom`, capped at
     MAX_DUTY. G-checks are still made only while u > U or q > Q: the budget is a ceiling, not a spend.
-    If loading the N windows alone takes longer than the target, no U can meet it: `problem()` says so
-    and U, Q fall to their floor (checkpoint as much as the budget allows).
+    If rebuilding and loading the N windows alone takes longer than the target, no U can meet it:
+    `problem()` says so, and U keeps the replay within the (1 - safety) share of the target.
     """
 
     def __init__(
@@ -169,7 +169,9 @@ class RecoveryTimePolicy(CheckpointPolicy):
                 f"{n:,} open windows alone takes about {fixed:.2f} s at the measured rates "
                 f"({rates.ec_build_rate:,.0f} records/s EC build, {rates.ec_load_rate:,.0f} windows/s EC load)"
             )
-            u = self.min_u
+            # Best effort: the fixed part cannot shrink, so keep what replay adds to it small (the share
+            # of the target the safety margin leaves) rather than spend the whole budget on G-checks.
+            u = max(self.min_u, int((1.0 - self.safety) * self.target_s / per_u))
         else:
             self._problem = None
             u = max(self.min_u, int((allowed - fixed) / per_u))
