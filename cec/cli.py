@@ -346,7 +346,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         )
         checkpointing = _checkpointing(args)
         policy_line = (
-            f"  policy: Q={checkpointing.q_target} U={checkpointing.u_target} CI={args.ci_ms} ms CP={args.cp_ms} ms"
+            f"  policy: Q={checkpointing.q_target} U={checkpointing.u_target} "
+            f"CI={args.ci_ms} ms CP={args.cp_ms} ms"
         )
         if checkpointing.recovery_target is not None:
             policy_line += f" recovery target={checkpointing.recovery_target:g} s"
