@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.exceptions import CodecError
 from cec.records import Kind
 from operators.job import JobSpec, run_job
@@ -53,9 +54,8 @@ def _spec(
         },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=q,
-        ci_ms=10.0,
-        cp_ms=10.0,  # always in a checkpoint slot: G-checks as often as the policy asks
+        # CI = CP: no budget limit, G-checks as often as the policy asks
+        checkpointing=Checkpointing(q_target=q, ci_ms=10.0, cp_ms=10.0),
         batch_size=1,
     )
 
