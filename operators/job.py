@@ -26,6 +26,7 @@ from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
+from recovery.identity import bind_log
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -176,7 +177,8 @@ def run_job(
     lock_wait_s: float = 0.0,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
-    `stop()` / `max_inputs`, see `OperatorRuntime.run`)."""
+    `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
+    is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written."""
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
@@ -189,6 +191,17 @@ def run_job(
             source.close()
             raise
         try:
+            # Before recovery reads the log: a log only resumes against the input it was built from.
+            recorded = bind_log(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                log_end=output.index.next_offset,
+                input_identity=source.identity(),
+                operator=spec.operator,
+                pinned=source.pinned_fields,
+            )
+            source.pin(recorded)
             runtime = OperatorRuntime(
                 operator,
                 source,
