@@ -32,7 +32,7 @@ from typing import Any
 from queuestore.base import QueueStore
 from recovery.exceptions import InputMismatchError
 
-__all__ = ["ATTACHMENT", "FORMAT", "bind_log", "canonical", "differences", "store_name"]
+__all__ = ["ATTACHMENT", "FORMAT", "bind_log", "canonical", "check_log", "differences", "store_name"]
 
 ATTACHMENT = "input"
 FORMAT = 1
@@ -80,7 +80,7 @@ def _fresh(topic: str) -> str:
     return f"to start fresh, use a new --store-dir or delete topic {topic!r}"
 
 
-def bind_log(
+def check_log(
     store: QueueStore,
     topic: str,
     partition: int,
@@ -89,22 +89,28 @@ def bind_log(
     input_identity: Mapping[str, Any],
     operator: Mapping[str, Any] | None = None,
     pinned: Sequence[str] = (),
-) -> dict[str, Any]:
-    """Record the identity of the input (and operator) a log is built from, or check it on resume.
-
-    `log_end` is the log's length now; the caller holds the partition's writer lock, so no record can be
-    appended concurrently. Returns the input identity the run goes by: the current one for a log that
-    starts now, the recorded one (whose `pinned` fields the source must adopt) for a log being resumed.
-    Raises `InputMismatchError` when the log was built from something else.
-    """
+) -> dict[str, Any] | None:
+    """The read-only half of `bind_log`: raises `InputMismatchError` if a non-empty log was built from
+    another input or operator; returns the recorded input identity, or None for an empty log (which
+    belongs to no input yet). Hosts that can look before they start anything (a Spark driver, before its
+    tasks) call it to fail once and clearly instead of in every task attempt."""
     current = {"format": FORMAT, "input": canonical(input_identity), "operator": canonical(operator)}
-    where = f"{topic}[{partition}] in {store_name(store)}"
-    raw = store.read_attachment(topic, partition, ATTACHMENT)
     if log_end == 0:
-        encoded = json.dumps(current, sort_keys=True).encode()
-        if raw != encoded:  # durable before the first record can be appended
-            store.write_attachment(topic, partition, ATTACHMENT, encoded)
-        return dict(current["input"])
+        return None
+    raw = store.read_attachment(topic, partition, ATTACHMENT)
+    return _check(store, topic, partition, log_end, raw, current, pinned)
+
+
+def _check(
+    store: QueueStore,
+    topic: str,
+    partition: int,
+    log_end: int,
+    raw: bytes | None,
+    current: dict[str, Any],
+    pinned: Sequence[str],
+) -> dict[str, Any]:
+    where = f"{topic}[{partition}] in {store_name(store)}"
     if raw is None:
         raise InputMismatchError(
             f"{where} has {log_end:,} records but no record of the input it was built from "
@@ -131,3 +137,30 @@ def bind_log(
         shown = (diff_input + diff_operator)[:_SHOWN_DIFFERENCES]
         raise InputMismatchError(f"{where} was built from {what} ({'; '.join(shown)}); {_fresh(topic)}")
     return dict(recorded["input"])
+
+
+def bind_log(
+    store: QueueStore,
+    topic: str,
+    partition: int,
+    *,
+    log_end: int,
+    input_identity: Mapping[str, Any],
+    operator: Mapping[str, Any] | None = None,
+    pinned: Sequence[str] = (),
+) -> dict[str, Any]:
+    """Record the identity of the input (and operator) a log is built from, or check it on resume.
+
+    `log_end` is the log's length now; the caller holds the partition's writer lock, so no record can be
+    appended concurrently. Returns the input identity the run goes by: the current one for a log that
+    starts now, the recorded one (whose `pinned` fields the source must adopt) for a log being resumed.
+    Raises `InputMismatchError` when the log was built from something else.
+    """
+    current = {"format": FORMAT, "input": canonical(input_identity), "operator": canonical(operator)}
+    raw = store.read_attachment(topic, partition, ATTACHMENT)
+    if log_end == 0:
+        encoded = json.dumps(current, sort_keys=True).encode()
+        if raw != encoded:  # durable before the first record can be appended
+            store.write_attachment(topic, partition, ATTACHMENT, encoded)
+        return dict(current["input"])
+    return _check(store, topic, partition, log_end, raw, current, pinned)

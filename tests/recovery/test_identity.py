@@ -16,7 +16,7 @@ from operators.sources import CsvSource, InputChangedError, InputSource, Purchas
 from queuestore.base import QueueStore
 from queuestore.sqlite import SqliteQueueStore
 from recovery.exceptions import InputMismatchError
-from recovery.identity import ATTACHMENT, bind_log, differences
+from recovery.identity import ATTACHMENT, bind_log, check_log, differences
 from tests.conftest import StoreBackend
 from tests.helpers import results
 
@@ -289,3 +289,14 @@ def test_a_queue_job_refuses_a_swapped_input_topic(store_backend: StoreBackend) 
     run_job(job(up_a))  # the right input resumes
     run_job(job(up_a))  # and a finished log stays finished
     assert len(results(store_backend(), out)) > len(before)
+
+
+def test_check_log_only_looks(sqlite_store: SqliteQueueStore) -> None:
+    sqlite_store.create_topic("out", 1)
+    ident = {"type": "csv", "sha256": "aa"}
+    assert check_log(sqlite_store, "out", 0, log_end=0, input_identity=ident) is None
+    assert sqlite_store.read_attachment("out", 0, ATTACHMENT) is None  # nothing recorded
+    bind_log(sqlite_store, "out", 0, log_end=0, input_identity=ident)
+    assert check_log(sqlite_store, "out", 0, log_end=2, input_identity=ident) == ident
+    with pytest.raises(InputMismatchError):
+        check_log(sqlite_store, "out", 0, log_end=2, input_identity={"type": "csv", "sha256": "bb"})
