@@ -31,6 +31,8 @@ from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
 from operators.job import JobSpec, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from operators.sources import CsvSource
+from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
@@ -72,8 +74,14 @@ def _worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subpro
     return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path)], env=env)
 
 
+class _AlreadyReported(CecError):
+    """A child process already printed the one-line error; the CLI only exits with its code."""
+
+
 def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
     rc = proc.wait()
+    if rc == REPORTED_ERROR_EXIT:
+        raise _AlreadyReported(what)
     if rc not in (0, -signal.SIGKILL):
         raise CecError(f"{what} failed with exit code {rc}")
     return rc
@@ -439,6 +447,45 @@ def _check_columns(path: Path, columns: list[str]) -> None:
         )
 
 
+_RUN_TOPICS = "cec-run-topics.json"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
+    """The output topic of `cec run` over `input_path` with `operator`, in the store at `root`.
+
+    Named after the operator and the input's *content*, so that different inputs never share a topic
+    (on Kafka topics outlive any store dir). A store dir remembers which topic it used for an operator
+    over a file path: run again with the same --store-dir after the file was edited, and the job resumes
+    that topic's log, whose recorded input identity refuses the new content with a clear error
+    (`recovery.identity`), instead of silently starting another log beside it.
+    """
+    source = CsvSource(input_path)
+    try:
+        content = source.identity()
+    finally:
+        source.close()
+    job = _digest([operator, str(input_path.resolve())])
+    memory = root / _RUN_TOPICS
+    try:
+        known: dict[str, str] = json.loads(memory.read_text())
+    except FileNotFoundError:
+        known = {}
+    except ValueError:
+        raise ConfigError(f"{memory} is damaged; use a new --store-dir") from None
+    topic = known.get(job)
+    if topic is None:
+        topic = f"run-{_digest([operator, content])}"
+        known[job] = topic
+        tmp = memory.with_name(f".{memory.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, sort_keys=True))
+        tmp.replace(memory)
+    return topic
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     input_path = Path(args.input)
     if not input_path.is_file():
@@ -461,13 +508,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
-        # A store dir holds the log of one job: refuse to resume a different one from it.
-        fingerprint = hashlib.sha256(
-            json.dumps(
-                [operator, str(input_path.resolve()), input_path.stat().st_size], sort_keys=True
-            ).encode()
-        ).hexdigest()[:16]
-        topic = f"run-{fingerprint}"
+        topic = _run_topic(root, operator, input_path)
         spec = JobSpec(
             operator=operator,
             source={"type": "csv", "path": str(input_path.resolve())},
@@ -654,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
         args.partitions = 2 if args.engine == "spark" else 1
     try:
         return int(args.func(args))
+    except _AlreadyReported:
+        return REPORTED_ERROR_EXIT
     except (CecError, QueueStoreError, RecoveryError) as exc:
         print(f"cec: error: {exc}", file=sys.stderr)
         return 2

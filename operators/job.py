@@ -28,6 +28,7 @@ from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
+from recovery.identity import bind_log, check_log
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -35,6 +36,7 @@ __all__ = [
     "JobSpec",
     "build_operator",
     "build_source",
+    "check_input",
     "instance_spec",
     "open_output",
     "run_job",
@@ -174,6 +176,35 @@ def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: f
             time.sleep(_LOCK_POLL_S)
 
 
+def check_input(spec: JobSpec) -> None:
+    """Raise `InputMismatchError` now if the instance's log exists, is not empty and was built from another
+    input than the spec's: the check `run_job` makes, for a host that can look before it starts tasks
+    (the Spark driver) and would otherwise see every task attempt fail the same way. Read-only."""
+    store = open_store(spec.store)
+    try:
+        if not store.topic_exists(spec.output_topic):
+            return
+        with store.reader(spec.output_topic, spec.output_partition) as reader:
+            log_end = reader.end_offset()
+        if log_end == 0:
+            return
+        source = build_source(spec.source, store)
+        try:
+            check_log(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                log_end=log_end,
+                input_identity=source.identity(),
+                operator=spec.operator,
+                pinned=source.pinned_fields,
+            )
+        finally:
+            source.close()
+    finally:
+        store.close()
+
+
 def run_job(
     spec: JobSpec,
     *,
@@ -182,7 +213,8 @@ def run_job(
     lock_wait_s: float = 0.0,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
-    `stop()` / `max_inputs`, see `OperatorRuntime.run`)."""
+    `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
+    is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written."""
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
@@ -195,6 +227,17 @@ def run_job(
             source.close()
             raise
         try:
+            # Before recovery reads the log: a log only resumes against the input it was built from.
+            recorded = bind_log(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                log_end=output.index.next_offset,
+                input_identity=source.identity(),
+                operator=spec.operator,
+                pinned=source.pinned_fields,
+            )
+            source.pin(recorded)
             runtime = OperatorRuntime(
                 operator,
                 source,

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from operators.job import JobSpec, build_operator, instance_spec, run_job, source_partitions
+from operators.job import JobSpec, build_operator, check_input, instance_spec, run_job, source_partitions
 from operators.runtime import RunStats
 from operators.spark.session import task_max_failures
 from queuestore.factory import open_store
@@ -232,7 +232,8 @@ class SparkOperatorHost:
             build_operator(spec.operator)  # configuration errors surface here, not as failed tasks
 
     def prepare(self) -> None:
-        """Create every stage's output topic (P partitions) and check that every input has P partitions.
+        """Create every stage's output topic (P partitions), check that every input has P partitions and
+        that no instance's log was built from another input (`operators.job.check_input`).
 
         Done on the driver before any task starts, so that a downstream instance finds its upstream's topic
         even when it starts first.
@@ -253,6 +254,11 @@ class SparkOperatorHost:
                 store.close()
             if n != self.partitions:
                 raise ConfigError(f"stage {i} reads {n} input partitions, the pipeline has {self.partitions}")
+        for (
+            spec
+        ) in self.pipeline:  # a log built from another input fails here once, not in every task attempt
+            for p in range(self.partitions):
+                check_input(instance_spec(spec, p))
 
     def _groups(self) -> list[tuple[str, list[int]]]:
         if self.mode == "chained":
