@@ -316,3 +316,72 @@ def test_json_dumps_of_identity_is_plain_data(kafka_broker: Broker, json_topic: 
     source = _source(kafka_broker, json_topic[0])
     source.close()
     assert json.loads(json.dumps(source.identity()))["topic"] == json_topic[0]
+
+
+def test_csv_and_cec_formats_through_the_job_source_spec(kafka_broker: Broker, tmp_path: Any) -> None:
+    from operators.job import JobSpec, build_source, run_job, source_partitions
+    from operators.sources import PurchaseGenerator
+    from queuestore.sqlite import SqliteQueueStore
+
+    unused_store = SqliteQueueStore(tmp_path / "unused")  # topic sources do not read the job's store
+    try:
+        csv_topic = _topic("purchases-csv")
+        create_topic(kafka_broker.bootstrap, csv_topic, 2)
+        produce(
+            kafka_broker.bootstrap,
+            csv_topic,
+            [(1, b"a", b"a,2.5,7"), (1, b"a", b"a,1"), (0, b"b", b'"b,x",3,8\n')],
+        )
+        spec = {"type": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topic": csv_topic, "format": "csv",
+                "columns": ["item", "price", "ts"], "key_field": "item", "value_field": "price"}  # fmt: skip
+        assert source_partitions(spec, unused_store) == 2
+        source = build_source(spec, unused_store)
+        assert isinstance(source, KafkaTopicSource)
+        try:
+            source.seek([0, 0])
+            got = by_partition(drain(source))
+        finally:
+            source.close()
+        assert got == {
+            0: [(0, {"item": "b,x", "price": "3", "ts": "8"})],
+            1: [(0, {"item": "a", "price": "2.5", "ts": "7"}), (1, "CSV line has 2 fields, expected 3")],
+        }
+
+        # A cec queue written by a cec filter (R payloads, G-open-free stateless output, then EOS).
+        queue = _topic("cec-queue")
+        store = {
+            "type": "kafka",
+            "bootstrap_servers": kafka_broker.bootstrap,
+            "state_dir": str(tmp_path / "kafka"),
+        }
+        run_job(
+            JobSpec(
+                operator={
+                    "type": "filter",
+                    "field": "item_price",
+                    "op": ">",
+                    "value": 0,
+                    "schema": "purchase",
+                },
+                source={"type": "generator", "count": 200, "keys": 20, "bad_every": 4},
+                store=store,
+                output_topic=queue,
+            )
+        )
+        cec_spec = {"type": "topic", "bootstrap_servers": kafka_broker.bootstrap, "topic": queue, "format": "cec",
+                    "schema": "purchase", "state_dir": str(tmp_path / "reader")}  # fmt: skip
+        cec_source = build_source(cec_spec, unused_store)
+        try:
+            cec_source.seek([0])
+            values = []
+            deadline = time.monotonic() + _DEADLINE_S
+            while (batch := cec_source.poll(64)) is not None:
+                assert time.monotonic() < deadline
+                values += [t.value for t in batch]
+        finally:
+            cec_source.close()
+        gen = PurchaseGenerator(200, 20, bad_every=4)
+        want = [gen.tuple_at(0, o) for o in range(200)]
+        assert values == [v for v in want if v["item_price"]] and len(values) < 200
+    finally:
+        unused_store.close()
