@@ -93,3 +93,35 @@ def test_registry_wire_format_through_the_clients_own_test_double() -> None:
         dec.decode(b"\x01" + raw[1:])
     with pytest.raises(DecodeError, match="schema id 424242 is not in the registry"):
         dec.decode(struct.pack(">bI", 0, 424242) + raw[5:])
+
+
+def _one_by_one(dec: Any, raws: list[bytes]) -> list[Any]:
+    out: list[Any] = []
+    for raw in raws:
+        try:
+            out.append(dec.decode(raw))
+        except DecodeError as exc:
+            out.append(exc.reason)
+    return out
+
+
+@pytest.mark.parametrize(
+    "raws",
+    [
+        [b'{"a": 1}', b'{"b": [1, 2]}', b' {"c": "x,y"} '],
+        [b'{"a": 1}', b"[1", b"2]"],  # two halves that would join into one array
+        [b'{"a": 1}', b"1, 2", b'{"b": 2}'],  # a top-level comma inside one value
+        [b'{"a": 1}', b"", b"3"],
+        [b'{"a": 1}', b"\xff", b"null"],
+    ],
+)
+def test_json_batches_decode_exactly_as_one_value_at_a_time(raws: list[bytes]) -> None:
+    dec = JsonDecoder()
+    assert dec.decode_many(raws) == _one_by_one(dec, raws)
+
+
+def test_avro_batches_decode_exactly_as_one_value_at_a_time() -> None:
+    dec = AvroDecoder(SCHEMA)
+    good = avro(SCHEMA, {"item": "a", "price": None, "ts": 3})
+    raws = [good, b"\x02", good + b"\x00", avro(OTHER, {"n": 5}), good]
+    assert dec.decode_many(raws) == _one_by_one(dec, raws)
