@@ -34,6 +34,8 @@ when the source closes.
 from __future__ import annotations
 
 import logging
+import math
+import operator
 import os
 import tempfile
 import time
@@ -293,13 +295,18 @@ class KafkaTopicSource(InputSource):
         self._consumer: Consumer | None = Consumer(_consumer_config(bootstrap_servers, config, group_id))
         self._next = list(self._starts)
         self._ended = [False] * self.partitions
+        self._limits: list[float] = [math.inf] * self.partitions  # see poll
+        self._getter = operator.itemgetter(*self._required_fields())
         self._inject_ts = TIMESTAMP_FIELD in (key_field, value_field, time_field)
         self._inject_key = KEY_FIELD in (key_field, value_field, time_field)
-        self._required = [f for f in (key_field, value_field, time_field) if f]
+        self._required = self._required_fields()
         self._clock = clock
         self._commit_interval_s = commit_interval_s
         self._last_commit = clock()
         self._committed: list[int] | None = None
+
+    def _required_fields(self) -> list[str]:
+        return [f for f in (self.key_field, self.value_field, self.time_field) if f]
 
     def describe(self) -> str:
         mode = "follow" if self._ends is None else f"bounded at {list(self._ends)}"
@@ -331,6 +338,10 @@ class KafkaTopicSource(InputSource):
         self._ended = [
             self._ends is not None and t >= e for t, e in zip(targets, self._ends or targets, strict=True)
         ]
+        self._limits = [
+            -1 if ended else (math.inf if self._ends is None else self._ends[i])
+            for i, ended in enumerate(self._ended)
+        ]
         consumer.assign(
             [
                 TopicPartition(self.topic, g, self._next[i])
@@ -352,6 +363,7 @@ class KafkaTopicSource(InputSource):
 
     def _end_partition(self, local: int) -> None:
         self._ended[local] = True
+        self._limits[local] = -1
         self._live().incremental_unassign([TopicPartition(self.topic, self.global_partitions[local])])
 
     def poll(self, max_records: int) -> list[InputTuple] | None:
@@ -363,65 +375,88 @@ class KafkaTopicSource(InputSource):
         out: list[InputTuple] = []
         if first is not None:
             msgs = [first, *consumer.consume(max(0, max_records - 1), 0)] if max_records > 1 else [first]
-            ends, nxt, local_of, ended = self._ends, self._next, self._local, self._ended
-            kept: list[tuple[int, int, Any]] = []
+            # The hot loop: one pass, parallel lists, no per-record calls beyond the message accessors.
+            # `limits[j]` is the pinned end (or no limit), -1 once partition j ended.
+            limits, nxt, local_of = self._limits, self._next, self._local
+            keep_msgs = self._inject_ts or self._inject_key
+            js: list[int] = []
+            offsets: list[int] = []
+            raws: list[bytes | None] = []
+            kept: list[Any] = []
             for msg in msgs:
-                err = msg.error()
-                if err is not None:
-                    self._on_error(err, msg)
+                if msg.error() is not None:
+                    self._on_error(msg.error(), msg)  # type: ignore[arg-type]
                     continue
                 j = local_of[msg.partition()]  # type: ignore[index]
-                if ended[j]:
-                    continue  # prefetched before the partition ended
                 offset: int = msg.offset()  # type: ignore[assignment]
-                if ends is not None and offset >= ends[j]:
-                    self._end_partition(j)
-                    continue
-                nxt[j] = offset + 1
-                kept.append((j, offset, msg))
-            if kept:
-                out = self._tuples(kept)
-            if ends is not None:
-                for j, end in enumerate(ends):
-                    if not ended[j] and nxt[j] >= end:
+                if offset >= limits[j]:
+                    if limits[j] >= 0:
                         self._end_partition(j)
+                    continue  # past the end, or prefetched before the partition ended
+                nxt[j] = offset + 1
+                js.append(j)
+                offsets.append(offset)
+                raws.append(msg.value())
+                if keep_msgs:
+                    kept.append(msg)
+            if raws:
+                out = self._tuples(js, offsets, raws, kept)
+            for j, limit in enumerate(limits):
+                if 0 <= limit <= nxt[j]:
+                    self._end_partition(j)
         self._maybe_commit()
         if not out and all(self._ended):
             return None
         return out
 
-    def _tuples(self, kept: list[tuple[int, int, Any]]) -> list[InputTuple]:
+    def _tuples(
+        self, js: list[int], offsets: list[int], raws: list[bytes | None], msgs: list[Any]
+    ) -> list[InputTuple]:
         """Decode a batch (one call for the whole batch where the decoder can: `decode_many`) and check
-        the fields the operator needs; the hot path of the source."""
-        raws = [msg.value() for _j, _o, msg in kept]
+        the fields the operator needs."""
         many = getattr(self._decoder, "decode_many", None)
         decoded: list[Any]
         if many is not None and None not in raws:
             decoded = many(raws)
         else:
             decoded = [_decode_one(self._decoder, raw) for raw in raws]
-        inject_ts, inject_key, required = self._inject_ts, self._inject_key, self._required
+        if msgs:
+            decoded = [
+                v if type(v) is str else self._inject(v, m) for v, m in zip(decoded, msgs, strict=True)
+            ]
+        getter, single = self._getter, len(self._required) == 1
+        make = tuple.__new__  # InputTuple's own constructor, minus the default-argument handling
         out: list[InputTuple] = []
         append = out.append
-        for (j, offset, msg), value in zip(kept, decoded, strict=True):
+        for j, offset, value in zip(js, offsets, decoded, strict=True):
             if type(value) is str:
-                append(InputTuple(j, offset, None, value))
+                append(make(InputTuple, (j, offset, None, value)))
                 continue
-            if inject_ts or inject_key:
-                value = dict(value)
-                if inject_ts:
-                    value[TIMESTAMP_FIELD] = msg.timestamp()[1]
-                if inject_key:
-                    key = msg.key()
-                    value[KEY_FIELD] = None if key is None else key.decode("utf-8", "backslashreplace")
-            for name in required:
-                if value.get(name) is None:
-                    what = "null" if name in value else "missing"
-                    append(InputTuple(j, offset, None, f"{what} field {name!r}: {_preview(value)}"))
-                    break
+            try:
+                got = getter(value)
+                bad = got is None if single else None in got
+            except (KeyError, TypeError):
+                bad = True
+            if bad:
+                append(make(InputTuple, (j, offset, None, self._missing(value))))
             else:
-                append(InputTuple(j, offset, value))
+                append(make(InputTuple, (j, offset, value, None)))
         return out
+
+    def _inject(self, value: Mapping[str, Any], msg: Any) -> dict[str, Any]:
+        out = dict(value)
+        if self._inject_ts:
+            out[TIMESTAMP_FIELD] = msg.timestamp()[1]
+        if self._inject_key:
+            key = msg.key()
+            out[KEY_FIELD] = None if key is None else key.decode("utf-8", "backslashreplace")
+        return out
+
+    def _missing(self, value: Mapping[str, Any]) -> str:
+        for name in self._required:
+            if value.get(name) is None:
+                return f"{'null' if name in value else 'missing'} field {name!r}: {_preview(value)}"
+        return "record lacks a required field"
 
     def _on_error(self, err: KafkaError, msg: Any) -> None:
         code = err.code()
