@@ -275,3 +275,44 @@ def test_missing_topic_is_one_line(kafka_broker: Broker, tmp_path: Path) -> None
     out = topic_run(kafka_broker, f"missing-{uuid.uuid4().hex[:6]}", tmp_path / "out.csv")
     assert out.returncode == 2 and "does not exist" in out.stderr and out.stderr.count("\n") == 1, out.stderr
     assert not os.path.exists(tmp_path / "out.csv")
+
+
+def test_follow_keeps_the_results_current_until_stopped_and_commits_lag_positions(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = _new_topic(kafka_broker, "purchases-follow")
+    first = make_purchases(900, keys=30, partitions=PARTITIONS)
+    later = make_purchases(600, keys=30, partitions=PARTITIONS, seed=11)
+    produce(kafka_broker.bootstrap, topic, encoded(first, as_json))
+    (tmp_path / "ref1").mkdir()
+    (tmp_path / "ref2").mkdir()
+    want_first = csv_reference(tmp_path / "ref1", first)
+    want_all = csv_reference(tmp_path / "ref2", first + later)
+    results = tmp_path / "out.csv"
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), "--store-dir", str(tmp_path / "store"), "--follow"],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: proc.poll() is None and results.exists() and per_key(results) == want_first, timeout=120
+        )
+        produce(kafka_broker.bootstrap, topic, encoded(later, as_json))  # after the run started: followed
+        wait_for(lambda: proc.poll() is None and per_key(results) == want_all, timeout=120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert per_key(results) == want_all
+    group = out.split("lag in consumer group ")[1].split()[0]
+    monitor = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": group})
+    try:
+        committed = monitor.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+    finally:
+        monitor.close()
+    ends = [sum(1 for p, _ in first + later if p == q) for q in range(PARTITIONS)]
+    assert [tp.offset for tp in committed] == ends
