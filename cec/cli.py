@@ -487,6 +487,12 @@ def _run_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.input_topic:
+        from cec.topic_run import cmd_run_topic
+
+        return cmd_run_topic(args)
+    if not args.input:
+        raise ConfigError("give an input CSV file, or --input-topic TOPIC")
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -665,7 +671,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="CEC aggregate over a CSV file")
-    run.add_argument("input", help="input CSV with a header row, processed in file order")
+    run.add_argument("input", nargs="?", help="input CSV with a header row, processed in file order")
     run.add_argument("--key", required=True, help="key column")
     run.add_argument("--value", required=True, help="value column (a number)")
     run.add_argument("--time", help="event-time column (integer milliseconds); needed for --window-time")
@@ -679,6 +685,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--progress", action="store_true", help="progress lines on stderr")
     _policy_args(run, q=None, u=None)
+    from cec.topic_run import add_topic_arguments
+
+    add_topic_arguments(run)
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="what an output queue holds and what recovery would rebuild")

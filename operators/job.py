@@ -38,7 +38,9 @@ __all__ = [
     "build_source",
     "check_input",
     "instance_spec",
+    "job_source_spec",
     "open_output",
+    "pin_source",
     "run_job",
     "source_partitions",
 ]
@@ -135,6 +137,10 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
         )
     if kind == "queue":
         return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]], subset)
+    if kind == "topic":  # a user's own Kafka topic (operators.topic_source)
+        from operators.topic_source import open_topic_source
+
+        return open_topic_source(spec, SCHEMAS)
     raise ConfigError(f"unknown source type {kind!r}")
 
 
@@ -147,7 +153,31 @@ def source_partitions(spec: Mapping[str, Any], store: QueueStore) -> int:
         return store.partitions(spec["topic"])
     if kind == "csv":
         return 1
+    if kind == "topic":
+        from operators.topic_source import topic_partition_count
+
+        return topic_partition_count(spec["bootstrap_servers"], spec["topic"], spec.get("config"))
     raise ConfigError(f"unknown source type {kind!r}")
+
+
+def job_source_spec(spec: JobSpec) -> dict[str, Any]:
+    """The job's source spec; a Kafka topic source commits its positions (monitoring only) to a consumer
+    group named after the job's output topic unless the spec names one."""
+    source = dict(spec.source)
+    if source.get("type") == "topic":
+        source.setdefault("group_id", f"cec-{spec.output_topic}")
+    return source
+
+
+def pin_source(source: Mapping[str, Any]) -> dict[str, Any]:
+    """`source` with whatever a restart must see unchanged resolved now: a bounded Kafka topic source's
+    start and end offsets (`operators.topic_source.pin_bounds`). Call once when a job first starts, before
+    its spec is handed to instances, and keep the result with the job's log."""
+    if source.get("type") != "topic":
+        return dict(source)
+    from operators.topic_source import pin_bounds
+
+    return pin_bounds(source)
 
 
 def instance_spec(template: JobSpec, partition: int) -> JobSpec:
@@ -219,7 +249,7 @@ def run_job(
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
         operator = build_operator(spec.operator)
-        source = build_source(spec.source, store)
+        source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
             output = open_output(store, spec.output_topic, spec.output_partition, lock_wait_s=lock_wait_s)

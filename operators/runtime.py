@@ -151,6 +151,10 @@ class OperatorRuntime:
         self._dead_codec = AvroCodec(DEAD_LETTER_SCHEMA)
         self._registry = WindowRegistry()
         self._pos = [0] * source.partitions
+        # Dead letters name the stream's own partition, not the instance's local index of it.
+        self._global_partitions: tuple[int, ...] = tuple(
+            getattr(source, "global_partitions", range(source.partitions))
+        )
         self._time = 0
         self._next_seq: dict[str, int] = {}
         self._pending_opens: list[OpenWindow] = []
@@ -265,7 +269,12 @@ class OperatorRuntime:
             return  # its dead letter is already in the log (see _emit)
         raw = "" if tup.value is None else json.dumps(dict(tup.value), default=str, sort_keys=True)
         payload = self._dead_codec.encode(
-            {"partition": tup.partition, "offset": tup.offset, "reason": reason, "raw": raw}
+            {
+                "partition": self._global_partitions[tup.partition],
+                "offset": tup.offset,
+                "reason": reason,
+                "raw": raw,
+            }
         )
         self._emit(Kind.DEAD, None, -1, None, payload)
         self.stats.dead_letters += 1

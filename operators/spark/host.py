@@ -42,7 +42,15 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from operators.job import JobSpec, build_operator, check_input, instance_spec, run_job, source_partitions
+from operators.job import (
+    JobSpec,
+    build_operator,
+    check_input,
+    instance_spec,
+    pin_source,
+    run_job,
+    source_partitions,
+)
 from operators.runtime import RunStats
 from operators.spark.session import task_max_failures
 from queuestore.factory import open_store
@@ -247,6 +255,8 @@ class SparkOperatorHost:
         for i, spec in enumerate(self.pipeline):
             if "input_partitions" in spec.source:
                 raise ConfigError(f"stage {i}: the host assigns input partitions; remove input_partitions")
+            if spec.source.get("type") == "topic":  # every task attempt must see the same bounds
+                spec = self.pipeline[i] = replace(spec, source=pin_source(spec.source))
             store = open_store(spec.store)
             try:
                 n = source_partitions(spec.source, store)
