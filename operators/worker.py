@@ -1,11 +1,17 @@
-"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed)."""
+"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed).
+
+An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
+process with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
+from queuestore.exceptions import QueueStoreError
+from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
 
@@ -15,7 +21,11 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m operators.worker SPEC.json", file=sys.stderr)
         return 2
-    run_job(JobSpec.from_json(Path(args[0]).read_text()))
+    try:
+        run_job(JobSpec.from_json(Path(args[0]).read_text()))
+    except (CecError, QueueStoreError, RecoveryError) as exc:
+        print(f"cec worker: error: {exc}", file=sys.stderr)
+        return 2
     return 0
 
 
