@@ -227,6 +227,7 @@ class SqlitePartitionWriter(PartitionWriter):
             if item is None:
                 return
             rows, callbacks = item
+            batches = 1
             # Coalesce whatever else is queued into one transaction: fewer commits under load.
             while not self._io_queue.empty() and len(rows) < 8 * self._max_batch:
                 more = self._io_queue.get_nowait()
@@ -235,6 +236,7 @@ class SqlitePartitionWriter(PartitionWriter):
                     break
                 rows = rows + more[0]
                 callbacks = callbacks + more[1]
+                batches += 1
             error: Exception | None = None
             if self._failure is not None:
                 # Fail-stop: these rows' offsets come after the failed batch's; writing them would leave
@@ -245,7 +247,8 @@ class SqlitePartitionWriter(PartitionWriter):
                     self._conn.execute("BEGIN IMMEDIATE")
                     self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
                     faults.hit("store.before_commit")
-                    faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
+                    for _ in range(batches):  # counted per batch handed over, whatever the coalescing
+                        faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
                     self._conn.execute("COMMIT")
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed
                     error = exc
