@@ -5,7 +5,7 @@ passes `hit(site)`, the process kills itself with SIGKILL, exactly like `kill -9
 nothing (no `finally`, no atexit, no flush) runs. Sites sit where a crash is hardest to get right: between
 processing and produce, between produce and durable completion, inside a commit, during recovery.
 The n-th pass through `fail(site, make)` raises `make()` instead: an I/O error the code must survive
-(e.g. `store.io_error`, a disk error inside the SQLite writer's k-th transaction).
+(e.g. `store.io_error`, a disk error in the k-th batch the SQLite writer commits).
 Unset, `hit` and `fail` cost one dict lookup.
 """
 
