@@ -64,35 +64,39 @@ class LogVerifier:
         return DamagedLogError(f"{self.reader.where(offset)} is damaged: {reason}")
 
     def check(self, records: Iterable[StoredRecord]) -> Iterator[VerifiedRecord]:
-        reader, codec, decode = self.reader, self.codec, self._decode
+        # Written flat, with locals: it runs once per record of every read of a log.
+        reader, decode = self.reader, self._decode
+        verify, decode_record = self.codec.verify, self.codec.decode
         dense = reader.dense_offsets
         for stored in records:
-            offset = stored.offset
-            if dense and self._next is not None and offset != self._next:
-                raise reader.missing(self._next)
+            offset, value, meta = stored
+            expected = self._next
+            if dense and expected is not None and offset != expected:
+                raise reader.missing(expected)
             self._next = offset + 1
-            meta = stored.meta
-            if meta.kind == PART_KIND:
+            kind = meta.kind
+            if kind == PART_KIND:
                 if not is_part(stored):
                     raise self.damaged(offset, "stored as a part of a chunked value, but it is not one")
                 self._parts.append(stored)
                 continue
-            parts, self._parts = self._parts, []
-            value = stored.value
             try:
                 if is_manifest(stored):
+                    parts, self._parts = self._parts, []
                     count = manifest_parts(stored)
                     if 0 < count <= len(parts):
                         value = join(parts[-count:], stored)
                     else:  # the read started inside this value's parts: fetch them
                         value = reassemble(reader, stored)
+                elif self._parts:
+                    self._parts = []  # orphans of a torn write: never used
                 record: OutputRecord | None = None
-                if meta.kind in decode:
-                    record = codec.decode(value)  # checks the CRC over the body and its own metadata
+                if kind in decode:
+                    record = decode_record(value)  # checks the CRC over the body and its own metadata
                     if record.meta() != meta:  # ...which must be what the store kept beside it
                         raise CodecError("the metadata kept beside the record does not match it")
                 else:
-                    codec.verify(value, meta)
+                    verify(value, meta)
             except (CodecError, TornRecordError) as exc:
                 raise self.damaged(offset, exc) from None
             yield VerifiedRecord(offset, meta, value, record)
