@@ -20,7 +20,7 @@ from queuestore.exceptions import DamagedLogError
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
-from tests.helpers import hide_row, log_records, results
+from tests.helpers import hide_row, log_records, results, set_stored_kind
 
 
 def _spec(
@@ -255,3 +255,19 @@ def test_a_hidden_row_inside_the_extent_stops_recovery_naming_it(tmp_path: Path)
         _run_until(spec, None)
     with store.reader("agg", 0) as reader:  # the resumed run appended nothing after the hole
         assert len(reader.read_forward(0, len(records) + 10)) == len(records) - 1
+
+
+def test_a_result_damaged_into_a_part_inside_the_extent_is_an_error(tmp_path: Path) -> None:
+    """Parts of chunked values are passed over by kind, but only once their shape says they are parts: a
+    result whose stored kind became PART is damage, not a part (else its window would look open)."""
+    spec, store, records = _crashed_log(tmp_path, q=None)  # G-open only: a long extent
+    with store.reader("agg", 0) as reader:
+        ec = EventualCheckpointBuilder(reader).build()
+    r_offset = max(i for i, r in enumerate(records) if r.kind is Kind.R)
+    assert r_offset > ec.extent_start
+    set_stored_kind(spec.store["root"], "agg", r_offset, "PART")
+    with (
+        store.reader("agg", 0) as reader,
+        pytest.raises(RecoveryError, match=f"offset {r_offset}: a damaged"),
+    ):
+        EventualCheckpointBuilder(reader).build()
