@@ -24,6 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
 from cec.verified import LogVerifier
@@ -111,9 +112,53 @@ def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], ti
     raise CecError("timed out waiting for the operator to make progress")
 
 
+def _checkpointing(args: argparse.Namespace) -> Checkpointing:
+    """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy.
+
+    A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000) apply only without a recovery
+    target: with one, the operator picks them, and a Q or U given beside it bounds what it picks."""
+    q, u = args.Q, args.U
+    if args.recovery_target is None:
+        q = args.default_q if q is None else q
+        u = args.default_u if u is None else u
+    return Checkpointing(
+        q_target=q,
+        u_target=u,
+        ci_ms=args.ci_ms,
+        cp_ms=args.cp_ms,
+        recovery_target=args.recovery_target,
+        policy=args.policy,
+    )
+
+
 def _policy(args: argparse.Namespace) -> dict[str, Any]:
-    """The checkpoint-policy fields of a JobSpec, from the --Q/--U/--ci-ms/--cp-ms flags."""
-    return {"q_target": args.Q, "u_target": args.U, "ci_ms": args.ci_ms, "cp_ms": args.cp_ms}
+    """The checkpoint-policy field of a JobSpec."""
+    return {"checkpointing": _checkpointing(args)}
+
+
+def _checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> list[str]:
+    """Report lines on checkpointing: the duty really spent and, with a recovery target, whether the
+    recovery met it. From the stats of the operator's last run (after recovery, when it crashed)."""
+    if not stats or not checkpointing.checkpoints:
+        return []
+    lines = [
+        f"  checkpoint duty:       {stats.get('checkpoint_duty', 0.0):.1%} of operator time producing G-checks "
+        f"(budget {stats.get('checkpoint_budget', 0.0):.1%}; {stats.get('checkpoint_seconds', 0.0) * 1000:,.0f} ms "
+        f"in {stats.get('gchecks', 0):,} G-checks after recovery)",
+        f"  targets in force:      Q={stats.get('q_target')} U={stats.get('u_target')} "
+        f"(max u {stats.get('max_replay', 0):,}, max q {stats.get('max_extent', 0):,}); {stats.get('checkpoint_policy', '')}",
+    ]
+    rec = stats.get("recovery")
+    if checkpointing.recovery_target is not None and rec:
+        took = rec["recovery_seconds"]
+        verdict = "met" if took <= checkpointing.recovery_target else "MISSED"
+        lines.append(
+            f"  recovery target:       {checkpointing.recovery_target * 1000:.0f} ms: {verdict} "
+            f"(recovery took {took * 1000:.1f} ms)"
+        )
+    if stats.get("checkpoint_refusal"):
+        lines.append(f"  checkpoint warning:    {stats['checkpoint_refusal']}")
+    return lines
 
 
 class _LogProgress:
@@ -227,7 +272,7 @@ def _run_pipeline_local(
         agg_proc = _worker(agg_spec, root / "aggregate.json")
     _wait(agg_proc, "aggregate")
     _wait(filter_proc, "filter")
-    return crashed, _load_stats(stats_path).get("recovery")
+    return crashed, _load_stats(stats_path)
 
 
 def _run_pipeline_spark(
@@ -289,7 +334,7 @@ def _run_pipeline_spark(
             f"position ~{at:,}; Spark relaunched the task and both recovered from their logs"
         )
     report = result.instance(1, 0)
-    return bool(killed), report.stats.get("recovery")
+    return bool(killed), report.stats
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -307,7 +352,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"  engine: {args.engine}, {args.partitions} partition(s); queue store: {store_cfg['type']} "
             f"({store_cfg.get('bootstrap_servers') or root})"
         )
-        _say(f"  policy: Q={args.Q} U={args.U} CI={args.ci_ms} ms CP={args.cp_ms} ms")
+        checkpointing = _checkpointing(args)
+        policy_line = (
+            f"  policy: Q={checkpointing.q_target} U={checkpointing.u_target} "
+            f"CI={args.ci_ms} ms CP={args.cp_ms} ms"
+        )
+        if checkpointing.recovery_target is not None:
+            policy_line += f" recovery target={checkpointing.recovery_target:g} s"
+        if checkpointing.policy != "targets":
+            policy_line += f" ({checkpointing.policy})"
+        _say(policy_line)
 
         # 1. Failure-free reference, in this process, instance by instance.
         ref_filter, ref_agg = _demo_specs(args, root, store_cfg, tag + "-ref")
@@ -327,7 +381,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         finally:
             store.close()
         run = _run_pipeline_spark if args.engine == "spark" else _run_pipeline_local
-        crashed, recovery = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
+        crashed, agg_stats = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
+        recovery = agg_stats.get("recovery") if agg_stats else None
 
         # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
         store = open_store(store_cfg)
@@ -349,6 +404,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         crash_line = f"SIGKILL at input ~{crash_at:,}" if crashed else "none: the run ended first"
         _say(f"  crash:                 {crash_line}")
         for line in _recovery_lines(recovery):
+            _say(line)
+        for line in _checkpoint_lines(agg_stats or {}, checkpointing):
             _say(line)
         if not same:
             _say(f"  first difference: {_first_difference(got, want)}")
@@ -428,7 +485,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
         )
-        recovery: dict[str, Any] | None = None
         if args.crash_after is not None:
             rc = _wait(
                 _worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator"
@@ -436,10 +492,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             if rc == -signal.SIGKILL:
                 _say(f"operator process SIGKILLed after {args.crash_after:,} input rows; recovering")
             _wait(_worker(spec, root / "run.json"), "operator")
-            recovery = _load_stats(Path(spec.stats_path or "")).get("recovery")
+            run_stats = _load_stats(Path(spec.stats_path or ""))
         else:
-            stats = run_job(spec)
-            recovery = stats.recovery.as_dict() if stats.recovery else None
+            run_stats = run_job(spec).as_dict()
+        recovery = run_stats.get("recovery")
         store = open_store(store_cfg)
         try:
             n_results = write_results_csv(
@@ -458,6 +514,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.crash_after is not None:
         for line in _recovery_lines(recovery):
             _say(line)
+    for line in _checkpoint_lines(run_stats, spec.checkpointing):
+        _say(line)
     return 0
 
 
@@ -494,13 +552,34 @@ def _positive_int(text: str) -> int:
 
 def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> None:
     p.add_argument(
-        "--Q", type=_positive_int, default=q, help="extent size target q (records); default %(default)s"
+        "--Q",
+        type=_positive_int,
+        default=None,
+        help=f"extent size target q (records); default {q} (none with --recovery-target: the operator picks)",
     )
     p.add_argument(
-        "--U", type=_positive_int, default=u, help="replay size target u (input tuples); default %(default)s"
+        "--U",
+        type=_positive_int,
+        default=None,
+        help=f"replay size target u (input tuples); default {u} (none with --recovery-target: the operator picks)",
     )
-    p.add_argument("--ci-ms", type=float, default=5.0, help="checkpoint interval CI in ms (default 5)")
-    p.add_argument("--cp-ms", type=float, default=100.0, help="checkpoint period CP in ms (default 100)")
+    p.set_defaults(default_q=q, default_u=u)
+    p.add_argument(
+        "--ci-ms", type=float, default=5.0, help="checkpoint budget: CI ms of operator time (default 5) ..."
+    )
+    p.add_argument("--cp-ms", type=float, default=100.0, help="... in every CP ms (default 100)")
+    p.add_argument(
+        "--recovery-target",
+        help="recover within this time after a crash, e.g. 3s, 500ms, 2 minutes: the operator picks U, Q "
+        "and the checkpoint budget from its measured rates",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="targets",
+        help="targets: G-check while q > Q or u > U (or to meet --recovery-target); cost-benefit: only when "
+        "the recovery time a G-check saves is worth its cost (default targets)",
+    )
     p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
     p.add_argument(
         "--bootstrap-servers",

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from cec.policy import CheckpointSchedule, make_policy
+from cec.policy import make_policy
+from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
 from operators.aggregate import KeyedAggregate
 from operators.base import Operator
@@ -65,15 +67,18 @@ class JobSpec:
     output_topic: str
     output_partition: int = 0
     output_partitions: int = 1
-    q_target: int | None = None
-    u_target: int | None = None
-    ci_ms: float = 5.0
-    cp_ms: float = 100.0
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
     batch_size: int = 512
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpointing, Mapping):  # from JSON
+            self.checkpointing = Checkpointing.from_dict(dict(self.checkpointing))
+        if not isinstance(self.checkpointing, Checkpointing):
+            raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {self.checkpointing!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -194,8 +199,8 @@ def run_job(
                 operator,
                 source,
                 output,
-                policy=make_policy(spec.q_target, spec.u_target),
-                schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
+                policy=make_policy(spec.checkpointing),
+                schedule=CheckpointSchedule(spec.checkpointing.ci_ms, spec.checkpointing.cp_ms),
                 batch_size=spec.batch_size,
                 progress=progress,
                 footprints=spec.footprints,

@@ -56,6 +56,25 @@ def test_local_demo_passes_with_aggressive_checkpointing(tmp_path: Path) -> None
     assert g_checks > 0
 
 
+def test_local_demo_with_a_recovery_target_reports_duty_and_the_target_beside_the_existing_lines(
+    tmp_path: Path,
+) -> None:
+    out = cec(
+        "demo", "--engine", "local", "--input", "30000", "--keys", "800", "--window", "10", "--quiet",
+        "--recovery-target", "5s", "--store-dir", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "policy: Q=None U=None CI=5.0 ms CP=100.0 ms recovery target=5 s" in out.stdout
+    for field in ("extent at the crash:", "EC reconstruction:", "tuples replayed", "recovery time:"):
+        assert field in out.stdout
+    assert "verdict:               PASS" in out.stdout
+    recovery_ms = float(out.stdout.split("recovery time:")[1].split("ms")[0].replace(",", ""))
+    duty = float(out.stdout.split("checkpoint duty:")[1].split("%")[0])
+    assert 0.0 <= duty <= 50.0
+    verdict = "met" if recovery_ms <= 5000 else "MISSED"
+    assert f"recovery target:       5000 ms: {verdict} (recovery took {recovery_ms:.1f} ms)" in out.stdout
+
+
 def _purchases_csv(path: Path, rows: int, seed: int = 7) -> None:
     rng = random.Random(seed)
     with path.open("w", newline="") as f:
@@ -88,6 +107,12 @@ def test_run_with_crash_after_k_is_byte_identical(tmp_path: Path, window: list[s
     dead = list(csv.DictReader((tmp_path / "plain.dead-letters.csv").open()))
     assert len(dead) >= 3000 // 131 + 3000 // 97 - 2
     assert f"dead letters: {len(dead):,} rows" in ok.stdout
+
+    budgeted = cec(*base, "--results", str(tmp_path / "budget.csv"), "--U", "200", "--ci-ms", "20",
+                   "--cp-ms", "100", "--policy", "cost-benefit")  # fmt: skip
+    assert budgeted.returncode == 0, budgeted.stderr
+    assert (tmp_path / "budget.csv").read_bytes() == plain
+    assert "checkpoint duty:" in budgeted.stdout and "targets in force:      Q=None U=200" in budgeted.stdout
 
     for k in (1, 14, 1500, 2999):
         out = cec(*base, "--results", str(tmp_path / f"crash{k}.csv"), "--crash-after", str(k), "--Q", "30")

@@ -17,6 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from cec.config import Checkpointing
 from cec.records import Kind
 from operators.job import JobSpec, run_job
 from queuestore.sqlite import SqliteQueueStore
@@ -61,10 +62,7 @@ def _spec(root: Path, job: dict[str, Any]) -> JobSpec:
         },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=job["q"],
-        u_target=job["u"],
-        ci_ms=job["ci"],
-        cp_ms=10.0,
+        checkpointing=Checkpointing(q_target=job["q"], u_target=job["u"], ci_ms=job["ci"], cp_ms=10.0),
         batch_size=job["batch"],
     )
 

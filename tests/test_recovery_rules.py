@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.records import AvroCodec, Kind, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
 from operators.job import JobSpec, run_job
@@ -54,9 +55,8 @@ def _spec(
         },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=q,
-        ci_ms=10.0,
-        cp_ms=10.0,  # always in a checkpoint slot: G-checks as often as the policy asks
+        # CI = CP: no budget limit, G-checks as often as the policy asks
+        checkpointing=Checkpointing(q_target=q, ci_ms=10.0, cp_ms=10.0),
         batch_size=1,
     )
 

@@ -35,11 +35,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from operators.job import JobSpec, build_operator, instance_spec, run_job, source_partitions
 from operators.runtime import RunStats
@@ -190,7 +191,10 @@ class SparkOperatorHost:
         max_job_attempts: int = 3,
         pid_dir: str | os.PathLike[str] | None = None,
         lock_wait_s: float = 30.0,
+        checkpointing: Checkpointing | None = None,
     ) -> None:
+        """`checkpointing`, when given, replaces every stage's `JobSpec.checkpointing` (stateless stages
+        have no windows, so it only acts on the stateful ones)."""
         if not pipeline:
             raise ConfigError("a pipeline needs at least one stage")
         if mode not in ("chained", "per-stage"):
@@ -198,7 +202,11 @@ class SparkOperatorHost:
         if max_job_attempts < 1:
             raise ConfigError("max_job_attempts must be >= 1")
         self.spark = spark
-        self.pipeline = list(pipeline)
+        if checkpointing is not None and not isinstance(checkpointing, Checkpointing):
+            raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
+        self.pipeline = [
+            spec if checkpointing is None else replace(spec, checkpointing=checkpointing) for spec in pipeline
+        ]
         self.mode = mode
         self.max_job_attempts = max_job_attempts
         self.pid_dir = None if pid_dir is None else str(pid_dir)

@@ -219,3 +219,16 @@ def test_per_stage_mode_runs_stages_as_concurrent_jobs(spark: SparkSession, tmp_
     finally:
         run.close()
         ref.close()
+
+
+def test_host_applies_a_checkpointing_to_every_stage(spark: SparkSession, tmp_path: Path) -> None:
+    from cec import Checkpointing
+
+    pipeline = filter_aggregate({"type": "sqlite", "root": str(tmp_path)}, count=10, keys=2)
+    wanted = Checkpointing(u_target=123, recovery_target="2s")
+    host = SparkOperatorHost(spark, pipeline, checkpointing=wanted)
+    assert [spec.checkpointing for spec in host.pipeline] == [wanted, wanted]
+    assert pipeline[1].checkpointing != wanted  # the caller's specs are left as they were
+    assert SparkOperatorHost(spark, pipeline).pipeline[1].checkpointing == pipeline[1].checkpointing
+    with pytest.raises(ConfigError):
+        SparkOperatorHost(spark, pipeline, checkpointing={"u_target": 5})  # type: ignore[arg-type]
