@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.records import Kind, OutputRecord, RecordCodec
 from cec.verified import LogVerifier, verified_records
 from operators.aggregate import RESULT_SCHEMA
@@ -38,9 +39,7 @@ def _aggregate_log(root: Path) -> tuple[SqliteQueueStore, list[OutputRecord]]:
         source={"type": "generator", "count": 300, "keys": 7, "seed": 5, "invalid_every": 9},
         store={"type": "sqlite", "root": str(root)},
         output_topic=TOPIC,
-        q_target=5,
-        ci_ms=10.0,
-        cp_ms=10.0,
+        checkpointing=Checkpointing(q_target=5, ci_ms=10.0, cp_ms=10.0),
     )
     run_job(spec)
     store = SqliteQueueStore(root)
