@@ -27,6 +27,7 @@ from typing import Any
 from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
+from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
 from operators.job import JobSpec, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
@@ -43,6 +44,7 @@ from recovery.exceptions import RecoveryError
 __all__ = ["main"]
 
 RESULT_COLUMNS = ["key", "window", "value", "count"]
+_ALL_KINDS = frozenset(k.value for k in Kind)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
@@ -179,6 +181,7 @@ class _LogProgress:
         self._topic = topic
         self._reader: PartitionReader | None = None
         self._codec = RecordCodec()
+        self._verifier: LogVerifier | None = None
         self._last = 0
 
     def __call__(self) -> int:
@@ -188,7 +191,12 @@ class _LogProgress:
             self._reader = self._store.reader(self._topic, 0)
         newest = self._reader.read_backward(self._reader.end_offset(), 1)
         if newest and newest[0].meta.kind != PART_KIND:  # a part's manifest is not written yet: no news
-            self._last = sum(self._codec.decode(newest[0].value).pos)
+            if self._verifier is None or self._verifier.reader is not self._reader:
+                self._verifier = LogVerifier(self._reader, self._codec, decode=_ALL_KINDS)
+            self._verifier.seek(newest[0].offset)
+            for verified in self._verifier.check(newest):  # checked before it is trusted
+                assert verified.record is not None
+                self._last = sum(verified.record.pos)
         return self._last
 
     def close(self) -> None:
@@ -563,10 +571,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     store = open_store(store_spec(args.store_dir, args.bootstrap_servers))
     try:
         for p in range(store.partitions(args.topic)):
+            kinds = count_kinds(store, args.topic, p)  # every record checked: damage is an error
             with store.reader(args.topic, p) as reader:
                 end = reader.end_offset()
                 ec = EventualCheckpointBuilder(reader).build()
-            kinds = count_kinds(store, args.topic)
             _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
             _say(
                 f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "

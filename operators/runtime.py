@@ -619,9 +619,7 @@ class OperatorRuntime:
         return self.stats
 
     def _finish(self, *, complete: bool) -> None:
-        self.output.flush()
-        if self.output.failures:
-            raise RuntimeError(f"{len(self.output.failures)} appends failed: {self.output.failures[0]!r}")
+        self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
         self.stats.open_windows = self._registry.n
         self._report_checkpointing()
         self.stats.completed = complete

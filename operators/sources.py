@@ -18,11 +18,10 @@ from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
 from cec.exceptions import CodecError, ConfigError
-from cec.records import AvroCodec, Kind, RecordCodec
+from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
+from cec.verified import LogVerifier
 from operators.base import InputTuple
 from queuestore.base import PartitionReader, QueueStore
-from queuestore.chunks import PART_KIND, is_manifest, reassemble
-from queuestore.exceptions import TornRecordError
 
 __all__ = [
     "PURCHASE_SCHEMA",
@@ -344,8 +343,10 @@ class PurchaseGenerator(InputSource):
 
 class QueueSource(InputSource):
     """An upstream operator's output queue. Yields its R tuples; control tuples are skipped by their kind
-    (kept beside the value) without decoding, and an upstream EOS ends a partition. A record that fails
-    its checksum is delivered as an error tuple (dead-lettered, counted), never used."""
+    (kept beside the value) without decoding state, and an upstream EOS ends a partition. Every record is
+    checked before its kind is looked at (`cec.verified`): a damaged record, or an offset missing from a
+    dense log, raises `DamagedLogError` (never used, never skipped). An intact R whose payload does not fit
+    the schema is an input the operator cannot process: it is delivered as an error tuple (dead-lettered)."""
 
     def __init__(
         self,
@@ -362,9 +363,11 @@ class QueueSource(InputSource):
         self.partitions = len(self.global_partitions)
         self._readers: list[PartitionReader] = [store.reader(topic, p) for p in self.global_partitions]
         self._codec = RecordCodec()
+        self._verifiers = [LogVerifier(r, self._codec, decode=(Kind.R.value,)) for r in self._readers]
         self._payload = AvroCodec(payload_schema)
-        self._next = [0] * self.partitions
-        self._ended = [False] * self.partitions
+        self._next: list[int] = []
+        self._ended: list[bool] = []
+        self.seek([0] * self.partitions)
 
     def describe(self) -> str:
         return f"queue {self.topic} partitions {list(self.global_partitions)}"
@@ -383,17 +386,16 @@ class QueueSource(InputSource):
     def seek(self, positions: Sequence[int]) -> None:
         self._next = list(positions)
         self._ended = [False] * self.partitions
+        for verifier, position in zip(self._verifiers, self._next, strict=True):
+            verifier.seek(position)
 
-    def _decode(self, partition: int, offset: int, value: bytes) -> InputTuple:
+    def _tuple(self, partition: int, offset: int, record: OutputRecord) -> InputTuple:
         try:
-            record = self._codec.decode(value)
-            if record.kind is not Kind.R:
-                raise CodecError(f"stored as R but the record is a {record.kind.value}")
             if record.payload is None:
                 raise CodecError("R record without payload")
             return InputTuple(partition, offset, self._payload.decode(record.payload))
         except CodecError as exc:
-            return InputTuple(partition, offset, None, f"corrupt upstream record: {exc}")
+            return InputTuple(partition, offset, None, f"undecodable upstream result: {exc}")
 
     def poll(self, max_records: int) -> list[InputTuple] | None:
         out: list[InputTuple] = []
@@ -401,28 +403,18 @@ class QueueSource(InputSource):
         for j, reader in enumerate(self._readers):
             if self._ended[j]:
                 continue
-            for rec in reader.read_forward(self._next[j], share):
-                self._next[j] = rec.offset + 1
-                kind = rec.meta.kind
-                if kind == PART_KIND:
-                    continue  # a part of a chunked value: its manifest, which follows, is the record
-                value = rec.value
-                if is_manifest(rec):
-                    try:
-                        value = reassemble(reader, rec)
-                    except TornRecordError as exc:
-                        out.append(InputTuple(j, rec.offset, None, f"corrupt upstream record: {exc}"))
-                        continue
+            records = reader.read_forward(self._next[j], share)
+            if not records:
+                continue
+            self._next[j] = records[-1].offset + 1
+            for verified in self._verifiers[j].check(records):
+                kind = verified.meta.kind
                 if kind == Kind.R.value:
-                    out.append(self._decode(j, rec.offset, value))
-                    continue
-                try:  # a control tuple is skipped by its kind only once the checksum vouches for it
-                    self._codec.verify(value, rec.meta)
-                except CodecError as exc:
-                    out.append(InputTuple(j, rec.offset, None, f"corrupt upstream record: {exc}"))
-                    continue
-                if kind == Kind.EOS.value:
+                    assert verified.record is not None
+                    out.append(self._tuple(j, verified.offset, verified.record))
+                elif kind == Kind.EOS.value:
                     self._ended[j] = True
+                    self._next[j] = verified.offset + 1
                     break
         if not out and all(self._ended):
             return None

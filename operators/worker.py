@@ -1,4 +1,7 @@
-"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed)."""
+"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed).
+
+An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
+process with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 

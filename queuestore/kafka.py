@@ -219,6 +219,8 @@ class KafkaQueueStore(QueueStore):
     appended-but-not-completed records, which bounds memory when the broker is slower than the operator.
     """
 
+    dense_offsets = False  # transaction markers occupy offsets: a log may skip some
+
     def __init__(
         self,
         bootstrap_servers: str,
@@ -564,7 +566,6 @@ class KafkaPartitionWriter(PartitionWriter):
             raise
         self._appended = 0
         self._served = 0
-        self._failure: Exception | None = None
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
 
@@ -574,11 +575,6 @@ class KafkaPartitionWriter(PartitionWriter):
     @property
     def outstanding(self) -> int:
         return self._appended - self._served
-
-    @property
-    def failure(self) -> Exception | None:
-        """The first delivery failure, after which appends are refused."""
-        return self._failure
 
     def _make_report(
         self, on_durable: DurableCallback | None
@@ -590,8 +586,7 @@ class KafkaPartitionWriter(PartitionWriter):
                     on_durable(_offset(msg), None)
                 return
             exc = QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {err.str()}")
-            if self._failure is None:
-                self._failure = exc
+            self._fail(exc)
             if on_durable is not None:
                 on_durable(None, exc)
 
@@ -604,8 +599,7 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
         producer = self._live_producer()
-        if self._failure is not None:
-            raise QueueStoreError("writer failed earlier; recover from the log") from self._failure
+        self._check_failed()
         limit = self._store.value_limit(meta)
         if len(value) > limit:
             raise RecordTooLargeError(
@@ -643,11 +637,13 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._live_producer()
         before = self._served
         producer.poll(timeout)
+        self._check_failed()
         return self._served - before
 
     def flush(self, timeout: float | None = None) -> None:
         producer = self._live_producer()
         remaining = producer.flush(-1 if timeout is None else timeout)
+        self._check_failed()
         if remaining > 0 or self.outstanding > 0:
             raise TimeoutError(
                 f"{self.outstanding} appends to {self.topic}[{self.partition}] not durable after {timeout}s"
@@ -664,7 +660,7 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._producer
         try:
             try:
-                self.flush(timeout)
+                self._close_flush(lambda: self.flush(timeout))
             except TimeoutError:
                 log.warning("closing %r with %d appends not durable: purging them", self, self.outstanding)
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
@@ -695,6 +691,8 @@ class KafkaPartitionReader(PartitionReader):
     def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
+        self.dense_offsets = store.dense_offsets
+        self.store_name = f"kafka {store.bootstrap_servers}"
         self._store = store
         self._stall_timeout = store.request_timeout
         # How long a positioned read waits in silence before suspecting it was positioned past the end

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from cec.exceptions import CodecError
 from cec.records import FOOTPRINT_KINDS, Kind, OutputRecord, RecordCodec
 from queuestore.base import PartitionReader, StoredRecord
-from queuestore.chunks import PART_KIND, is_manifest, reassemble
+from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
 from queuestore.exceptions import TornRecordError
 from recovery.exceptions import RecoveryError
 
@@ -121,7 +121,7 @@ class EventualCheckpointBuilder:
         newest_offset = -1
         for stored in scan:
             records_read += 1
-            if stored.meta.kind == PART_KIND:
+            if stored.meta.kind == PART_KIND and is_part(stored):
                 continue  # a part of a chunked value, not a record (or the orphan of a torn write)
             whole = self._whole(stored)
             if whole is not None:
@@ -154,7 +154,7 @@ class EventualCheckpointBuilder:
             for stored in scan:
                 records_read += 1
                 meta = stored.meta
-                if meta.kind == PART_KIND:
+                if meta.kind == PART_KIND and is_part(stored):  # else: damaged into a "part"
                     continue
                 whole = self._whole(stored)
                 if whole is None:
