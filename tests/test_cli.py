@@ -413,7 +413,7 @@ def test_poison_rows_are_dead_letters_and_good_rows_stay_exact(tmp_path: Path, w
         ).read_bytes(), k
 
 
-def _run_args(data: Path, results: Path, store: Path) -> list[str]:
+def _run_in_store_args(data: Path, results: Path, store: Path) -> list[str]:
     return ["run", str(data), "--key", "item_id", "--value", "item_price", "--window-count", "4",
             "--results", str(results), "--store-dir", str(store)]  # fmt: skip
 
@@ -430,7 +430,7 @@ def _finished_run(tmp_path: Path) -> tuple[Path, Path, str, list[int]]:
     """A finished `cec run --store-dir`: input, store, topic and the offsets of its results."""
     data, store = tmp_path / "in.csv", tmp_path / "store"
     _purchases_csv(data, 3000)
-    out = cec(*_run_args(data, tmp_path / "first.csv", store))
+    out = cec(*_run_in_store_args(data, tmp_path / "first.csv", store))
     assert out.returncode == 0, out.stderr
     topic = next(p.name for p in store.iterdir() if p.is_dir() and p.name.startswith("run-"))
     records = log_records(SqliteQueueStore(store), topic)
@@ -444,7 +444,7 @@ def test_a_result_whose_stored_kind_is_flipped_is_a_clear_error(tmp_path: Path, 
     data, store, topic, r_offsets = _finished_run(tmp_path)
     offset = {"first": r_offsets[0], "middle": r_offsets[len(r_offsets) // 2], "last": r_offsets[-1]}[where]
     assert flip_stored_kind(store, topic, offset) == "Q"
-    again = cec(*_run_args(data, tmp_path / "again.csv", store))
+    again = cec(*_run_in_store_args(data, tmp_path / "again.csv", store))
     _one_line_error(again, f"{topic}[0] offset {offset}", "damaged")
     assert not (tmp_path / "again.csv").exists()  # no results file from a damaged log
     shown = cec("inspect", topic, "--store-dir", str(store))
@@ -455,7 +455,7 @@ def test_a_hidden_row_is_a_clear_error_naming_the_offset(tmp_path: Path) -> None
     data, store, topic, r_offsets = _finished_run(tmp_path)
     offset = r_offsets[len(r_offsets) // 3]
     hide_row(store, topic, offset)
-    again = cec(*_run_args(data, tmp_path / "again.csv", store))
+    again = cec(*_run_in_store_args(data, tmp_path / "again.csv", store))
     _one_line_error(again, f"{store}: {topic}[0] offset {offset} is missing")
     assert not (tmp_path / "again.csv").exists()
     shown = cec("inspect", topic, "--store-dir", str(store))
@@ -467,16 +467,16 @@ def test_a_failed_append_stops_the_run_and_a_rerun_recovers_exactly(tmp_path: Pa
     no hole, and running it again resumes to byte-identical results."""
     data = tmp_path / "in.csv"
     _purchases_csv(data, 20000)
-    plain = cec(*_run_args(data, tmp_path / "plain.csv", tmp_path / "plain-store"))
+    plain = cec(*_run_in_store_args(data, tmp_path / "plain.csv", tmp_path / "plain-store"))
     assert plain.returncode == 0, plain.stderr
     store = tmp_path / "store"
-    failed = cec(*_run_args(data, tmp_path / "out.csv", store), faults="store.io_error:3")
+    failed = cec(*_run_in_store_args(data, tmp_path / "out.csv", store), faults="store.io_error:3")
     _one_line_error(failed, "failed (disk I/O error)", "restart the operator")
     assert not (tmp_path / "out.csv").exists()
     topic = next(p.name for p in store.iterdir() if p.is_dir() and p.name.startswith("run-"))
     kinds = [r.kind for r in log_records(SqliteQueueStore(store), topic)]  # a dense scan: no hole
     assert Kind.EOS not in kinds
-    again = cec(*_run_args(data, tmp_path / "out.csv", store))
+    again = cec(*_run_in_store_args(data, tmp_path / "out.csv", store))
     assert again.returncode == 0, again.stderr
     assert (tmp_path / "out.csv").read_bytes() == (tmp_path / "plain.csv").read_bytes()
     assert (tmp_path / "out.dead-letters.csv").read_bytes() == (
