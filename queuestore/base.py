@@ -162,6 +162,7 @@ class QueueStore(abc.ABC):
 
     state_dir: Path
     max_record_bytes: int
+    dense_offsets: bool = True
 
     @abc.abstractmethod
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:

@@ -11,6 +11,7 @@ __all__ = [
     "TopicMismatchError",
     "TornRecordError",
     "UnknownTopicError",
+    "WriterFencedError",
 ]
 
 
@@ -44,3 +45,8 @@ class IndexError_(QueueStoreError):
 
 class TornRecordError(QueueStoreError):
     """A value written in parts (larger than a record may be) whose parts are missing or damaged."""
+
+
+class WriterFencedError(QueueStoreError):
+    """A newer writer of the partition took over (on Kafka: called `init_transactions()` with the same
+    transactional.id); this writer has stopped and must not write anything further."""
