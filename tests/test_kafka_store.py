@@ -5,6 +5,7 @@ Waits are polls bounded by deadlines: nothing in these tests sleeps to let somet
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
 import threading
 import time
@@ -242,7 +243,7 @@ def triples(records: list[StoredRecord]) -> list[tuple[int, bytes, RecordMeta]]:
 def values(records: Iterable[StoredRecord]) -> list[tuple[bytes, RecordMeta]]:
     """What records hold, offsets aside: each commit marker takes an offset (offsets are not dense)."""
     out = list(records)
-    assert all(a.offset < b.offset for a, b in zip(out, out[1:], strict=False))
+    assert all(a.offset < b.offset for a, b in itertools.pairwise(out))
     return [(r.value, r.meta) for r in out]
 
 
