@@ -575,6 +575,7 @@ class KafkaPartitionWriter(PartitionWriter):
         self._transaction_records = 0
         # Delivered records of the open transaction, in offset order: (callback, offset), served on commit.
         self._delivered: list[tuple[DurableCallback | None, int]] = []
+        self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
         self.commits = 0
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
@@ -619,15 +620,22 @@ class KafkaPartitionWriter(PartitionWriter):
         def report(err: KafkaError | None, msg: Message) -> None:
             if err is None:
                 self._delivered.append((on_durable, _offset(msg)))
-                return
+            else:
+                # Looked at after the serving call returns: librdkafka may run this callback while the
+                # call is raising the producer's fatal error, and then the error object cannot be used.
+                self._undelivered.append((on_durable, err))
+
+        return report
+
+    def _settle_undelivered(self) -> None:
+        undelivered, self._undelivered = self._undelivered, []
+        for on_durable, err in undelivered:
             self._served += 1
             exc = self._failed(err, "append to")
             if self._failure is None:
                 self._failure = exc
             if on_durable is not None:
                 on_durable(None, exc)
-
-        return report
 
     def _live_producer(self) -> Producer:
         if self._producer is None:
@@ -644,12 +652,28 @@ class KafkaPartitionWriter(PartitionWriter):
             f"writer of {self.topic}[{self.partition}] failed earlier ({failure}); recover from the log"
         )
 
+    def _serve(self, call: Callable[[float], int], timeout: float) -> int:
+        """`producer.poll`/`flush`, which serve delivery reports, and which raise a fatal producer error
+        themselves (a fenced producer that opened a new transaction learns it when adding the partition)."""
+        try:
+            return call(timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            # The producer's own error first: the records it purged report only its consequence.
+            failure = self._failed(err, "append to")
+            if self._failure is None:
+                self._failure = failure
+            self._settle_undelivered()
+            raise self._fail(failure) from None
+        finally:
+            self._settle_undelivered()
+
     def _commit(self, flush_timeout: float | None) -> int:
         """Commit the open transaction, then serve its records' callbacks; returns how many were served."""
         if not self._in_transaction:
             return 0
         producer = self._live_producer()
-        remaining = producer.flush(-1 if flush_timeout is None else flush_timeout)  # serves delivery reports
+        remaining = self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout)
         if remaining > 0:
             raise TimeoutError(
                 f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
@@ -717,7 +741,7 @@ class KafkaPartitionWriter(PartitionWriter):
                 break
             except BufferError:
                 # librdkafka's local queue is full (size limit in bytes): let deliveries make room.
-                producer.poll(0.05)
+                self._serve(producer.poll, 0.05)
             except KafkaException as exc:
                 if _error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE:
                     raise RecordTooLargeError(str(exc)) from exc
@@ -731,7 +755,7 @@ class KafkaPartitionWriter(PartitionWriter):
         the writer's failure (fail-stop), `WriterFencedError` when another writer took over."""
         producer = self._live_producer()
         before = self._served
-        producer.poll(timeout)
+        self._serve(producer.poll, timeout)
         self._check_failure()
         if self._in_transaction and self._commit_due():
             self._commit(self._timeout)
@@ -779,8 +803,10 @@ class KafkaPartitionWriter(PartitionWriter):
             self._store._forget(self)
 
     def _purge(self, producer: Producer) -> None:
-        producer.purge(in_queue=True, in_flight=True, blocking=False)
-        producer.flush(5.0)
+        with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error again here
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.flush(5.0)
+        self._settle_undelivered()
         self._fail(self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"))
 
 

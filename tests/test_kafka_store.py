@@ -594,6 +594,29 @@ def test_fenced_writer_stops_and_writes_nothing_further(kafka_broker: Broker, tm
         new_store.close()
 
 
+def test_writer_fenced_between_transactions(kafka_broker: Broker, tmp_path: Path) -> None:
+    """Fenced with no transaction open: the old writer learns it when its next transaction adds the
+    partition, and nothing of that transaction is written."""
+    old_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-a")
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        old = old_store.writer(name, 0)
+        old.append(value(0), meta(0))
+        old.flush(DEADLINE)
+        with new_store.writer(name, 0):
+            old.append(value(1), meta(1))
+            with pytest.raises(WriterFencedError, match=rf"^fenced: another writer took over {name}\[0\]"):
+                old.flush(DEADLINE)
+            old.close()
+        with new_store.reader(name, 0) as r:
+            assert values(r.scan_forward()) == [(value(0), meta(0))]
+    finally:
+        old_store.close()
+        new_store.close()
+
+
 def _appender(
     bootstrap: str, state_dir: Path, topic: str, count: int, *extra: str, faults: str | None = None
 ) -> subprocess.Popen[bytes]:
