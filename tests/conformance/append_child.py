@@ -11,7 +11,8 @@ environment, or SIGKILL from outside) or let it finish (exit code 0).
 `--continue-log` starts at the number of records the partition holds once the writer has taken it, as a
 recovering operator continues its log (START is then ignored). `--pause-at K --gate PATH` stops after
 appending record K (before serving its completion), creates PATH.paused and waits until PATH exists. A
-store error (a fenced writer, above all) ends the child with exit code 3 and its one-line message.
+store error (a fenced writer, above all) ends the child with exit code 3 and its one-line message
+(followed by the error's class name).
 """
 
 from __future__ import annotations
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 elif args.poll_every and done % args.poll_every == 0:
                     writer.poll(0)
     except QueueStoreError as exc:
-        print(f"append_child: {exc}", file=sys.stderr)
+        print(f"append_child: {exc} ({type(exc).__name__})", file=sys.stderr)
         return 3
     finally:
         store.close()
