@@ -715,7 +715,7 @@ class KafkaPartitionWriter(PartitionWriter):
         # Bounded outstanding: records complete only when committed, so commit (serving callbacks here, in
         # the caller's thread) when the bound is reached; memory stays bounded when the broker is slow.
         if self._appended - self._served >= self._max_outstanding:
-            self._commit(self._timeout)
+            self._commit_or_stop()
         if not self._in_transaction:
             try:
                 producer.begin_transaction()
@@ -758,8 +758,16 @@ class KafkaPartitionWriter(PartitionWriter):
         self._serve(producer.poll, timeout)
         self._check_failure()
         if self._in_transaction and self._commit_due():
-            self._commit(self._timeout)
+            self._commit_or_stop()
         return self._served - before
+
+    def _commit_or_stop(self) -> None:
+        """A commit on the writer's own initiative: one that cannot even deliver its records within the
+        request timeout stops the writer (the caller did not ask to wait; flush() is the bounded wait)."""
+        try:
+            self._commit(self._timeout)
+        except TimeoutError as exc:
+            raise self._fail(QueueStoreError(f"{exc}: the broker is unreachable or too slow")) from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit everything appended; every callback is served when this returns."""
@@ -791,7 +799,8 @@ class KafkaPartitionWriter(PartitionWriter):
                         "closing %r with %d appends not durable: purging them", self, self.outstanding
                     )
                     self._purge(producer)
-                except QueueStoreError:
+                except QueueStoreError as exc:
+                    log.warning("closing %r: %s", self, exc)
                     self._purge(producer)
                 else:
                     producer.close()
