@@ -115,11 +115,14 @@ def timed(label: str, n: int, fn: Callable[[int], int], repeats: int) -> float:
 def timed_interleaved(
     n: int, entries: list[tuple[str, Callable[[int], int]]], repeats: int
 ) -> list[list[float]]:
-    """`timed` for measurements meant as a ratio: their runs alternate (A B C A B C ...), so that a
-    neighbour's burst of load hits them alike rather than one of them; records/s of every run of each."""
+    """`timed` for measurements meant as a ratio: their runs alternate, so that a neighbour's burst of
+    load hits them alike rather than one of them, and the order rotates (A B C, B C A, C A B, ...) so that
+    none always runs first; records/s of every run of each."""
     rates: list[list[float]] = [[] for _ in entries]
     for run in range(repeats):
-        for k, (label, fn) in enumerate(entries):
+        for step in range(len(entries)):
+            k = (run + step) % len(entries)
+            label, fn = entries[k]
             t0 = time.perf_counter()
             done = fn(run)
             elapsed = time.perf_counter() - t0
