@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 from operators.job import JobSpec, run_job
-from queuestore.exceptions import WriterFencedError
 
 __all__ = ["main"]
 
@@ -16,12 +15,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m operators.worker SPEC.json", file=sys.stderr)
         return 2
-    try:
-        run_job(JobSpec.from_json(Path(args[0]).read_text()))
-    except WriterFencedError as exc:
-        # Not a crash to debug: another instance owns the output partition now (one clear line).
-        print(f"worker: {exc}", file=sys.stderr)
-        return 3
+    run_job(JobSpec.from_json(Path(args[0]).read_text()))
     return 0
 
 
