@@ -17,11 +17,13 @@ Contract (checked by the conformance suite in `tests/conformance`):
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 __all__ = [
+    "ATTACHMENT_NAME",
     "DurableCallback",
     "PartitionReader",
     "PartitionWriter",
@@ -29,6 +31,10 @@ __all__ = [
     "RecordMeta",
     "StoredRecord",
 ]
+
+
+# Attachment names are file-name and header safe: lower-case letters, digits and dashes.
+ATTACHMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
 class RecordMeta(NamedTuple):
@@ -184,6 +190,20 @@ class QueueStore(abc.ABC):
     def value_limit(self, meta: RecordMeta) -> int:
         """The largest value a record with this meta may carry (larger ones go in parts, see chunks)."""
         return self.max_record_bytes
+
+    # -- attachments: small named values kept with a partition's log ----------------------------------
+    # They live where the log lives (the SQLite topic directory; on Kafka a companion topic), so whoever
+    # can read the log can read them, e.g. the identity of the input the log was built from.
+
+    @abc.abstractmethod
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        """The newest value written under `name` for the partition, None if there is none."""
+
+    @abc.abstractmethod
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        """Replace the value under `name` for the partition, atomically; durable when this returns.
+
+        Only the partition's writer calls it, while holding the partition (one writer at a time)."""
 
     def index_path(self, topic: str, partition: int) -> Path:
         """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""

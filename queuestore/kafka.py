@@ -48,6 +48,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from queuestore import faults
 from queuestore.base import (
+    ATTACHMENT_NAME,
     DurableCallback,
     PartitionReader,
     PartitionWriter,
@@ -66,6 +67,7 @@ from queuestore.exceptions import (
 )
 
 __all__ = [
+    "ATTACHMENT_TOPIC_PREFIX",
     "HEADER_KEY",
     "HEADER_KIND",
     "HEADER_SEQ",
@@ -88,6 +90,9 @@ HEADER_KIND = "cec.kind"
 HEADER_TIME = "cec.time"
 HEADER_KEY = "cec.key"
 HEADER_SEQ = "cec.seq"
+# Attachments of topic T (see QueueStore.read_attachment) live in topic ATTACHMENT_TOPIC_PREFIX + T.
+ATTACHMENT_TOPIC_PREFIX = "cec-meta."
+_ATTACHMENT_KIND = "META"
 
 # Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
 # record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
@@ -441,6 +446,15 @@ class KafkaQueueStore(QueueStore):
     def topic_exists(self, topic: str) -> bool:
         return self._topic_partitions(topic) is not None
 
+    def cluster_id(self) -> str:
+        """The cluster's id (the same through any bootstrap address); the bootstrap list if the broker
+        reports none."""
+        try:
+            md = self._admin_client().list_topics(timeout=self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+        return md.cluster_id or self.bootstrap_servers
+
     def partitions(self, topic: str) -> int:
         n = self._topic_partitions(topic)
         if n is None:
@@ -470,6 +484,58 @@ class KafkaQueueStore(QueueStore):
         with self._lock:
             self._children.append(r)
         return r
+
+    # -- attachments ------------------------------------------------------------------------------------
+
+    def attachment_topic(self, topic: str) -> str:
+        """The companion topic that holds `topic`'s attachments: in Kafka itself, so that any host with
+        any state_dir finds them. One partition; records keyed by (output partition, name), newest wins.
+        Written only when a log starts (a handful of records per topic), so it needs no compaction and
+        keeps the store's default configs (nothing in it is ever deleted)."""
+        return ATTACHMENT_TOPIC_PREFIX + topic
+
+    @staticmethod
+    def _attachment_meta(partition: int, name: str) -> RecordMeta:
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid attachment name {name!r}")
+        return RecordMeta(_ATTACHMENT_KIND, 0, f"{partition}/{name}")
+
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        wanted = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        if self._topic_partitions(companion) is None:
+            return None
+        found: bytes | None = None
+        with self.reader(companion, 0) as reader:
+            for record in reader.scan_forward(0):
+                if record.meta == wanted:
+                    found = record.value
+        return found
+
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        meta = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        self.create_topic(companion, 1)
+        # A producer of its own, not a partition writer: the instances of every output partition write
+        # to the one companion partition, and none of them owns it.
+        conf = self._base_config(f"cec-attach-{topic}-{partition}")
+        conf.update({"enable.idempotence": True, "acks": "all"})
+        producer = Producer(conf)
+        failures: list[KafkaError] = []
+        producer.produce(
+            companion,
+            value=value,
+            key=meta_to_key(meta),
+            headers=meta_to_headers(meta),
+            partition=0,
+            on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
+        )
+        left = producer.flush(self.request_timeout)
+        if left or failures:
+            reason = failures[0].str() if failures else f"not acknowledged within {self.request_timeout}s"
+            raise QueueStoreError(f"cannot write {name} of {topic}[{partition}] to {companion}: {reason}")
 
     def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
         with self._lock, contextlib.suppress(ValueError):

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from queuestore.base import (
+    ATTACHMENT_NAME,
     DurableCallback,
     PartitionReader,
     PartitionWriter,
@@ -299,7 +300,8 @@ class SqlitePartitionReader(PartitionReader):
 
 
 class SqliteQueueStore(QueueStore):
-    """Topics under `root/<topic>/`, a `topic.json` with the partition count, `<p>.sqlite` per partition."""
+    """Topics under `root/<topic>/`, a `topic.json` with the partition count, `<p>.sqlite` per partition,
+    and `<p>.<name>` per attachment of partition p (written atomically: temporary file, fsync, rename)."""
 
     def __init__(
         self, root: str | os.PathLike[str], *, fsync: bool = False, max_record_bytes: int = 16 << 20
@@ -363,6 +365,31 @@ class SqliteQueueStore(QueueStore):
 
     def reader(self, topic: str, partition: int) -> SqlitePartitionReader:
         return SqlitePartitionReader(self._partition_path(topic, partition), topic, partition)
+
+    def _attachment_path(self, topic: str, partition: int, name: str) -> Path:
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid attachment name {name!r}")
+        return self._partition_path(topic, partition).with_name(f"{partition}.{name}")
+
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        try:
+            return self._attachment_path(topic, partition, name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        path = self._attachment_path(topic, partition, name)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with tmp.open("wb") as f:
+            f.write(value)
+            f.flush()
+            os.fsync(f.fileno())  # the rename below must never expose an empty or partial file
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # and the rename itself must be durable before the log grows
+        finally:
+            os.close(dir_fd)
 
     def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:
         """Fault injection: flip one byte of a stored value, as a failing disk would."""

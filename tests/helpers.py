@@ -16,6 +16,7 @@ from operators.job import JobSpec
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import iter_payloads
 from queuestore.base import QueueStore
+from recovery.identity import ATTACHMENT as IDENTITY_ATTACHMENT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -68,6 +69,14 @@ def process_group_gone(pgid: int) -> Callable[[], bool]:
         return False
 
     return gone
+
+
+def copy_input_identity(source: QueueStore, target: QueueStore, topic: str, partition: int = 0) -> None:
+    """A log copied record by record must take the identity of its input along (`recovery.identity`):
+    without it, a non-empty log is refused as one whose input cannot be known."""
+    recorded = source.read_attachment(topic, partition, IDENTITY_ATTACHMENT)
+    assert recorded is not None, f"{topic}[{partition}] records no input identity"
+    target.write_attachment(topic, partition, IDENTITY_ATTACHMENT, recorded)
 
 
 def log_records(store: QueueStore, topic: str, partition: int = 0) -> list[Any]:

@@ -16,6 +16,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
 
+from cec.config import Checkpointing
 from cec.records import Kind
 from operators.job import JobSpec, run_job
 from queuestore.sqlite import SqliteQueueStore
@@ -60,10 +61,7 @@ def _spec(root: Path, job: dict[str, Any]) -> JobSpec:
         },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=job["q"],
-        u_target=job["u"],
-        ci_ms=job["ci"],
-        cp_ms=10.0,
+        checkpointing=Checkpointing(q_target=job["q"], u_target=job["u"], ci_ms=job["ci"], cp_ms=10.0),
         batch_size=job["batch"],
     )
 

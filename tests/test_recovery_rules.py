@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.exceptions import CodecError
 from cec.records import Kind
 from operators.job import JobSpec, run_job
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
-from tests.helpers import log_records, results
+from tests.helpers import copy_input_identity, log_records, results
 
 
 def _spec(
@@ -53,9 +54,8 @@ def _spec(
         },
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=q,
-        ci_ms=10.0,
-        cp_ms=10.0,  # always in a checkpoint slot: G-checks as often as the policy asks
+        # CI = CP: no budget limit, G-checks as often as the policy asks
+        checkpointing=Checkpointing(q_target=q, ci_ms=10.0, cp_ms=10.0),
         batch_size=1,
     )
 
@@ -187,6 +187,7 @@ def _copy_prefix(source: SqliteQueueStore, topic: str, target_root: Path, length
     `length`-th record became durable leaves (the log is always a prefix of what was produced)."""
     target = SqliteQueueStore(target_root)
     target.create_topic(topic, 1)
+    copy_input_identity(source, target, topic)
     with source.reader(topic, 0) as reader, target.writer(topic, 0) as writer:
         for stored in reader.read_forward(0, length):
             writer.append(stored.value, stored.meta)

@@ -9,6 +9,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -46,7 +47,7 @@ class Written:
         pipeline[1].output_topic = self.topic
         # Long windows and a small Q: the extent outgrows Q, so the log holds G-checks as well as G-opens.
         pipeline[1].operator["window_count"] = 40
-        pipeline[1].q_target = 50
+        pipeline[1].checkpointing = replace(pipeline[1].checkpointing, q_target=50)
         run_reference(pipeline)
 
     def store(self) -> KafkaQueueStore:

@@ -84,8 +84,8 @@ class _Killer(threading.Thread):
             mark = 0
             for job_attempt, task_attempt in self.attempts:
                 pid_file = self.pid_dir / pid_file_name("chain", job_attempt, 0, task_attempt)
-                wait_for(pid_file.exists, timeout=60)
-                wait_for(partial(self._grown_past, mark + self.growth), timeout=60)
+                wait_for(pid_file.exists, timeout=600)
+                wait_for(partial(self._grown_past, mark + self.growth), timeout=600)
                 pid = int(pid_file.read_text())
                 os.kill(pid, signal.SIGKILL)
                 self.killed.append(pid)
@@ -170,13 +170,13 @@ def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
         args, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
     try:
-        wait_for(lambda: first.poll() is not None or _log_end(root, AGGREGATED, 0) >= 2000, timeout=90)
+        wait_for(lambda: first.poll() is not None or _log_end(root, AGGREGATED, 0) >= 2000, timeout=600)
         assert first.poll() is None, "the driver finished before it could be killed"
         assert not out.exists()
         first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
+        first.wait(timeout=300)
         # The driver's JVM exits when its stdin (the dead driver) closes, and takes its workers with it.
-        wait_for(process_group_gone(first.pid), timeout=30, interval=0.05)
+        wait_for(process_group_gone(first.pid), timeout=300, interval=0.05)
     finally:
         if first.poll() is None or not process_group_gone(first.pid)():
             with contextlib.suppress(ProcessLookupError):
@@ -186,7 +186,7 @@ def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
     partial = _log_end(root, AGGREGATED, 0)
     assert partial >= 2000
 
-    second = subprocess.run(args, env=child_env(), capture_output=True, timeout=180)
+    second = subprocess.run(args, env=child_env(), capture_output=True, timeout=900)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     report = json.loads(out.read_text())
     resumed = [i for i in report["instances"] if i["stats"]["resumed"]]
@@ -219,3 +219,37 @@ def test_per_stage_mode_runs_stages_as_concurrent_jobs(spark: SparkSession, tmp_
     finally:
         run.close()
         ref.close()
+
+
+def test_host_applies_a_checkpointing_to_every_stage(spark: SparkSession, tmp_path: Path) -> None:
+    from cec import Checkpointing
+
+    pipeline = filter_aggregate({"type": "sqlite", "root": str(tmp_path)}, count=10, keys=2)
+    wanted = Checkpointing(u_target=123, recovery_target="2s")
+    host = SparkOperatorHost(spark, pipeline, checkpointing=wanted)
+    assert [spec.checkpointing for spec in host.pipeline] == [wanted, wanted]
+    assert pipeline[1].checkpointing != wanted  # the caller's specs are left as they were
+    assert SparkOperatorHost(spark, pipeline).pipeline[1].checkpointing == pipeline[1].checkpointing
+    with pytest.raises(ConfigError):
+        SparkOperatorHost(spark, pipeline, checkpointing={"u_target": 5})  # type: ignore[arg-type]
+
+
+def test_a_pipeline_resumed_against_another_input_fails_once_on_the_driver(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Not in every task attempt of every job submission: the driver looks at each log before any task."""
+    from dataclasses import replace
+
+    from recovery.exceptions import InputMismatchError
+
+    store = {"type": "sqlite", "root": str(tmp_path)}
+    run_reference(filter_aggregate(store, count=2000, keys=KEYS))
+    before = results(SqliteQueueStore(tmp_path), AGGREGATED)
+    pipeline = filter_aggregate(store, count=2000, keys=KEYS)
+    pipeline[0] = replace(pipeline[0], source={**pipeline[0].source, "seed": 8})
+    host = SparkOperatorHost(spark, pipeline)
+    with pytest.raises(
+        InputMismatchError, match=rf"{FILTERED}\[0\] in .* was built from another input \(input.seed"
+    ):
+        host.run()
+    assert results(SqliteQueueStore(tmp_path), AGGREGATED) == before
