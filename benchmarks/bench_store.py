@@ -2,6 +2,8 @@
 
 Kafka (confluent-kafka on the broker from tests/brokers.py, or KAFKA_BOOTSTRAP_SERVERS):
 - raw produce (idempotent, acks=all, same batching as the store) and raw consume of the same records;
+- raw transactional produce, committed at the store writer's cadence, against raw idempotent produce: the
+  cost of transactions (fencing, read_committed), interleaved runs, ratio in one run;
 - KafkaQueueStore append until durable (one durable callback per record, as OutputQueue appends), backward
   scan of the whole partition (what EC reconstruction reads), tail read; each as a ratio to the raw rate;
 - EC reconstruction: `EventualCheckpointBuilder.build()` over the log of a real aggregate job (generator
@@ -25,6 +27,7 @@ import logging
 import os
 import platform
 import sqlite3
+import statistics
 import sys
 import tempfile
 import time
@@ -109,13 +112,51 @@ def timed(label: str, n: int, fn: Callable[[int], int], repeats: int) -> float:
     return max(rates)
 
 
+def timed_interleaved(
+    n: int, entries: list[tuple[str, Callable[[int], int]]], repeats: int
+) -> list[list[float]]:
+    """`timed` for measurements meant as a ratio: their runs alternate, so that a neighbour's burst of
+    load hits them alike rather than one of them, and the order rotates (A B C, B C A, C A B, ...) so that
+    none always runs first; records/s of every run of each."""
+    rates: list[list[float]] = [[] for _ in entries]
+    for run in range(repeats):
+        for step in range(len(entries)):
+            k = (run + step) % len(entries)
+            label, fn = entries[k]
+            t0 = time.perf_counter()
+            done = fn(run)
+            elapsed = time.perf_counter() - t0
+            if done != n:
+                raise AssertionError(f"{label}: expected {n} records, handled {done}")
+            rates[k].append(done / elapsed)
+    for (label, _), runs in zip(entries, rates, strict=True):
+        say(f"  {label:34s} {max(runs):>12,.0f} records/s  (runs: {', '.join(f'{r:,.0f}' for r in runs)})")
+    return rates
+
+
+def paired_ratio(runs: list[float], baseline: list[float]) -> float:
+    """Median over runs of run k's rate / the baseline's run k (neighbours in time, loaded alike)."""
+    return statistics.median(a / b for a, b in zip(runs, baseline, strict=True))
+
+
 # -- Kafka ----------------------------------------------------------------------------------------------
 
 
-def raw_produce(bootstrap: str, topic: str, samples: list[tuple[bytes, RecordMeta]], n: int) -> int:
+def raw_produce(
+    bootstrap: str,
+    topic: str,
+    samples: list[tuple[bytes, RecordMeta]],
+    n: int,
+    commit_interval: float | None = None,
+) -> int:
+    """Idempotent produce until delivered; with `commit_interval`, transactional produce committed as the
+    store's writer commits (checked every 512 records, as the operator loop polls; every `interval`
+    seconds and at the end), so that the two rates isolate what transactions cost."""
     # The store's producer settings (queuestore/kafka.py), so the ratio isolates the store's own cost.
+    transactional = {} if commit_interval is None else {"transactional.id": f"bench-{uuid.uuid4().hex}"}
     producer = Producer(
         {
+            **transactional,
             "bootstrap.servers": bootstrap,
             "enable.idempotence": True,
             "acks": "all",
@@ -135,6 +176,10 @@ def raw_produce(bootstrap: str, topic: str, samples: list[tuple[bytes, RecordMet
             delivered += 1
 
     k = len(wire)
+    if commit_interval is not None:
+        producer.init_transactions(30)
+        producer.begin_transaction()
+        started = time.monotonic()
     for i in range(n):
         value, key, headers = wire[i % k]
         while True:
@@ -143,7 +188,13 @@ def raw_produce(bootstrap: str, topic: str, samples: list[tuple[bytes, RecordMet
                 break
             except BufferError:
                 producer.poll(0.05)
+        if commit_interval is not None and i % 512 == 511 and time.monotonic() - started >= commit_interval:
+            producer.commit_transaction(30)
+            producer.begin_transaction()
+            started = time.monotonic()
     producer.flush()
+    if commit_interval is not None:
+        producer.commit_transaction(30)
     return delivered
 
 
@@ -310,19 +361,45 @@ def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta
     rates: dict[str, float] = {}
     store = KafkaQueueStore(bootstrap, tmp / "kafka-state")
     raw_topics = [f"raw-{uuid.uuid4().hex[:8]}" for _ in range(repeats)]
+    txn_topics = [f"txn-{uuid.uuid4().hex[:8]}" for _ in range(repeats)]
     topics = [f"store-{uuid.uuid4().hex[:8]}" for _ in range(repeats)]
+    interval = store.commit_interval
     try:
-        for topic in raw_topics + topics:
+        for topic in raw_topics + txn_topics + topics:
             store.create_topic(topic, 1)
         say(f"[kafka] {n:,} records per run, best of {repeats}")
-        # Writes go to a fresh topic per run; reads re-read the last one.
-        rates["raw_produce"] = timed(
-            "raw produce (until delivered)", n, lambda r: raw_produce(bootstrap, raw_topics[r], samples, n), repeats
+        warm = f"warm-{uuid.uuid4().hex[:8]}"
+        store.create_topic(warm, 1)
+        raw_produce(bootstrap, warm, samples, min(n, 50_000))  # connections, metadata, broker warm-up
+        # Writes go to a fresh topic per run; reads re-read the last one. The idempotent producer (what
+        # the store's writer was before it became transactional), the same producer in transactions
+        # committed at the writer's cadence, and the store's transactional writer: interleaved runs.
+        idempotent, transactional, appends = timed_interleaved(
+            n,
+            [
+                ("raw idempotent produce (delivered)", lambda r: raw_produce(bootstrap, raw_topics[r], samples, n)),
+                (
+                    f"raw transactional produce ({interval * 1000:.0f} ms)",
+                    lambda r: raw_produce(bootstrap, txn_topics[r], samples, n, interval),
+                ),
+                ("store append (until committed)", lambda r: store_append(store, topics[r], samples, n)),
+            ],
+            repeats,
+        )
+        rates["raw_produce"], rates["raw_produce_txn"], rates["append"] = (
+            max(idempotent),
+            max(transactional),
+            max(appends),
+        )
+        paired = {
+            "raw_produce_txn/raw_produce": paired_ratio(transactional, idempotent),
+            "append/raw_produce": paired_ratio(appends, idempotent),
+        }
+        say(
+            "  paired (median of run-by-run ratios): transactional/idempotent "
+            f"{paired['raw_produce_txn/raw_produce']:.2f}, store append/idempotent {paired['append/raw_produce']:.2f}"
         )
         rates["raw_consume"] = timed("raw consume", n, lambda r: raw_consume(bootstrap, raw_topics[-1], n), repeats)
-        rates["append"] = timed(
-            "store append (until durable)", n, lambda r: store_append(store, topics[r], samples, n), repeats
-        )
         rates["scan_backward"] = timed(
             "store scan_backward", n, lambda r: store_scan_backward(store, topics[-1]), repeats
         )
@@ -334,11 +411,13 @@ def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta
     rates["ec_build"] = ec["rate"]
     ratios = {
         "append/raw_produce": rates["append"] / rates["raw_produce"],
+        # What transactions cost on their own: the same producer, transactional vs idempotent.
+        "raw_produce_txn/raw_produce": rates["raw_produce_txn"] / rates["raw_produce"],
         "scan_backward/raw_consume": rates["scan_backward"] / rates["raw_consume"],
         "tail/raw_consume": rates["tail"] / rates["raw_consume"],
         "ec_build/raw_consume": rates["ec_build"] / rates["raw_consume"],
     }
-    return {"rates": rates, "ratios": ratios, "ec": ec}
+    return {"rates": rates, "ratios": ratios, "paired_ratios": paired, "commit_interval": interval, "ec": ec}
 
 
 def bench_sqlite(tmp: Path, samples: list[tuple[bytes, RecordMeta]], n: int, ec_tuples: int, ec_keys: int,

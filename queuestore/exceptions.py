@@ -13,6 +13,7 @@ __all__ = [
     "TornRecordError",
     "UnknownTopicError",
     "WriterFailedError",
+    "WriterFencedError",
 ]
 
 
@@ -56,3 +57,8 @@ class DamagedLogError(QueueStoreError):
 class WriterFailedError(QueueStoreError):
     """An append failed; the writer stopped there (fail-stop), so nothing after the failed record is ever
     written and the log stays a gapless prefix. The operator must stop and recover from the log."""
+
+
+class WriterFencedError(QueueStoreError):
+    """A newer writer of the partition took over (on Kafka: called `init_transactions()` with the same
+    transactional.id); this writer has stopped and must not write anything further."""

@@ -31,8 +31,17 @@ def open_store(spec: dict[str, Any]) -> QueueStore:
     if kind == "kafka":
         from queuestore.kafka import KafkaQueueStore  # optional backend: imported only when used
 
+        # Optional writer settings: the transactional.id prefix and the commit cadence (see KafkaQueueStore).
+        writer_settings: dict[str, Any] = {
+            name: spec[name]
+            for name in ("transactional_id_prefix", "commit_interval", "commit_records")
+            if spec.get(name) is not None
+        }
         kafka = KafkaQueueStore(
-            spec["bootstrap_servers"], Path(spec["state_dir"]), config=dict(spec.get("config") or {})
+            spec["bootstrap_servers"],
+            Path(spec["state_dir"]),
+            config=dict(spec.get("config") or {}),
+            **writer_settings,
         )
         if spec.get("max_record_bytes"):  # lower than the broker's limit only (tests of chunked values)
             kafka.max_record_bytes = min(kafka.max_record_bytes, int(spec["max_record_bytes"]))

@@ -108,15 +108,17 @@ class StreamIndex:
         if self._next_offset > end:
             self.clear()
         start = self._next_offset
-        self._index_records(((r.offset, r.meta) for r in reader.scan_forward(start)), end - start, progress)
-        return end - start
+        # `end - start` offsets: an upper bound of the records on a store whose offsets have gaps.
+        return self._index_records(
+            ((r.offset, r.meta) for r in reader.scan_forward(start)), end - start, progress
+        )
 
     def _index_records(
         self,
         records: Iterable[tuple[int, RecordMeta]],
         total: int,
         progress: Callable[[int, int], None] | None,
-    ) -> None:
+    ) -> int:
         done = 0
         for offset, meta in records:
             self.add(offset, meta)
@@ -128,6 +130,7 @@ class StreamIndex:
         self.commit()
         if progress:
             progress(done, total)
+        return done
 
     def clear(self) -> None:
         """Drop every entry (keeps the identity)."""

@@ -1,7 +1,21 @@
 """Kafka backend of the queue store, on confluent-kafka (librdkafka).
 
-Each output partition of an operator is a Kafka partition written by one idempotent producer, so the log
-is always an ordered, duplicate-free prefix of what the operator appended (DESIGN-NOTES section 3).
+Each output partition of an operator is a Kafka partition written by one transactional producer, so the
+log is always an ordered, duplicate-free prefix of what the operator appended (DESIGN-NOTES section 3),
+and one writer per partition holds *across hosts*: the `transactional.id` is derived from (topic,
+partition), so a new writer's `init_transactions()` aborts its predecessor's open transaction and fences
+it; the predecessor's next produce or commit fails and it stops (`WriterFencedError`) without writing
+anything further. The local file lock stays as the same-host guard with a clear error.
+
+Records are committed in transactions cut at the writer's `poll()`/`flush()` calls (the operator runtime
+polls after each input batch): `poll()` commits once the open transaction is `commit_interval` seconds
+old or holds `commit_records` records, `flush()` always commits. Durable-completion callbacks fire only
+after the commit, so the stream index never maps a record that a crash could still abort. Any prefix is a
+valid log for recovery, so where a commit falls is a matter of cost and latency, never of correctness.
+
+Readers consume with `isolation.level=read_committed`. Transaction markers take offsets that are never
+delivered, so offsets are not dense (`dense_offsets = False`): every read path steps by the offsets it is
+given, never by counting.
 
 The record's `RecordMeta` travels in Kafka headers (`cec.kind`, `cec.time`, `cec.key`, `cec.seq`, all as
 UTF-8 text; decimal for the integers) so that downstream consumers and the stream index can filter control
@@ -32,6 +46,7 @@ from typing import IO, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from queuestore import faults
 from queuestore.base import (
     ATTACHMENT_NAME,
     DurableCallback,
@@ -48,6 +63,7 @@ from queuestore.exceptions import (
     StoreClosedError,
     TopicMismatchError,
     UnknownTopicError,
+    WriterFencedError,
 )
 
 __all__ = [
@@ -63,6 +79,7 @@ __all__ = [
     "meta_to_headers",
     "meta_to_key",
     "redact_config",
+    "transactional_id",
 ]
 
 log = logging.getLogger(__name__)
@@ -82,6 +99,12 @@ _ATTACHMENT_KIND = "META"
 DEFAULT_MAX_RECORD_BYTES = 900_000
 # Header bytes we add on top of the value; counted against `max_record_bytes` (names plus typical values).
 _HEADER_OVERHEAD = 96
+# Commit cadence of the transactional writers: a commit drains the producer's pipeline and costs a round
+# trip to the transaction coordinator, so commits are spaced by time and size (benchmarks/RESULTS.md has
+# the measured cost against the idempotent producer). The interval is also the latency a read_committed
+# consumer sees on top of the produce latency.
+DEFAULT_COMMIT_INTERVAL = 0.1
+DEFAULT_COMMIT_RECORDS = 50_000
 
 _SENSITIVE_PREFIXES = ("sasl.", "ssl.")
 _SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
@@ -93,6 +116,14 @@ _BEYOND_END_CODES = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
+# What a producer sees once a newer producer with its transactional.id has called init_transactions().
+_FENCED_CODES = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED})
+
+
+def transactional_id(prefix: str, topic: str, partition: int) -> str:
+    """The transactional.id of the writer of `topic[partition]`: the same on every host, which is what
+    makes a new writer fence the old one. The partition comes last, so the id is unambiguous."""
+    return f"{prefix}cec.{topic}.{partition}"
 
 
 def redact_config(config: dict[str, Any]) -> dict[str, Any]:
@@ -214,12 +245,19 @@ class KafkaQueueStore(QueueStore):
     `topic_configs` override the configs `create_topic` sets (`cleanup.policy=delete`, `retention.ms=-1`):
     retention must stay longer than any checkpoint extent, otherwise recovery loses footprints.
 
-    `request_timeout` bounds how long admin calls and positioned reads may go without progress, so that an
-    unreachable broker surfaces as an error instead of a hang. `max_outstanding` bounds each writer's
-    appended-but-not-completed records, which bounds memory when the broker is slower than the operator.
+    `request_timeout` bounds how long admin calls, positioned reads and transaction commits may go without
+    progress, so that an unreachable broker surfaces as an error instead of a hang. `max_outstanding` bounds
+    each writer's appended-but-not-completed records, which bounds memory when the broker is slower than the
+    operator (a writer commits early when it reaches the bound).
+
+    Writers are transactional (see the module docstring): `transactional_id_prefix` namespaces their
+    `transactional.id`s (e.g. per deployment on a shared cluster; every writer of one partition must use
+    the same prefix, or they do not fence each other); `commit_interval` (seconds) and `commit_records` set
+    the commit cadence; `clock` is what `commit_interval` is measured with (injectable for tests).
     """
 
-    dense_offsets = False  # transaction markers occupy offsets: a log may skip some
+    # Transaction markers take offsets (module docstring): a gap between two offsets is not damage.
+    dense_offsets: bool = False
 
     def __init__(
         self,
@@ -230,6 +268,10 @@ class KafkaQueueStore(QueueStore):
         topic_configs: dict[str, str] | None = None,
         request_timeout: float = 30.0,
         max_outstanding: int = 100_000,
+        transactional_id_prefix: str = "",
+        commit_interval: float = DEFAULT_COMMIT_INTERVAL,
+        commit_records: int = DEFAULT_COMMIT_RECORDS,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.state_dir = Path(state_dir)
@@ -238,6 +280,10 @@ class KafkaQueueStore(QueueStore):
         # Seconds an admin/metadata/read operation may go without progress before it fails.
         self.request_timeout = request_timeout
         self.max_outstanding = max_outstanding
+        self.transactional_id_prefix = transactional_id_prefix
+        self.commit_interval = commit_interval
+        self.commit_records = max(1, commit_records)
+        self.clock = clock
         self._config: dict[str, Any] = dict(config or {})
         self._topic_configs: dict[str, str] = {
             "cleanup.policy": "delete",
@@ -283,6 +329,8 @@ class KafkaQueueStore(QueueStore):
         conf.update(self._base_config(f"cec-writer-{topic}-{partition}"))
         conf.update(
             {
+                # One writer per partition across hosts: a new writer's init_transactions() fences this one.
+                "transactional.id": transactional_id(self.transactional_id_prefix, topic, partition),
                 # The log must be an ordered, duplicate-free prefix of what was appended.
                 "enable.idempotence": True,
                 "acks": "all",
@@ -306,12 +354,13 @@ class KafkaQueueStore(QueueStore):
             # which made about one backward chunk in three take a second.
             "fetch.queue.backoff.ms": 10,
             "fetch.error.backoff.ms": 100,
-            "isolation.level": "read_committed",
             "check.crcs": True,
         }
         conf.update(self._base_config(f"cec-{purpose}"))
         conf.update(
             {
+                # Never a record of an open transaction: it may still be aborted (writer killed or fenced).
+                "isolation.level": "read_committed",
                 # Readers position themselves explicitly: no group, nothing committed, nothing auto-created.
                 "group.id": f"cec-{purpose}-{uuid.uuid4().hex}",
                 "enable.auto.commit": False,
@@ -511,9 +560,9 @@ class _PartitionLock:
 
     An flock on `state_dir/locks/<topic>.<partition>.lock` is released by the kernel when the holder dies,
     so a crashed writer never blocks its successor. It protects only writers sharing this host and state
-    directory; across hosts, exclusivity must come from deployment (one task per partition) or from
-    transactional-id fencing, which this backend does not use. The file is never deleted: removing it would
-    let two processes lock two different inodes.
+    directory; across hosts, the writers' transactional ids fence each other (see `KafkaPartitionWriter`):
+    this lock only turns a same-host second writer into a clear error before it fences the first. The file
+    is never deleted: removing it would let two processes lock two different inodes.
     """
 
     def __init__(self, path: Path) -> None:
@@ -544,12 +593,17 @@ class _PartitionLock:
 
 
 class KafkaPartitionWriter(PartitionWriter):
-    """The single idempotent producer of one partition.
+    """The single transactional producer of one partition.
 
-    Completion callbacks run inside `poll()`/`flush()` (and inside `append` when it must wait for room),
-    always in the caller's thread, in append order: librdkafka reports deliveries per partition in order.
-    After a failed delivery the writer refuses further appends, because anything appended later could no
-    longer be guaranteed to follow the failed record in the log; the owner must recover from the log.
+    Completion callbacks run inside `poll()`/`flush()` (and inside `append` when it must make room),
+    always in the caller's thread, in append order, and only once the transaction holding the record is
+    committed: a delivery report says the broker holds the record, not that it will stay in the log.
+
+    Fail-stop: after the first failed delivery or commit the writer refuses further appends and commits
+    nothing more, because anything appended later could no longer be guaranteed to follow the failed
+    record in the log; the owner must recover from the log. The records of the failed transaction report
+    failure. A fenced writer (a newer writer of the partition called `init_transactions()`) raises
+    `WriterFencedError`.
     """
 
     def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
@@ -558,14 +612,37 @@ class KafkaPartitionWriter(PartitionWriter):
         self._store = store
         self._max_record_bytes = store.max_record_bytes
         self._max_outstanding = max(store.max_outstanding, 1)
+        self._timeout = store.request_timeout
+        self._clock = store.clock
+        self._commit_interval = store.commit_interval
+        self._commit_records = store.commit_records
+        self.transactional_id = transactional_id(store.transactional_id_prefix, topic, partition)
         self._lock = _PartitionLock(store.state_dir / "locks" / f"{topic}.{partition}.lock")
         try:
-            self._producer: Producer | None = Producer(store._producer_config(topic, partition))
+            producer = Producer(store._producer_config(topic, partition))
+            try:
+                # Aborts the open transaction of a previous writer with this id (crashed, or alive on another
+                # host) and fences it: from here on this writer alone can add to the partition.
+                producer.init_transactions(self._timeout)
+            except KafkaException as exc:
+                raise QueueStoreError(
+                    f"cannot take over {topic}[{partition}] as transactional.id {self.transactional_id!r}: "
+                    f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
+                ) from None
         except BaseException:
             self._lock.release()
             raise
+        self._producer: Producer | None = producer
         self._appended = 0
         self._served = 0
+        self._failure: QueueStoreError | None = None
+        self._in_transaction = False
+        self._transaction_started = 0.0
+        self._transaction_records = 0
+        # Delivered records of the open transaction, in offset order: (callback, offset), served on commit.
+        self._delivered: list[tuple[DurableCallback | None, int]] = []
+        self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
+        self.commits = 0
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
 
@@ -576,40 +653,144 @@ class KafkaPartitionWriter(PartitionWriter):
     def outstanding(self) -> int:
         return self._appended - self._served
 
+    @property
+    def failure(self) -> Exception | None:
+        """The first delivery or commit failure, after which appends are refused."""
+        return self._failure
+
+    def _failed(self, err: KafkaError | None, what: str) -> QueueStoreError:
+        """The error a failed delivery or commit stands for; a fenced writer gets its own, one line."""
+        if err is not None and err.code() in _FENCED_CODES:
+            return WriterFencedError(
+                f"fenced: another writer took over {self.topic}[{self.partition}] (transactional.id "
+                f"{self.transactional_id!r}); this writer stopped and wrote nothing further"
+            )
+        detail = err.str() if err is not None else "unknown error"
+        return QueueStoreError(f"{what} {self.topic}[{self.partition}] failed: {detail}")
+
+    def _stop(self, exc: QueueStoreError) -> QueueStoreError:
+        """Stop for good: the records of the open transaction will never be committed by this writer."""
+        if self._failure is None:
+            self._failure = exc
+        failure = self._failure
+        delivered, self._delivered = self._delivered, []
+        for on_durable, _ in delivered:
+            self._served += 1
+            if on_durable is not None:
+                on_durable(None, failure)
+        return failure
+
     def _make_report(
         self, on_durable: DurableCallback | None
     ) -> Callable[[KafkaError | None, Message], None]:
         def report(err: KafkaError | None, msg: Message) -> None:
-            self._served += 1
             if err is None:
-                if on_durable is not None:
-                    on_durable(_offset(msg), None)
-                return
-            exc = QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {err.str()}")
-            self._fail(exc)
-            if on_durable is not None:
-                on_durable(None, exc)
+                self._delivered.append((on_durable, _offset(msg)))
+            else:
+                # Looked at after the serving call returns: librdkafka may run this callback while the
+                # call is raising the producer's fatal error, and then the error object cannot be used.
+                self._undelivered.append((on_durable, err))
 
         return report
+
+    def _settle_undelivered(self) -> None:
+        undelivered, self._undelivered = self._undelivered, []
+        for on_durable, err in undelivered:
+            self._served += 1
+            exc = self._failed(err, "append to")
+            if self._failure is None:
+                self._failure = exc
+            if on_durable is not None:
+                on_durable(None, exc)
 
     def _live_producer(self) -> Producer:
         if self._producer is None:
             raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
         return self._producer
 
+    def _check_failure(self) -> None:
+        failure = self._failure
+        if failure is None:
+            return
+        if isinstance(failure, WriterFencedError):
+            raise WriterFencedError(str(failure))
+        raise QueueStoreError(
+            f"writer of {self.topic}[{self.partition}] failed earlier ({failure}); recover from the log"
+        )
+
+    def _serve(self, call: Callable[[float], int], timeout: float) -> int:
+        """`producer.poll`/`flush`, which serve delivery reports, and which raise a fatal producer error
+        themselves (a fenced producer that opened a new transaction learns it when adding the partition)."""
+        try:
+            return call(timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            # The producer's own error first: the records it purged report only its consequence.
+            failure = self._failed(err, "append to")
+            if self._failure is None:
+                self._failure = failure
+            self._settle_undelivered()
+            raise self._stop(failure) from None
+        finally:
+            self._settle_undelivered()
+
+    def _commit(self, flush_timeout: float | None) -> int:
+        """Commit the open transaction, then serve its records' callbacks; returns how many were served."""
+        if not self._in_transaction:
+            return 0
+        producer = self._live_producer()
+        remaining = self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout)
+        if remaining > 0:
+            raise TimeoutError(
+                f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
+                f"{flush_timeout}s"
+            )
+        if self._failure is not None:
+            raise self._stop(self._failure)
+        faults.hit("kafka.before_commit")
+        try:
+            producer.commit_transaction(self._timeout)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            raise self._stop(self._failed(err, "commit of")) from None
+        self._in_transaction = False
+        self.commits += 1
+        faults.hit("kafka.after_commit")
+        delivered, self._delivered = self._delivered, []
+        for on_durable, offset in delivered:
+            self._served += 1
+            if on_durable is not None:
+                on_durable(offset, None)
+        return len(delivered)
+
+    def _commit_due(self) -> bool:
+        return (
+            self._transaction_records >= self._commit_records
+            or self._clock() - self._transaction_started >= self._commit_interval
+        )
+
     def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
         producer = self._live_producer()
-        self._check_failed()
+        self._check_failure()
         limit = self._store.value_limit(meta)
         if len(value) > limit:
             raise RecordTooLargeError(
                 f"record of {len(value)} bytes exceeds the {limit} bytes a record with this key may carry "
                 f"(max_record_bytes={self._max_record_bytes}); write it through OutputQueue, which chunks it"
             )
-        # Bounded outstanding: serve completions (running callbacks here, in the caller's thread) until
-        # there is room, so memory stays bounded when the broker is slower than the operator.
-        while self._appended - self._served >= self._max_outstanding:
-            producer.poll(0.05)
+        # Bounded outstanding: records complete only when committed, so commit (serving callbacks here, in
+        # the caller's thread) when the bound is reached; memory stays bounded when the broker is slow.
+        if self._appended - self._served >= self._max_outstanding:
+            self._commit_or_stop()
+        if not self._in_transaction:
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                raise self._stop(self._failed(err, "transaction on")) from None
+            self._in_transaction = True
+            self._transaction_started = self._clock()
+            self._transaction_records = 0
         report = self._plain_report if on_durable is None else self._make_report(on_durable)
         headers = meta_to_headers(meta)
         record_key = meta_to_key(meta)
@@ -625,52 +806,83 @@ class KafkaPartitionWriter(PartitionWriter):
                 )
                 break
             except BufferError:
-                # librdkafka's local queue is full (size limit in bytes): make room the same way.
-                producer.poll(0.05)
+                # librdkafka's local queue is full (size limit in bytes): let deliveries make room.
+                self._serve(producer.poll, 0.05)
             except KafkaException as exc:
                 if _error_code(exc) == KafkaError.MSG_SIZE_TOO_LARGE:
                     raise RecordTooLargeError(str(exc)) from exc
-                raise QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {exc}") from exc
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                raise self._stop(self._failed(err, "append to")) from None
         self._appended += 1
+        self._transaction_records += 1
 
     def poll(self, timeout: float = 0.0) -> int:
+        """Serve delivery reports; commit the open transaction when it is due (module docstring). Raises
+        the writer's failure (fail-stop), `WriterFencedError` when another writer took over."""
         producer = self._live_producer()
         before = self._served
-        producer.poll(timeout)
-        self._check_failed()
+        self._serve(producer.poll, timeout)
+        self._check_failure()
+        if self._in_transaction and self._commit_due():
+            self._commit_or_stop()
         return self._served - before
 
+    def _commit_or_stop(self) -> None:
+        """A commit on the writer's own initiative: one that cannot even deliver its records within the
+        request timeout stops the writer (the caller did not ask to wait; flush() is the bounded wait)."""
+        try:
+            self._commit(self._timeout)
+        except TimeoutError as exc:
+            raise self._stop(QueueStoreError(f"{exc}: the broker is unreachable or too slow")) from None
+
     def flush(self, timeout: float | None = None) -> None:
-        producer = self._live_producer()
-        remaining = producer.flush(-1 if timeout is None else timeout)
-        self._check_failed()
-        if remaining > 0 or self.outstanding > 0:
+        """Commit everything appended; every callback is served when this returns."""
+        self._live_producer()
+        self._check_failure()
+        self._commit(timeout)
+        if self.outstanding > 0:
             raise TimeoutError(
                 f"{self.outstanding} appends to {self.topic}[{self.partition}] not durable after {timeout}s"
             )
 
     def close(self, timeout: float | None = 60.0) -> None:
-        """Flush and release the partition.
+        """Commit and release the partition.
 
         Bounded by `timeout` because appends never time out on their own: if the broker stays unreachable,
         unsent records are purged (their callbacks report failure) rather than hanging the caller forever.
+        A failed writer commits nothing: its open transaction is left to the next writer's
+        `init_transactions()` (or the broker's transaction timeout) to abort.
         """
         if self._producer is None:
             return
         producer = self._producer
         try:
-            try:
-                self._close_flush(lambda: self.flush(timeout))
-            except TimeoutError:
-                log.warning("closing %r with %d appends not durable: purging them", self, self.outstanding)
-                producer.purge(in_queue=True, in_flight=True, blocking=False)
-                producer.flush(5.0)
+            if self._failure is None:
+                try:
+                    self.flush(timeout)
+                except TimeoutError:
+                    log.warning(
+                        "closing %r with %d appends not durable: purging them", self, self.outstanding
+                    )
+                    self._purge(producer)
+                except QueueStoreError as exc:
+                    log.warning("closing %r: %s", self, exc)
+                    self._purge(producer)
+                else:
+                    producer.close()
             else:
-                producer.close()
+                self._purge(producer)
         finally:
             self._producer = None
             self._lock.release()
             self._store._forget(self)
+
+    def _purge(self, producer: Producer) -> None:
+        with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error again here
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.flush(5.0)
+        self._settle_undelivered()
+        self._stop(self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"))
 
 
 @dataclass
@@ -863,6 +1075,20 @@ class KafkaPartitionReader(PartitionReader):
                 return []
             result = self._read(start, want=max_records, stop_before=None)
         return result.records
+
+    def scan_forward(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[StoredRecord]:
+        # Not the base class's record counting: with transaction markers in the way, `chunk` records from
+        # `offset` can lie past the end found at the start, and the scan must stop at that end.
+        end = self.end_offset()
+        offset = max(0, from_offset)
+        while offset < end:
+            result = self._read(offset, want=max(1, chunk), stop_before=end)
+            if result.beyond_end:  # a stale suspicion: `end` was found by consuming to EOF
+                result = self._read(offset, want=max(1, chunk), stop_before=end)
+            if not result.records:
+                return  # only markers (or aborted records) left below the end
+            yield from result.records
+            offset = result.records[-1].offset + 1
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
         if max_records <= 0 or before_offset <= 0:

@@ -30,14 +30,21 @@ Writing (batch and streaming sink)
   columns, `cec.*` headers), so a CEC operator can consume the topic with a queue source and this source
   can read it back. `keyField` picks the Kafka partition by a stable hash of that column (CRC32C), else a
   task writes to partition `task partition id % partitions`; `timeField` sets the record's logical time.
-- Delivery is at-least-once per micro-batch: the producer is idempotent, but Spark re-runs a failed
-  micro-batch with new producers, whose retried records Kafka cannot tell from new ones.
+- Exactly once: each task writes its rows in one Kafka transaction whose transactional.id derives from
+  (topic, streaming query id or batch write, task partition), so a new attempt of a task fences any
+  older one still running; the transaction also commits the task's progress (the next micro-batch id,
+  as the offset of a consumer group named like the transactional.id), and an attempt whose batch is
+  already committed writes nothing. A micro-batch that Spark runs again (a retried task, a query
+  restarted from its checkpoint after the driver died between the task commits and its commit log)
+  therefore adds no duplicate. Readers of the topic must use `isolation.level=read_committed` (this
+  source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
+import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,6 +83,7 @@ from cec.exceptions import ConfigError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
 from cec.verified import LogVerifier
 from operators.job import SCHEMAS
+from queuestore import faults
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
@@ -189,6 +197,7 @@ class _Options:
     time_field: str | None
     partitions: int | None  # sink: create the topic with this many partitions if it is missing
     extra: dict[str, str] = field(default_factory=dict)
+    transactional_id_prefix: str = ""  # sink: prefix of its tasks' transactional.ids
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -220,6 +229,7 @@ class _Options:
             key_field=opts.get("keyfield"),
             time_field=opts.get("timefield"),
             partitions=int(partitions) if partitions else None,
+            transactional_id_prefix=opts.get("transactionalidprefix", ""),
         )
 
     def store(self) -> KafkaQueueStore:
@@ -257,6 +267,8 @@ def _rows(opts: _Options, piece: KafkaSlice) -> Iterator[tuple[Any, ...]]:
             while offset < piece.end:
                 records = reader.read_forward(offset, min(_READ_CHUNK, piece.end - offset))
                 if not records:
+                    if reader.end_offset() >= piece.end:
+                        break  # the rest of the slice is transaction markers: offsets are not dense
                     raise QueueStoreError(
                         f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
                     )
@@ -444,75 +456,143 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 @dataclass
 class SinkCommit(WriterCommitMessage):
+    """What one task wrote: `records` rows of micro-batch `batch_id` (0 for a batch write), or nothing
+    when `skipped` (an earlier attempt of the same task and batch had committed them already)."""
+
     partition_id: int
     records: int
+    batch_id: int = 0
+    skipped: bool = False
 
 
-def _write(opts: _Options, rows: Iterator[Row]) -> SinkCommit:
-    """Write one Spark partition's rows as R records (runs on an executor)."""
-    from confluent_kafka import Producer
+# Task-local properties Spark sets while running a micro-batch: the query's id (kept in its checkpoint,
+# so the same across restarts) and the micro-batch id (a re-run batch keeps its id).
+_QUERY_ID_PROPERTY = "sql.streaming.queryId"
+_BATCH_ID_PROPERTY = "streaming.sql.batchId"
+_SINK_TIMEOUT = 60.0
+
+
+def sink_transactional_id(prefix: str, topic: str, sink_id: str, task: int) -> str:
+    """The transactional.id of task `task` of sink `sink_id` (a streaming query id, or one batch write):
+    the same for every attempt of the task, so that a new attempt fences an older one still running."""
+    return f"{prefix}cec-sink.{topic}.{sink_id}.{task}"
+
+
+def _write(opts: _Options, rows: Iterator[Row], write_id: str) -> SinkCommit:
+    """Write one Spark partition's rows (runs on an executor); see `write_rows`."""
     from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    task = ctx.partitionId() if ctx is not None else 0
+    query_id = ctx.getLocalProperty(_QUERY_ID_PROPERTY) if ctx is not None else None
+    batch = ctx.getLocalProperty(_BATCH_ID_PROPERTY) if ctx is not None else None
+    if query_id and batch is not None:
+        return write_rows(opts, rows, sink_id=query_id, batch_id=int(batch), task=task)
+    return write_rows(opts, rows, sink_id=write_id, batch_id=0, task=task)
+
+
+def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: int, task: int) -> SinkCommit:
+    """Write `rows` as R records in one Kafka transaction, exactly once per (sink, batch, task).
+
+    The transactional.id is derived from (topic, sink, task), so `init_transactions()` aborts whatever an
+    earlier attempt of this task left open and fences it if it is still running (a speculative copy, an
+    executor wrongly presumed dead). The transaction also commits, atomically with the records, the
+    offset `batch_id + 1` of a consumer group named like the transactional.id: the task's progress. An
+    attempt that finds its batch already committed writes nothing (a re-run micro-batch after a driver
+    crash between the task commits and Spark's commit log, or a task retried after it had committed).
+    """
+    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
     from queuestore.kafka import meta_to_headers
 
     if opts.payload is None:
         raise ConfigError(f"writing to {FORMAT} needs the 'schema' option (the payload's Avro schema)")
-    ctx = TaskContext.get()
-    task_partition = ctx.partitionId() if ctx is not None else 0
     store = opts.store()
     try:
         partitions = store.partitions(opts.topic)
     finally:
         store.close()
-    codec, payload_codec = RecordCodec(), AvroCodec(opts.payload)
-    names = [f["name"] for f in opts.payload["fields"]]
+    txn_id = sink_transactional_id(opts.transactional_id_prefix, opts.topic, sink_id, task)
+    where = f"{FORMAT} sink {opts.topic} (task {task}, batch {batch_id})"
+    common = {"bootstrap.servers": opts.bootstrap, **opts.client_config}
     producer = Producer(
         {
-            "bootstrap.servers": opts.bootstrap,
             "linger.ms": 5,
             "compression.type": "lz4",
-            **opts.client_config,
+            **common,
+            "transactional.id": txn_id,
             "enable.idempotence": True,
             "acks": "all",
         }
     )
-    failures: list[str] = []
+    progress = TopicPartition(opts.topic, 0)  # where the group's offset (next batch to write) is kept
+    group = Consumer(
+        {
+            **common,
+            "group.id": txn_id,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
+    try:
+        try:
+            producer.init_transactions(_SINK_TIMEOUT)
+            committed = group.committed([progress], _SINK_TIMEOUT)[0].offset
+        except KafkaException as exc:
+            raise QueueStoreError(f"{where}: cannot start its transaction: {exc}") from None
+        if committed > batch_id:
+            return SinkCommit(task, 0, batch_id, skipped=True)
+        codec, payload_codec = RecordCodec(), AvroCodec(opts.payload)
+        names = [f["name"] for f in opts.payload["fields"]]
+        failures: list[str] = []
 
-    def report(err: Any, _msg: Any) -> None:
-        if err is not None:
-            failures.append(str(err))
+        def report(err: Any, _msg: Any) -> None:
+            if err is not None:
+                failures.append(str(err))
 
-    count = 0
-    for row in rows:
-        values = row.asDict()
-        payload = payload_codec.encode({n: values.get(n) for n in names})
-        t = int(values[opts.time_field]) if opts.time_field else 0
-        record = OutputRecord(Kind.R, t, (), 0, None, -1, None, payload)
-        key = None
-        if opts.key_field:
-            key = str(values[opts.key_field]).encode()
-            partition = crc32c(key) % partitions
-        else:
-            partition = task_partition % partitions
-        while True:
-            try:
-                producer.produce(
-                    opts.topic,
-                    codec.encode(record),
-                    key=key,
-                    partition=partition,
-                    headers=meta_to_headers(record.meta()),
-                    on_delivery=report,
-                )
-                break
-            except BufferError:  # local queue full: serve deliveries to make room
-                producer.poll(0.05)
-        count += 1
-        producer.poll(0)
-    remaining = producer.flush(60.0)
-    if remaining or failures:
-        raise RuntimeError(f"{FORMAT} sink: {remaining} records undelivered, failures: {failures[:3]}")
-    return SinkCommit(task_partition, count)
+        try:
+            producer.begin_transaction()
+            count = 0
+            for row in rows:
+                values = row.asDict() if hasattr(row, "asDict") else dict(row)
+                payload = payload_codec.encode({n: values.get(n) for n in names})
+                t = int(values[opts.time_field]) if opts.time_field else 0
+                record = OutputRecord(Kind.R, t, (), 0, None, -1, None, payload)
+                key = None
+                if opts.key_field:
+                    key = str(values[opts.key_field]).encode()
+                    partition = crc32c(key) % partitions
+                else:
+                    partition = task % partitions
+                while True:
+                    try:
+                        producer.produce(
+                            opts.topic,
+                            codec.encode(record),
+                            key=key,
+                            partition=partition,
+                            headers=meta_to_headers(record.meta()),
+                            on_delivery=report,
+                        )
+                        break
+                    except BufferError:  # local queue full: serve deliveries to make room
+                        producer.poll(0.05)
+                count += 1
+                producer.poll(0)
+            if producer.flush(_SINK_TIMEOUT) or failures:
+                raise QueueStoreError(f"{where}: records undelivered, failures: {failures[:3]}")
+            producer.send_offsets_to_transaction(
+                [TopicPartition(opts.topic, 0, batch_id + 1)], group.consumer_group_metadata(), _SINK_TIMEOUT
+            )
+            faults.hit("sink.before_commit")
+            producer.commit_transaction(_SINK_TIMEOUT)
+        except KafkaException as exc:
+            # Nothing of this attempt becomes visible (the transaction is aborted, by the next attempt's
+            # init_transactions at the latest); Spark retries the task or fails the batch.
+            raise QueueStoreError(f"{where}: transaction failed: {exc}") from None
+        return SinkCommit(task, count, batch_id)
+    finally:
+        group.close()
 
 
 def _ensure_topic(opts: _Options) -> None:
@@ -528,25 +608,30 @@ def _ensure_topic(opts: _Options) -> None:
 class _BatchWriter(DataSourceWriter):
     def __init__(self, opts: _Options) -> None:
         self.opts = opts
+        # One id per write, made on the driver and shipped to the tasks: retries of a task share it.
+        self.write_id = uuid.uuid4().hex
         _ensure_topic(opts)
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return _write(self.opts, iterator)
+        return _write(self.opts, iterator, self.write_id)
 
 
 class _StreamWriter(DataSourceStreamWriter):
     def __init__(self, opts: _Options) -> None:
         self.opts = opts
+        self.write_id = uuid.uuid4().hex  # used only if Spark does not say which query and batch run
         _ensure_topic(opts)
 
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return _write(self.opts, iterator)
+        return _write(self.opts, iterator, self.write_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass  # records are durable when write() returns (flushed with acks=all)
+        pass  # each task committed its own transaction (see write_rows)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass  # cannot be undone: the sink is at-least-once (see the module docstring)
+        # Tasks that committed stay committed; when Spark runs the batch again (same query, same batch id)
+        # those tasks find their progress and write nothing, the others write their rows once.
+        pass
 
 
 # -- the data source ------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ from cec.records import Kind
 from operators.aggregate import RESULT_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.sources import PURCHASE_SCHEMA, PurchaseGenerator
-from operators.spark.datasource import FORMAT, admit
+from operators.spark.datasource import FORMAT, SinkCommit, _Options, admit, write_rows
+from queuestore.exceptions import QueueStoreError
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.spark.pipelines import AGGREGATED, FILTERED, filter_aggregate, run_reference
@@ -124,10 +125,15 @@ def test_batch_read_with_control_tuples(spark: SparkSession, written: Written) -
             assert r.cec_state and r.key is None and r.cec_key is not None  # state raw, no payload columns
         elif r.cec_kind == Kind.R.value:
             assert r.key == r.cec_key and r.cec_state is None
-    # Offsets of a partition are covered without gaps (the log has no transaction markers here).
-    for p in (0, 1):
-        offsets = sorted(r.cec_offset for r in rows if r.cec_partition == p)
-        assert offsets == list(range(len(offsets)))
+    # Every record of a partition is read once (offsets have gaps: the writers' commit markers).
+    store = written.store()
+    try:
+        for p in (0, 1):
+            offsets = sorted(r.cec_offset for r in rows if r.cec_partition == p)
+            with store.reader(written.topic, p) as reader:
+                assert offsets == [x.offset for x in reader.scan_forward()]
+    finally:
+        store.close()
 
 
 def _collect_stream(df: DataFrame, checkpoint: Path, columns: list[str]) -> list[list[tuple[Any, ...]]]:
@@ -329,3 +335,101 @@ class _At:
     def __init__(self, topic: str, bootstrap: str) -> None:
         self.topic = topic
         self.bootstrap = bootstrap
+
+
+# -- the sink is exactly once ---------------------------------------------------------------------------
+
+
+def _copied(bootstrap: str, state_dir: Path, topic: str) -> list[tuple[int, ...]]:
+    store = KafkaQueueStore(bootstrap, state_dir)
+    try:
+        return sorted(map(_key, iter_payloads(store, topic, PURCHASE_SCHEMA)))
+    finally:
+        store.close()
+
+
+def test_sink_task_attempts_write_once(spark_kafka_broker: Broker, tmp_path: Path) -> None:
+    """A task's attempts share one transactional.id: a retry of a committed (batch, task) writes nothing,
+    and a newer attempt fences an older one still running, which then fails and leaves nothing."""
+    bootstrap = spark_kafka_broker.bootstrap
+    topic = f"sink-{uuid.uuid4().hex[:8]}"
+    store = KafkaQueueStore(bootstrap, tmp_path / "state")
+    try:
+        store.create_topic(topic, 2)
+    finally:
+        store.close()
+    opts = _Options.parse(
+        {"topic": topic, "bootstrap.servers": bootstrap, "schema": "purchase", "keyField": "item_id",
+         "timeField": "item_time", "stateDir": str(tmp_path / "state")}
+    )  # fmt: skip
+    rows0, rows1, rows2 = _purchases(200, 0), _purchases(150, 200), _purchases(120, 350)
+    assert write_rows(opts, iter(rows0), sink_id="q", batch_id=0, task=0) == SinkCommit(0, 200, 0)
+    # Retried after it had committed (the executor died before Spark heard of it): skipped.
+    assert write_rows(opts, iter(rows0), sink_id="q", batch_id=0, task=0) == SinkCommit(0, 0, 0, True)
+    assert write_rows(opts, iter(rows1), sink_id="q", batch_id=0, task=1).records == 150
+
+    newer: list[SinkCommit] = []
+
+    def older_rows() -> Iterator[dict[str, int]]:
+        # The older attempt has begun its transaction; a newer one (speculation) runs to its commit now.
+        newer.append(write_rows(opts, iter(rows2), sink_id="q", batch_id=1, task=0))
+        yield from rows2
+
+    with pytest.raises(QueueStoreError, match=r"task 0, batch 1\): transaction failed"):
+        write_rows(opts, older_rows(), sink_id="q", batch_id=1, task=0)
+    assert newer == [SinkCommit(0, 120, 1)]
+    assert _copied(bootstrap, tmp_path / "state", topic) == sorted(map(_key, rows0 + rows1 + rows2))
+
+
+def test_sink_rerun_micro_batch_adds_no_duplicate(
+    spark: SparkSession, spark_kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The driver dies after the sink's tasks committed a micro-batch but before Spark's commit log
+    recorded it: the restarted query runs that batch again, and the sink writes none of it twice."""
+    bootstrap = spark_kafka_broker.bootstrap
+    source, copy = f"src-{uuid.uuid4().hex[:8]}", f"copy-{uuid.uuid4().hex[:8]}"
+    common = {"bootstrap.servers": bootstrap, "schema": "purchase"}
+    rows = _purchases(900, 0)
+    (
+        spark.createDataFrame(rows)
+        .repartition(2)
+        .write.format(FORMAT)
+        .options(**common)
+        .option("topic", source)
+        .option("partitions", 2)
+        .option("keyField", "item_id")
+        .mode("append")
+        .save()
+    )
+    ckpt = tmp_path / "ckpt"
+
+    def run() -> list[int]:
+        query = (
+            spark.readStream.format(FORMAT)
+            .options(**common)
+            .option("topic", source)
+            .option("maxRecordsPerTrigger", 400)
+            .load()
+            .select(*PURCHASE_FIELDS)
+            .writeStream.format(FORMAT)
+            .options(**common)
+            .option("topic", copy)
+            .option("partitions", 2)
+            .option("keyField", "item_id")
+            .option("checkpointLocation", str(ckpt))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination(180)
+        assert query.exception() is None, query.exception()
+        return [p.batchId for p in query.recentProgress if p.numInputRows > 0]
+
+    batches = run()
+    assert len(batches) >= 2
+    assert _copied(bootstrap, tmp_path / "state", copy) == sorted(map(_key, rows))
+    last = batches[-1]
+    # What a driver crash between the sink's commits and the commit log leaves: no commit for `last`.
+    (ckpt / "commits" / str(last)).unlink()
+    (ckpt / "commits" / f".{last}.crc").unlink(missing_ok=True)
+    assert run() == [last]  # Spark ran that micro-batch again, with its rows
+    assert _copied(bootstrap, tmp_path / "state", copy) == sorted(map(_key, rows))
