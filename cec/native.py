@@ -68,7 +68,7 @@ def _compile_type(schema: Any, enums: dict[str, tuple[Any, ...]], *, arrays: boo
 
 
 def compile_avro(
-    parsed: dict[str, Any], enums: dict[str, tuple[Any, ...]] | None = None, *, arrays: bool = False
+    parsed: Any, enums: dict[str, tuple[Any, ...]] | None = None, *, arrays: bool = False
 ) -> tuple[tuple[int, Any], ...] | None:
     """A `_native.decode_avro` program for a flat record schema (fields of primitives, enums, unions of
     primitives and, with `arrays`, arrays of primitives decoded as tuples); None when the schema is

@@ -269,7 +269,8 @@ class AvroCodec:
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = fastavro.parse_schema(schema)
-        self._names = tuple(f["name"] for f in self.schema.get("fields", ()))
+        fields = self.schema.get("fields", ()) if isinstance(self.schema, dict) else ()
+        self._names = tuple(f["name"] for f in fields)
         self._program = compile_avro(self.schema)  # None: fastavro decodes
 
     def encode(self, datum: Mapping[str, Any]) -> bytes:

@@ -32,12 +32,14 @@ from typing import IO, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from cec.native import native
 from queuestore.base import (
     DurableCallback,
     PartitionReader,
     PartitionWriter,
     QueueStore,
     RecordMeta,
+    Row,
     StoredRecord,
 )
 from queuestore.exceptions import (
@@ -193,9 +195,37 @@ def _to_record(msg: Message, offset: int) -> StoredRecord:
     return StoredRecord(offset, value if isinstance(value, bytes) else b"", meta)
 
 
+def _to_row(msg: Message, offset: int) -> Row:
+    """`_to_record` as a flat row (bulk backward reads; `cec._native.message_rows` falls back to it for
+    messages whose key is not a plain cec meta key)."""
+    record = _to_record(msg, offset)
+    meta = record.meta
+    return (offset, meta.kind, meta.time, meta.key, meta.seq, record.value)
+
+
 def _error_code(exc: KafkaException) -> int | None:
     err = exc.args[0] if exc.args else None
     return err.code() if isinstance(err, KafkaError) else None
+
+
+def _message_rows(
+    batch: list[Message], i: int, start: int, stop_before: int, out: list[Row]
+) -> tuple[int, bool]:
+    """Pure-Python twin of `cec._native.message_rows`: rows of `batch[i:]` into `out` until an event
+    that is not a record (returns its index), `stop_before` (-1: none) or the end of the batch."""
+    for index in range(i, len(batch)):
+        msg = batch[index]
+        if msg.error() is not None:
+            return index, False
+        offset = _offset(msg)
+        if offset < start:
+            continue
+        if 0 <= stop_before <= offset:
+            return index, True
+        out.append(_to_row(msg, offset))
+        if offset == stop_before - 1:
+            return index + 1, True
+    return len(batch), False
 
 
 class KafkaQueueStore(QueueStore):
@@ -614,6 +644,7 @@ class KafkaPartitionWriter(PartitionWriter):
 @dataclass
 class _ReadResult:
     records: list[StoredRecord] = field(default_factory=list)
+    rows: list[Row] = field(default_factory=list)  # instead of records, for a read with as_rows
     eof: int | None = None  # offset of the PARTITION_EOF event, when one was reached
     beyond_end: bool = False  # the start offset lies past the end of the partition
 
@@ -667,7 +698,13 @@ class KafkaPartitionReader(PartitionReader):
         return False
 
     def _read(
-        self, start: int, *, want: int | None, stop_before: int | None, collect: bool = True
+        self,
+        start: int,
+        *,
+        want: int | None,
+        stop_before: int | None,
+        collect: bool = True,
+        as_rows: bool = False,
     ) -> _ReadResult:
         """Consume from `start` until `want` records, an offset >= `stop_before`, or the EOF event.
 
@@ -700,6 +737,10 @@ class KafkaPartitionReader(PartitionReader):
                         continue
                     batch = fetched
                     last_progress = time.monotonic()
+                if as_rows:  # bulk: `want` is None here (see read_backward_rows)
+                    if self._rows_from(batch, start, stop_before, result):
+                        return result
+                    continue
                 for index, msg in enumerate(batch):
                     err = msg.error()
                     if err is not None:
@@ -733,6 +774,42 @@ class KafkaPartitionReader(PartitionReader):
             if not keep_assigned:
                 # Stop fetching in the background between operations (and drop prefetched data).
                 consumer.unassign()
+
+    def _rows_from(
+        self, batch: list[Message], start: int, stop_before: int | None, result: _ReadResult
+    ) -> bool:
+        """The rows of a fetched batch into `result.rows`, as `_read` collects records (offsets below
+        `start` skipped, up to `stop_before`, EOF and error events handled alike); True when the read
+        ends. The C accelerator converts runs of plain messages; anything else comes back here."""
+        out = result.rows
+        limit = -1 if stop_before is None else stop_before
+        i, count = 0, len(batch)
+        while i < count:
+            if native is not None:
+                i, stopped = native.message_rows(batch, i, start, limit, out, _to_row)
+            else:
+                i, stopped = _message_rows(batch, i, start, limit, out)
+            if out:
+                self._note_end(out[-1][0] + 1)
+            if stopped:
+                return True
+            if i >= count:
+                return False
+            err = batch[i].error()  # message_rows stops at an event that is not a record
+            i += 1
+            if err is None:
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                eof = _offset(batch[i - 1])
+                if eof >= start:
+                    result.eof = eof
+                    self._note_end(eof)
+                    return True
+                continue
+            if self._check_error(err):
+                result.beyond_end = True
+                return True
+        return False
 
     def _fetch(
         self, consumer: Consumer, start: int, result: _ReadResult, last_progress: float, drain: int
@@ -818,6 +895,28 @@ class KafkaPartitionReader(PartitionReader):
                     upper = end
                     continue
             collected[:0] = result.records
+            upper = lower
+        collected.reverse()
+        return collected[:max_records]
+
+    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
+        # read_backward without a StoredRecord per message: one forward read of the whole window
+        # (offsets may have gaps: widen downwards until enough, as read_backward does).
+        if max_records <= 0 or before_offset <= 0:
+            return []
+        collected: list[Row] = []
+        upper = before_offset
+        while len(collected) < max_records and upper > 0:
+            lower = max(0, upper - (max_records - len(collected)))
+            result = self._read(lower, want=None, stop_before=upper, as_rows=True)
+            if result.beyond_end:
+                end = self.end_offset()
+                if end >= upper:  # stale suspicion: the data is there after all
+                    result = self._read(lower, want=None, stop_before=upper, as_rows=True)
+                else:
+                    upper = end
+                    continue
+            collected[:0] = result.rows
             upper = lower
         collected.reverse()
         return collected[:max_records]

@@ -297,13 +297,7 @@ def _native_scan(
 
 
 # ECFootprint's slots in the order `_native.ec_scan` fills them: offset, key, value, codec, record.
-_FOOTPRINT_SLOTS = (
-    ECFootprint.offset,
-    ECFootprint.key,
-    ECFootprint._value,
-    ECFootprint._codec,
-    ECFootprint._record,
-)
+_FOOTPRINT_SLOTS = tuple(vars(ECFootprint)[name] for name in ("offset", "key", "_value", "_codec", "_record"))
 _scan = _scan_rows if native is None else _native_scan
 
 
