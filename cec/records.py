@@ -223,6 +223,11 @@ class RecordCodec:
     def decode(self, data: bytes, *, verified: bool = False) -> OutputRecord:
         """The record in `data`; `CodecError` if it is malformed or fails its checksum. `verified=True`
         skips the checksum, for bytes that have just passed `verify` (the EC's footprints at EC-load)."""
+        if verified and self._program is not None and native is not None and data[1] == self.version:
+            # Bytes that passed `verify` have a valid header already.
+            fast = native.decode_avro(self._program, data, _HEADER.size, OutputRecord, _RECORD_SLOTS)
+            if fast is not None:
+                return fast
         version, crc = self._header(data)
         if version == self.version and self._program is not None and native is not None:
             record = native.decode_avro(self._program, data, _HEADER.size, OutputRecord, _RECORD_SLOTS)

@@ -44,6 +44,12 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         if enabled:
+            # Everything allocated meanwhile counts as young: re-enabled as is, the next allocation would
+            # start a full collection over all of it (measured: ~0.8 s at 92k windows). Promote it to the
+            # oldest generation instead (freeze + unfreeze), where it waits for the next full collection
+            # like any long-lived data; garbage cycles made meanwhile are collected then too.
+            gc.freeze()
+            gc.unfreeze()
             gc.enable()
 
 
