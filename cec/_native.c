@@ -224,22 +224,26 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         }
         PyObject *key = PyTuple_GET_ITEM(row, 3);
         if (key == Py_None) continue;
-        PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
-        if (wid == NULL) return NULL;
         int is_r = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_r) == 0;
         if (is_r) {
+            PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
+            if (wid == NULL) return NULL;
             int rc = PySet_Add(closed, wid);
             Py_DECREF(wid);
             if (rc < 0) return NULL;
             continue;
         }
         int fp = PySet_Contains(kinds, kind);
-        if (fp <= 0) { Py_DECREF(wid); if (fp < 0) return NULL; continue; }
+        if (fp <= 0) { if (fp < 0) return NULL; continue; }
         int known = PyDict_Contains(windows, key);
-        if (known) { Py_DECREF(wid); if (known < 0) return NULL; continue; }
-        int shut = PySet_Contains(closed, wid);
-        Py_DECREF(wid);
-        if (shut) { if (shut < 0) return NULL; continue; }
+        if (known) { if (known < 0) return NULL; continue; }
+        if (PySet_GET_SIZE(closed) > 0) {  /* (key, seq) only built when some window is closed */
+            PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
+            if (wid == NULL) return NULL;
+            int shut = PySet_Contains(closed, wid);
+            Py_DECREF(wid);
+            if (shut) { if (shut < 0) return NULL; continue; }
+        }
         PyObject *values[5] = {PyTuple_GET_ITEM(row, 0), key, PyTuple_GET_ITEM(row, 5), codec, Py_None};
         PyObject *footprint = new_slots(fp_cls, fp_descrs, values);
         if (footprint == NULL) return NULL;
@@ -469,46 +473,70 @@ static PyObject *read_op(cursor *c, PyObject *op) {
 /* decode_avro(program, data, start, cls=None, descrs=None) -> tuple of the record's fields (or, with cls,
  * an instance of cls whose slot descriptors `descrs` get the fields in order), or None when the body is malformed
  * or does not end exactly at the end of `data` (the caller then decodes with fastavro for the error). */
-static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
-    PyObject *program, *cls = Py_None, *descrs = Py_None;
-    Py_buffer buf;
-    Py_ssize_t start;
-    if (!PyArg_ParseTuple(args, "O!y*n|OO", &PyTuple_Type, &program, &buf, &start, &cls, &descrs)) return NULL;
-    if (start < 0 || start > buf.len) {
-        PyBuffer_Release(&buf);
-        Py_RETURN_NONE;
-    }
-    cursor c = {(const unsigned char *)buf.buf + start, (const unsigned char *)buf.buf + buf.len};
+/* One record of `data[start:]`: a new reference, Py_None (borrowed-style: returned with a new ref) when
+ * declined, NULL with an exception on a real error. */
+static PyObject *decode_one(PyObject *program, const unsigned char *data, Py_ssize_t len, Py_ssize_t start,
+                            PyObject *cls, PyObject *descrs) {
+    if (start < 0 || start > len) Py_RETURN_NONE;
+    cursor c = {data + start, data + len};
     Py_ssize_t fields = PyTuple_GET_SIZE(program);
     PyObject *out = PyTuple_New(fields);
-    if (out == NULL) { PyBuffer_Release(&buf); return NULL; }
+    if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < fields; i++) {
         PyObject *v = read_op(&c, PyTuple_GET_ITEM(program, i));
         if (v == NULL) {
             Py_DECREF(out);
-            PyBuffer_Release(&buf);
             if (PyErr_Occurred()) return NULL;
             Py_RETURN_NONE;
         }
         PyTuple_SET_ITEM(out, i, v);
     }
-    int whole = c.p == c.end;
-    PyBuffer_Release(&buf);
-    if (!whole) {
+    if (c.p != c.end) {
         Py_DECREF(out);
         Py_RETURN_NONE;
     }
-    if (cls != Py_None) {  /* the record as an instance of cls (its slots in field order) */
-        if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != fields) {
-            Py_DECREF(out);
-            PyErr_SetString(PyExc_ValueError, "one slot descriptor per field");
-            return NULL;
-        }
-        PyObject *obj = new_slots(cls, descrs, &PyTuple_GET_ITEM(out, 0));
+    if (cls == Py_None) return out;
+    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != fields) {
         Py_DECREF(out);
-        return obj;
+        PyErr_SetString(PyExc_ValueError, "one slot descriptor per field");
+        return NULL;
+    }
+    PyObject *obj = new_slots(cls, descrs, &PyTuple_GET_ITEM(out, 0));
+    Py_DECREF(out);
+    return obj;
+}
+
+/* decode_avro_many(program, values, start, cls=None, descrs=None) -> list: decode_avro of each bytes. */
+static PyObject *py_decode_avro_many(PyObject *self, PyObject *args) {
+    PyObject *program, *values, *cls = Py_None, *descrs = Py_None;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!O!n|OO", &PyTuple_Type, &program, &PyList_Type, &values, &start, &cls, &descrs))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        PyObject *r;
+        if (PyBytes_CheckExact(v)) {
+            r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls, descrs);
+            if (r == NULL) { Py_DECREF(out); return NULL; }
+        } else {
+            r = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, r);
     }
     return out;
+}
+
+static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
+    PyObject *program, *cls = Py_None, *descrs = Py_None;
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!y*n|OO", &PyTuple_Type, &program, &buf, &start, &cls, &descrs)) return NULL;
+    PyObject *r = decode_one(program, buf.buf, buf.len, start, cls, descrs);
+    PyBuffer_Release(&buf);
+    return r;
 }
 
 static PyMethodDef methods[] = {
@@ -517,6 +545,7 @@ static PyMethodDef methods[] = {
     {"message_rows", py_message_rows, METH_VARARGS, "Rows of Kafka messages with cec meta keys."},
     {"make", py_make, METH_VARARGS, "A new instance of a slots class with its slots set, no __init__."},
     {"ec_scan", py_ec_scan, METH_VARARGS, "The EC scan's classification loop over a chunk of rows."},
+    {"decode_avro_many", py_decode_avro_many, METH_VARARGS, "decode_avro of every bytes in a list."},
     {"decode_avro", py_decode_avro, METH_VARARGS, "Decode a flat Avro record with a compiled program."},
     {NULL, NULL, 0, NULL},
 };

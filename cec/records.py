@@ -220,6 +220,18 @@ class RecordCodec:
                 failed.append(i)
         return failed
 
+    def decode_many(self, values: list[bytes], *, verified: bool = False) -> list[OutputRecord]:
+        """`decode` of each value (one call into the C decoder for the whole list, when it is built)."""
+        if not verified or self._program is None or native is None:
+            return [self.decode(v, verified=verified) for v in values]
+        records: list[OutputRecord | None] = native.decode_avro_many(
+            self._program, values, _HEADER.size, OutputRecord, _RECORD_SLOTS
+        )
+        return [
+            self.decode(v, verified=True) if r is None or v[1] != self.version else r
+            for r, v in zip(records, values, strict=True)
+        ]
+
     def decode(self, data: bytes, *, verified: bool = False) -> OutputRecord:
         """The record in `data`; `CodecError` if it is malformed or fails its checksum. `verified=True`
         skips the checksum, for bytes that have just passed `verify` (the EC's footprints at EC-load)."""

@@ -28,7 +28,13 @@ from queuestore.chunks import PART_KIND, is_manifest, reassemble
 from queuestore.exceptions import TornRecordError
 from recovery.exceptions import RecoveryError
 
-__all__ = ["ECFootprint", "EventualCheckpoint", "EventualCheckpointBuilder", "gc_paused"]
+__all__ = [
+    "ECFootprint",
+    "EventualCheckpoint",
+    "EventualCheckpointBuilder",
+    "footprint_records",
+    "gc_paused",
+]
 
 _FOOTPRINT_CODES = frozenset(k.value for k in FOOTPRINT_KINDS)
 
@@ -74,6 +80,16 @@ class ECFootprint:
             # The builder keeps only values that passed their checksum: no need to compute it again.
             self._record = self._codec.decode(self._value, verified=True)
         return self._record
+
+
+def footprint_records(footprints: list[ECFootprint], codec: RecordCodec) -> list[OutputRecord]:
+    """The decoded record of each footprint (what `ECFootprint.record` gives), decoded in one batch."""
+    pending = [fp for fp in footprints if fp._record is None]
+    for fp, record in zip(
+        pending, codec.decode_many([fp._value for fp in pending], verified=True), strict=True
+    ):
+        fp._record = record
+    return [fp.record for fp in footprints]
 
 
 @dataclass

@@ -17,7 +17,13 @@ from typing import Any
 from cec.native import native
 from cec.records import RecordCodec
 from queuestore.base import PartitionReader
-from recovery.eventual import ECFootprint, EventualCheckpoint, EventualCheckpointBuilder, gc_paused
+from recovery.eventual import (
+    ECFootprint,
+    EventualCheckpoint,
+    EventualCheckpointBuilder,
+    footprint_records,
+    gc_paused,
+)
 from recovery.replay import ReplayPlan
 
 __all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
@@ -109,10 +115,10 @@ class RecoveryManager:
         # already, which sorted() then confirms in one pass.
         footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
         with gc_paused():
-            windows = []
-            for fp in footprints:
-                record = fp.record
-                windows.append(_loaded(fp.key, record.seq, decode_state(record.state or b""), fp))
+            windows = [
+                _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
+                for fp, record in zip(footprints, footprint_records(footprints, self.codec), strict=True)
+            ]
         load_seconds = time.perf_counter() - load_started
         plan = ReplayPlan.build(
             ec.crash_pos, {w.key: w.footprint.record.pos for w in windows}, input_partitions
