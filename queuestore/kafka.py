@@ -79,6 +79,8 @@ HEADER_SEQ = "cec.seq"
 DEFAULT_MAX_RECORD_BYTES = 900_000
 # Header bytes we add on top of the value; counted against `max_record_bytes` (names plus typical values).
 _HEADER_OVERHEAD = 96
+# fetch.wait.max.ms of the bulk reader's consumer (see KafkaPartitionReader._bulk_consumer).
+_BULK_FETCH_WAIT_MS = 2
 
 _SENSITIVE_PREFIXES = ("sasl.", "ssl.")
 _SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
@@ -671,6 +673,21 @@ class KafkaPartitionReader(PartitionReader):
         # Where the consumer stands after a read that kept it assigned, and what it drained beyond it.
         self._cursor: int | None = None
         self._backlog: list[Message] = []
+        # Bulk backward reads (recovery's EC scan) get a consumer of their own, made on first use: see
+        # `_bulk_consumer`.
+        self._bulk: Consumer | None = None
+
+    def _bulk_consumer(self) -> Consumer:
+        """The consumer of `read_backward_rows`: each of its reads ends unassigned, so it never idles at
+        the live end, and it may ask the broker to hold fetches for less time. Tansu holds every fetch
+        for the full fetch.wait.max.ms even when data is there, and a 90k-record extent takes about ten
+        fetches (measured: 10 ms -> 2 ms cut a bulk read of 84k records from ~300 to ~215 ms)."""
+        self._live_consumer()
+        if self._bulk is None:
+            conf = self._store._consumer_config(f"bulk-{self.topic}-{self.partition}")
+            conf["fetch.wait.max.ms"] = min(int(conf.get("fetch.wait.max.ms", 10)), _BULK_FETCH_WAIT_MS)
+            self._bulk = Consumer(conf)
+        return self._bulk
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
@@ -713,13 +730,18 @@ class KafkaPartitionReader(PartitionReader):
         operator's queue source) continues from there instead of re-assigning, which would drop the
         prefetched data and wait for a new fetch (held for fetch.wait.max.ms on some brokers).
         """
-        consumer = self._live_consumer()
-        backlog: list[Message] = []
-        if self._cursor == start:
-            backlog = self._backlog
-        else:
+        if as_rows:  # bulk: its own consumer, always re-assigned, never kept assigned (want is None)
+            consumer = self._bulk_consumer()
+            backlog: list[Message] = []
             consumer.assign([TopicPartition(self.topic, self.partition, start)])
-        self._cursor, self._backlog = None, []
+        else:
+            consumer = self._live_consumer()
+            backlog = []
+            if self._cursor == start:
+                backlog = self._backlog
+            else:
+                consumer.assign([TopicPartition(self.topic, self.partition, start)])
+            self._cursor, self._backlog = None, []
         keep_assigned = False
         result = _ReadResult()
         last_progress = time.monotonic()
@@ -819,7 +841,8 @@ class KafkaPartitionReader(PartitionReader):
         first = consumer.poll(0.1)
         if first is None:
             idle = time.monotonic() - last_progress
-            if not result.records and idle >= self.beyond_end_suspicion and self._past_end(consumer, start):
+            nothing_yet = not result.records and not result.rows
+            if nothing_yet and idle >= self.beyond_end_suspicion and self._past_end(consumer, start):
                 result.beyond_end = True
                 return None
             if idle >= self._stall_timeout:
@@ -973,7 +996,10 @@ class KafkaPartitionReader(PartitionReader):
         if self._consumer is None:
             return
         consumer, self._consumer = self._consumer, None
+        bulk, self._bulk = self._bulk, None
         try:
             consumer.close()
+            if bulk is not None:
+                bulk.close()
         finally:
             self._store._forget(self)
