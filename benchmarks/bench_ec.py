@@ -175,12 +175,10 @@ def _worker(store_spec: dict[str, Any], mode: str) -> dict[str, Any]:
             "build_cpu_s": TimedBuilder.cpu,
             "extent_start": rec.checkpoint.extent_start,
         }
-        try:
-            from cec.native import native
+        import recovery.eventual
 
-            out["native"] = native is not None
-        except ImportError:
-            out["native"] = False
+        out["code"] = str(Path(recovery.eventual.__file__).resolve().parent.parent)  # which tree ran
+        out["native"] = getattr(recovery.eventual, "native", None) is not None
         reader.close()
         return out
     finally:

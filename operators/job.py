@@ -124,6 +124,7 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
             bad_every=spec.get("bad_every", 0),
             invalid_every=spec.get("invalid_every", 0),
             only=subset,
+            interleave=spec.get("interleave"),
         )
     if kind == "queue":
         return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]], subset)

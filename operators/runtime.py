@@ -29,8 +29,8 @@ from operators.base import InputTuple, Operator
 from operators.sources import InputSource
 from queuestore import faults
 from queuestore.output import OutputQueue
+from recovery.contract import PositionStamper, ReplayContract, TupleFate
 from recovery.manager import RecoveryManager, RecoveryReport
-from recovery.replay import ReplayPlan
 
 __all__ = ["DEAD_LETTER_SCHEMA", "OperatorRuntime", "Progress", "RunStats"]
 
@@ -122,7 +122,8 @@ class OperatorRuntime:
         self._pending_opens: list[OpenWindow] = []
         self._in_count = 0
         self._out_count = 0
-        self._plan: ReplayPlan | None = None
+        self._plan: ReplayContract | None = None  # while replaying below the crash point
+        self._stamper = PositionStamper(self._pos)  # the pos records carry (recovery.contract)
         self._rebuilding = False  # applying a replayed tuple below the crash point
         self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
         self._held: list[tuple[Kind, str | None, int, bytes | None, bytes | None, int]] = []
@@ -175,7 +176,16 @@ class OperatorRuntime:
             self._held.append((kind, key, seq, state, payload, self._registry.n))
             return
         self._append(
-            OutputRecord(kind, self._time, tuple(self._pos), self._registry.n, key, seq, state, payload)
+            OutputRecord(
+                kind,
+                self._time,
+                self._stamper.stamp_current(self._pos),
+                self._registry.n,
+                key,
+                seq,
+                state,
+                payload,
+            )
         )
 
     def _append(self, record: OutputRecord) -> None:
@@ -187,17 +197,15 @@ class OperatorRuntime:
     def _release(self, partition: int, offset: int) -> None:
         """Append the records of tuple (partition, offset) now that it is fully applied.
 
-        Only the last one claims the tuple (`pos[partition] = offset + 1`); the ones before it carry
-        `offset`. A tuple can produce two records (a time window's R, then the next window's G-open), and
-        the log can end between them: had the R claimed the tuple, recovery would skip it as belonging to
-        a closed window and the new window would lose it. Unclaimed, it is replayed and opens that window.
+        Only the last one claims the tuple; their pos is stamped by the replay contract's rules
+        (`recovery.contract`: claiming, and pos while replaying).
         """
         held, self._held = self._held, []
         last = len(held) - 1
+        stamp = self._stamper.stamp
         for i, (kind, key, seq, state, payload, n) in enumerate(held):
-            pos = list(self._pos)
-            pos[partition] = offset + 1 if i == last else offset
-            self._append(OutputRecord(kind, self._time, tuple(pos), n, key, seq, state, payload))
+            pos = stamp(self._pos, partition, offset, claims=i == last)
+            self._append(OutputRecord(kind, self._time, pos, n, key, seq, state, payload))
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
         if not self.footprints:
@@ -263,6 +271,9 @@ class OperatorRuntime:
         self._pos = list(ec.crash_pos)
         self._time = ec.time
         self._plan = recovery.plan
+        self._stamper = recovery.plan.stamper()
+        # Input counts are relative to the crash point, where the loaded windows' marks are taken.
+        self._in_count = -recovery.plan.replay_span
         self.progress(
             f"recovered: extent {ec.extent_size:,} records, {len(recovery.windows):,} windows "
             f"(EC build {ec.build_seconds * 1000:.1f} ms, load {recovery.report.ec_load_seconds * 1000:.1f} ms), "
@@ -283,7 +294,7 @@ class OperatorRuntime:
         self.stats.inputs += 1
         plan = self._plan
         if plan is not None:
-            if o < plan.crash_pos[j]:
+            if plan.replaying(j, o):
                 key = None
                 if tup.value is not None:
                     try:
@@ -292,10 +303,11 @@ class OperatorRuntime:
                         key = None
                 assert self.stats.recovery is not None
                 self.stats.recovery.tuples_replayed += 1
-                if not plan.admit(j, o, key):
+                faults.hit("runtime.replaying")
+                if plan.fate(j, o, key) is TupleFate.SKIP:
                     self.stats.recovery.tuples_skipped += 1
                     return
-                self._rebuilding = True
+                self._rebuilding = True  # TupleFate.REBUILD: below the crash point, only state
             elif plan.caught_up(self._pos):
                 self._caught_up()
         faults.hit("runtime.before_process")

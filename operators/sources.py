@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import abc
 import csv
+import random
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
@@ -153,6 +154,11 @@ class PurchaseGenerator(InputSource):
     same tuples. Items are spread over partitions by item_id so that each key lives in one partition. A
     `bad_every` > 0 makes about one price in n 0 (for the demo's filter to drop); `invalid_every` > 0
     makes about one in n have no price at all (a bad tuple the aggregate must dead-letter).
+
+    By default every poll advances all partitions by the same share (lockstep). `interleave` = a seed makes
+    each poll advance each partition by a pseudo-random share instead, as a real multi-partition input
+    delivers: partitions drift apart, and a replay interleaves them differently from the first run (each
+    key's order stays the same: a key lives in one partition).
     """
 
     def __init__(
@@ -165,6 +171,7 @@ class PurchaseGenerator(InputSource):
         bad_every: int = 0,
         invalid_every: int = 0,
         only: Sequence[int] | None = None,
+        interleave: int | None = None,
     ) -> None:
         if count < 0 or keys < 1 or partitions < 1:
             raise ConfigError("need count >= 0, keys >= 1, partitions >= 1")
@@ -179,6 +186,7 @@ class PurchaseGenerator(InputSource):
         self.sizes = [count // partitions + (1 if j < count % partitions else 0) for j in range(partitions)]
         self._local_sizes = [self.sizes[j] for j in self.global_partitions]
         self._next = [0] * self.partitions
+        self._rng = random.Random(interleave) if interleave is not None else None
 
     def describe(self) -> str:
         return f"generator {self.count} purchases over {self.keys} items (seed {self.seed})"
@@ -203,8 +211,14 @@ class PurchaseGenerator(InputSource):
     def poll(self, max_records: int) -> list[InputTuple] | None:
         out: list[InputTuple] = []
         share = max(1, max_records // self.partitions)
+        shares = [share] * self.partitions
+        if self._rng is not None:
+            shares = [self._rng.randint(0, max(1, max_records)) for _ in shares]
+            pending = [i for i in range(self.partitions) if self._next[i] < self._local_sizes[i]]
+            if pending:  # some partition with tuples left always moves
+                shares[self._rng.choice(pending)] += 1
         for i, j in enumerate(self.global_partitions):
-            stop = min(self._local_sizes[i], self._next[i] + share)
+            stop = min(self._local_sizes[i], self._next[i] + shares[i])
             out.extend(InputTuple(i, o, self.tuple_at(j, o)) for o in range(self._next[i], stop))
             self._next[i] = max(self._next[i], stop)
         if not out and all(n >= c for n, c in zip(self._next, self._local_sizes, strict=True)):

@@ -1,18 +1,21 @@
 """Eventual-checkpoint reconstruction, EC-load, and replay planning."""
 
+from recovery.contract import PositionStamper, ReplayContract, TupleFate, tuple_fate
 from recovery.eventual import ECFootprint, EventualCheckpoint, EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
 from recovery.manager import LoadedWindow, Recovery, RecoveryManager, RecoveryReport
-from recovery.replay import ReplayPlan
 
 __all__ = [
     "ECFootprint",
     "EventualCheckpoint",
     "EventualCheckpointBuilder",
     "LoadedWindow",
+    "PositionStamper",
     "Recovery",
     "RecoveryError",
     "RecoveryManager",
     "RecoveryReport",
-    "ReplayPlan",
+    "ReplayContract",
+    "TupleFate",
+    "tuple_fate",
 ]

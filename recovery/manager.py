@@ -2,7 +2,7 @@
 
 `RecoveryManager.recover()` rebuilds the eventual checkpoint, decodes every window state (EC-load) and
 plans the replay. The runtime installs the loaded windows and seeks its input to the plan; the plan then
-decides tuple by tuple until the input passes the crash point.
+decides tuple by tuple until the input passes the crash point (`recovery.contract`).
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 from cec.native import native
 from cec.records import RecordCodec
 from queuestore.base import PartitionReader
+from recovery.contract import ReplayContract
 from recovery.eventual import (
     ECFootprint,
     EventualCheckpoint,
@@ -24,7 +25,6 @@ from recovery.eventual import (
     footprint_records,
     gc_paused,
 )
-from recovery.replay import ReplayPlan
 
 __all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
 
@@ -62,7 +62,7 @@ class RecoveryReport:
 class Recovery:
     checkpoint: EventualCheckpoint
     windows: list[LoadedWindow]  # oldest footprint first
-    plan: ReplayPlan
+    plan: ReplayContract
     report: RecoveryReport
 
     @property
@@ -120,7 +120,7 @@ class RecoveryManager:
                 for fp, record in zip(footprints, footprint_records(footprints, self.codec), strict=True)
             ]
         load_seconds = time.perf_counter() - load_started
-        plan = ReplayPlan.build(
+        plan = ReplayContract.build(
             ec.crash_pos, {w.key: w.footprint.record.pos for w in windows}, input_partitions
         )
         report = RecoveryReport(

@@ -29,8 +29,8 @@ no zombie writer from a retried task, and the indexes sit where recovery reads t
 shuffle hash, so q is also the state partition when spark.sql.shuffle.partitions = P (set for the query).
 For each q it sorts the batch's rows by (j, o, emission index) and computes per record, continuing from the
 partition's log end:
-- pos: a running vector; a record produced by input tuple (j, o) sets pos[j] = o + 1 if it is the tuple's
-  last record, else o. Then "every input tuple below pos that maps to q has been applied, and every output
+- pos: a running vector (`recovery.contract.PositionStamper`, the rule every host uses); a record produced
+  by input tuple (j, o) sets pos[j] = o + 1 if it is the tuple's last record, else o, never decreasing. Then "every input tuple below pos that maps to q has been applied, and every output
   it produced is in the log before this record", and "no tuple at or above pos has an output in the log".
   Sorting by (j, o) is what makes both hold for every prefix of the log: a tuple of partition j' < j in the
   batch comes before, and one of j' > j after, this record. A tuple that produces R then G-open (a time
@@ -54,9 +54,9 @@ Recovery (on every start; the Spark checkpoint is never reused: each start is a 
   from executors;
 - the input restarts at T[j] = min(min over EC windows of pos_w[j], max_g min_q t_c[g][q][j]), a lower
   bound of every C_k[j] (the plain rule "t_c[j] if the EC is empty" for one generation and one partition);
-- the processor applies DESIGN-NOTES section 2 per key: with an EC window, apply a tuple only if
-  o >= pos_w[j]; otherwise skip it if o < C_k[j]; a tuple applied below C_k[j] only rebuilds state and
-  emits nothing (not even DEAD; an R or G-open there means log and replay disagree, and fails the query).
+- the processor applies the replay contract (`recovery.contract.tuple_fate`) per key: with an EC window,
+  apply a tuple only if o >= pos_w[j]; otherwise skip it if o < C_k[j]; a tuple applied below C_k[j] only
+  rebuilds state and emits nothing (not even DEAD; an R or G-open there means log and replay disagree, and fails the query).
 
 Generations (restart with another partition count P'): Kafka topics cannot lose partitions and keys must
 move, so P' writes a new generation: topic `<output>.g<g>` with P' partitions (generation 0 is `<output>`).
@@ -107,6 +107,7 @@ from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from queuestore import faults
 from queuestore.index import StreamIndex
 from queuestore.output import OutputQueue
+from recovery.contract import PositionStamper, TupleFate, tuple_fate
 from recovery.eventual import EventualCheckpointBuilder
 
 if TYPE_CHECKING:
@@ -504,17 +505,11 @@ class CecAggregateProcessor(StatefulProcessor):
         out: dict[str, list[Any]] = {c: [] for c in _EMIT_COLUMNS}
         for j, o, v, t in zip(batch["cec_j"].tolist(), batch["cec_o"].tolist(), values, times, strict=True):
             j, o = int(j), int(o)
-            # DESIGN-NOTES section 2: an EC window takes only what its state lacks; a key without one skips
-            # what is below its crash point (its outputs are in the log); below the crash point, a tuple an
-            # EC window takes only rebuilds state.
-            if ctx.pos_w is not None:
-                if o < ctx.pos_w[j]:
-                    continue
-                silent = o < crash[j]
-            elif o < crash[j]:
+            # The replay contract (recovery.contract), per key: C_k is the key's crash point.
+            fate = tuple_fate(o, crash[j], None if ctx.pos_w is None else ctx.pos_w[j])
+            if fate is TupleFate.SKIP:
                 continue
-            else:
-                silent = False
+            silent = fate is TupleFate.REBUILD
             value: dict[str, Any] = {spec.key: k, spec.value: _plain(v)}
             if spec.time:
                 value[spec.time] = _plain(t)
@@ -542,7 +537,7 @@ class CecAggregateProcessor(StatefulProcessor):
 
 @dataclass
 class _Cursor:
-    pos: list[int]
+    stamper: PositionStamper  # pos, continuing from the log's crash point (recovery.contract)
     n: int
     time: int
 
@@ -552,7 +547,7 @@ class _CecSink:
 
     def __init__(self, outputs: Sequence[OutputQueue], ends: Sequence[_LogEnd], has_time: bool) -> None:
         self.outputs = list(outputs)
-        self.cursors = [_Cursor(list(e.pos), e.n, e.time) for e in ends]
+        self.cursors = [_Cursor(PositionStamper(e.pos), e.n, e.time) for e in ends]
         self.has_time = has_time
         self.codec = RecordCodec()
         self.lock = threading.Lock()
@@ -585,16 +580,14 @@ class _CecSink:
         half = len(rows) // 2
         for idx, (_, j, o, _i, kind, key, seq, state, payload, t, dn) in enumerate(rows):
             last_of_tuple = idx + 1 == len(rows) or rows[idx + 1][1:3] != (j, o)
-            cursor.pos[j] = max(cursor.pos[j], o + 1 if last_of_tuple else o)
+            pos = cursor.stamper.stamp(None, j, o, claims=last_of_tuple)
             cursor.n += dn
             if self.has_time:
                 if t >= 0:
                     cursor.time = max(cursor.time, t)
             else:
-                cursor.time = max(cursor.time, sum(cursor.pos))
-            record = OutputRecord(
-                Kind(kind), cursor.time, tuple(cursor.pos), cursor.n, key, seq, state, payload
-            )
+                cursor.time = max(cursor.time, sum(pos))
+            record = OutputRecord(Kind(kind), cursor.time, pos, cursor.n, key, seq, state, payload)
             if idx == half and half:
                 # Durable first half, then the fault site: a crash injected here cuts the log mid-batch.
                 out.flush()

@@ -84,8 +84,8 @@ class _Killer(threading.Thread):
             mark = 0
             for job_attempt, task_attempt in self.attempts:
                 pid_file = self.pid_dir / pid_file_name("chain", job_attempt, 0, task_attempt)
-                wait_for(pid_file.exists, timeout=60)
-                wait_for(partial(self._grown_past, mark + self.growth), timeout=60)
+                wait_for(pid_file.exists, timeout=600)
+                wait_for(partial(self._grown_past, mark + self.growth), timeout=600)
                 pid = int(pid_file.read_text())
                 os.kill(pid, signal.SIGKILL)
                 self.killed.append(pid)
@@ -170,13 +170,13 @@ def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
         args, env=child_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True
     )
     try:
-        wait_for(lambda: first.poll() is not None or _log_end(root, AGGREGATED, 0) >= 2000, timeout=90)
+        wait_for(lambda: first.poll() is not None or _log_end(root, AGGREGATED, 0) >= 2000, timeout=600)
         assert first.poll() is None, "the driver finished before it could be killed"
         assert not out.exists()
         first.send_signal(signal.SIGKILL)
-        first.wait(timeout=30)
+        first.wait(timeout=300)
         # The driver's JVM exits when its stdin (the dead driver) closes, and takes its workers with it.
-        wait_for(process_group_gone(first.pid), timeout=30, interval=0.05)
+        wait_for(process_group_gone(first.pid), timeout=300, interval=0.05)
     finally:
         if first.poll() is None or not process_group_gone(first.pid)():
             with contextlib.suppress(ProcessLookupError):
@@ -186,7 +186,7 @@ def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
     partial = _log_end(root, AGGREGATED, 0)
     assert partial >= 2000
 
-    second = subprocess.run(args, env=child_env(), capture_output=True, timeout=180)
+    second = subprocess.run(args, env=child_env(), capture_output=True, timeout=900)
     assert second.returncode == 0, second.stderr.decode()[-3000:]
     report = json.loads(out.read_text())
     resumed = [i for i in report["instances"] if i["stats"]["resumed"]]

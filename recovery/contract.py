@@ -1,0 +1,163 @@
+"""The replay contract: the one owner of DESIGN-NOTES section 2. Every host (the operator runtime, the
+Spark attach path) asks this module what to do with a replayed tuple and what `pos` a record carries.
+
+Positions. Every input tuple has a position (input partition j, offset o). Every output record carries
+`pos`: for each input partition, the next offset the operator would read (everything below has been
+applied, and every output it produced is in the log before that record).
+
+Crash point t_c: the `pos` of the newest intact record of the log (records produced after it never reached
+the log, so they do not exist). N and the logical time come from the same record.
+
+Replay start on partition j: T[j] = min over the EC windows of pos_w[j]; t_c[j] when the EC is empty.
+
+The fate of a replayed tuple (j, o) of key k (`ReplayContract.fate`, `tuple_fate`):
+- k has a window w in the EC: SKIP it if o < pos_w[j] (w already holds it); else REBUILD if o < t_c[j]
+  (apply it to rebuild w's state; whatever it produced the first time is in the log, so it produces
+  nothing now, not even a dead letter); else PROCESS;
+- k has no EC window: SKIP it if o < t_c[j] (it belonged to a window that closed, whose R is in the log,
+  or it was dead-lettered already); else PROCESS.
+Recovery stops being special on partition j once o >= t_c[j]; it ends when every partition has reached
+its crash point (`caught_up`).
+
+`pos` while replaying (`PositionStamper`). With several input partitions, partition j can pass its crash
+point (and produce records) while partition k is still replaying below its own. Stamping such a record
+with the live position vector would give pos[k] < t_c[k]; if the log then ends on that record (any prefix
+of what the writer produced can be the durable log), the next recovery takes the lower crash point and
+re-applies tuples of k whose results are already in the log. So a record's `pos` is the component-wise
+maximum of the live vector (with the producing tuple claimed, below) and the `pos` of the previous
+record, which starts at the crash point: while any partition is still replaying below its crash point,
+every record's pos[k] is at least t_c[k]. That is still a crash point the next recovery can trust: the
+tuples of k between the live position and t_c[k] only rebuild EC windows, whose footprints are older
+than t_c and stay in the extent, and produce nothing.
+
+Invariant kept: `pos` never decreases along the log, component-wise, across any number of crashes, so
+every prefix of the log, including one cut inside a recovering run, yields an exact recovery.
+
+N while replaying: a record carries the number of windows open at it, counting every EC window as open
+from the start of the replay (each was open at t_c, and a tuple below t_c can neither close it, whose R
+would then be in the log, nor open another), plus the windows opened and minus those closed by tuples
+past the crash point. So the next recovery, reading back from any record, finds exactly N footprints: the
+EC windows' own (older than t_c, still in the extent) and those written since.
+
+Claiming a tuple: a tuple can produce several records (a time window's R, then the next window's
+G-open). Only its last record claims it (pos[j] = o + 1); the ones before carry pos[j] = o. Had the R
+claimed the tuple and the log ended between the two, recovery would skip the tuple as belonging to a
+closed window and the new window would lose it; unclaimed, it is replayed and opens that window again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from recovery.exceptions import RecoveryError
+
+__all__ = ["PositionStamper", "ReplayContract", "TupleFate", "tuple_fate"]
+
+
+class TupleFate(Enum):
+    SKIP = "skip"  # already reflected in the log (or in the window's loaded state): not applied
+    REBUILD = "rebuild"  # applied to rebuild window state; produces nothing (its outputs are in the log)
+    PROCESS = "process"  # past the crash point: processed normally
+
+
+def tuple_fate(offset: int, crash_offset: int, window_offset: int | None) -> TupleFate:
+    """The fate of a replayed tuple at `offset` on one input partition, given the crash point's offset
+    there and, if the tuple's key has a window in the EC, that window's footprint offset there."""
+    if window_offset is not None:
+        if offset < window_offset:
+            return TupleFate.SKIP
+        return TupleFate.REBUILD if offset < crash_offset else TupleFate.PROCESS
+    return TupleFate.SKIP if offset < crash_offset else TupleFate.PROCESS
+
+
+@dataclass(frozen=True)
+class ReplayContract:
+    """The replay of one operator instance: where it starts, where it stops, and what each tuple does."""
+
+    start: tuple[int, ...]
+    crash_pos: tuple[int, ...]
+    window_pos: Mapping[str, tuple[int, ...]]
+
+    @classmethod
+    def fresh(cls, partitions: int) -> ReplayContract:
+        zeros = (0,) * partitions
+        return cls(zeros, zeros, {})
+
+    @classmethod
+    def build(
+        cls, crash_pos: Sequence[int] | None, window_pos: Mapping[str, Sequence[int]], partitions: int
+    ) -> ReplayContract:
+        """From the EC: its crash point (None for an empty log) and each window's footprint `pos`."""
+        if crash_pos is None:
+            return cls.fresh(partitions)
+        if len(crash_pos) != partitions:
+            raise RecoveryError(
+                f"the log was written reading {len(crash_pos)} input partitions, the input now has {partitions}"
+            )
+        start = list(crash_pos)
+        for key, pos in window_pos.items():
+            if len(pos) != partitions or any(p > c for p, c in zip(pos, crash_pos, strict=True)):
+                # pos never decreases along the log, so a footprint's pos is at most the crash point.
+                raise RecoveryError(
+                    f"the footprint of {key!r} has pos {list(pos)} beyond the crash point {list(crash_pos)}"
+                )
+            for j, o in enumerate(pos):
+                if o < start[j]:
+                    start[j] = o
+        return cls(tuple(start), tuple(crash_pos), {k: tuple(v) for k, v in window_pos.items()})
+
+    def fate(self, partition: int, offset: int, key: str | None) -> TupleFate:
+        pos = self.window_pos.get(key) if key is not None else None
+        return tuple_fate(offset, self.crash_pos[partition], None if pos is None else pos[partition])
+
+    def replaying(self, partition: int, offset: int) -> bool:
+        """Is (partition, offset) below the crash point, where tuples are SKIPped or REBUILT?"""
+        return offset < self.crash_pos[partition]
+
+    def caught_up(self, positions: Sequence[int]) -> bool:
+        return all(p >= c for p, c in zip(positions, self.crash_pos, strict=True))
+
+    def stamper(self) -> PositionStamper:
+        return PositionStamper(self.crash_pos)
+
+    @property
+    def replay_span(self) -> int:
+        """Input tuples (by offset) between the replay start and the crash point, over all partitions."""
+        return sum(c - s for s, c in zip(self.start, self.crash_pos, strict=True))
+
+
+class PositionStamper:
+    """The `pos` each output record carries (module doc, "pos while replaying"): the component-wise
+    maximum of the producing tuple's live position and the previous record's pos, which starts at the
+    log's crash point (zeros for a new log). Never decreases along the log, by construction."""
+
+    __slots__ = ("_last",)
+
+    def __init__(self, floor: Sequence[int]) -> None:
+        self._last = tuple(int(p) for p in floor)
+
+    @property
+    def last(self) -> tuple[int, ...]:
+        """The pos of the last record stamped (the floor before any)."""
+        return self._last
+
+    def stamp(
+        self, live: Sequence[int] | None, partition: int, offset: int, *, claims: bool
+    ) -> tuple[int, ...]:
+        """The pos of a record produced by tuple (partition, offset); `claims`: it is that tuple's last
+        record. `live`: the operator's live position vector, or None for a host that only knows the
+        records it writes (then the previous record's pos stands for it)."""
+        pos = list(self._last if live is None else live)
+        pos[partition] = offset + 1 if claims else offset
+        last = self._last
+        out = tuple(p if p >= q else q for p, q in zip(pos, last, strict=True))
+        self._last = out
+        return out
+
+    def stamp_current(self, live: Sequence[int]) -> tuple[int, ...]:
+        """The pos of a record no input tuple produced (a G-check, EOS): the live vector, floored."""
+        out = tuple(p if p >= q else q for p, q in zip(live, self._last, strict=True))
+        self._last = out
+        return out
