@@ -202,9 +202,11 @@ class EventualCheckpointBuilder:
 
         # 2. Read back until N windows are found. Each chunk's checksums are checked at once (C when
         #    built); a record that failed goes through `_whole` (chunked values, damage). Only the
-        #    footprints that enter the EC are decoded, at EC-load. A chunk is at least the number of
-        #    windows still missing (each needs a record of its own), so a long extent takes few reads.
-        while len(windows) < n and chunks.next(max(self.chunk, n - len(windows))):
+        #    footprints that enter the EC are decoded, at EC-load. A chunk is the number of windows
+        #    still missing (each needs a record of its own, so the extent holds at least that many more)
+        #    plus one ordinary chunk of slack: a long extent takes one or two reads instead of a read
+        #    per 8,192 records plus a last short one (each read is a round trip on Kafka: ~20-80 ms).
+        while len(windows) < n and chunks.next(n - len(windows) + self.chunk):
             rows, failed = chunks.rows, chunks.failed
             first = chunks.at
             while True:
