@@ -29,6 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from cec.config import Checkpointing
 from operators.job import JobSpec, run_job
 from operators.runtime import RunStats
 
@@ -58,10 +59,7 @@ def _spec(
         source={"type": "generator", "count": count, "keys": keys, "seed": 42},
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=q,
-        u_target=u,
-        ci_ms=ci,
-        cp_ms=cp,
+        checkpointing=Checkpointing(q_target=q, u_target=u, ci_ms=ci, cp_ms=cp),
         batch_size=512,
     )
 

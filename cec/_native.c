@@ -191,8 +191,8 @@ static PyObject *s_part, *s_r;
 /* ec_scan(rows, first, failed, windows, closed, n, footprint_kinds, fp_cls, fp_descrs, codec)
  *   -> (next index, status, extent start or None)
  * The classification loop of EventualCheckpointBuilder.build step 2 (its Python twin is
- * recovery.eventual._scan_rows, which defines it): rows from `first` on, newest first; PART rows are
- * passed over; a row whose index is in `failed` stops the scan (status 2, next index = that row) for the
+ * recovery.eventual._scan_rows, which defines it): rows from `first` on, newest first; PART rows shaped
+ * like parts are passed over (any other PART row stops the scan as a failed row does); a row whose index is in `failed` stops the scan (status 2, next index = that row) for the
  * caller to handle in Python; an R closes (key, seq); a footprint of a key not in `windows` whose window
  * is not closed enters `windows` as fp_cls(offset, key, value, codec, None) (slots in fp_descrs order).
  * Status 1: `windows` reached n entries (next index = the row after the last one used); 0: end of rows. */
@@ -213,7 +213,17 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); return NULL; }
         PyObject *kind = PyTuple_GET_ITEM(row, 1);
         int eq = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_part) == 0 : 0;
-        if (eq) continue;
+        if (eq) {  /* a part is passed over only if shaped like one (queuestore.chunks.is_part) */
+            PyObject *v = PyTuple_GET_ITEM(row, 5);
+            if (PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) >= 9) {
+                const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(v);
+                uint32_t index = (uint32_t)b[1] << 24 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 8 | b[4];
+                uint32_t count = (uint32_t)b[5] << 24 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 8 | b[8];
+                if (b[0] == 0xCD && index < count) continue;
+            }
+            status = 2;
+            break;
+        }
         if (check_failed) {
             PyObject *idx = PyLong_FromSsize_t(i);
             if (idx == NULL) return NULL;

@@ -24,12 +24,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
+from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
 from operators.job import JobSpec, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from operators.sources import CsvSource
+from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
@@ -40,6 +44,7 @@ from recovery.exceptions import RecoveryError
 __all__ = ["main"]
 
 RESULT_COLUMNS = ["key", "window", "value", "count"]
+_ALL_KINDS = frozenset(k.value for k in Kind)
 
 
 # -- helpers ----------------------------------------------------------------------------------------------
@@ -71,8 +76,14 @@ def _worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subpro
     return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path)], env=env)
 
 
+class _AlreadyReported(CecError):
+    """A child process already printed the one-line error; the CLI only exits with its code."""
+
+
 def _wait(proc: subprocess.Popen[bytes], what: str) -> int:
     rc = proc.wait()
+    if rc == REPORTED_ERROR_EXIT:
+        raise _AlreadyReported(what)
     if rc not in (0, -signal.SIGKILL):
         raise CecError(f"{what} failed with exit code {rc}")
     return rc
@@ -109,9 +120,53 @@ def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], ti
     raise CecError("timed out waiting for the operator to make progress")
 
 
+def _checkpointing(args: argparse.Namespace) -> Checkpointing:
+    """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy.
+
+    A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000) apply only without a recovery
+    target: with one, the operator picks them, and a Q or U given beside it bounds what it picks."""
+    q, u = args.Q, args.U
+    if args.recovery_target is None:
+        q = args.default_q if q is None else q
+        u = args.default_u if u is None else u
+    return Checkpointing(
+        q_target=q,
+        u_target=u,
+        ci_ms=args.ci_ms,
+        cp_ms=args.cp_ms,
+        recovery_target=args.recovery_target,
+        policy=args.policy,
+    )
+
+
 def _policy(args: argparse.Namespace) -> dict[str, Any]:
-    """The checkpoint-policy fields of a JobSpec, from the --Q/--U/--ci-ms/--cp-ms flags."""
-    return {"q_target": args.Q, "u_target": args.U, "ci_ms": args.ci_ms, "cp_ms": args.cp_ms}
+    """The checkpoint-policy field of a JobSpec."""
+    return {"checkpointing": _checkpointing(args)}
+
+
+def _checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> list[str]:
+    """Report lines on checkpointing: the duty really spent and, with a recovery target, whether the
+    recovery met it. From the stats of the operator's last run (after recovery, when it crashed)."""
+    if not stats or not checkpointing.checkpoints:
+        return []
+    lines = [
+        f"  checkpoint duty:       {stats.get('checkpoint_duty', 0.0):.1%} of operator time producing G-checks "
+        f"(budget {stats.get('checkpoint_budget', 0.0):.1%}; {stats.get('checkpoint_seconds', 0.0) * 1000:,.0f} ms "
+        f"in {stats.get('gchecks', 0):,} G-checks after recovery)",
+        f"  targets in force:      Q={stats.get('q_target')} U={stats.get('u_target')} "
+        f"(max u {stats.get('max_replay', 0):,}, max q {stats.get('max_extent', 0):,}); {stats.get('checkpoint_policy', '')}",
+    ]
+    rec = stats.get("recovery")
+    if checkpointing.recovery_target is not None and rec:
+        took = rec["recovery_seconds"]
+        verdict = "met" if took <= checkpointing.recovery_target else "MISSED"
+        lines.append(
+            f"  recovery target:       {checkpointing.recovery_target * 1000:.0f} ms: {verdict} "
+            f"(recovery took {took * 1000:.1f} ms)"
+        )
+    if stats.get("checkpoint_refusal"):
+        lines.append(f"  checkpoint warning:    {stats['checkpoint_refusal']}")
+    return lines
 
 
 class _LogProgress:
@@ -126,6 +181,7 @@ class _LogProgress:
         self._topic = topic
         self._reader: PartitionReader | None = None
         self._codec = RecordCodec()
+        self._verifier: LogVerifier | None = None
         self._last = 0
 
     def __call__(self) -> int:
@@ -135,7 +191,12 @@ class _LogProgress:
             self._reader = self._store.reader(self._topic, 0)
         newest = self._reader.read_backward(self._reader.end_offset(), 1)
         if newest and newest[0].meta.kind != PART_KIND:  # a part's manifest is not written yet: no news
-            self._last = sum(self._codec.decode(newest[0].value).pos)
+            if self._verifier is None or self._verifier.reader is not self._reader:
+                self._verifier = LogVerifier(self._reader, self._codec, decode=_ALL_KINDS)
+            self._verifier.seek(newest[0].offset)
+            for verified in self._verifier.check(newest):  # checked before it is trusted
+                assert verified.record is not None
+                self._last = sum(verified.record.pos)
         return self._last
 
     def close(self) -> None:
@@ -219,7 +280,7 @@ def _run_pipeline_local(
         agg_proc = _worker(agg_spec, root / "aggregate.json")
     _wait(agg_proc, "aggregate")
     _wait(filter_proc, "filter")
-    return crashed, _load_stats(stats_path).get("recovery")
+    return crashed, _load_stats(stats_path)
 
 
 def _run_pipeline_spark(
@@ -281,7 +342,7 @@ def _run_pipeline_spark(
             f"position ~{at:,}; Spark relaunched the task and both recovered from their logs"
         )
     report = result.instance(1, 0)
-    return bool(killed), report.stats.get("recovery")
+    return bool(killed), report.stats
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -299,7 +360,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
             f"  engine: {args.engine}, {args.partitions} partition(s); queue store: {store_cfg['type']} "
             f"({store_cfg.get('bootstrap_servers') or root})"
         )
-        _say(f"  policy: Q={args.Q} U={args.U} CI={args.ci_ms} ms CP={args.cp_ms} ms")
+        checkpointing = _checkpointing(args)
+        policy_line = (
+            f"  policy: Q={checkpointing.q_target} U={checkpointing.u_target} "
+            f"CI={args.ci_ms} ms CP={args.cp_ms} ms"
+        )
+        if checkpointing.recovery_target is not None:
+            policy_line += f" recovery target={checkpointing.recovery_target:g} s"
+        if checkpointing.policy != "targets":
+            policy_line += f" ({checkpointing.policy})"
+        _say(policy_line)
 
         # 1. Failure-free reference, in this process, instance by instance.
         ref_filter, ref_agg = _demo_specs(args, root, store_cfg, tag + "-ref")
@@ -319,7 +389,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         finally:
             store.close()
         run = _run_pipeline_spark if args.engine == "spark" else _run_pipeline_local
-        crashed, recovery = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
+        crashed, agg_stats = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
+        recovery = agg_stats.get("recovery") if agg_stats else None
 
         # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
         store = open_store(store_cfg)
@@ -341,6 +412,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
         crash_line = f"SIGKILL at input ~{crash_at:,}" if crashed else "none: the run ended first"
         _say(f"  crash:                 {crash_line}")
         for line in _recovery_lines(recovery):
+            _say(line)
+        for line in _checkpoint_lines(agg_stats or {}, checkpointing):
             _say(line)
         if not same:
             _say(f"  first difference: {_first_difference(got, want)}")
@@ -382,7 +455,52 @@ def _check_columns(path: Path, columns: list[str]) -> None:
         )
 
 
+_RUN_TOPICS = "cec-run-topics.json"
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _run_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
+    """The output topic of `cec run` over `input_path` with `operator`, in the store at `root`.
+
+    Named after the operator and the input's *content*, so that different inputs never share a topic
+    (on Kafka topics outlive any store dir). A store dir remembers which topic it used for an operator
+    over a file path: run again with the same --store-dir after the file was edited, and the job resumes
+    that topic's log, whose recorded input identity refuses the new content with a clear error
+    (`recovery.identity`), instead of silently starting another log beside it.
+    """
+    source = CsvSource(input_path)
+    try:
+        content = source.identity()
+    finally:
+        source.close()
+    job = _digest([operator, str(input_path.resolve())])
+    memory = root / _RUN_TOPICS
+    try:
+        known: dict[str, str] = json.loads(memory.read_text())
+    except FileNotFoundError:
+        known = {}
+    except ValueError:
+        raise ConfigError(f"{memory} is damaged; use a new --store-dir") from None
+    topic = known.get(job)
+    if topic is None:
+        topic = f"run-{_digest([operator, content])}"
+        known[job] = topic
+        tmp = memory.with_name(f".{memory.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, sort_keys=True))
+        tmp.replace(memory)
+    return topic
+
+
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.input_topic:
+        from cec.topic_run import cmd_run_topic
+
+        return cmd_run_topic(args)
+    if not args.input:
+        raise ConfigError("give an input CSV file, or --input-topic TOPIC")
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -404,13 +522,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
-        # A store dir holds the log of one job: refuse to resume a different one from it.
-        fingerprint = hashlib.sha256(
-            json.dumps(
-                [operator, str(input_path.resolve()), input_path.stat().st_size], sort_keys=True
-            ).encode()
-        ).hexdigest()[:16]
-        topic = f"run-{fingerprint}"
+        topic = _run_topic(root, operator, input_path)
         spec = JobSpec(
             operator=operator,
             source={"type": "csv", "path": str(input_path.resolve())},
@@ -420,7 +532,6 @@ def cmd_run(args: argparse.Namespace) -> int:
             **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
         )
-        recovery: dict[str, Any] | None = None
         if args.crash_after is not None:
             rc = _wait(
                 _worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator"
@@ -428,10 +539,10 @@ def cmd_run(args: argparse.Namespace) -> int:
             if rc == -signal.SIGKILL:
                 _say(f"operator process SIGKILLed after {args.crash_after:,} input rows; recovering")
             _wait(_worker(spec, root / "run.json"), "operator")
-            recovery = _load_stats(Path(spec.stats_path or "")).get("recovery")
+            run_stats = _load_stats(Path(spec.stats_path or ""))
         else:
-            stats = run_job(spec)
-            recovery = stats.recovery.as_dict() if stats.recovery else None
+            run_stats = run_job(spec).as_dict()
+        recovery = run_stats.get("recovery")
         store = open_store(store_cfg)
         try:
             n_results = write_results_csv(
@@ -450,6 +561,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.crash_after is not None:
         for line in _recovery_lines(recovery):
             _say(line)
+    for line in _checkpoint_lines(run_stats, spec.checkpointing):
+        _say(line)
     return 0
 
 
@@ -458,10 +571,10 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     store = open_store(store_spec(args.store_dir, args.bootstrap_servers))
     try:
         for p in range(store.partitions(args.topic)):
+            kinds = count_kinds(store, args.topic, p)  # every record checked: damage is an error
             with store.reader(args.topic, p) as reader:
                 end = reader.end_offset()
                 ec = EventualCheckpointBuilder(reader).build()
-            kinds = count_kinds(store, args.topic)
             _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
             _say(
                 f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
@@ -486,13 +599,34 @@ def _positive_int(text: str) -> int:
 
 def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> None:
     p.add_argument(
-        "--Q", type=_positive_int, default=q, help="extent size target q (records); default %(default)s"
+        "--Q",
+        type=_positive_int,
+        default=None,
+        help=f"extent size target q (records); default {q} (none with --recovery-target: the operator picks)",
     )
     p.add_argument(
-        "--U", type=_positive_int, default=u, help="replay size target u (input tuples); default %(default)s"
+        "--U",
+        type=_positive_int,
+        default=None,
+        help=f"replay size target u (input tuples); default {u} (none with --recovery-target: the operator picks)",
     )
-    p.add_argument("--ci-ms", type=float, default=5.0, help="checkpoint interval CI in ms (default 5)")
-    p.add_argument("--cp-ms", type=float, default=100.0, help="checkpoint period CP in ms (default 100)")
+    p.set_defaults(default_q=q, default_u=u)
+    p.add_argument(
+        "--ci-ms", type=float, default=5.0, help="checkpoint budget: CI ms of operator time (default 5) ..."
+    )
+    p.add_argument("--cp-ms", type=float, default=100.0, help="... in every CP ms (default 100)")
+    p.add_argument(
+        "--recovery-target",
+        help="recover within this time after a crash, e.g. 3s, 500ms, 2 minutes: the operator picks U, Q "
+        "and the checkpoint budget from its measured rates",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="targets",
+        help="targets: G-check while q > Q or u > U (or to meet --recovery-target); cost-benefit: only when "
+        "the recovery time a G-check saves is worth its cost (default targets)",
+    )
     p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
     p.add_argument(
         "--bootstrap-servers",
@@ -545,7 +679,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=cmd_demo)
 
     run = sub.add_parser("run", help="CEC aggregate over a CSV file")
-    run.add_argument("input", help="input CSV with a header row, processed in file order")
+    run.add_argument("input", nargs="?", help="input CSV with a header row, processed in file order")
     run.add_argument("--key", required=True, help="key column")
     run.add_argument("--value", required=True, help="value column (a number)")
     run.add_argument("--time", help="event-time column (integer milliseconds); needed for --window-time")
@@ -559,6 +693,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--progress", action="store_true", help="progress lines on stderr")
     _policy_args(run, q=None, u=None)
+    from cec.topic_run import add_topic_arguments
+
+    add_topic_arguments(run)
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="what an output queue holds and what recovery would rebuild")
@@ -575,6 +712,8 @@ def main(argv: list[str] | None = None) -> int:
         args.partitions = 2 if args.engine == "spark" else 1
     try:
         return int(args.func(args))
+    except _AlreadyReported:
+        return REPORTED_ERROR_EXIT
     except (CecError, QueueStoreError, RecoveryError) as exc:
         print(f"cec: error: {exc}", file=sys.stderr)
         return 2

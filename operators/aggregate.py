@@ -91,6 +91,13 @@ def parse_duration_ms(text: str) -> int:
     return ms
 
 
+# Times, window bounds and counts are Avro longs in the log: anything outside cannot be written. A tuple
+# that would put one there is dead-lettered *before* it changes anything, so that no encode error (and no
+# crash loop on the same row at every restart) can come after a window changed.
+LONG_MIN = -(1 << 63)
+LONG_MAX = (1 << 63) - 1
+
+
 def _number(value: Any, what: str) -> float:
     if value is None or (isinstance(value, str) and not value.strip()):
         raise BadTupleError(f"missing {what}")
@@ -100,9 +107,27 @@ def _number(value: Any, what: str) -> float:
         x = float(value)
     except (TypeError, ValueError):
         raise BadTupleError(f"{what} is not a number: {value!r:.80}") from None
+    except OverflowError:  # an integer beyond any double
+        raise BadTupleError(f"{what} is out of range: {value!r:.80}") from None
     if not math.isfinite(x):
         raise BadTupleError(f"{what} is not finite: {value!r:.80}")
     return x
+
+
+def _time_ms(value: Any, what: str, margin: int) -> int:
+    """An event time in integer ms; integers (also as text) exactly, other numbers truncated. Must lie
+    within `margin` of the Avro long range (a time window's bounds are `margin` = D away from it)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        t = value
+    else:
+        try:
+            t = int(value.strip()) if isinstance(value, str) else int(_number(value, what))
+        except ValueError:  # "1e3", "12.5": not an integer literal, read as a number
+            t = int(_number(value, what))
+    if not LONG_MIN + margin <= t <= LONG_MAX - margin:
+        bound = "the 64-bit range" if not margin else f"the 64-bit range less the window ({margin} ms)"
+        raise BadTupleError(f"{what} is out of range: {value!r:.40} is beyond {bound}")
+    return t
 
 
 class KeyedAggregate(Operator):
@@ -145,12 +170,20 @@ class KeyedAggregate(Operator):
         if key is None:
             return None
         key = str(key).strip()
+        if not key.isascii():
+            try:
+                key.encode("utf-8")
+            except UnicodeEncodeError:
+                # Bytes that were not UTF-8 (kept exactly by the source as lone surrogates): such a key
+                # cannot be written, and replacing its bytes would merge it with other keys.
+                raw = key.encode("utf-8", "surrogateescape")
+                raise BadTupleError(f"key {self.key_field!r} is not valid UTF-8: {raw!r:.80}") from None
         return key or None
 
     def event_time(self, value: Mapping[str, Any]) -> int | None:
         if self.time_field is None:
             return None
-        return int(_number(value.get(self.time_field), f"time {self.time_field!r}"))
+        return _time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.window_ms or 0)
 
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         assert tup.value is not None
@@ -163,15 +196,21 @@ class KeyedAggregate(Operator):
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
         window = ctx.registry.get(key)
+        closes = False
         if window is not None and self.window_ms is not None:
             state: AggState = window.state
             if t < state.start:
                 raise BadTupleError(
                     f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
                 )
-            if t >= state.start + self.window_ms:
-                ctx.close_window(key, self._result(key, window.seq, state))
-                window = None
+            closes = t >= state.start + self.window_ms
+        if window is not None and not closes and not math.isfinite(window.state.total + x):
+            raise BadTupleError(f"value {self.value_field!r} {x!r} would overflow its window's sum")
+        # Every check is done: from here on the tuple changes state and cannot fail.
+        if closes:
+            assert window is not None
+            ctx.close_window(key, self._result(key, window.seq, window.state))
+            window = None
         if window is None:
             start = t - t % self.window_ms if self.window_ms else t
             window = ctx.open_window(key, AggState(1, x, x, x, start, t))

@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from cec.registry import OpenWindow, WindowRegistry
 
 __all__ = ["InputTuple", "Operator", "OperatorContext"]
 
 
-@dataclass(frozen=True, slots=True)
-class InputTuple:
+class InputTuple(NamedTuple):
+    # A NamedTuple, not a frozen dataclass: sources build one per input record, and a NamedTuple is built
+    # about 4x faster (measured 0.3 vs 1.1 us on this machine), which is a large share of a source's cost.
     partition: int
     offset: int
     value: Mapping[str, Any] | None
@@ -63,7 +63,9 @@ class Operator(abc.ABC):
 
     @abc.abstractmethod
     def key_of(self, value: Mapping[str, Any]) -> str | None:
-        """The tuple's window key, or None if it has none (stateless operators, unparseable tuples)."""
+        """The tuple's window key, or None if it has none (stateless operators, unparseable tuples).
+        Raises `BadTupleError` for a key that cannot be kept exactly (e.g. bytes that are not UTF-8): such a
+        key is never mapped onto another one."""
 
     def event_time(self, value: Mapping[str, Any]) -> int | None:
         """The tuple's event time in ms, if the operator has one; logical time advances with it."""
@@ -72,7 +74,9 @@ class Operator(abc.ABC):
     @abc.abstractmethod
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         """Apply one tuple. Raise `cec.exceptions.BadTupleError` to dead-letter it; state must then be
-        unchanged."""
+        unchanged. So every check comes first: whatever a window's state, result or time will hold must
+        fit its Avro type (longs within 64 bits, finite doubles) before the first window changes, because
+        an encode error after that would crash the operator on the same tuple at every restart."""
 
     def encode_state(self, state: Any) -> bytes:
         raise NotImplementedError(f"{self.name} is stateless")

@@ -14,8 +14,10 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from cec.policy import CheckpointSchedule, make_policy
+from cec.policy import make_policy
+from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
 from operators.aggregate import KeyedAggregate
 from operators.base import Operator
@@ -26,6 +28,7 @@ from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
+from recovery.identity import bind_log, check_log
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -33,8 +36,11 @@ __all__ = [
     "JobSpec",
     "build_operator",
     "build_source",
+    "check_input",
     "instance_spec",
+    "job_source_spec",
     "open_output",
+    "pin_source",
     "run_job",
     "source_partitions",
 ]
@@ -65,15 +71,18 @@ class JobSpec:
     output_topic: str
     output_partition: int = 0
     output_partitions: int = 1
-    q_target: int | None = None
-    u_target: int | None = None
-    ci_ms: float = 5.0
-    cp_ms: float = 100.0
+    checkpointing: Checkpointing = field(default_factory=Checkpointing)
     batch_size: int = 512
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
     extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.checkpointing, Mapping):  # from JSON
+            self.checkpointing = Checkpointing.from_dict(dict(self.checkpointing))
+        if not isinstance(self.checkpointing, Checkpointing):
+            raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {self.checkpointing!r}")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -128,6 +137,10 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
         )
     if kind == "queue":
         return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]], subset)
+    if kind == "topic":  # a user's own Kafka topic (operators.topic_source)
+        from operators.topic_source import open_topic_source
+
+        return open_topic_source(spec, SCHEMAS)
     raise ConfigError(f"unknown source type {kind!r}")
 
 
@@ -140,7 +153,31 @@ def source_partitions(spec: Mapping[str, Any], store: QueueStore) -> int:
         return store.partitions(spec["topic"])
     if kind == "csv":
         return 1
+    if kind == "topic":
+        from operators.topic_source import topic_partition_count
+
+        return topic_partition_count(spec["bootstrap_servers"], spec["topic"], spec.get("config"))
     raise ConfigError(f"unknown source type {kind!r}")
+
+
+def job_source_spec(spec: JobSpec) -> dict[str, Any]:
+    """The job's source spec; a Kafka topic source commits its positions (monitoring only) to a consumer
+    group named after the job's output topic unless the spec names one."""
+    source = dict(spec.source)
+    if source.get("type") == "topic":
+        source.setdefault("group_id", f"cec-{spec.output_topic}")
+    return source
+
+
+def pin_source(source: Mapping[str, Any]) -> dict[str, Any]:
+    """`source` with whatever a restart must see unchanged resolved now: a bounded Kafka topic source's
+    start and end offsets (`operators.topic_source.pin_bounds`). Call once when a job first starts, before
+    its spec is handed to instances, and keep the result with the job's log."""
+    if source.get("type") != "topic":
+        return dict(source)
+    from operators.topic_source import pin_bounds
+
+    return pin_bounds(source)
 
 
 def instance_spec(template: JobSpec, partition: int) -> JobSpec:
@@ -169,6 +206,35 @@ def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: f
             time.sleep(_LOCK_POLL_S)
 
 
+def check_input(spec: JobSpec) -> None:
+    """Raise `InputMismatchError` now if the instance's log exists, is not empty and was built from another
+    input than the spec's: the check `run_job` makes, for a host that can look before it starts tasks
+    (the Spark driver) and would otherwise see every task attempt fail the same way. Read-only."""
+    store = open_store(spec.store)
+    try:
+        if not store.topic_exists(spec.output_topic):
+            return
+        with store.reader(spec.output_topic, spec.output_partition) as reader:
+            log_end = reader.end_offset()
+        if log_end == 0:
+            return
+        source = build_source(spec.source, store)
+        try:
+            check_log(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                log_end=log_end,
+                input_identity=source.identity(),
+                operator=spec.operator,
+                pinned=source.pinned_fields,
+            )
+        finally:
+            source.close()
+    finally:
+        store.close()
+
+
 def run_job(
     spec: JobSpec,
     *,
@@ -177,12 +243,13 @@ def run_job(
     lock_wait_s: float = 0.0,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
-    `stop()` / `max_inputs`, see `OperatorRuntime.run`)."""
+    `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
+    is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written."""
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
         operator = build_operator(spec.operator)
-        source = build_source(spec.source, store)
+        source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
             output = open_output(store, spec.output_topic, spec.output_partition, lock_wait_s=lock_wait_s)
@@ -190,12 +257,23 @@ def run_job(
             source.close()
             raise
         try:
+            # Before recovery reads the log: a log only resumes against the input it was built from.
+            recorded = bind_log(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                log_end=output.index.next_offset,
+                input_identity=source.identity(),
+                operator=spec.operator,
+                pinned=source.pinned_fields,
+            )
+            source.pin(recorded)
             runtime = OperatorRuntime(
                 operator,
                 source,
                 output,
-                policy=make_policy(spec.q_target, spec.u_target),
-                schedule=CheckpointSchedule(spec.ci_ms, spec.cp_ms),
+                policy=make_policy(spec.checkpointing),
+                schedule=CheckpointSchedule(spec.checkpointing.ci_ms, spec.checkpointing.cp_ms),
                 batch_size=spec.batch_size,
                 progress=progress,
                 footprints=spec.footprints,

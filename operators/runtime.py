@@ -1,9 +1,11 @@
 """The operator runtime: input -> operator -> output queue (-> index), with CEC's three paths.
 
 - foreground: consume input in batches, apply each tuple, emit R / G-open / DEAD records in order;
-- background: between batches, inside checkpoint slots (CI of every CP ms), emit G-checks for the windows
-  with the oldest footprints while the policy asks for them (paper III.A); all in the operator's thread,
-  as in the paper, so no locking;
+- background: every `check_every` tuples (inside batches too) and between batches, spend the checkpoint
+  budget (CI ms of operator time in every CP ms, `cec.schedule`) on G-checks of the windows with the oldest
+  footprints while the policy asks for them (paper III.A); all in the operator's thread, as in the paper,
+  so no locking. Every time decision reads the injected `clock`; the duty really spent is measured and
+  reported (`RunStats.checkpoint_duty`), and targets the budget cannot meet are said once, in the log;
 - recovery: before the first tuple, rebuild the eventual checkpoint from the output log, load it, seek the
   input to the replay start and let the replay plan admit or skip each tuple until the crash point.
 
@@ -15,6 +17,7 @@ way it never decreases along the log and is restored from the crash point.
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -22,9 +25,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cec.exceptions import BadTupleError
-from cec.policy import CheckpointPolicy, CheckpointSchedule, GOpenOnly
+from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
+from cec.rates import MeasuredRates
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.registry import OpenWindow, WindowRegistry
+from cec.schedule import CheckpointSchedule
 from operators.base import InputTuple, Operator
 from operators.sources import InputSource
 from queuestore import faults
@@ -33,6 +38,11 @@ from recovery.contract import PositionStamper, ReplayContract, TupleFate
 from recovery.manager import RecoveryManager, RecoveryReport
 
 __all__ = ["DEAD_LETTER_SCHEMA", "OperatorRuntime", "Progress", "RunStats"]
+
+log = logging.getLogger(__name__)
+
+_MEASURE_S = 0.25  # measurement interval: rates, the policy's choices, the check that targets are met
+_OVER_INTERVALS = 4  # consecutive intervals a target must be missed, budget spent, before saying so
 
 DEAD_LETTER_SCHEMA: dict[str, Any] = {
     "type": "record",
@@ -62,6 +72,15 @@ class RunStats:
     recovery: RecoveryReport | None = None
     max_extent: int = 0  # largest extent size q seen after any batch
     extent_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, extent) every 1 s
+    max_replay: int = 0  # largest replay size u seen after any batch
+    checkpoint_policy: str = ""
+    checkpoint_budget: float = 0.0  # the duty allowed at the end (CI/CP, or what the policy picked)
+    checkpoint_seconds: float = 0.0  # operator time spent producing G-checks
+    checkpoint_duty: float = 0.0  # checkpoint_seconds / run time since G-checks were allowed (after recovery)
+    checkpoint_refusal: str | None = None  # why the targets could not be met, if they could not
+    q_target: int | None = None  # targets in force at the end (picked by the policy with a recovery target)
+    u_target: int | None = None
+    rates: dict[str, Any] | None = None  # what the policy planned with (cec.rates.MeasuredRates)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -100,14 +119,29 @@ class OperatorRuntime:
         codec: RecordCodec | None = None,
         idle_wait_s: float = 0.005,
         footprints: bool = True,
+        clock: Callable[[], float] | None = None,
+        check_every: int = 32,
+        rates: MeasuredRates | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
-        against (the paper's "native" runs). Such a log cannot be recovered from."""
+        against (the paper's "native" runs). Such a log cannot be recovered from.
+
+        `clock` (seconds, monotonic) drives every checkpoint decision (default: the schedule's, else
+        `time.monotonic`); `check_every` is how many tuples may pass between two looks at the budget,
+        which bounds how far u can pass U; `rates` are the measured rates the policies plan with."""
         self.operator = operator
         self.source = source
         self.output = output
         self.policy = policy or GOpenOnly()
-        self.schedule = schedule or CheckpointSchedule()
+        if clock is None:
+            clock = schedule.clock if schedule is not None else time.monotonic
+        self.clock = clock
+        self.schedule = schedule or CheckpointSchedule(clock=clock)
+        self.schedule.clock = clock
+        if check_every < 1:
+            raise ValueError(f"check_every must be >= 1, got {check_every}")
+        self.check_every = check_every
+        self.rates = rates or MeasuredRates()
         self.batch_size = batch_size
         self.progress = progress or Progress(operator.name, enabled=False)
         self.codec = codec or RecordCodec()
@@ -117,6 +151,10 @@ class OperatorRuntime:
         self._dead_codec = AvroCodec(DEAD_LETTER_SCHEMA)
         self._registry = WindowRegistry()
         self._pos = [0] * source.partitions
+        # Dead letters name the stream's own partition, not the instance's local index of it.
+        self._global_partitions: tuple[int, ...] = tuple(
+            getattr(source, "global_partitions", range(source.partitions))
+        )
         self._time = 0
         self._next_seq: dict[str, int] = {}
         self._pending_opens: list[OpenWindow] = []
@@ -128,6 +166,13 @@ class OperatorRuntime:
         self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
         self._held: list[tuple[Kind, str | None, int, bytes | None, bytes | None, int]] = []
         self.stats = RunStats()
+        # Checkpoint bookkeeping (see _background / _measure).
+        self._busy = 0.0  # time in this interval spent reading and applying input (not waiting, not G-checks)
+        self._last_look = 0.0
+        self._interval: tuple[float, int, int, int, float, int, int] | None = None
+        self._budget_short = False  # the budget ran out while the policy still wanted G-checks
+        self._over = 0  # consecutive intervals with a target missed and the budget spent
+        self._said: set[str] = set()
 
     # -- OperatorContext -------------------------------------------------------------------------------
     @property
@@ -224,7 +269,12 @@ class OperatorRuntime:
             return  # its dead letter is already in the log (see _emit)
         raw = "" if tup.value is None else json.dumps(dict(tup.value), default=str, sort_keys=True)
         payload = self._dead_codec.encode(
-            {"partition": tup.partition, "offset": tup.offset, "reason": reason, "raw": raw}
+            {
+                "partition": self._global_partitions[tup.partition],
+                "offset": tup.offset,
+                "reason": reason,
+                "raw": raw,
+            }
         )
         self._emit(Kind.DEAD, None, -1, None, payload)
         self.stats.dead_letters += 1
@@ -347,25 +397,179 @@ class OperatorRuntime:
         self._plan = None
 
     # -- background ------------------------------------------------------------------------------------
-    def _background(self) -> None:
-        if self._plan is not None or not self._registry or isinstance(self.policy, GOpenOnly):
+    def _oldest_view(self, oldest: OpenWindow) -> WindowView:
+        it = iter(self._registry)
+        next(it)
+        after = next(it, None)
+        return WindowView(
+            self._out_count - oldest.out_mark,
+            self._in_count - oldest.in_mark,
+            self._registry.n,
+            (self._in_count if after is None else after.in_mark) - oldest.in_mark,
+            (self._out_count if after is None else after.out_mark) - oldest.out_mark,
+        )
+
+    def _background(self, idle: bool = False) -> None:
+        """Spend the checkpoint budget on G-checks of the oldest windows while the policy wants them.
+
+        Called every `check_every` tuples and between batches (`idle`: after waiting for input, which is
+        not operator work). Spending stops when the credit is used up, when the policy is satisfied, or
+        after one G-check per open window (an unattainable target cannot spin).
+        """
+        if self._plan is not None or not self.footprints or not self.policy.checkpoints:
             return  # no G-checks while replaying below the crash point: windows are not yet consistent
-        remaining = self.schedule.slot_remaining()
-        if remaining <= 0:
+        clock = self.clock
+        if not self.schedule.started:
+            self._start_checkpointing()
+        now = clock()
+        if not idle:
+            self._busy += now - self._last_look
+        self._last_look = now
+        assert self._interval is not None
+        if now - self._interval[0] >= _MEASURE_S:
+            self._measure(now)
+        oldest = self._registry.oldest()
+        if oldest is None:
             return
-        deadline = time.monotonic() + remaining
-        budget = len(self._registry)  # each window at most once per slot: an unattainable Q cannot spin
-        while budget and self.policy.wants_checkpoint(
-            self._registry.extent_size(self._out_count), self._registry.replay_size(self._in_count)
-        ):
-            oldest = self._registry.oldest()
-            assert oldest is not None
+        credit = self.schedule.credit()
+        if credit <= 0:
+            if self.policy.wants_oldest(self._oldest_view(oldest)):
+                self._budget_short = True
+            return
+        started = now
+        done = 0
+        limit = len(self._registry)
+        while oldest is not None and done < limit and self.policy.wants_oldest(self._oldest_view(oldest)):
             self._footprint(Kind.GCHECK, oldest)
-            budget -= 1
-            if budget % 32 == 0:
-                if time.monotonic() >= deadline:
-                    break
+            done += 1
+            if done % 32 == 0:
                 self.output.poll()
+            now = clock()
+            if now - started >= credit:
+                self._budget_short = True  # it may be satisfied now; the next look finds out cheaply
+                break
+            oldest = self._registry.oldest()
+        if done:
+            now = clock()
+            self.schedule.spend(now - started, done)
+            self.rates.observe_gchecks(now - started, done)
+            self._last_look = now  # G-check time is not input work
+
+    def _start_checkpointing(self) -> None:
+        """G-checks become possible (fresh start, or recovery caught up): start the budget and the
+        measurements; a recovery this run began with is the best measure of the next one."""
+        self.schedule.start()
+        now = self.clock()
+        self._last_look = now
+        self._interval = (now, self._in_count, self._out_count, self.stats.gchecks, 0.0, 0, 0)
+        if self.stats.recovery is not None:
+            self.rates.observe_recovery(self.stats.recovery)
+        self._replan()
+        oldest = self._registry.oldest()
+        self._interval = self._interval[:5] + (
+            (oldest.in_mark, oldest.out_mark) if oldest is not None else (self._in_count, self._out_count)
+        )
+
+    def _replan(self) -> None:
+        self.policy.observe(self.rates, self._registry.n)
+        duty = self.policy.budget()
+        if duty is not None:
+            self.schedule.set_duty(duty)
+
+    def _measure(self, now: float) -> None:
+        """End of a measurement interval: update the rates, let the policy re-plan, check the targets."""
+        assert self._interval is not None
+        t0, in0, out0, g0, spent0, front_in0, front_out0 = self._interval
+        seconds = now - t0
+        inputs, outputs = self._in_count - in0, self._out_count - out0
+        gchecks = self.stats.gchecks - g0
+        spent = self.schedule.spent_seconds - spent0
+        self.rates.observe_run(
+            seconds=seconds, busy_seconds=self._busy, inputs=inputs, outputs=outputs, gchecks=gchecks
+        )
+        self._replan()
+        oldest = self._registry.oldest()
+        front_in = self._in_count if oldest is None else oldest.in_mark
+        front_out = self._out_count if oldest is None else oldest.out_mark
+        self._check_targets(
+            duty=spent / seconds if seconds > 0 else 0.0,
+            needed_in=inputs / (front_in - front_in0) if front_in > front_in0 else None,
+            needed_out=outputs / (front_out - front_out0) if front_out > front_out0 else None,
+        )
+        self._interval = (
+            now, self._in_count, self._out_count, self.stats.gchecks, self.schedule.spent_seconds,
+            front_in, front_out,
+        )  # fmt: skip
+        self._busy = 0.0
+        self._budget_short = False
+
+    def _say_once(self, topic: str, message: str) -> None:
+        if topic not in self._said:
+            self._said.add(topic)
+            log.warning("%s: %s", self.operator.name, message)
+            if self.stats.checkpoint_refusal is None:
+                self.stats.checkpoint_refusal = message
+
+    def _check_targets(self, *, duty: float, needed_in: float | None, needed_out: float | None) -> None:
+        """Say once if the targets cannot be met: whatever the budget, or within this budget (then with
+        the duty that would meet them).
+
+        The duty that would meet U: with the budget spent, u settles where G-checks free the oldest
+        windows as fast as input arrives, and u scales as 1/(G-checks per tuple); so G-check time per
+        unit of other work must grow by u/U, times the factor by which the oldest footprint still lags
+        the input (`needed_in`: input tuples per tuple of footprint advance, 1 once settled). Likewise
+        for Q with q - N and the output count."""
+        problem = self.policy.problem()
+        if problem:
+            self._say_once("problem", problem)
+        q_target, u_target = self.policy.targets()
+        n = self._registry.n
+        if q_target is not None and q_target < n:
+            self._say_once(
+                "q-below-n",
+                f"Q={q_target:,} is below the {n:,} open windows: an extent holds a footprint of every open "
+                f"window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)",
+            )
+        q = self._registry.extent_size(self._out_count)
+        u = self._registry.replay_size(self._in_count)
+        slack = self.check_every + self.batch_size
+        missed_u = u_target is not None and u > u_target * 1.05 + slack
+        missed_q = q_target is not None and q_target > n and q > q_target * 1.05 + slack
+        if not ((missed_u or missed_q) and self._budget_short and not self.schedule.unlimited):
+            self._over = 0
+            return
+        self._over += 1
+        if self._over < _OVER_INTERVALS:
+            return
+        factors: list[float | None] = []
+        if missed_u and u_target is not None:
+            factors.append(None if needed_in is None else u / u_target * max(needed_in, 1.0))
+        if missed_q and q_target is not None:
+            factors.append(None if needed_out is None else (q - n) / (q_target - n) * max(needed_out, 1.0))
+        if any(f is None for f in factors) or duty >= 1.0:
+            need = "more than the whole operator's time would (the oldest footprint does not advance)"
+        else:
+            ratio = duty / (1.0 - duty) * max(f for f in factors if f is not None)
+            needed = ratio / (1.0 + ratio)
+            cp_ms = self.schedule.cp * 1000
+            need = (
+                f"about {needed:.0%} of operator time (CI={needed * cp_ms:.0f} ms every CP={cp_ms:g} ms) "
+                "would meet them"
+            )
+        self._say_once(
+            "budget",
+            f"checkpoint targets Q={q_target} U={u_target} cannot be met within "
+            f"{self.schedule.describe()}: u={u:,}, q={q:,} with {n:,} open windows; {need}",
+        )
+
+    def _report_checkpointing(self) -> None:
+        stats = self.stats
+        stats.checkpoint_policy = self.policy.describe()
+        stats.checkpoint_budget = self.schedule.duty if self.policy.checkpoints else 0.0
+        stats.checkpoint_seconds = self.schedule.spent_seconds
+        stats.checkpoint_duty = self.schedule.real_duty()
+        stats.q_target, stats.u_target = self.policy.targets()
+        stats.rates = self.rates.as_dict()
 
     # -- main loop -------------------------------------------------------------------------------------
     def run(self, stop: Callable[[], bool] | None = None, *, max_inputs: int | None = None) -> RunStats:
@@ -379,22 +583,25 @@ class OperatorRuntime:
             return self.stats
         if self._plan is not None and self._plan.caught_up(self._pos):
             self._caught_up()
-        last_sample = time.monotonic()
+        last_sample = self.clock()
         while (stop is None or not stop()) and (max_inputs is None or self.stats.inputs < max_inputs):
             batch = self.source.poll(self.batch_size)
             if batch is None:
                 break
             if not batch:  # live end of the input: serve completions while waiting
                 self.output.poll(self.idle_wait_s)
-                self._background()
+                self._background(idle=True)
                 continue
-            for tup in batch:
-                self._apply(tup)
+            k = self.check_every
+            for first in range(0, len(batch), k):  # the checkpoint budget is looked at inside batches too
+                for tup in batch[first : first + k]:
+                    self._apply(tup)
+                self._background()
             self.output.poll()
-            self._background()
             extent = self._registry.extent_size(self._out_count)
             self.stats.max_extent = max(self.stats.max_extent, extent)
-            now = time.monotonic()
+            self.stats.max_replay = max(self.stats.max_replay, self._registry.replay_size(self._in_count))
+            now = self.clock()
             if now - last_sample >= 1.0:
                 last_sample = now
                 self.stats.extent_samples.append((self._in_count, extent))
@@ -412,9 +619,8 @@ class OperatorRuntime:
         return self.stats
 
     def _finish(self, *, complete: bool) -> None:
-        self.output.flush()
-        if self.output.failures:
-            raise RuntimeError(f"{len(self.output.failures)} appends failed: {self.output.failures[0]!r}")
+        self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
         self.stats.open_windows = self._registry.n
+        self._report_checkpointing()
         self.stats.completed = complete
         self.stats.seconds = time.perf_counter() - self._started

@@ -1,4 +1,5 @@
-"""Read an operator's output queue as its consumers see it: results only, control tuples dropped by kind."""
+"""Read an operator's output queue as its consumers see it: results only, control tuples dropped by kind,
+every record's checksum checked first (`cec.verified`)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,8 @@ from typing import Any
 
 from cec.exceptions import CodecError
 from cec.records import AvroCodec, Kind, RecordCodec
+from cec.verified import verified_records
 from queuestore.base import QueueStore
-from queuestore.chunks import is_manifest, reassemble
-from queuestore.exceptions import TornRecordError
 
 __all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_results_csv"]
 
@@ -22,30 +22,31 @@ def iter_payloads(
 ) -> Iterator[dict[str, Any]]:
     """Decoded payloads of every `kind` record of every partition, partition by partition in log order.
 
-    A record that fails its checksum raises `CodecError`: results are never silently dropped or used.
+    Every record is checked before it is filtered by kind: a damaged or missing record of any kind raises
+    `DamagedLogError`, so results are never silently dropped or used.
     """
     codec, payloads = RecordCodec(), AvroCodec(schema)
+    wanted = kind.value
     for p in range(store.partitions(topic)):
         with store.reader(topic, p) as reader:
-            for stored in reader.scan_forward(0):
-                if stored.meta.kind != kind.value:
-                    continue  # other kinds, and parts of chunked values (their manifest is the record)
-                try:
-                    value = reassemble(reader, stored) if is_manifest(stored) else stored.value
-                    record = codec.decode(value)  # checks the CRC over the body and its own metadata
-                    if record.meta() != stored.meta:  # ...which must be what the store kept beside it
-                        raise CodecError("the metadata kept beside the record does not match it")
-                except (CodecError, TornRecordError) as exc:
-                    raise CodecError(f"{topic}[{p}] offset {stored.offset}: {exc}") from None
-                assert record.payload is not None
+            for verified in verified_records(reader, codec=codec, decode=(wanted,)):
+                if verified.meta.kind != wanted:
+                    continue
+                record = verified.record
+                assert record is not None
+                if record.payload is None:
+                    raise CodecError(f"{reader.where(verified.offset)}: a {wanted} record without payload")
                 yield payloads.decode(record.payload)
 
 
-def count_kinds(store: QueueStore, topic: str) -> Counter[str]:
+def count_kinds(store: QueueStore, topic: str, partition: int | None = None) -> Counter[str]:
+    """How many records of each kind a topic (or one of its partitions) holds, every one checked."""
     counts: Counter[str] = Counter()
-    for p in range(store.partitions(topic)):
+    codec = RecordCodec()
+    partitions = range(store.partitions(topic)) if partition is None else [partition]
+    for p in partitions:
         with store.reader(topic, p) as reader:
-            counts.update(r.meta.kind for r in reader.scan_forward(0))
+            counts.update(v.meta.kind for v in verified_records(reader, codec=codec))
     return counts
 
 
@@ -56,12 +57,16 @@ def _fmt(value: Any) -> str:
 def write_results_csv(rows: Iterator[dict[str, Any]], path: Path, columns: list[str]) -> int:
     n = 0
     tmp = path.with_name(path.name + ".tmp")
-    with tmp.open("w", newline="", encoding="utf-8") as f:
-        writer = csv.writer(f, lineterminator="\n")
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_fmt(row[c]) for c in columns])
-            n += 1
+    try:
+        with tmp.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f, lineterminator="\n")
+            writer.writerow(columns)
+            for row in rows:
+                writer.writerow([_fmt(row[c]) for c in columns])
+                n += 1
+    except BaseException:
+        tmp.unlink(missing_ok=True)  # a damaged log publishes no partial results file
+        raise
     tmp.replace(path)
     return n
 

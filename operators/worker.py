@@ -1,13 +1,23 @@
-"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed)."""
+"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed).
+
+An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
+process with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
 
+from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
+from queuestore.exceptions import QueueStoreError
+from recovery.exceptions import RecoveryError
 
-__all__ = ["main"]
+__all__ = ["REPORTED_ERROR_EXIT", "USER_ERRORS", "main"]
+
+# Errors that are reported as one line (the CLI's convention), never as a traceback.
+USER_ERRORS = (CecError, QueueStoreError, RecoveryError)
+REPORTED_ERROR_EXIT = 2
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -15,7 +25,13 @@ def main(argv: list[str] | None = None) -> int:
     if len(args) != 1:
         print("usage: python -m operators.worker SPEC.json", file=sys.stderr)
         return 2
-    run_job(JobSpec.from_json(Path(args[0]).read_text()))
+    try:
+        run_job(JobSpec.from_json(Path(args[0]).read_text()))
+    except USER_ERRORS as exc:
+        # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,
+        # and an exit code the parent (the CLI) recognises as already reported.
+        print(f"cec: error: {exc}", file=sys.stderr, flush=True)
+        return REPORTED_ERROR_EXIT
     return 0
 
 

@@ -11,17 +11,26 @@ Contract (checked by the conformance suite in `tests/conformance`):
 - the durable log is always a prefix of what the writer appended (a crash loses a suffix, never a record
   in the middle, never duplicates);
 - a reader never returns part of a record; it can read forward from an offset, backward from an offset,
-  and find the end of the partition; readers may live in other processes than the writer.
+  and find the end of the partition; readers may live in other processes than the writer;
+- writers are fail-stop: after the first failed append a writer refuses every later one and its
+  `append`/`poll`/`flush` raise `WriterFailedError`, so a failed record never leaves a hole with later
+  records after it;
+- on a store with `dense_offsets` (every offset below the end holds a record) a missing offset is damage:
+  the scans raise `DamagedLogError` naming it. Kafka with transactions is not dense (markers take offsets).
 """
 
 from __future__ import annotations
 
 import abc
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from queuestore.exceptions import DamagedLogError, WriterFailedError
+
 __all__ = [
+    "ATTACHMENT_NAME",
     "DurableCallback",
     "PartitionReader",
     "PartitionWriter",
@@ -30,6 +39,10 @@ __all__ = [
     "Row",
     "StoredRecord",
 ]
+
+
+# Attachment names are file-name and header safe: lower-case letters, digits and dashes.
+ATTACHMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
 class RecordMeta(NamedTuple):
@@ -62,10 +75,39 @@ DurableCallback = Callable[[int | None, Exception | None], None]
 
 
 class PartitionWriter(abc.ABC):
-    """The single writer of one partition."""
+    """The single writer of one partition, fail-stop (see the module docstring): a backend records its
+    first failed append with `_fail` and calls `_check_failed` in `append`, `poll` and `flush`."""
 
     topic: str
     partition: int
+    _failure: Exception | None = None
+    _failure_raised = False
+
+    @property
+    def failure(self) -> Exception | None:
+        """The first failed append, after which the writer refuses every append."""
+        return self._failure
+
+    def _fail(self, error: Exception) -> None:
+        if self._failure is None:
+            self._failure = error
+
+    def _check_failed(self) -> None:
+        if self._failure is not None:
+            self._failure_raised = True
+            raise WriterFailedError(
+                f"append to {self.topic}[{self.partition}] failed ({self._failure}); the writer stopped "
+                "there and writes nothing more: restart the operator to recover from the log"
+            ) from self._failure
+
+    def _close_flush(self, flush: Callable[[], None]) -> None:
+        """`flush` for `close`: a failure the owner was already told about is not raised again (it would
+        hide the original error when `close` runs in a `finally`)."""
+        try:
+            flush()
+        except WriterFailedError:
+            if not self._failure_raised:
+                raise
 
     @abc.abstractmethod
     def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
@@ -96,10 +138,24 @@ class PartitionWriter(abc.ABC):
 
 
 class PartitionReader(abc.ABC):
-    """Reads one partition. Safe to use from a process other than the writer's."""
+    """Reads one partition. Safe to use from a process other than the writer's.
+
+    `dense_offsets` and `store_name` are set by the store that makes the reader (see `QueueStore`)."""
 
     topic: str
     partition: int
+    dense_offsets: bool = True
+    store_name: str = "queue store"
+
+    def where(self, offset: int) -> str:
+        """How an error names a record: the store, topic[partition] and offset."""
+        return f"{self.store_name}: {self.topic}[{self.partition}] offset {offset}"
+
+    def missing(self, offset: int) -> DamagedLogError:
+        """The error for an offset missing from a dense log (a record lost to damage)."""
+        return DamagedLogError(
+            f"{self.where(offset)} is missing: the log is damaged (its offsets must be dense)"
+        )
 
     @abc.abstractmethod
     def end_offset(self) -> int:
@@ -129,10 +185,20 @@ class PartitionReader(abc.ABC):
     def scan_backward(self, before_offset: int | None = None, chunk: int = 4096) -> Iterator[StoredRecord]:
         """Every record below `before_offset` (default: the end), newest first, read in chunks."""
         upper = self.end_offset() if before_offset is None else before_offset
+        dense = self.dense_offsets
+        first = True
         while upper > 0:
             records = self.read_backward(upper, chunk)
             if not records:
+                if dense and not first:
+                    raise self.missing(upper - 1)
                 return
+            # The newest record found is the top of the log (`before_offset` may lie past the end); below
+            # it, a dense log has every offset.
+            top = records[0].offset if first else upper - 1
+            if dense and (records[0].offset != top or top - records[-1].offset != len(records) - 1):
+                _check_dense(self, records, top, -1)
+            first = False
             yield from records
             upper = records[-1].offset
 
@@ -140,10 +206,15 @@ class PartitionReader(abc.ABC):
         """Every record from `from_offset` to the end as it is now, oldest first."""
         end = self.end_offset()
         offset = from_offset
+        dense = self.dense_offsets
         while offset < end:
             records = self.read_forward(offset, min(chunk, end - offset))
             if not records:
+                if dense:
+                    raise self.missing(offset)
                 return
+            if dense and (records[0].offset != offset or records[-1].offset - offset != len(records) - 1):
+                _check_dense(self, records, offset, 1)
             yield from records
             offset = records[-1].offset + 1
 
@@ -171,11 +242,25 @@ class PartitionReader(abc.ABC):
         self.close()
 
 
+def _check_dense(reader: PartitionReader, records: list[StoredRecord], first: int, step: int) -> None:
+    """Raise for the first offset missing from `records`, which should run from `first` by `step`."""
+    expected = first
+    for stored in records:
+        if stored.offset != expected:
+            raise reader.missing(expected)
+        expected += step
+
+
 class QueueStore(abc.ABC):
-    """A set of topics. `state_dir` holds local state such as the stream indexes."""
+    """A set of topics. `state_dir` holds local state such as the stream indexes.
+
+    `dense_offsets`: every offset below a partition's end holds a record (SQLite: offsets are rowids), so
+    readers treat a missing one as damage. False where the log legitimately skips offsets (Kafka
+    transaction markers)."""
 
     state_dir: Path
     max_record_bytes: int
+    dense_offsets: bool = True
 
     @abc.abstractmethod
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
@@ -197,6 +282,20 @@ class QueueStore(abc.ABC):
     def value_limit(self, meta: RecordMeta) -> int:
         """The largest value a record with this meta may carry (larger ones go in parts, see chunks)."""
         return self.max_record_bytes
+
+    # -- attachments: small named values kept with a partition's log ----------------------------------
+    # They live where the log lives (the SQLite topic directory; on Kafka a companion topic), so whoever
+    # can read the log can read them, e.g. the identity of the input the log was built from.
+
+    @abc.abstractmethod
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        """The newest value written under `name` for the partition, None if there is none."""
+
+    @abc.abstractmethod
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        """Replace the value under `name` for the partition, atomically; durable when this returns.
+
+        Only the partition's writer calls it, while holding the partition (one writer at a time)."""
 
     def index_path(self, topic: str, partition: int) -> Path:
         """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""

@@ -25,7 +25,7 @@ import google_crc32c
 from queuestore.base import PartitionReader, RecordMeta, StoredRecord
 from queuestore.exceptions import TornRecordError
 
-__all__ = ["PART_KIND", "is_manifest", "reassemble", "split"]
+__all__ = ["PART_KIND", "is_manifest", "is_part", "join", "manifest_parts", "reassemble", "split"]
 
 PART_KIND = "PART"
 _PART_MAGIC = 0xCD
@@ -58,17 +58,40 @@ def is_manifest(stored: StoredRecord) -> bool:
     return len(value) == _MANIFEST.size and value[0] == _MANIFEST_MAGIC and stored.meta.kind != PART_KIND
 
 
+def is_part(stored: StoredRecord) -> bool:
+    """Whether a record stored as a part is shaped like one (parts carry no checksum of their own: the
+    manifest's covers them; this tells a part from another record whose kind was damaged into PART)."""
+    value = stored.value
+    if len(value) < _PART.size:
+        return False
+    magic, index, count = _PART.unpack_from(value)
+    return magic == _PART_MAGIC and index < count
+
+
+def manifest_parts(manifest: StoredRecord) -> int:
+    """How many parts come right before a manifest."""
+    return int(_MANIFEST.unpack(manifest.value)[1])
+
+
 def reassemble(reader: PartitionReader, manifest: StoredRecord) -> bytes:
     """The whole value of a manifest, from the parts right before it; `TornRecordError` if they do not
     add up (missing, out of order, damaged)."""
-    _, count, total, crc = _MANIFEST.unpack(manifest.value)
+    count = manifest_parts(manifest)
     if count <= 0 or manifest.offset < count:
         raise TornRecordError(f"offset {manifest.offset}: manifest of {count} parts has no room for them")
     parts = reader.read_backward(manifest.offset, count)  # newest first
+    parts.reverse()
+    return join(parts, manifest)
+
+
+def join(parts: list[StoredRecord], manifest: StoredRecord) -> bytes:
+    """The whole value of a manifest from its parts, oldest first; `TornRecordError` if they do not add
+    up (missing, out of order, damaged)."""
+    _, count, total, crc = _MANIFEST.unpack(manifest.value)
     if len(parts) != count:
         raise TornRecordError(f"offset {manifest.offset}: {len(parts)} of {count} parts found")
     pieces: list[bytes] = []
-    for expected, part in enumerate(reversed(parts)):
+    for expected, part in enumerate(parts):
         value = part.value
         if part.meta.kind != PART_KIND or len(value) < _PART.size:
             raise TornRecordError(f"offset {part.offset}: expected part {expected} of {manifest.offset}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "DamagedLogError",
     "IndexError_",
     "PartitionLockedError",
     "QueueStoreError",
@@ -11,6 +12,7 @@ __all__ = [
     "TopicMismatchError",
     "TornRecordError",
     "UnknownTopicError",
+    "WriterFailedError",
 ]
 
 
@@ -44,3 +46,13 @@ class IndexError_(QueueStoreError):
 
 class TornRecordError(QueueStoreError):
     """A value written in parts (larger than a record may be) whose parts are missing or damaged."""
+
+
+class DamagedLogError(QueueStoreError):
+    """A stored log is damaged where a reader needs it: a record fails its checksum, or an offset of a
+    store whose offsets are dense is missing. The message names the store, topic[partition] and offset."""
+
+
+class WriterFailedError(QueueStoreError):
+    """An append failed; the writer stopped there (fail-stop), so nothing after the failed record is ever
+    written and the log stays a gapless prefix. The operator must stop and recover from the log."""

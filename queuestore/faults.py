@@ -1,18 +1,21 @@
-"""Crash-point injection for tests: SIGKILL this very process when a named site is hit.
+"""Fault injection for tests: SIGKILL this very process, or fail an I/O, when a named site is hit.
 
 Tests set `CEC_FAULTS="site:n[,site:n...]"` in a child process's environment; the n-th time the code
 passes `hit(site)`, the process kills itself with SIGKILL, exactly like `kill -9` from outside, so
 nothing (no `finally`, no atexit, no flush) runs. Sites sit where a crash is hardest to get right: between
 processing and produce, between produce and durable completion, inside a commit, during recovery.
-Unset, `hit` costs one dict lookup.
+The n-th pass through `fail(site, make)` raises `make()` instead: an I/O error the code must survive
+(e.g. `store.io_error`, a disk error in the k-th batch the SQLite writer commits).
+Unset, `hit` and `fail` cost one dict lookup.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
-__all__ = ["hit", "reset"]
+__all__ = ["fail", "hit", "reset"]
 
 _counters: dict[str, int] = {}
 
@@ -34,10 +37,19 @@ def reset(spec: str = "") -> None:
     _counters.clear()
 
 
-def hit(site: str) -> None:
+def _due(site: str) -> bool:
     if not _plan or site not in _plan:
-        return
+        return False
     n = _counters.get(site, 0) + 1
     _counters[site] = n
-    if n == _plan[site]:
+    return n == _plan[site]
+
+
+def hit(site: str) -> None:
+    if _due(site):
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def fail(site: str, make: Callable[[], Exception]) -> None:
+    if _due(site):
+        raise make()

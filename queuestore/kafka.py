@@ -34,6 +34,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from cec.native import native
 from queuestore.base import (
+    ATTACHMENT_NAME,
     DurableCallback,
     PartitionReader,
     PartitionWriter,
@@ -52,6 +53,7 @@ from queuestore.exceptions import (
 )
 
 __all__ = [
+    "ATTACHMENT_TOPIC_PREFIX",
     "HEADER_KEY",
     "HEADER_KIND",
     "HEADER_SEQ",
@@ -73,6 +75,9 @@ HEADER_KIND = "cec.kind"
 HEADER_TIME = "cec.time"
 HEADER_KEY = "cec.key"
 HEADER_SEQ = "cec.seq"
+# Attachments of topic T (see QueueStore.read_attachment) live in topic ATTACHMENT_TOPIC_PREFIX + T.
+ATTACHMENT_TOPIC_PREFIX = "cec-meta."
+_ATTACHMENT_KIND = "META"
 
 # Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
 # record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
@@ -245,6 +250,8 @@ class KafkaQueueStore(QueueStore):
     unreachable broker surfaces as an error instead of a hang. `max_outstanding` bounds each writer's
     appended-but-not-completed records, which bounds memory when the broker is slower than the operator.
     """
+
+    dense_offsets = False  # transaction markers occupy offsets: a log may skip some
 
     def __init__(
         self,
@@ -422,6 +429,15 @@ class KafkaQueueStore(QueueStore):
     def topic_exists(self, topic: str) -> bool:
         return self._topic_partitions(topic) is not None
 
+    def cluster_id(self) -> str:
+        """The cluster's id (the same through any bootstrap address); the bootstrap list if the broker
+        reports none."""
+        try:
+            md = self._admin_client().list_topics(timeout=self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+        return md.cluster_id or self.bootstrap_servers
+
     def partitions(self, topic: str) -> int:
         n = self._topic_partitions(topic)
         if n is None:
@@ -451,6 +467,58 @@ class KafkaQueueStore(QueueStore):
         with self._lock:
             self._children.append(r)
         return r
+
+    # -- attachments ------------------------------------------------------------------------------------
+
+    def attachment_topic(self, topic: str) -> str:
+        """The companion topic that holds `topic`'s attachments: in Kafka itself, so that any host with
+        any state_dir finds them. One partition; records keyed by (output partition, name), newest wins.
+        Written only when a log starts (a handful of records per topic), so it needs no compaction and
+        keeps the store's default configs (nothing in it is ever deleted)."""
+        return ATTACHMENT_TOPIC_PREFIX + topic
+
+    @staticmethod
+    def _attachment_meta(partition: int, name: str) -> RecordMeta:
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid attachment name {name!r}")
+        return RecordMeta(_ATTACHMENT_KIND, 0, f"{partition}/{name}")
+
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        wanted = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        if self._topic_partitions(companion) is None:
+            return None
+        found: bytes | None = None
+        with self.reader(companion, 0) as reader:
+            for record in reader.scan_forward(0):
+                if record.meta == wanted:
+                    found = record.value
+        return found
+
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        meta = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        self.create_topic(companion, 1)
+        # A producer of its own, not a partition writer: the instances of every output partition write
+        # to the one companion partition, and none of them owns it.
+        conf = self._base_config(f"cec-attach-{topic}-{partition}")
+        conf.update({"enable.idempotence": True, "acks": "all"})
+        producer = Producer(conf)
+        failures: list[KafkaError] = []
+        producer.produce(
+            companion,
+            value=value,
+            key=meta_to_key(meta),
+            headers=meta_to_headers(meta),
+            partition=0,
+            on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
+        )
+        left = producer.flush(self.request_timeout)
+        if left or failures:
+            reason = failures[0].str() if failures else f"not acknowledged within {self.request_timeout}s"
+            raise QueueStoreError(f"cannot write {name} of {topic}[{partition}] to {companion}: {reason}")
 
     def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
         with self._lock, contextlib.suppress(ValueError):
@@ -530,7 +598,6 @@ class KafkaPartitionWriter(PartitionWriter):
             raise
         self._appended = 0
         self._served = 0
-        self._failure: Exception | None = None
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
 
@@ -540,11 +607,6 @@ class KafkaPartitionWriter(PartitionWriter):
     @property
     def outstanding(self) -> int:
         return self._appended - self._served
-
-    @property
-    def failure(self) -> Exception | None:
-        """The first delivery failure, after which appends are refused."""
-        return self._failure
 
     def _make_report(
         self, on_durable: DurableCallback | None
@@ -556,8 +618,7 @@ class KafkaPartitionWriter(PartitionWriter):
                     on_durable(_offset(msg), None)
                 return
             exc = QueueStoreError(f"append to {self.topic}[{self.partition}] failed: {err.str()}")
-            if self._failure is None:
-                self._failure = exc
+            self._fail(exc)
             if on_durable is not None:
                 on_durable(None, exc)
 
@@ -570,8 +631,7 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
         producer = self._live_producer()
-        if self._failure is not None:
-            raise QueueStoreError("writer failed earlier; recover from the log") from self._failure
+        self._check_failed()
         limit = self._store.value_limit(meta)
         if len(value) > limit:
             raise RecordTooLargeError(
@@ -609,11 +669,13 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._live_producer()
         before = self._served
         producer.poll(timeout)
+        self._check_failed()
         return self._served - before
 
     def flush(self, timeout: float | None = None) -> None:
         producer = self._live_producer()
         remaining = producer.flush(-1 if timeout is None else timeout)
+        self._check_failed()
         if remaining > 0 or self.outstanding > 0:
             raise TimeoutError(
                 f"{self.outstanding} appends to {self.topic}[{self.partition}] not durable after {timeout}s"
@@ -630,7 +692,7 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._producer
         try:
             try:
-                self.flush(timeout)
+                self._close_flush(lambda: self.flush(timeout))
             except TimeoutError:
                 log.warning("closing %r with %d appends not durable: purging them", self, self.outstanding)
                 producer.purge(in_queue=True, in_flight=True, blocking=False)
@@ -662,6 +724,8 @@ class KafkaPartitionReader(PartitionReader):
     def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
+        self.dense_offsets = store.dense_offsets
+        self.store_name = f"kafka {store.bootstrap_servers}"
         self._store = store
         self._stall_timeout = store.request_timeout
         # How long a positioned read waits in silence before suspecting it was positioned past the end

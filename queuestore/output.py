@@ -3,6 +3,11 @@
 This is the data path's write end: the operator appends, the store makes records durable, and on each
 durable completion the index learns the record (paper appendix: "once a completion of a write I/O is
 posted ... we first update a per-stream index").
+
+Fail-stop, on every backend (the writers implement it, see `queuestore.base`): the first failed append
+makes `append`, `poll` and `flush` raise `WriterFailedError` at once, and nothing after the failed record
+is ever written, so the log stays a gapless prefix of what the operator produced and a restart recovers
+from it exactly. The operator must stop; it never goes on past a hole.
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ class OutputQueue:
             self.writer.close()
             raise
         self.durable_count = 0
-        self.failures: list[Exception] = []
+        self.failures: list[Exception] = []  # failed appends whose callbacks were served
 
     def _on_durable(self, meta: RecordMeta) -> Callable[[int | None, Exception | None], None]:
         def done(offset: int | None, error: Exception | None) -> None:

@@ -31,6 +31,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from queuestore.base import (
+    ATTACHMENT_NAME,
     DurableCallback,
     PartitionReader,
     PartitionWriter,
@@ -46,6 +47,7 @@ from queuestore.exceptions import (
     StoreClosedError,
     TopicMismatchError,
     UnknownTopicError,
+    WriterFailedError,
 )
 
 __all__ = ["SqlitePartitionReader", "SqlitePartitionWriter", "SqliteQueueStore"]
@@ -100,6 +102,10 @@ class SqlitePartitionWriter(PartitionWriter):
     The operator thread never waits on I/O unless more than `max_outstanding` records are in flight;
     completions are handed back through a queue and their callbacks run in `poll()`/`flush()`, the way
     librdkafka serves delivery reports, so callbacks never race with the operator's own state.
+
+    Fail-stop: offsets are assigned at `append`, so once a batch fails (and is rolled back) any later batch
+    would leave a hole before it. The I/O thread therefore writes nothing after the first failure (later
+    batches complete as failed), and `append`/`poll`/`flush` raise `WriterFailedError`.
     """
 
     def __init__(
@@ -135,7 +141,6 @@ class SqlitePartitionWriter(PartitionWriter):
         self._completed_cv = threading.Condition()
         self._outstanding = 0
         self._closed = False
-        self._io_error: Exception | None = None
         self._thread = threading.Thread(target=self._io_loop, name=f"sqlite-writer-{topic}-{partition}")
         self._thread.daemon = True
         self._thread.start()
@@ -144,6 +149,7 @@ class SqlitePartitionWriter(PartitionWriter):
     def append(self, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None = None) -> None:
         if self._closed:
             raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
+        self._check_failed()
         if len(value) > self._max_record_bytes:
             raise RecordTooLargeError(f"{len(value)} bytes > max_record_bytes={self._max_record_bytes}")
         while self._outstanding >= self._max_outstanding:
@@ -180,6 +186,7 @@ class SqlitePartitionWriter(PartitionWriter):
                     if callback is not None:
                         callback(None, error) if error else callback(offset, None)
                     served += 1
+            self._check_failed()
             if served or timeout <= 0 or time.monotonic() >= deadline:
                 return served
 
@@ -190,8 +197,7 @@ class SqlitePartitionWriter(PartitionWriter):
             if deadline is not None and time.monotonic() >= deadline:
                 raise TimeoutError(f"{self._outstanding} records still outstanding")
             self.poll(0.05)
-        if self._io_error:
-            raise QueueStoreError("append failed") from self._io_error
+        self._check_failed()
 
     @property
     def outstanding(self) -> int:
@@ -206,7 +212,7 @@ class SqlitePartitionWriter(PartitionWriter):
         if self._closed:
             return
         try:
-            self.flush()
+            self._close_flush(self.flush)
         finally:
             self._closed = True
             self._io_queue.put(None)
@@ -223,6 +229,7 @@ class SqlitePartitionWriter(PartitionWriter):
             if item is None:
                 return
             rows, callbacks = item
+            batches = 1
             # Coalesce whatever else is queued into one transaction: fewer commits under load.
             while not self._io_queue.empty() and len(rows) < 8 * self._max_batch:
                 more = self._io_queue.get_nowait()
@@ -231,17 +238,25 @@ class SqlitePartitionWriter(PartitionWriter):
                     break
                 rows = rows + more[0]
                 callbacks = callbacks + more[1]
+                batches += 1
             error: Exception | None = None
-            try:
-                self._conn.execute("BEGIN IMMEDIATE")
-                self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
-                faults.hit("store.before_commit")
-                self._conn.execute("COMMIT")
-            except Exception as exc:  # the whole batch failed: every record in it is reported failed
-                error = exc
-                self._io_error = exc
-                with contextlib.suppress(sqlite3.Error):
-                    self._conn.execute("ROLLBACK")
+            if self._failure is not None:
+                # Fail-stop: these rows' offsets come after the failed batch's; writing them would leave
+                # a hole in the log. They are reported failed without touching it.
+                error = WriterFailedError(f"not written: an earlier append failed ({self._failure})")
+            else:
+                try:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
+                    faults.hit("store.before_commit")
+                    for _ in range(batches):  # counted per batch handed over, whatever the coalescing
+                        faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
+                    self._conn.execute("COMMIT")
+                except Exception as exc:  # the whole batch failed: every record in it is reported failed
+                    error = exc
+                    self._fail(exc)
+                    with contextlib.suppress(sqlite3.Error):
+                        self._conn.execute("ROLLBACK")
             with self._completed_cv:
                 self._completed.append(([r[0] for r in rows], callbacks, error))
                 self._completed_cv.notify_all()
@@ -251,6 +266,7 @@ class SqlitePartitionReader(PartitionReader):
     def __init__(self, path: Path, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
+        self.store_name = str(path.parent.parent)  # the store's root
         self._path = path
         _create_partition_file(path)  # a reader may come before the first writer
         self._conn = _connect(path, read_only=True, fsync=False)
@@ -308,7 +324,8 @@ class SqlitePartitionReader(PartitionReader):
 
 
 class SqliteQueueStore(QueueStore):
-    """Topics under `root/<topic>/`, a `topic.json` with the partition count, `<p>.sqlite` per partition."""
+    """Topics under `root/<topic>/`, a `topic.json` with the partition count, `<p>.sqlite` per partition,
+    and `<p>.<name>` per attachment of partition p (written atomically: temporary file, fsync, rename)."""
 
     def __init__(
         self, root: str | os.PathLike[str], *, fsync: bool = False, max_record_bytes: int = 16 << 20
@@ -371,7 +388,34 @@ class SqliteQueueStore(QueueStore):
         )
 
     def reader(self, topic: str, partition: int) -> SqlitePartitionReader:
-        return SqlitePartitionReader(self._partition_path(topic, partition), topic, partition)
+        reader = SqlitePartitionReader(self._partition_path(topic, partition), topic, partition)
+        reader.dense_offsets = self.dense_offsets
+        return reader
+
+    def _attachment_path(self, topic: str, partition: int, name: str) -> Path:
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid attachment name {name!r}")
+        return self._partition_path(topic, partition).with_name(f"{partition}.{name}")
+
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        try:
+            return self._attachment_path(topic, partition, name).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        path = self._attachment_path(topic, partition, name)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        with tmp.open("wb") as f:
+            f.write(value)
+            f.flush()
+            os.fsync(f.fileno())  # the rename below must never expose an empty or partial file
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # and the rename itself must be durable before the log grows
+        finally:
+            os.close(dir_fd)
 
     def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:
         """Fault injection: flip one byte of a stored value, as a failing disk would."""

@@ -24,7 +24,7 @@ from cec.exceptions import CodecError
 from cec.native import native
 from cec.records import FOOTPRINT_KINDS, Kind, OutputRecord, RecordCodec
 from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
-from queuestore.chunks import PART_KIND, is_manifest, reassemble
+from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
 from queuestore.exceptions import TornRecordError
 from recovery.exceptions import RecoveryError
 
@@ -169,9 +169,9 @@ class EventualCheckpointBuilder:
             for index in range(chunks.at, len(rows)):
                 records_read += 1
                 offset, kind, t, key, seq, value = rows[index]
-                if kind == PART_KIND:
-                    continue  # a part of a chunked value, not a record (or the orphan of a torn write)
                 stored = StoredRecord(offset, value, RecordMeta(kind, t, key, seq))
+                if kind == PART_KIND and is_part(stored):
+                    continue  # a part of a chunked value, not a record (or the orphan of a torn write)
                 whole = self._whole(stored) if index in failed else stored
                 if whole is not None:
                     newest, newest_offset = codec.decode(whole.value, verified=True), offset
@@ -288,13 +288,16 @@ def _scan_rows(
 ) -> tuple[int, int, int | None]:
     """Classify `rows[at:]` (newest first) until the end (`_SCAN_END`), N windows (`_SCAN_FULL`, at the
     row after the last one used) or a row that failed its checksum (`_SCAN_FAILED`, at that row, for the
-    caller to handle); also returns the offset of the oldest footprint taken, if any. Parts of chunked
-    values are passed over. `_native.ec_scan` does exactly this in C."""
+    caller to handle, as is a record whose kind says PART but which is not shaped like a part); also
+    returns the offset of the oldest footprint taken, if any. Parts of chunked values are passed over.
+    `_native.ec_scan` does exactly this in C."""
     oldest: int | None = None
     for index in range(at, len(rows)):
-        offset, kind, _, key, seq, value = rows[index]
+        offset, kind, t, key, seq, value = rows[index]
         if kind == PART_KIND:
-            continue
+            if is_part(StoredRecord(offset, value, RecordMeta(kind, t, key, seq))):
+                continue
+            return index, _SCAN_FAILED, oldest  # damaged into a "part": the caller's checks decide
         if failed and index in failed:
             return index, _SCAN_FAILED, oldest
         if _classify(offset, kind, key, seq, value, windows, closed, codec):

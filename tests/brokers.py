@@ -26,6 +26,9 @@ from typing import Any
 __all__ = ["Broker", "start_broker", "wait_until_ready"]
 
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
+# cec's broker-compatibility switch (operators.topic_source.BROKER_COMPAT_ENV): set when the fixture starts
+# Tansu, so cec works around its deviations (DESIGN-NOTES section 4) in this process and its children.
+ENV_BROKER_COMPAT = "CEC_BROKER_COMPAT"
 _READY_TIMEOUT = 30.0
 
 
@@ -35,6 +38,7 @@ class Broker:
 
     bootstrap: str
     kind: str  # "env", "testcontainers" or "tansu"
+    compat: str | None = None  # the CEC_BROKER_COMPAT mode this broker needs (None: Apache Kafka)
     log_path: Path | None = None
     _stop: Callable[[], None] | None = field(default=None, repr=False)
 
@@ -164,13 +168,16 @@ def _from_tansu(attempts: int = 3) -> Broker:
 
         # Safety net if the test session dies before teardown: never leave a broker running.
         atexit.register(stop)
-        broker = Broker(bootstrap=f"127.0.0.1:{port}", kind="tansu", log_path=log_path, _stop=stop)
+        broker = Broker(
+            bootstrap=f"127.0.0.1:{port}", kind="tansu", compat="tansu", log_path=log_path, _stop=stop
+        )
         try:
             wait_until_ready(broker.bootstrap, alive=partial(_alive, proc))
         except RuntimeError as exc:
             broker.stop()
             errors.append(f"{exc}; log tail:\n{broker.log_tail()}")
             continue
+        os.environ[ENV_BROKER_COMPAT] = "tansu"
         return broker
     raise RuntimeError("Tansu did not start:\n" + "\n".join(errors))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -16,6 +17,7 @@ from operators.job import JobSpec
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import iter_payloads
 from queuestore.base import QueueStore
+from recovery.identity import ATTACHMENT as IDENTITY_ATTACHMENT
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -70,6 +72,14 @@ def process_group_gone(pgid: int) -> Callable[[], bool]:
     return gone
 
 
+def copy_input_identity(source: QueueStore, target: QueueStore, topic: str, partition: int = 0) -> None:
+    """A log copied record by record must take the identity of its input along (`recovery.identity`):
+    without it, a non-empty log is refused as one whose input cannot be known."""
+    recorded = source.read_attachment(topic, partition, IDENTITY_ATTACHMENT)
+    assert recorded is not None, f"{topic}[{partition}] records no input identity"
+    target.write_attachment(topic, partition, IDENTITY_ATTACHMENT, recorded)
+
+
 def log_records(store: QueueStore, topic: str, partition: int = 0) -> list[Any]:
     codec = RecordCodec()
     with store.reader(topic, partition) as reader:
@@ -86,3 +96,37 @@ def per_key(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for row in rows:
         out.setdefault(row["key"], []).append(row)
     return out
+
+
+def _partition_db(root: Path, topic: str, partition: int) -> sqlite3.Connection:
+    return sqlite3.connect(Path(root) / topic / f"{partition}.sqlite", isolation_level=None)
+
+
+def flip_stored_kind(root: Path, topic: str, offset: int, partition: int = 0, bits: int = 0x03) -> str:
+    """Flip bits of the kind a SQLite store keeps beside a record (R -> Q with the default bits), as a
+    failing disk would; the value is untouched. Returns the new kind."""
+    conn = _partition_db(root, topic, partition)
+    try:
+        (kind,) = conn.execute("SELECT kind FROM log WHERE offset = ?", (offset,)).fetchone()
+        damaged = chr(ord(kind[0]) ^ bits) + kind[1:]
+        conn.execute("UPDATE log SET kind = ? WHERE offset = ?", (damaged, offset))
+        return damaged
+    finally:
+        conn.close()
+
+
+def set_stored_kind(root: Path, topic: str, offset: int, kind: str, partition: int = 0) -> None:
+    conn = _partition_db(root, topic, partition)
+    try:
+        conn.execute("UPDATE log SET kind = ? WHERE offset = ?", (kind, offset))
+    finally:
+        conn.close()
+
+
+def hide_row(root: Path, topic: str, offset: int, partition: int = 0) -> None:
+    """Delete one record's row from a SQLite partition: damage that leaves a gap in the offsets."""
+    conn = _partition_db(root, topic, partition)
+    try:
+        assert conn.execute("DELETE FROM log WHERE offset = ?", (offset,)).rowcount == 1
+    finally:
+        conn.close()

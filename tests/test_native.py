@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import io
 import random
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +151,10 @@ def _scan_inputs(seed: int) -> tuple[list[Row], set[int]]:
     for offset in range(400, 0, -1):
         kind = rng.choice(["R", "GOPEN", "GCHECK", "DEAD", "PART", "EOS"])
         key = rng.choice(keys)
-        rows.append((offset, kind, offset * 3, key, rng.randrange(3), b"v%d" % offset))
+        value = b"v%d" % offset
+        if kind == "PART" and rng.random() < 0.5:  # shaped like a part (else: damaged into a "part")
+            value = struct.pack(">BII", 0xCD, rng.randrange(3), 3) + value
+        rows.append((offset, kind, offset * 3, key, rng.randrange(3), value))
     failed = {i for i in range(len(rows)) if rng.random() < 0.03}
     return rows, failed
 

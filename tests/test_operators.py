@@ -164,3 +164,38 @@ def test_generator_is_replayable_and_keys_stay_in_one_partition(partitions: int)
     again = gen.poll(10 * partitions) or []
     assert all(t.value == gen.tuple_at(t.partition, t.offset) for t in again)
     assert {(t.partition, t.offset) for t in again} <= {(t.partition, t.offset) for t in first}
+
+
+def test_a_value_that_would_overflow_its_window_is_dead_lettered_before_it_changes_the_window(
+    tmp_path: Path,
+) -> None:
+    rows = [
+        {"k": "a", "v": "1e308", "t": 0},
+        {"k": "a", "v": "1e308", "t": 1},  # 2e308 is not a double: the window would hold inf
+        {"k": "a", "v": "-1", "t": 2},
+    ]
+    store = _run_csv(tmp_path, rows, agg="sum", window_count=2)
+    assert [r["value"] for r in results(store, "out")] == [1e308 - 1]
+    assert [(d["offset"], d["reason"]) for d in results(store, "out", Kind.DEAD)] == [
+        (1, "value 'v' 1e+308 would overflow its window's sum")
+    ]
+
+
+def test_integer_times_are_exact_beyond_double_precision_and_checked_against_64_bits(tmp_path: Path) -> None:
+    big = 2**62 + 1  # not a double: read through a float it would become 2**62
+    rows = [
+        {"k": "a", "v": 1, "t": big},
+        {"k": "a", "v": 2, "t": big + 2},
+        {"k": "b", "v": 4, "t": 2**63 - 50},  # a 100 ms window of it would end past 2**63 - 1
+        {"k": "b", "v": 8, "t": 2**63 - 1},
+    ]
+    counted = _run_csv(tmp_path / "count", rows, agg="sum", window_count=2, time_field="t")
+    assert [(r["value"], r["start"], r["end"]) for r in results(counted, "out")] == [
+        (3.0, big, big + 2),
+        (12.0, 2**63 - 50, 2**63 - 1),
+    ]
+    assert results(counted, "out", Kind.DEAD) == []
+    timed = _run_csv(tmp_path / "time", rows, agg="sum", window_ms=100, time_field="t")
+    dead = results(timed, "out", Kind.DEAD)
+    assert [d["offset"] for d in dead] == [2, 3]
+    assert all("beyond the 64-bit range less the window (100 ms)" in d["reason"] for d in dead)

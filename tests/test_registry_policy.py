@@ -4,9 +4,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from cec.policy import CheckpointSchedule, GOpenOnly, TargetPolicy, make_policy
+from cec.policy import AnyOf, CostBenefitPolicy, GOpenOnly, RecoveryTimePolicy, TargetPolicy, make_policy
 from cec.registry import OpenWindow, WindowRegistry
+from cec.schedule import CheckpointSchedule
 
 
 def _window(key: str, mark: int) -> OpenWindow:
@@ -65,20 +67,33 @@ def test_policies() -> None:
     assert q_only.wants_checkpoint(101, 0) and not q_only.wants_checkpoint(100, 10**9)
     u_only = TargetPolicy(u_target=50)
     assert u_only.wants_checkpoint(0, 51) and not u_only.wants_checkpoint(10**9, 50)
-    assert isinstance(make_policy(None, None), GOpenOnly)
+    assert isinstance(make_policy(Checkpointing()), GOpenOnly)
+    assert make_policy(Checkpointing(q_target=5, u_target=7)) == TargetPolicy(5, 7)
+    assert isinstance(make_policy(Checkpointing(recovery_target="3s")), RecoveryTimePolicy)
+    assert isinstance(make_policy(Checkpointing(policy="cost-benefit")), CostBenefitPolicy)
+    both = make_policy(Checkpointing(recovery_target=3, u_target=100, policy="cost-benefit"))
+    assert isinstance(both, AnyOf) and both.targets()[1] == 100  # U bounds what the RTO picks
     with pytest.raises(ConfigError):
         TargetPolicy(q_target=0)
 
 
-def test_checkpoint_slots_follow_ci_and_cp() -> None:
+def test_checkpoint_budget_accrues_ci_of_every_cp_and_carries_debt() -> None:
     now = [1000.0]
     schedule = CheckpointSchedule(ci_ms=10, cp_ms=100, clock=lambda: now[0])
-    assert schedule.in_slot()
-    now[0] += 0.009
-    assert schedule.in_slot() and schedule.slot_remaining() == pytest.approx(0.001)
-    now[0] += 0.002
-    assert not schedule.in_slot()
-    now[0] += 0.090  # next period
-    assert schedule.in_slot()
+    assert schedule.credit() == 0.0  # starts accruing at the first look
+    now[0] += 0.050
+    assert schedule.credit() == pytest.approx(0.005)  # 10% of 50 ms
+    schedule.spend(0.008, 3)  # one G-check too many: a debt of 3 ms
+    assert schedule.credit() == pytest.approx(-0.003)
+    now[0] += 0.030
+    assert schedule.credit() == pytest.approx(0.0)
+    now[0] += 10.0  # a quiet spell saves at most one CI
+    assert schedule.credit() == pytest.approx(0.010)
+    assert schedule.spent_seconds == pytest.approx(0.008) and schedule.gchecks == 3
+    assert schedule.real_duty() == pytest.approx(0.008 / 10.08)
+    schedule.set_duty(0.25)
+    assert schedule.duty == pytest.approx(0.25) and schedule.cp == pytest.approx(0.1)
+    unlimited = CheckpointSchedule(ci_ms=10, cp_ms=10, clock=lambda: now[0])
+    assert unlimited.unlimited and unlimited.credit() == float("inf")
     with pytest.raises(ConfigError):
         CheckpointSchedule(ci_ms=20, cp_ms=10)

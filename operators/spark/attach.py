@@ -76,6 +76,7 @@ small fraction of their input); upstream DEAD letters are skipped by the source.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import tempfile
 import threading
@@ -97,6 +98,7 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cec.config import Checkpointing
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.registry import OpenWindow, WindowRegistry
@@ -128,6 +130,8 @@ __all__ = [
     "list_generations",
     "read_results",
 ]
+
+log = logging.getLogger(__name__)
 
 RESULT_COLUMNS = [f["name"] for f in RESULT_SCHEMA["fields"]]
 # Hit after the first half of a partition's batch is durable, before the second half is appended: a crash
@@ -621,6 +625,7 @@ class CecAggregateQuery:
     ):
         self.query = query
         self.recovery = recovery
+        self.checkpointing = Checkpointing()  # as given to cec_aggregate (not acted on yet: G-open only)
         self._sink = sink
         self._store = store
         self._closed = False
@@ -724,6 +729,7 @@ def cec_aggregate(
     max_records_per_trigger: int | None = None,
     kafka_config: Mapping[str, str] | None = None,
     query_name: str | None = None,
+    checkpointing: Checkpointing | Mapping[str, Any] | None = None,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading the cec-kafka topic
     `input_topic` and writing results plus footprints to `output_topic`.
@@ -739,6 +745,11 @@ def cec_aggregate(
     - trigger: `available_now=True` (run to the current end of the input, then stop), else
       `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible).
 
+    - `checkpointing`: a `cec.Checkpointing` (or its dict), validated here and kept as
+      `query.checkpointing`. This design does not produce G-checks yet (G-open only, see the module doc):
+      Q, U, CI/CP, a recovery target and the cost-benefit policy are not acted on by the attached
+      operator, which logs a warning when given a configuration that asks for G-checks.
+
     The session's shuffle partitions (= P) and state store provider (RocksDB, which transformWithState
     needs) are set for this query only.
     """
@@ -746,6 +757,18 @@ def cec_aggregate(
 
     from queuestore.kafka import KafkaQueueStore
 
+    if checkpointing is None:
+        checkpointing = Checkpointing()
+    elif isinstance(checkpointing, Mapping):
+        checkpointing = Checkpointing.from_dict(dict(checkpointing))
+    elif not isinstance(checkpointing, Checkpointing):
+        raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
+    if checkpointing.checkpoints:
+        log.warning(
+            "cec_aggregate writes G-open footprints only: the G-checks that %s asks for are not produced "
+            "by the attached operator yet",
+            checkpointing.describe(),
+        )
     if key in (value, time) or (time is not None and time == value):
         raise ConfigError("key, value and time must be different columns")
     window_ms = None
@@ -806,7 +829,9 @@ def cec_aggregate(
         finally:
             store.close()
         raise
-    return CecAggregateQuery(query, sink, store, recovery)
+    attached = CecAggregateQuery(query, sink, store, recovery)
+    attached.checkpointing = checkpointing
+    return attached
 
 
 def _run_id() -> str:

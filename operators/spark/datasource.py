@@ -16,8 +16,9 @@ Reading
   micro-batches, so finding the end costs only the records that arrived since the last time.
 - By default a row is a result (R) of the operator; control tuples (G-open, G-check, DEAD, EOS) are
   skipped by their `cec.kind` header, after their checksum vouches for the header, without decoding
-  state. `includeControl=true` yields them too, with the raw state / payload bytes. A record that fails
-  its checksum fails the read: results are never silently dropped or used.
+  state. `includeControl=true` yields them too, with the raw state / payload bytes. Every record is
+  checked before its kind is looked at (`cec.verified`): one that fails its checksum (a damaged kind
+  header included) fails the read with `DamagedLogError`: results are never silently dropped or used.
 - `schema` decodes R payloads into columns: a name from `PAYLOAD_SCHEMAS` or a JSON Avro record schema;
   without it the payload stays binary (`payload` column). CEC metadata columns are prefixed `cec_` so
   that they never collide with payload fields (an aggregate result has its own `key`).
@@ -71,8 +72,9 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cec.exceptions import CodecError, ConfigError
-from cec.records import CONTROL_KINDS, AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
+from cec.exceptions import ConfigError
+from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
+from cec.verified import LogVerifier
 from operators.job import SCHEMAS
 from queuestore.exceptions import QueueStoreError
 
@@ -108,7 +110,8 @@ _CONTROL_COLUMNS = [
     StructField("cec_state", BinaryType(), True),
     StructField("cec_payload", BinaryType(), True),
 ]
-_CONTROL_CODES = frozenset(k.value for k in CONTROL_KINDS)
+_RESULT_CODES = frozenset({Kind.R.value})
+_ALL_CODES = frozenset(k.value for k in Kind)
 _AVRO_TYPES: dict[str, DataType] = {
     "long": LongType(),
     "int": IntegerType(),
@@ -239,13 +242,17 @@ class KafkaSlice(InputPartition):
 
 
 def _rows(opts: _Options, piece: KafkaSlice) -> Iterator[tuple[Any, ...]]:
-    """Decode one slice into rows (runs on an executor)."""
+    """Decode one slice into rows (runs on an executor). Every record is checked before its kind is
+    looked at (`cec.verified`): a damaged one fails the read with `DamagedLogError`."""
     codec = RecordCodec()
     payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
     names = [f["name"] for f in opts.payload["fields"]] if opts.payload is not None else []
+    decode = _ALL_CODES if opts.include_control else _RESULT_CODES
     store = opts.store()
     try:
         with store.reader(opts.topic, piece.partition) as reader:
+            verifier = LogVerifier(reader, codec, decode=decode)
+            verifier.seek(piece.start)
             offset = piece.start
             while offset < piece.end:
                 records = reader.read_forward(offset, min(_READ_CHUNK, piece.end - offset))
@@ -253,23 +260,12 @@ def _rows(opts: _Options, piece: KafkaSlice) -> Iterator[tuple[Any, ...]]:
                     raise QueueStoreError(
                         f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
                     )
-                for stored in records:
-                    if stored.offset >= piece.end:
-                        break
-                    kind = stored.meta.kind
-                    where = f"{opts.topic}[{piece.partition}] offset {stored.offset}"
-                    if kind in _CONTROL_CODES and not opts.include_control:
-                        try:  # skipped by its kind only once the checksum vouches for the kind
-                            codec.verify(stored.value, stored.meta)
-                        except CodecError as exc:
-                            raise CodecError(f"{where}: {exc}") from None
-                        continue
-                    try:
-                        record = codec.decode(stored.value)  # also what rejects foreign (non-CEC) records
-                    except CodecError as exc:
-                        raise CodecError(f"{where}: {exc}") from None
-                    yield _row(piece.partition, stored.offset, record, payload_codec, names, opts)
                 offset = records[-1].offset + 1
+                in_slice = [r for r in records if r.offset < piece.end]
+                for verified in verifier.check(in_slice):
+                    if verified.record is None:
+                        continue  # a control tuple, skipped by its kind now that its checksum passed
+                    yield _row(piece.partition, verified.offset, verified.record, payload_codec, names, opts)
     finally:
         store.close()
 

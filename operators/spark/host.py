@@ -35,13 +35,22 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from operators.job import JobSpec, build_operator, instance_spec, run_job, source_partitions
+from operators.job import (
+    JobSpec,
+    build_operator,
+    check_input,
+    instance_spec,
+    pin_source,
+    run_job,
+    source_partitions,
+)
 from operators.runtime import RunStats
 from operators.spark.session import task_max_failures
 from queuestore.factory import open_store
@@ -190,7 +199,10 @@ class SparkOperatorHost:
         max_job_attempts: int = 3,
         pid_dir: str | os.PathLike[str] | None = None,
         lock_wait_s: float = 30.0,
+        checkpointing: Checkpointing | None = None,
     ) -> None:
+        """`checkpointing`, when given, replaces every stage's `JobSpec.checkpointing` (stateless stages
+        have no windows, so it only acts on the stateful ones)."""
         if not pipeline:
             raise ConfigError("a pipeline needs at least one stage")
         if mode not in ("chained", "per-stage"):
@@ -198,7 +210,11 @@ class SparkOperatorHost:
         if max_job_attempts < 1:
             raise ConfigError("max_job_attempts must be >= 1")
         self.spark = spark
-        self.pipeline = list(pipeline)
+        if checkpointing is not None and not isinstance(checkpointing, Checkpointing):
+            raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
+        self.pipeline = [
+            spec if checkpointing is None else replace(spec, checkpointing=checkpointing) for spec in pipeline
+        ]
         self.mode = mode
         self.max_job_attempts = max_job_attempts
         self.pid_dir = None if pid_dir is None else str(pid_dir)
@@ -224,7 +240,8 @@ class SparkOperatorHost:
             build_operator(spec.operator)  # configuration errors surface here, not as failed tasks
 
     def prepare(self) -> None:
-        """Create every stage's output topic (P partitions) and check that every input has P partitions.
+        """Create every stage's output topic (P partitions), check that every input has P partitions and
+        that no instance's log was built from another input (`operators.job.check_input`).
 
         Done on the driver before any task starts, so that a downstream instance finds its upstream's topic
         even when it starts first.
@@ -238,6 +255,8 @@ class SparkOperatorHost:
         for i, spec in enumerate(self.pipeline):
             if "input_partitions" in spec.source:
                 raise ConfigError(f"stage {i}: the host assigns input partitions; remove input_partitions")
+            if spec.source.get("type") == "topic":  # every task attempt must see the same bounds
+                spec = self.pipeline[i] = replace(spec, source=pin_source(spec.source))
             store = open_store(spec.store)
             try:
                 n = source_partitions(spec.source, store)
@@ -245,6 +264,11 @@ class SparkOperatorHost:
                 store.close()
             if n != self.partitions:
                 raise ConfigError(f"stage {i} reads {n} input partitions, the pipeline has {self.partitions}")
+        for (
+            spec
+        ) in self.pipeline:  # a log built from another input fails here once, not in every task attempt
+            for p in range(self.partitions):
+                check_input(instance_spec(spec, p))
 
     def _groups(self) -> list[tuple[str, list[int]]]:
         if self.mode == "chained":

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.records import Kind, OutputRecord, RecordCodec
 from operators.job import JobSpec, run_job
 from queuestore.chunks import PART_KIND, reassemble, split
@@ -97,11 +98,17 @@ def test_a_write_torn_between_parts_is_never_loaded(store_backend: StoreBackend)
     store = store_backend()
     topic = store_backend.topic("kill")
     store.create_topic(topic, 1)
-    proc = subprocess.run([sys.executable, "-c", _CHILD, repr(store_backend.spec), topic], env=child_env(),
-                          capture_output=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", _CHILD, repr(store_backend.spec), topic],
+        env=child_env(),
+        capture_output=True,
+        timeout=120,
+    )
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()[-2000:]
     with store.reader(topic, 0) as reader:
-        assert reader.read_backward(reader.end_offset(), 1)[0].meta.kind == PART_KIND  # orphan parts at the end
+        assert (
+            reader.read_backward(reader.end_offset(), 1)[0].meta.kind == PART_KIND
+        )  # orphan parts at the end
         ec = EventualCheckpointBuilder(reader).build()
     assert ec.windows["k"].record.state == b"older" * 300  # the last whole footprint, never a partial one
     assert ec.crash_pos == (2,)
@@ -115,7 +122,7 @@ def _job(backend: StoreBackend, topic: str) -> JobSpec:
         operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
                   "window_count": 4},
         source={"type": "generator", "count": 1500, "keys": 30, "seed": 5, "invalid_every": 50},
-        store=store, output_topic=topic, q_target=40, ci_ms=1.0, cp_ms=10.0, batch_size=32,
+        store=store, output_topic=topic, checkpointing=Checkpointing(q_target=40, ci_ms=1.0, cp_ms=10.0), batch_size=32,
     )  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.exceptions import CodecError
 from cec.records import Kind, RecordCodec
 from operators.job import JobSpec, run_job
@@ -103,8 +104,20 @@ def start_appender(
     flush_every: int = 0,
 ) -> subprocess.Popen[bytes]:
     """`append_child` in its own process, writing records start..start+count-1 to partition 0."""
-    args = [sys.executable, "-m", "tests.conformance.append_child", json.dumps(backend.spec), topic, "0",
-            str(start), str(count), "--poll-every", str(poll_every), "--flush-every", str(flush_every)]
+    args = [
+        sys.executable,
+        "-m",
+        "tests.conformance.append_child",
+        json.dumps(backend.spec),
+        topic,
+        "0",
+        str(start),
+        str(count),
+        "--poll-every",
+        str(poll_every),
+        "--flush-every",
+        str(flush_every),
+    ]
     return subprocess.Popen(args, env=child_env(faults), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
@@ -518,14 +531,17 @@ def test_index_reconcile_after_lost_entries_and_rebuild(store_backend: StoreBack
 
 def _job(backend: StoreBackend, topic: str) -> JobSpec:
     return JobSpec(
-        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
-                  "window_count": 5},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "avg",
+            "window_count": 5,
+        },
         source={"type": "generator", "count": 3000, "keys": 40, "seed": 11, "partitions": 1},
         store=backend.spec,
         output_topic=topic,
-        q_target=60,
-        ci_ms=1.0,
-        cp_ms=10.0,
+        checkpointing=Checkpointing(q_target=60, ci_ms=1.0, cp_ms=10.0),
         batch_size=64,
     )
 

@@ -21,7 +21,7 @@ from operators.job import JobSpec, run_job
 from queuestore.sqlite import SqliteQueueStore
 from recovery.contract import PositionStamper, ReplayContract, TupleFate, tuple_fate
 from recovery.exceptions import RecoveryError
-from tests.helpers import log_records, per_key, results
+from tests.helpers import copy_input_identity, log_records, per_key, results
 
 # -- the rules ----------------------------------------------------------------------------------------
 
@@ -141,6 +141,7 @@ def _spec(root: Path, job: dict[str, Any]) -> JobSpec:
 def _copy_prefix(source: SqliteQueueStore, target_root: Path, length: int) -> None:
     target = SqliteQueueStore(target_root)
     target.create_topic("agg", 1)
+    copy_input_identity(source, target, "agg")
     with source.reader("agg", 0) as reader, target.writer("agg", 0) as writer:
         for stored in reader.read_forward(0, length):
             writer.append(stored.value, stored.meta)

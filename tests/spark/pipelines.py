@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from cec.config import Checkpointing
 from operators.job import JobSpec, instance_spec, run_job
 
 __all__ = ["AGGREGATED", "FILTERED", "filter_aggregate", "run_reference"]
@@ -22,8 +23,6 @@ def filter_aggregate(store: dict[str, Any], *, count: int, keys: int, partitions
     common: dict[str, Any] = {
         "store": store,
         "output_partitions": partitions,
-        "ci_ms": 2.0,
-        "cp_ms": 10.0,
         "batch_size": 256,
     }
     return [
@@ -50,8 +49,7 @@ def filter_aggregate(store: dict[str, Any], *, count: int, keys: int, partitions
             },
             source={"type": "queue", "topic": FILTERED, "schema": "purchase"},
             output_topic=AGGREGATED,
-            q_target=200,
-            u_target=400,
+            checkpointing=Checkpointing(q_target=200, u_target=400, ci_ms=2.0, cp_ms=10.0),
             **common,
         ),
     ]

@@ -394,3 +394,29 @@ def test_exact_after_restarts_with_other_partition_counts(
     assert all(k["R"] > 0 for k in kinds), kinds  # each generation produced results
     assert _results(spark, purchases, output) == reference.results
     assert sum(k["DEAD"] for k in kinds) == purchases.dead
+
+
+def test_cec_aggregate_validates_checkpointing_before_touching_kafka(
+    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from cec import Checkpointing
+    from cec.exceptions import ConfigError
+    from operators.spark.attach import cec_aggregate
+
+    common: dict[str, Any] = dict(
+        input_topic="in", bootstrap_servers="127.0.0.1:1", output_topic="out", key="item_id",
+        value="item_price", window_count=3, state_dir=tmp_path, checkpoint_location=tmp_path / "ckpt",
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match="checkpointing"):
+        cec_aggregate(spark, checkpointing="often", **common)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="CI"):
+        cec_aggregate(spark, checkpointing={"ci_ms": 0}, **common)
+    # A valid one passes validation (the next check, on the columns, is what stops this call) and that
+    # this design writes G-open only is said, not hidden.
+    common["value"] = "item_id"
+    with (
+        caplog.at_level("WARNING", logger="operators.spark.attach"),
+        pytest.raises(ConfigError, match="different columns"),
+    ):
+        cec_aggregate(spark, checkpointing=Checkpointing(u_target=100), **common)
+    assert any("G-open footprints only" in r.getMessage() for r in caplog.records)

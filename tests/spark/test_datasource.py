@@ -9,6 +9,7 @@ import math
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -45,7 +46,7 @@ class Written:
         pipeline[1].output_topic = self.topic
         # Long windows and a small Q: the extent outgrows Q, so the log holds G-checks as well as G-opens.
         pipeline[1].operator["window_count"] = 40
-        pipeline[1].q_target = 50
+        pipeline[1].checkpointing = replace(pipeline[1].checkpointing, q_target=50)
         run_reference(pipeline)
 
     def store(self) -> KafkaQueueStore:
@@ -270,3 +271,61 @@ def _key(row: dict[str, int]) -> tuple[int, ...]:
 def _read_all(spark: SparkSession, topic: str, options: dict[str, str]) -> Iterator[dict[str, Any]]:
     df = spark.read.format(FORMAT).options(**options).option("topic", topic).load()
     return (r.asDict() for r in df.collect())
+
+
+def test_a_result_whose_stored_kind_is_flipped_fails_the_read_clearly(
+    spark: SparkSession, spark_kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A result stored with its kind damaged (R -> Q, in the message key and the cec.kind header): the
+    checksum, which covers the stored kind, is checked before the kind is used, so the read fails naming
+    the record instead of silently dropping (or passing on) a result."""
+    from confluent_kafka import Producer
+
+    from cec.records import AvroCodec, OutputRecord, RecordCodec
+    from queuestore.base import RecordMeta
+    from queuestore.kafka import meta_to_headers, meta_to_key
+
+    bootstrap = spark_kafka_broker.bootstrap
+    topic = f"flipped-{uuid.uuid4().hex[:8]}"
+    codec, payloads = RecordCodec(), AvroCodec(RESULT_SCHEMA)
+
+    def result(i: int) -> OutputRecord:
+        payload = {"key": f"k{i}", "window": 0, "value": float(i), "count": 1, "start": 0, "end": 0}
+        return OutputRecord(Kind.R, i, (i + 1,), 0, f"k{i}", 0, None, payloads.encode(payload))
+
+    store = KafkaQueueStore(bootstrap, tmp_path / "state")
+    try:
+        store.create_topic(topic, 1)
+        with store.writer(topic, 0) as writer:
+            for i in range(5):
+                writer.append(codec.encode(result(i)), result(i).meta())
+        intact = _reader(spark, _At(topic, bootstrap), schema="aggregate").load().collect()
+        assert [r.key for r in intact] == [f"k{i}" for i in range(5)]
+
+        meta = result(5).meta()
+        flipped = RecordMeta("Q", meta.time, meta.key, meta.seq)
+        producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
+        producer.produce(
+            topic,
+            codec.encode(result(5)),
+            meta_to_key(flipped),
+            partition=0,
+            headers=meta_to_headers(flipped),
+        )
+        assert producer.flush(60) == 0
+        with store.writer(topic, 0) as writer:
+            for i in range(6, 9):
+                writer.append(codec.encode(result(i)), result(i).meta())
+    finally:
+        store.close()
+    for options in ({}, {"includeControl": "true"}):
+        with pytest.raises(Exception, match=rf"{topic}\[0\] offset 5 is damaged"):
+            _reader(spark, _At(topic, bootstrap), schema="aggregate", **options).load().collect()
+
+
+class _At:
+    """Where `_reader` reads: a topic on a broker."""
+
+    def __init__(self, topic: str, bootstrap: str) -> None:
+        self.topic = topic
+        self.bootstrap = bootstrap

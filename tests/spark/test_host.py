@@ -219,3 +219,37 @@ def test_per_stage_mode_runs_stages_as_concurrent_jobs(spark: SparkSession, tmp_
     finally:
         run.close()
         ref.close()
+
+
+def test_host_applies_a_checkpointing_to_every_stage(spark: SparkSession, tmp_path: Path) -> None:
+    from cec import Checkpointing
+
+    pipeline = filter_aggregate({"type": "sqlite", "root": str(tmp_path)}, count=10, keys=2)
+    wanted = Checkpointing(u_target=123, recovery_target="2s")
+    host = SparkOperatorHost(spark, pipeline, checkpointing=wanted)
+    assert [spec.checkpointing for spec in host.pipeline] == [wanted, wanted]
+    assert pipeline[1].checkpointing != wanted  # the caller's specs are left as they were
+    assert SparkOperatorHost(spark, pipeline).pipeline[1].checkpointing == pipeline[1].checkpointing
+    with pytest.raises(ConfigError):
+        SparkOperatorHost(spark, pipeline, checkpointing={"u_target": 5})  # type: ignore[arg-type]
+
+
+def test_a_pipeline_resumed_against_another_input_fails_once_on_the_driver(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Not in every task attempt of every job submission: the driver looks at each log before any task."""
+    from dataclasses import replace
+
+    from recovery.exceptions import InputMismatchError
+
+    store = {"type": "sqlite", "root": str(tmp_path)}
+    run_reference(filter_aggregate(store, count=2000, keys=KEYS))
+    before = results(SqliteQueueStore(tmp_path), AGGREGATED)
+    pipeline = filter_aggregate(store, count=2000, keys=KEYS)
+    pipeline[0] = replace(pipeline[0], source={**pipeline[0].source, "seed": 8})
+    host = SparkOperatorHost(spark, pipeline)
+    with pytest.raises(
+        InputMismatchError, match=rf"{FILTERED}\[0\] in .* was built from another input \(input.seed"
+    ):
+        host.run()
+    assert results(SqliteQueueStore(tmp_path), AGGREGATED) == before

@@ -1,0 +1,185 @@
+"""`Checkpointing`: the one typed configuration of checkpoint intensity (paper III.A and IV).
+
+    Checkpointing(q_target=None, u_target=None, ci_ms=5.0, cp_ms=100.0, recovery_target=None,
+                  policy="targets" | "cost-benefit", mtbf="1h")
+
+- `q_target` / `u_target` (Q, U): G-check the oldest window while the extent size q > Q or the replay size
+  u > U. Q below the number of open windows N cannot be met (an extent holds a footprint of every open
+  window), which the operator says once when it happens;
+- `ci_ms` / `cp_ms` (CI, CP): the checkpoint budget, CI ms of operator time in every CP ms, spent whenever
+  the policy wants G-checks (`cec.schedule`). CI = CP removes the limit;
+- `recovery_target` (a duration: "3s", "500ms", "2 minutes", or seconds as a number): the operator picks
+  U, Q and the budget itself from its measured rates so that a crash at any moment recovers within it
+  (`cec.policy.RecoveryTimePolicy`). Q and U given beside it are upper bounds on what it picks; CI/CP is
+  only the starting budget, before anything is measured;
+- `policy="cost-benefit"`: G-check the oldest window only when the recovery time it saves, weighted by
+  the failure rate 1/`mtbf`, is worth its cost (`cec.policy.CostBenefitPolicy`); Q, U and the recovery
+  target, when given, still bound it.
+
+Frozen and validated on construction; `to_json`/`from_json` round-trip it (durations as seconds).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+from cec.exceptions import ConfigError
+
+__all__ = ["POLICIES", "Checkpointing", "parse_duration_s"]
+
+PolicyName = Literal["targets", "cost-benefit"]
+POLICIES: tuple[str, ...] = ("targets", "cost-benefit")
+
+_UNITS: dict[str, float] = {
+    "ms": 0.001,
+    "msec": 0.001,
+    "millisecond": 0.001,
+    "milliseconds": 0.001,
+    "s": 1.0,
+    "sec": 1.0,
+    "secs": 1.0,
+    "second": 1.0,
+    "seconds": 1.0,
+    "m": 60.0,
+    "min": 60.0,
+    "mins": 60.0,
+    "minute": 60.0,
+    "minutes": 60.0,
+    "h": 3600.0,
+    "hr": 3600.0,
+    "hour": 3600.0,
+    "hours": 3600.0,
+    "d": 86400.0,
+    "day": 86400.0,
+    "days": 86400.0,
+}
+_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
+
+
+def parse_duration_s(value: str | float | int, what: str = "duration") -> float:
+    """Seconds from "3s", "500ms", "2 minutes", "1.5h" or a number of seconds; positive and finite."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{what} must be a duration such as 3s or 500ms, got {value!r}")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    elif isinstance(value, str):
+        match = _DURATION.match(value.lower())
+        unit = match.group(2) if match else None
+        if match is None or (unit and unit not in _UNITS):
+            raise ConfigError(f"{what} must be a duration such as 3s, 500ms or 2 minutes, got {value!r}")
+        seconds = float(match.group(1)) * _UNITS[unit or "s"]
+    else:
+        raise ConfigError(f"{what} must be a duration such as 3s or 500ms, got {value!r}")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ConfigError(f"{what} must be positive, got {value!r}")
+    return seconds
+
+
+def _target(value: Any, name: str) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive number of tuples, got {value!r}")
+    return value
+
+
+def _millis(value: Any, name: str) -> float:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be a positive number of milliseconds, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Checkpointing:
+    q_target: int | None = None
+    u_target: int | None = None
+    ci_ms: float = 5.0
+    cp_ms: float = 100.0
+    recovery_target: float | None = None  # seconds; constructed from a duration ("3s") or a number
+    policy: PolicyName = "targets"
+    mtbf: float = 3600.0  # seconds between failures the cost-benefit policy plans for
+
+    def __init__(
+        self,
+        q_target: int | None = None,
+        u_target: int | None = None,
+        ci_ms: float = 5.0,
+        cp_ms: float = 100.0,
+        recovery_target: str | float | None = None,
+        policy: str = "targets",
+        mtbf: str | float = 3600.0,
+    ) -> None:
+        set_ = object.__setattr__  # frozen: the normalised values are set once, here
+        set_(self, "q_target", _target(q_target, "Q (q_target)"))
+        set_(self, "u_target", _target(u_target, "U (u_target)"))
+        ci, cp = _millis(ci_ms, "CI (ci_ms)"), _millis(cp_ms, "CP (cp_ms)")
+        if ci > cp:
+            raise ConfigError(f"need CI <= CP, got CI={ci:g} ms, CP={cp:g} ms")
+        set_(self, "ci_ms", ci)
+        set_(self, "cp_ms", cp)
+        set_(
+            self,
+            "recovery_target",
+            None if recovery_target is None else parse_duration_s(recovery_target, "recovery_target"),
+        )
+        if policy not in POLICIES:
+            raise ConfigError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        set_(self, "policy", policy)
+        set_(self, "mtbf", parse_duration_s(mtbf, "mtbf"))
+
+    @property
+    def duty(self) -> float:
+        """CI/CP: the share of operator time the checkpoint budget allows."""
+        return self.ci_ms / self.cp_ms
+
+    @property
+    def checkpoints(self) -> bool:
+        """False when nothing asks for G-checks (G-open only, the least overhead)."""
+        return (
+            self.q_target is not None
+            or self.u_target is not None
+            or self.recovery_target is not None
+            or self.policy == "cost-benefit"
+        )
+
+    def describe(self) -> str:
+        parts = [f"Q={self.q_target} U={self.u_target} CI={self.ci_ms:g} ms CP={self.cp_ms:g} ms"]
+        if self.recovery_target is not None:
+            parts.append(f"recovery target {self.recovery_target:g} s")
+        parts.append(f"policy {self.policy}")
+        if self.policy == "cost-benefit":
+            parts.append(f"MTBF {self.mtbf:g} s")
+        return ", ".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Checkpointing:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise ConfigError(f"unknown checkpointing field(s): {', '.join(unknown)}")
+        return cls(**data)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> Checkpointing:
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"checkpointing is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("checkpointing JSON must be an object")
+        return cls.from_dict(data)

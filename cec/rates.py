@@ -1,0 +1,91 @@
+"""What checkpointing and recovery cost on this machine, measured as the operator runs.
+
+A recovery takes about: EC build (read the extent back: q records at B records/s) + EC load (decode and
+install N windows at L windows/s) + replay (u input tuples at R tuples/s). The policies that choose how
+much to checkpoint (`cec.policy`) plan with these rates and with the cost of one G-check.
+
+Rates start from conservative defaults (below what DESIGN-NOTES measured on a quiet machine, so that the
+first plan errs towards checkpointing more) and are updated from what the operator measures: G-check
+cost, input rate and records per input while it runs, replay rate from its live processing rate (replay
+does the same reading and applying, without the writing, so that is a lower bound), and EC build, load
+and replay rates from the previous recovery's report when this run began with one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Protocol
+
+__all__ = ["MeasuredRates", "RecoveryFigures"]
+
+_ALPHA = 0.3  # weight of a new measurement in the running averages
+_MIN_SAMPLE_S = 0.02  # shorter recovery phases say more about timer noise than about a rate
+
+
+class RecoveryFigures(Protocol):
+    """What `recovery.manager.RecoveryReport` carries (structural, so cec does not import recovery)."""
+
+    records_read: int
+    ec_windows: int
+    ec_build_seconds: float
+    ec_load_seconds: float
+    tuples_replayed: int
+    catch_up_seconds: float
+
+
+@dataclass
+class MeasuredRates:
+    ec_build_rate: float = 40_000.0  # records/s read back while rebuilding the EC
+    ec_load_rate: float = 25_000.0  # windows/s decoded and installed
+    replay_rate: float = 20_000.0  # input tuples/s re-read and applied up to the crash point
+    gcheck_seconds: float = 50e-6  # operator time per G-check
+    input_rate: float = 0.0  # input tuples per second of run time (0: not measured yet)
+    outputs_per_input: float = 1.0  # records other than G-checks written per input tuple
+    from_recovery: bool = False  # EC build/load and replay rates come from a real recovery
+    measured: set[str] = field(default_factory=set)
+
+    def _blend(self, name: str, value: float) -> None:
+        if value <= 0:
+            return
+        old = getattr(self, name)
+        setattr(self, name, value if name not in self.measured else (1 - _ALPHA) * old + _ALPHA * value)
+        self.measured.add(name)
+
+    def observe_gchecks(self, seconds: float, count: int) -> None:
+        if count > 0 and seconds > 0:
+            self._blend("gcheck_seconds", seconds / count)
+
+    def observe_run(
+        self, *, seconds: float, busy_seconds: float, inputs: int, outputs: int, gchecks: int
+    ) -> None:
+        """One measurement interval of normal operation: `busy_seconds` excludes waiting for input and
+        producing G-checks."""
+        if seconds <= 0 or inputs <= 0:
+            return
+        self._blend("input_rate", inputs / seconds)
+        self._blend("outputs_per_input", max(outputs - gchecks, 0) / inputs or 1e-6)
+        if not self.from_recovery and busy_seconds > 0:
+            self._blend("replay_rate", inputs / busy_seconds)
+
+    def observe_recovery(self, report: RecoveryFigures) -> None:
+        """Rates of the recovery this run began with: the closest measure of the next one."""
+        if report.ec_build_seconds >= _MIN_SAMPLE_S and report.records_read > 0:
+            self.ec_build_rate = report.records_read / report.ec_build_seconds
+            self.measured.add("ec_build_rate")
+        if report.ec_load_seconds >= _MIN_SAMPLE_S and report.ec_windows > 0:
+            self.ec_load_rate = report.ec_windows / report.ec_load_seconds
+            self.measured.add("ec_load_rate")
+        if report.catch_up_seconds >= _MIN_SAMPLE_S and report.tuples_replayed > 0:
+            self.replay_rate = report.tuples_replayed / report.catch_up_seconds
+            self.measured.add("replay_rate")
+            self.from_recovery = True
+
+    def recovery_seconds(self, *, extent: float, windows: float, replay: float) -> float:
+        """Estimated recovery time for an extent of `extent` records, `windows` open windows and `replay`
+        tuples to replay."""
+        return extent / self.ec_build_rate + windows / self.ec_load_rate + replay / self.replay_rate
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["measured"] = sorted(self.measured)
+        return d

@@ -1,0 +1,102 @@
+"""When G-checks may be produced: a budget of operator time, CI ms of every CP ms (paper III.A).
+
+The paper spends checkpoint work in slots of CI ms every CP ms. Read as a wall-clock phase, that slot is
+hit only when the operator happens to look at the clock inside it: an operator that looks once per batch
+(25-40 ms) misses most 5 ms slots and checkpoints far less than CI/CP. Here CI/CP is a *budget*: credit
+accrues at CI/CP seconds per second of run time, the operator spends it on G-checks whenever it looks
+(every few tuples, inside batches too) and the policy wants them, and the time really spent is measured.
+Spending can overshoot by one G-check; the overshoot is a debt the next credit pays first, so over any
+stretch in which the policy wants G-checks the real duty converges to CI/CP. Credit saved while the policy
+wants nothing is capped at one CI, so a burst after a quiet spell is at most one slot's worth, as in the
+paper. CI = CP means no limit: G-checks whenever the policy asks.
+
+Every time decision reads the injected `clock`, so tests drive the schedule without the wall clock.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from cec.exceptions import ConfigError
+
+__all__ = ["MAX_DUTY", "CheckpointSchedule"]
+
+MAX_DUTY = 0.5  # a policy that picks its own budget never takes more than half the operator's time
+
+
+class CheckpointSchedule:
+    """The checkpoint budget and the measurement of the duty really delivered."""
+
+    def __init__(
+        self, ci_ms: float = 5.0, cp_ms: float = 100.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        if not (0 < ci_ms <= cp_ms):
+            raise ConfigError(f"need 0 < CI <= CP, got CI={ci_ms} ms, CP={cp_ms} ms")
+        self.clock = clock
+        self.cp = cp_ms / 1000.0
+        self.ci = ci_ms / 1000.0
+        self._credit = 0.0
+        self._last: float | None = None  # clock at the last accrual; None until started
+        self._started: float | None = None
+        self.spent_seconds = 0.0  # operator time spent producing G-checks
+        self.gchecks = 0
+
+    # -- budget ------------------------------------------------------------------------------------------
+    @property
+    def duty(self) -> float:
+        """The budget: CI/CP, the share of operator time G-checks may take."""
+        return self.ci / self.cp
+
+    @property
+    def unlimited(self) -> bool:
+        return self.ci >= self.cp
+
+    def set_duty(self, duty: float) -> None:
+        """A new budget (policies that pick their own); CP stays, CI becomes duty x CP."""
+        duty = min(max(duty, 1e-6), 1.0)
+        self.ci = duty * self.cp
+
+    def start(self) -> None:
+        """Begin accruing (and measuring) now: when the operator may checkpoint, i.e. after recovery."""
+        if self._started is None:
+            now = self.clock()
+            self._started = now
+            self._last = now
+
+    @property
+    def started(self) -> bool:
+        return self._started is not None
+
+    def credit(self) -> float:
+        """Seconds of G-check work the budget allows now (accrued up to this instant; may be negative)."""
+        self.start()
+        if self.unlimited:
+            return float("inf")
+        now = self.clock()
+        assert self._last is not None
+        self._credit = min(self._credit + (now - self._last) * self.duty, self.ci)
+        self._last = now
+        return self._credit
+
+    def spend(self, seconds: float, gchecks: int) -> None:
+        """Record `seconds` of operator time spent producing `gchecks` G-checks."""
+        if not self.unlimited:
+            self._credit -= seconds
+        self.spent_seconds += seconds
+        self.gchecks += gchecks
+
+    # -- measurement -------------------------------------------------------------------------------------
+    def active_seconds(self) -> float:
+        """Run time since the schedule started (the time G-checks were allowed)."""
+        return 0.0 if self._started is None else max(self.clock() - self._started, 0.0)
+
+    def real_duty(self) -> float:
+        """Time spent producing G-checks / run time since the schedule started."""
+        active = self.active_seconds()
+        return self.spent_seconds / active if active > 0 else 0.0
+
+    def describe(self) -> str:
+        if self.unlimited:
+            return f"CI=CP={self.cp * 1000:g} ms (no limit)"
+        return f"CI={self.ci * 1000:.3g} ms every CP={self.cp * 1000:g} ms ({self.duty:.1%} of operator time)"

@@ -1,0 +1,252 @@
+"""`cec run --input-topic`: CEC over a user's own Kafka topic (json, avro, registry, csv or cec values).
+
+One operator instance per input partition, each writing its own output partition; the output log lives
+on the same cluster (`--bootstrap-servers`), its indexes under `--store-dir`. Without `--follow` the run
+is bounded: it stops at the end positions the topic had when the run first started. Those (and the start
+positions) are pinned in `STORE_DIR/<output topic>.input.json` and are part of the default output topic
+name, so a restart with the same `--store-dir` stops at the same place, and a run over a topic that has
+grown since writes a log of its own instead of resuming another input's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import signal
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cec.exceptions import ConfigError
+from cec.records import Kind
+from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
+from operators.formats import FORMATS, load_avro_schema
+from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
+from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
+from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
+from queuestore.factory import open_store, store_spec
+
+__all__ = ["add_topic_arguments", "cmd_run_topic"]
+
+_FOLLOW_REFRESH_S = 1.0
+
+
+def add_topic_arguments(run: argparse.ArgumentParser) -> None:
+    """The `cec run` flags of a Kafka topic input (names are relied on by tests outside the project)."""
+    run.add_argument(
+        "--input-topic", help="read this Kafka topic instead of a CSV file (needs --bootstrap-servers)"
+    )
+    run.add_argument("--format", choices=FORMATS, default="json", help="value format of --input-topic")
+    run.add_argument(
+        "--schema", help="Avro schema (.avsc file) of the avro format, or the payload schema of cec"
+    )
+    run.add_argument("--schema-registry", help="Schema Registry URL of the registry format")
+    run.add_argument("--columns", help="column names of the csv format, comma-separated")
+    run.add_argument("--output-topic", help="name of the output log topic (default: derived from the input)")
+    run.add_argument(
+        "--follow",
+        action="store_true",
+        help="keep reading new records until stopped (default: stop at the end)",
+    )
+
+
+def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
+    fmt = args.format
+    source: dict[str, Any] = {
+        "type": "topic",
+        "bootstrap_servers": args.bootstrap_servers,
+        "topic": args.input_topic,
+        "format": fmt,
+        "key_field": args.key,
+        "value_field": args.value,
+        "time_field": args.time,
+        "follow": bool(args.follow),
+    }
+    compat = broker_compat()
+    if compat is not None:
+        source["broker_compat"] = compat
+    if fmt == "avro":
+        if not args.schema:
+            raise ConfigError("--format avro needs --schema FILE.avsc")
+        source["schema"] = load_avro_schema(args.schema)
+    elif fmt == "cec":
+        if not args.schema:
+            raise ConfigError(
+                f"--format cec needs --schema: the queue's payload schema (.avsc or one of {sorted(SCHEMAS)})"
+            )
+        source["schema"] = args.schema if args.schema in SCHEMAS else load_avro_schema(args.schema)
+    elif fmt == "registry":
+        if not args.schema_registry:
+            raise ConfigError("--format registry needs --schema-registry URL")
+        source["schema_registry"] = args.schema_registry
+    elif fmt == "csv":
+        columns = [c.strip() for c in (args.columns or "").split(",") if c.strip()]
+        if not columns:
+            raise ConfigError("--format csv needs --columns NAME,NAME,...")
+        source["columns"] = columns
+    return source
+
+
+def _digest(obj: Any) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _pinned_source(
+    root: Path, args: argparse.Namespace, operator: dict[str, Any], source: dict[str, Any]
+) -> tuple[str, dict[str, Any]]:
+    """(output topic, source spec with pinned bounds): from the store dir when this job ran there
+    before, else resolved now and kept there."""
+    job = {"operator": operator, "source": source}
+    marker = root / f".topic-run-{_digest(job)}.json"
+    if marker.exists():
+        kept = json.loads(marker.read_text())
+        return kept["output_topic"], kept["source"]
+    pinned = pin_bounds(source) if source["format"] != "cec" else dict(source)
+    if args.follow:  # a following run has no end; its start still defines what its input is
+        pinned.pop("end_offsets", None)
+    output_topic = args.output_topic or f"cec-run-{_digest({'operator': operator, 'source': pinned})}"
+    tmp = marker.with_name(marker.name + ".tmp")
+    tmp.write_text(json.dumps({"output_topic": output_topic, "source": pinned}, sort_keys=True))
+    tmp.replace(marker)
+    return output_topic, pinned
+
+
+def _write_outputs(
+    store_cfg: dict[str, Any], topic: str, results: Path, dead: Path
+) -> tuple[int, int, dict[str, int]]:
+    from cec.cli import RESULT_COLUMNS
+
+    store = open_store(store_cfg)
+    try:
+        n_results = write_results_csv(iter_payloads(store, topic, RESULT_SCHEMA), results, RESULT_COLUMNS)
+        n_dead = write_dead_letter_csv(iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead)
+        kinds = dict(count_kinds(store, topic))
+    finally:
+        store.close()
+    return n_results, n_dead, kinds
+
+
+def cmd_run_topic(args: argparse.Namespace) -> int:
+    from cec.cli import _load_stats, _policy, _recovery_lines, _say, _store_dir, _wait, _worker
+
+    if args.input:
+        raise ConfigError("give either an input CSV file or --input-topic, not both")
+    if not args.bootstrap_servers:
+        raise ConfigError("--input-topic needs --bootstrap-servers HOST:PORT (or CEC_BOOTSTRAP_SERVERS)")
+    if args.window_time and not args.time:
+        raise ConfigError(
+            "--window-time needs --time FIELD (a value field, or @timestamp for the record timestamp)"
+        )
+    if args.crash_after is not None and args.crash_after < 1:
+        raise ConfigError("--crash-after needs K >= 1")
+    if args.crash_after is not None and args.follow:
+        raise ConfigError("--crash-after needs a bounded run (no --follow)")
+    operator = {
+        "type": "aggregate",
+        "key_field": args.key,
+        "value_field": args.value,
+        "agg": args.agg,
+        "window_count": args.window_count,
+        "window_ms": parse_duration_ms(args.window_time) if args.window_time else None,
+        "time_field": args.time,
+    }
+    source = _source_spec(args)
+    partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
+    results_path = Path(args.results)
+    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
+    with _store_dir(args.store_dir, "cec-run-") as root:
+        store_cfg = store_spec(root, args.bootstrap_servers)
+        output_topic, pinned = _pinned_source(root, args, operator, source)
+        template = JobSpec(
+            operator=operator,
+            source={**pinned, "group_id": f"cec-{output_topic}"},
+            store=store_cfg,
+            output_topic=output_topic,
+            output_partitions=partitions,
+            progress=args.progress,
+            **_policy(args),
+        )
+        store = open_store(store_cfg)
+        try:
+            store.create_topic(output_topic, partitions)
+        finally:
+            store.close()
+        specs = [instance_spec(template, p) for p in range(partitions)]
+        for p, spec in enumerate(specs):
+            spec.stats_path = str(root / f".{output_topic}.{p}.stats.json")
+        recoveries: list[dict[str, Any] | None] = []
+        if args.crash_after is not None:
+            for p, spec in enumerate(specs):
+                spec_path = root / f"run-{p}.json"
+                rc = _wait(
+                    _worker(spec, spec_path, faults=f"runtime.after_input:{args.crash_after}"), "operator"
+                )
+                if rc == -signal.SIGKILL:
+                    _say(
+                        f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
+                    )
+                _wait(_worker(spec, spec_path), "operator")
+                recoveries.append(_load_stats(Path(spec.stats_path or "")).get("recovery"))
+        else:
+            recoveries = _run_instances(
+                specs, args.follow, lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path)
+            )
+        n_results, n_dead, kinds = _write_outputs(store_cfg, output_topic, results_path, dead_path)
+    bounds = "" if args.follow else f", bounded at {pinned.get('end_offsets')}"
+    _say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
+    _say(
+        f"output log:   {output_topic} ({partitions} partition(s)); lag in consumer group cec-{output_topic}"
+    )
+    _say(f"results:      {n_results:,} closed windows -> {results_path}")
+    _say(f"dead letters: {n_dead:,} records not processed -> {dead_path}")
+    _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
+    _say("windows still open at the end of the input are not emitted")
+    for p, rec in enumerate(recoveries):
+        if rec or args.crash_after is not None:
+            _say(f"partition {p}:")
+            for line in _recovery_lines(rec):
+                _say(line)
+    return 0
+
+
+def _run_instances(
+    specs: list[JobSpec], follow: bool, refresh: Callable[[], object]
+) -> list[dict[str, Any] | None]:
+    """Every partition's instance in this process, side by side (one thread each, so partitions advance
+    together as a multi-partition input does), until their input ends or, following, until Ctrl-C or
+    SIGTERM stops them cleanly; a following run rewrites the results file from the log every second."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    stats: list[RunStats | None] = [None] * len(specs)
+
+    def run(i: int) -> None:
+        try:
+            stats[i] = run_job(specs[i], stop=stop.is_set)
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=run, args=(i,), name=f"cec-run-{i}") for i in range(len(specs))]
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            try:
+                if stop.wait(_FOLLOW_REFRESH_S if follow else 0.05):
+                    break
+                if follow:
+                    refresh()
+            except KeyboardInterrupt:
+                stop.set()
+    finally:
+        stop.set()  # a bounded run only gets here early on an error or Ctrl-C
+        for thread in threads:
+            thread.join()
+        signal.signal(signal.SIGTERM, previous)
+    if errors:
+        raise errors[0]
+    return [s.recovery.as_dict() if s and s.recovery else None for s in stats]

@@ -1,0 +1,27 @@
+"""Errors raised by operators and their input sources."""
+
+from __future__ import annotations
+
+from cec.exceptions import CecError
+
+__all__ = ["DecodeError", "RetentionError", "SourceError", "TopicSourceError"]
+
+
+class SourceError(CecError):
+    """Base class of the errors of input sources."""
+
+
+class DecodeError(SourceError):
+    """One input record cannot be decoded; `reason` goes to its dead letter and the run goes on."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class TopicSourceError(SourceError):
+    """A Kafka topic cannot be read as configured (missing topic, unreachable broker or registry)."""
+
+
+class RetentionError(TopicSourceError):
+    """A replay needs input offsets the broker no longer keeps (below a partition's log start)."""

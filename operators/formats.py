@@ -1,0 +1,263 @@
+"""Value formats of ordinary Kafka topics: bytes -> a record (a dict of fields).
+
+A decoder raises `DecodeError` with a reason for a value it cannot read; the topic source turns that into
+a dead letter with the record's partition and offset, and the run goes on. Problems that are not the
+record's fault (a schema registry that cannot be reached) raise `TopicSourceError` instead: dead-lettering
+every record because a server is down would lose the input.
+
+- `json`: one JSON object per record (UTF-8);
+- `avro`: a schemaless Avro body (no container header), schema given as a dict or an `.avsc` file path;
+- `registry`: the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro body), schemas
+  fetched by id through confluent-kafka's Schema Registry client and cached;
+- `csv`: one CSV line per record, column names given.
+
+The `cec` format (a cec queue) is not a value decoder: its records carry cec's envelope, checksums and
+control tuples, which `operators.sources.QueueSource` already reads.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import struct
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import fastavro
+
+from cec.exceptions import ConfigError
+from operators.exceptions import DecodeError, TopicSourceError
+
+__all__ = [
+    "FORMATS",
+    "AvroDecoder",
+    "CsvDecoder",
+    "JsonDecoder",
+    "RegistryDecoder",
+    "ValueDecoder",
+    "load_avro_schema",
+    "make_decoder",
+]
+
+FORMATS = ("json", "avro", "registry", "csv", "cec")
+
+_WIRE_HEADER = struct.Struct(">bI")  # Confluent wire format: magic byte 0, schema id
+
+
+class ValueDecoder(Protocol):
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        """The record in `raw`; `DecodeError` with a reason if it cannot be read."""
+        ...
+
+
+def load_avro_schema(schema: str | Path | Mapping[str, Any]) -> dict[str, Any]:
+    """An Avro schema as a dict: given as one, or as the path of an `.avsc` file (JSON)."""
+    if isinstance(schema, Mapping):
+        return dict(schema)
+    path = Path(schema)
+    try:
+        loaded = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"cannot read Avro schema {path}: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"Avro schema {path} is not JSON: {exc}") from None
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"Avro schema {path} must be a record schema (a JSON object)")
+    return loaded
+
+
+def _parse_avro(schema: Mapping[str, Any], where: str) -> Any:
+    try:
+        return fastavro.parse_schema(dict(schema))
+    except Exception as exc:  # fastavro raises several types (SchemaParseException, KeyError, ...)
+        raise ConfigError(f"invalid Avro schema ({where}): {exc}") from None
+
+
+def _read_avro(parsed: Any, body: bytes | memoryview) -> Mapping[str, Any]:
+    buf = io.BytesIO(body)
+    try:
+        obj = fastavro.schemaless_reader(buf, parsed, None)
+    except (
+        Exception
+    ) as exc:  # EOFError, UnicodeDecodeError, ValueError, IndexError...: all mean "not this schema"
+        raise DecodeError(f"not Avro of the given schema: {type(exc).__name__}: {exc!s:.120}") from None
+    # A body written with another schema often decodes "successfully" into garbage; bytes left over are
+    # the one cheap sign of it that schemaless Avro offers.
+    if buf.tell() != len(body):
+        raise DecodeError(f"not Avro of the given schema: {len(body) - buf.tell()} bytes left over")
+    if not isinstance(obj, Mapping):
+        raise DecodeError("Avro value is not a record")
+    return obj
+
+
+def _not_an_object(obj: Any) -> str:
+    return f"JSON value is a {type(obj).__name__}, not an object"
+
+
+class JsonDecoder:
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        try:
+            obj = json.loads(raw)
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise DecodeError(f"not JSON: {exc!s:.120}") from None
+        if not isinstance(obj, dict):
+            raise DecodeError(_not_an_object(obj))
+        return obj
+
+    def decode_many(self, raws: Sequence[bytes]) -> list[Mapping[str, Any] | str]:
+        """Each value decoded, or the reason it is not a JSON object.
+
+        One `json.loads` over the batch joined as a JSON array (about 4x faster than one call per value).
+        It gives exactly the per-value results when it yields one element per value: n values joined by
+        n - 1 commas make n elements only if every comma separates elements, i.e. each value is one JSON
+        value by itself. Otherwise (a bad value in the batch) every value is decoded on its own.
+        """
+        if len(raws) > 1:
+            try:
+                objs = json.loads(b"[" + b",".join(raws) + b"]")
+            except (UnicodeDecodeError, ValueError):
+                objs = None
+            if objs is not None and len(objs) == len(raws):
+                return [obj if type(obj) is dict else _not_an_object(obj) for obj in objs]
+        out: list[Mapping[str, Any] | str] = []
+        for raw in raws:
+            try:
+                out.append(self.decode(raw))
+            except DecodeError as exc:
+                out.append(exc.reason)
+        return out
+
+
+class AvroDecoder:
+    """Schemaless Avro bodies, all written with one schema."""
+
+    def __init__(self, schema: str | Path | Mapping[str, Any]) -> None:
+        self.schema = load_avro_schema(schema)
+        self._parsed = _parse_avro(self.schema, "avro format")
+
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        return _read_avro(self._parsed, raw)
+
+    def decode_many(self, raws: Sequence[bytes]) -> list[Mapping[str, Any] | str]:
+        """Each value decoded, or the reason it cannot be (the per-value loop without per-call overhead)."""
+        parsed, reader, new_buffer = self._parsed, fastavro.schemaless_reader, io.BytesIO
+        out: list[Mapping[str, Any] | str] = []
+        append = out.append
+        for raw in raws:
+            buf = new_buffer(raw)
+            try:
+                obj = reader(buf, parsed, None)
+            except Exception:  # the reason is worked out on the slow path below
+                obj = None
+            if type(obj) is dict and buf.tell() == len(raw):
+                append(obj)
+                continue
+            try:
+                append(_read_avro(parsed, raw))
+            except DecodeError as exc:
+                append(exc.reason)
+        return out
+
+
+class RegistryDecoder:
+    """Confluent wire format; each record names its writer schema by id, fetched once and cached.
+
+    `client` is a `confluent_kafka.schema_registry.SchemaRegistryClient` (or anything with its
+    `get_schema(schema_id)`); `url` builds one. Cached ids never change meaning (registry ids are
+    immutable), so the cache needs no expiry.
+    """
+
+    def __init__(self, url: str | None = None, *, client: Any = None) -> None:
+        if client is None:
+            if not url:
+                raise ConfigError("the registry format needs a schema registry URL (--schema-registry)")
+            client = registry_client(url)
+        self._client = client
+        self.url = url
+        self._schemas: dict[int, Any] = {}
+
+    def _schema(self, schema_id: int) -> Any:
+        parsed = self._schemas.get(schema_id)
+        if parsed is not None:
+            return parsed
+        from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+        try:
+            schema = self._client.get_schema(schema_id)
+        except SchemaRegistryError as exc:
+            if exc.http_status_code == 404:
+                raise DecodeError(f"schema id {schema_id} is not in the registry") from None
+            raise TopicSourceError(f"schema registry {self.url}: {exc}") from None
+        except Exception as exc:  # transport errors: the registry is down, not the record bad
+            raise TopicSourceError(f"schema registry {self.url} unreachable: {exc}") from None
+        if (schema.schema_type or "AVRO") != "AVRO":
+            raise DecodeError(f"schema id {schema_id} is {schema.schema_type}, not Avro")
+        parsed = _parse_avro(json.loads(schema.schema_str), f"registry schema id {schema_id}")
+        self._schemas[schema_id] = parsed
+        return parsed
+
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        if len(raw) < _WIRE_HEADER.size:
+            raise DecodeError(f"not Confluent wire format: {len(raw)} bytes")
+        magic, schema_id = _WIRE_HEADER.unpack_from(raw)
+        if magic != 0:
+            raise DecodeError(f"not Confluent wire format: magic byte {magic}")
+        return _read_avro(self._schema(schema_id), memoryview(raw)[_WIRE_HEADER.size :])
+
+
+def registry_client(url: str) -> Any:
+    try:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+    except ImportError as exc:
+        raise ConfigError(
+            f"the registry format needs confluent-kafka's schema registry extras ({exc.name} missing): "
+            "pip install 'confluent-kafka[schemaregistry]'"
+        ) from None
+    # new_client: a `mock://` URL gives the client's own in-memory test double.
+    return SchemaRegistryClient.new_client({"url": url})
+
+
+class CsvDecoder:
+    """One CSV line per record, fields named by `columns` (a header is not part of a topic)."""
+
+    def __init__(self, columns: Sequence[str], delimiter: str = ",") -> None:
+        if not columns:
+            raise ConfigError("the csv format needs the column names")
+        if len(set(columns)) != len(columns):
+            raise ConfigError(f"csv columns repeat: {list(columns)}")
+        self.columns = list(columns)
+        self.delimiter = delimiter
+
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        try:
+            text = raw.decode("utf-8")
+            rows = list(csv.reader([text.rstrip("\r\n")], delimiter=self.delimiter, strict=True))
+        except (UnicodeDecodeError, csv.Error) as exc:
+            raise DecodeError(f"not a CSV line: {exc!s:.120}") from None
+        row = rows[0] if rows else []
+        if len(row) != len(self.columns):
+            raise DecodeError(f"CSV line has {len(row)} fields, expected {len(self.columns)}")
+        return dict(zip(self.columns, row, strict=True))
+
+
+def make_decoder(
+    fmt: str,
+    *,
+    schema: str | Path | Mapping[str, Any] | None = None,
+    registry_url: str | None = None,
+    columns: Sequence[str] | None = None,
+    registry: Any = None,
+) -> ValueDecoder:
+    if fmt == "json":
+        return JsonDecoder()
+    if fmt == "avro":
+        if schema is None:
+            raise ConfigError("the avro format needs a schema (--schema FILE.avsc)")
+        return AvroDecoder(schema)
+    if fmt == "registry":
+        return RegistryDecoder(registry_url, client=registry)
+    if fmt == "csv":
+        return CsvDecoder(list(columns or []))
+    raise ConfigError(f"unknown value format {fmt!r} (one of {', '.join(FORMATS)})")

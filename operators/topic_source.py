@@ -1,0 +1,630 @@
+"""A user's own Kafka topic as a cec input: positions are (partition, Kafka offset), so replay is a seek.
+
+`KafkaTopicSource` reads an ordinary topic written by any producer (formats in `operators.formats`; the
+`cec` format, a cec queue, goes through `QueueSource` instead, see `open_topic_source`). Each record's
+value is decoded into fields; the key, value and time fields the operator uses must be present and not
+null. A record that cannot be decoded or lacks one of them becomes an error tuple, which the runtime
+dead-letters with its partition, offset and reason; the run goes on.
+
+Two pseudo-fields come from the Kafka record instead of its value: `@timestamp` (the record timestamp in
+ms, e.g. as the time field) and `@key` (the message key as UTF-8 text).
+
+**Bounds.** A source has, per partition, a *start* (the log-start offset when the run first started:
+offsets below it were never part of this run's input) and an *end* (the end of the partition then;
+bounded runs stop there, `follow=True` runs until stopped). Both are resolved once, by `resolve_bounds`,
+and must be kept with the job's log (`TopicBounds.as_dict`, `KafkaTopicSource.identity`) so a restarted run
+reads exactly the same records: passing them back (`start_offsets`, `end_offsets`) pins them.
+
+**Where bounds come from.** On Apache Kafka: `AdminClient.list_offsets` with `OffsetSpec.earliest()`
+(the log start) and `OffsetSpec.latest()` under read_committed (the last stable offset); nothing is
+consumed. Brokers that misreport them are handled behind one switch, `broker_compat` (or the environment
+variable `CEC_BROKER_COMPAT`): with `"tansu"`, the end of a partition is where consuming reports
+`PARTITION_EOF`, starting at the (understated) high watermark minus one (DESIGN-NOTES section 4).
+
+**Retention.** A seek to offset o of partition j with o below the partition's current log start is a
+`RetentionError` ("input retention shorter than the replay needs"), naming topic, partition, offset and
+log start, unless o is below the run's pinned start (those offsets were never input: the run starts at
+its pinned start). Offsets are never assumed dense: compaction and transaction markers leave gaps.
+
+**Lag.** Delivered positions are committed, for monitoring only, to the consumer group `group_id`
+(recovery keeps using the positions in the log), every `commit_interval_s` of the injected `clock` and
+when the source closes.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import operator
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, OffsetSpec
+
+from cec.exceptions import ConfigError
+from operators.base import InputTuple
+from operators.exceptions import DecodeError, RetentionError, TopicSourceError
+from operators.formats import FORMATS, ValueDecoder, make_decoder
+from operators.sources import InputSource, QueueSource, _partition_subset
+
+__all__ = [
+    "BROKER_COMPAT_ENV",
+    "KEY_FIELD",
+    "TIMESTAMP_FIELD",
+    "KafkaTopicSource",
+    "TopicBounds",
+    "broker_compat",
+    "open_topic_source",
+    "resolve_bounds",
+    "topic_partition_count",
+]
+
+log = logging.getLogger(__name__)
+_rdkafka_log = logging.getLogger(__name__ + ".librdkafka")
+
+BROKER_COMPAT_ENV = "CEC_BROKER_COMPAT"
+COMPAT_MODES = ("tansu",)
+TIMESTAMP_FIELD = "@timestamp"
+KEY_FIELD = "@key"
+_TIMEOUT_S = 30.0
+_POLL_S = 0.05
+_ERROR_REASON = "input retention shorter than the replay needs"
+_UNKNOWN_CODES = frozenset(
+    {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
+)
+
+
+def broker_compat(given: str | None = None) -> str | None:
+    """The broker-compatibility mode: `given`, else `CEC_BROKER_COMPAT`, else None (Apache Kafka)."""
+    mode = given if given is not None else os.environ.get(BROKER_COMPAT_ENV) or None
+    if mode is not None and mode not in COMPAT_MODES:
+        raise ConfigError(f"unknown broker compatibility mode {mode!r} (known: {', '.join(COMPAT_MODES)})")
+    return mode
+
+
+@dataclass(frozen=True)
+class TopicBounds:
+    """Per global partition of the topic: where this run's input starts and (bounded runs) ends."""
+
+    starts: tuple[int, ...]
+    ends: tuple[int, ...]
+
+    def as_dict(self) -> dict[str, list[int]]:
+        return {"start_offsets": list(self.starts), "end_offsets": list(self.ends)}
+
+
+def _client_config(
+    bootstrap_servers: str, config: Mapping[str, Any] | None, client_id: str
+) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        "bootstrap.servers": bootstrap_servers,
+        "client.id": client_id,
+        "logger": _rdkafka_log,
+        "log.queue": True,
+    }
+    conf.update(config or {})
+    return conf
+
+
+def _consumer_config(
+    bootstrap_servers: str, config: Mapping[str, Any] | None, group_id: str | None
+) -> dict[str, Any]:
+    conf: dict[str, Any] = {
+        # Tansu holds every fetch for fetch.wait.max.ms even when data is there; short waits cost nothing
+        # on Apache Kafka, which answers as soon as data is available.
+        "fetch.wait.max.ms": 10,
+        "fetch.queue.backoff.ms": 10,
+        "fetch.error.backoff.ms": 100,
+        "isolation.level": "read_committed",
+    }
+    conf.update(_client_config(bootstrap_servers, config, "cec-topic-source"))
+    conf.update(
+        {
+            # The source positions itself (assign at explicit offsets); the group only receives commits.
+            "group.id": group_id or f"cec-topic-source-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+            # Reading below the log start must be reported, never moved silently to the earliest offset.
+            "auto.offset.reset": "error",
+            "allow.auto.create.topics": False,
+        }
+    )
+    return conf
+
+
+def topic_partition_count(bootstrap_servers: str, topic: str, config: Mapping[str, Any] | None = None) -> int:
+    admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
+    return _partition_count(admin, bootstrap_servers, topic)
+
+
+def _partition_count(admin: AdminClient, bootstrap_servers: str, topic: str) -> int:
+    try:
+        md = admin.list_topics(timeout=_TIMEOUT_S)  # all topics: naming one may auto-create it
+    except KafkaException as exc:
+        raise TopicSourceError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from None
+    tmd = md.topics.get(topic)
+    if tmd is None or tmd.error is not None or not tmd.partitions:
+        raise TopicSourceError(f"input topic {topic!r} does not exist at {bootstrap_servers}")
+    return len(tmd.partitions)
+
+
+def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spec: OffsetSpec) -> list[int]:
+    from confluent_kafka import IsolationLevel
+
+    request = {TopicPartition(topic, p): spec for p in partitions}
+    try:
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
+        )
+        return [futures[tp].result().offset for tp in request]
+    except KafkaException as exc:
+        raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+
+
+def _eof_end(consumer: Consumer, topic: str, partition: int, from_offset: int, log_start: int) -> int:
+    """The end of a partition as the offset where consuming reports PARTITION_EOF (broker_compat)."""
+    start = max(from_offset, log_start)
+    for attempt in (start, log_start):
+        consumer.assign([TopicPartition(topic, partition, attempt)])
+        try:
+            deadline = time.monotonic() + _TIMEOUT_S
+            beyond = False
+            while time.monotonic() < deadline:
+                msg = consumer.poll(_POLL_S)
+                if msg is None:
+                    continue
+                err = msg.error()
+                if err is None:
+                    continue
+                if err.code() == KafkaError._PARTITION_EOF:
+                    offset = msg.offset()
+                    assert offset is not None
+                    return offset
+                if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                    beyond = True  # the watermark hint overshot: scan again from the log start
+                    break
+                if err.code() in _UNKNOWN_CODES:
+                    raise TopicSourceError(f"{topic}[{partition}]: {err.str()}")
+            if not beyond:
+                break
+        finally:
+            consumer.unassign()
+    raise TopicSourceError(f"no end-of-partition from {topic}[{partition}] within {_TIMEOUT_S}s")
+
+
+def resolve_bounds(
+    bootstrap_servers: str,
+    topic: str,
+    *,
+    config: Mapping[str, Any] | None = None,
+    compat: str | None = None,
+) -> TopicBounds:
+    """Each partition's log start and end, now (see the module docstring for where they come from)."""
+    mode = broker_compat(compat)
+    admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
+    n = _partition_count(admin, bootstrap_servers, topic)
+    partitions = list(range(n))
+    starts = _list_offsets(admin, topic, partitions, OffsetSpec.earliest())
+    if mode is None:
+        ends = _list_offsets(admin, topic, partitions, OffsetSpec.latest())
+        return TopicBounds(tuple(starts), tuple(max(s, e) for s, e in zip(starts, ends, strict=True)))
+    consumer = Consumer(_consumer_config(bootstrap_servers, config, None))
+    try:
+        ends = []
+        for p in partitions:
+            # Tansu's high watermark is the last batch's base offset + 1: a lower bound of the end, so the
+            # EOF scan reads at most the last batch instead of the partition.
+            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
+            ends.append(_eof_end(consumer, topic, p, max(0, high - 1), starts[p]))
+    except KafkaException as exc:
+        raise TopicSourceError(f"cannot find the end of {topic!r}: {exc}") from None
+    finally:
+        consumer.close()
+    return TopicBounds(tuple(starts), tuple(ends))
+
+
+class KafkaTopicSource(InputSource):
+    """An ordinary Kafka topic (json, avro, registry or csv values); see the module docstring."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        fmt: str,
+        key_field: str,
+        value_field: str,
+        time_field: str | None = None,
+        schema: Any = None,
+        registry_url: str | None = None,
+        columns: Sequence[str] | None = None,
+        partitions: Sequence[int] | None = None,
+        start_offsets: Sequence[int] | None = None,
+        end_offsets: Sequence[int] | None = None,
+        follow: bool = False,
+        group_id: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        compat: str | None = None,
+        registry: Any = None,
+        decoder: ValueDecoder | None = None,
+        commit_interval_s: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if fmt == "cec" or fmt not in FORMATS:
+            raise ConfigError(f"KafkaTopicSource reads json, avro, registry or csv values, not {fmt!r}")
+        self.bootstrap_servers = bootstrap_servers
+        self.topic = topic
+        self.fmt = fmt
+        self.key_field, self.value_field, self.time_field = key_field, value_field, time_field
+        self.follow = follow
+        self.group_id = group_id
+        self.compat = broker_compat(compat)
+        self._config = dict(config or {})
+        self._decoder = decoder or make_decoder(
+            fmt, schema=schema, registry_url=registry_url, columns=columns, registry=registry
+        )
+        self._admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
+        total = _partition_count(self._admin, bootstrap_servers, topic)
+        self.total_partitions = total
+        self.global_partitions = _partition_subset(partitions, total, f"input topic {topic!r}")
+        self.partitions = len(self.global_partitions)
+        if start_offsets is None or (end_offsets is None and not follow):
+            bounds = resolve_bounds(bootstrap_servers, topic, config=config, compat=self.compat)
+            start_offsets = bounds.starts if start_offsets is None else start_offsets
+            end_offsets = bounds.ends if end_offsets is None else end_offsets
+        for name, given in (("start_offsets", start_offsets), ("end_offsets", end_offsets)):
+            if given is not None and len(given) != total:
+                raise ConfigError(f"{name} has {len(given)} entries; topic {topic!r} has {total} partitions")
+        self._set_bounds(
+            TopicBounds(
+                tuple(int(o) for o in start_offsets),
+                tuple(int(o) for o in end_offsets) if end_offsets is not None else (),
+            )
+        )
+        self._local = {g: i for i, g in enumerate(self.global_partitions)}
+        self._consumer: Consumer | None = Consumer(_consumer_config(bootstrap_servers, config, group_id))
+        self._ended = [False] * self.partitions
+        self._limits: list[float] = [math.inf] * self.partitions  # see poll
+        self._getter = operator.itemgetter(*self._required_fields())
+        self._inject_ts = TIMESTAMP_FIELD in (key_field, value_field, time_field)
+        self._inject_key = KEY_FIELD in (key_field, value_field, time_field)
+        self._required = self._required_fields()
+        self._clock = clock
+        self._commit_interval_s = commit_interval_s
+        self._last_commit = clock()
+        self._committed: list[int] | None = None
+
+    def _required_fields(self) -> list[str]:
+        return [f for f in (self.key_field, self.value_field, self.time_field) if f]
+
+    def describe(self) -> str:
+        mode = "follow" if self._ends is None else f"bounded at {list(self._ends)}"
+        return f"topic {self.topic} ({self.fmt}) partitions {list(self.global_partitions)}, {mode}"
+
+    def _set_bounds(self, bounds: TopicBounds) -> None:
+        self.bounds = bounds
+        self._starts = [bounds.starts[g] for g in self.global_partitions]
+        self._ends: list[int] | None = (
+            None if self.follow or not bounds.ends else [bounds.ends[g] for g in self.global_partitions]
+        )
+        self._next = list(self._starts)
+
+    # A bounded run's start and end positions are fixed when its log starts and adopted from the log on
+    # every restart (recovery.identity), so a restarted run reads exactly what the first one would have.
+    pinned_fields = ("start_offsets", "end_offsets")
+
+    def pin(self, recorded: Mapping[str, Any]) -> None:
+        starts, ends = recorded.get("start_offsets"), recorded.get("end_offsets")
+        if starts is None or ends is None:
+            return
+        if len(starts) != self.total_partitions or (ends and len(ends) != self.total_partitions):
+            raise ConfigError(
+                f"the log was started on {len(starts)} partitions of {self.topic!r}; it has {self.total_partitions} now"
+            )
+        self._set_bounds(TopicBounds(tuple(int(o) for o in starts), tuple(int(o) for o in ends)))
+
+    def identity(self) -> dict[str, Any]:
+        """What this input is, to keep with the log: a restarted run must read the same records."""
+        return {
+            "type": "topic",
+            "bootstrap_servers": self.bootstrap_servers,
+            "topic": self.topic,
+            "format": self.fmt,
+            "partitions": self.total_partitions,
+            **self.bounds.as_dict(),
+            "follow": self.follow,
+        }
+
+    def _log_starts(self) -> list[int]:
+        return _list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
+
+    def seek(self, positions: Sequence[int]) -> None:
+        consumer = self._live()
+        targets = [max(int(p), s) for p, s in zip(positions, self._starts, strict=True)]
+        log_starts = self._log_starts()
+        for i, (want, low) in enumerate(zip(targets, log_starts, strict=True)):
+            if want < low and not (self._ends is not None and want >= self._ends[i]):
+                raise self._retention_error(i, want, low)
+        self._next = targets
+        self._ended = [
+            self._ends is not None and t >= e for t, e in zip(targets, self._ends or targets, strict=True)
+        ]
+        self._limits = [
+            -1 if ended else (math.inf if self._ends is None else self._ends[i])
+            for i, ended in enumerate(self._ended)
+        ]
+        consumer.assign(
+            [
+                TopicPartition(self.topic, g, self._next[i])
+                for i, g in enumerate(self.global_partitions)
+                if not self._ended[i]
+            ]
+        )
+
+    def _retention_error(self, local: int, needed: int, log_start: int) -> RetentionError:
+        return RetentionError(
+            f"{_ERROR_REASON}: topic {self.topic!r} partition {self.global_partitions[local]} needs offset "
+            f"{needed}, but its log starts at {log_start}"
+        )
+
+    def _live(self) -> Consumer:
+        if self._consumer is None:
+            raise TopicSourceError(f"the source of topic {self.topic!r} is closed")
+        return self._consumer
+
+    def _end_partition(self, local: int) -> None:
+        self._ended[local] = True
+        self._limits[local] = -1
+        self._live().incremental_unassign([TopicPartition(self.topic, self.global_partitions[local])])
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        consumer = self._live()
+        if all(self._ended):
+            self._maybe_commit()
+            return None
+        first = consumer.poll(_POLL_S)
+        out: list[InputTuple] = []
+        if first is not None:
+            msgs = [first, *consumer.consume(max(0, max_records - 1), 0)] if max_records > 1 else [first]
+            # The hot loop: one pass, parallel lists, no per-record calls beyond the message accessors.
+            # `limits[j]` is the pinned end (or no limit), -1 once partition j ended.
+            limits, nxt, local_of = self._limits, self._next, self._local
+            keep_msgs = self._inject_ts or self._inject_key
+            js: list[int] = []
+            offsets: list[int] = []
+            raws: list[bytes | None] = []
+            kept: list[Any] = []
+            for msg in msgs:
+                if msg.error() is not None:
+                    self._on_error(msg.error(), msg)  # type: ignore[arg-type]
+                    continue
+                j = local_of[msg.partition()]  # type: ignore[index]
+                offset: int = msg.offset()  # type: ignore[assignment]
+                if offset >= limits[j]:
+                    if limits[j] >= 0:
+                        self._end_partition(j)
+                    continue  # past the end, or prefetched before the partition ended
+                nxt[j] = offset + 1
+                js.append(j)
+                offsets.append(offset)
+                raws.append(msg.value())
+                if keep_msgs:
+                    kept.append(msg)
+            if raws:
+                out = self._tuples(js, offsets, raws, kept)
+            for j, limit in enumerate(limits):
+                if 0 <= limit <= nxt[j]:
+                    self._end_partition(j)
+        self._maybe_commit()
+        if not out and all(self._ended):
+            return None
+        return out
+
+    def _tuples(
+        self, js: list[int], offsets: list[int], raws: list[bytes | None], msgs: list[Any]
+    ) -> list[InputTuple]:
+        """Decode a batch (one call for the whole batch where the decoder can: `decode_many`) and check
+        the fields the operator needs."""
+        many = getattr(self._decoder, "decode_many", None)
+        decoded: list[Any]
+        if many is not None and None not in raws:
+            decoded = many(raws)
+        else:
+            decoded = [_decode_one(self._decoder, raw) for raw in raws]
+        if msgs:
+            decoded = [
+                v if type(v) is str else self._inject(v, m) for v, m in zip(decoded, msgs, strict=True)
+            ]
+        getter, single = self._getter, len(self._required) == 1
+        make = tuple.__new__  # InputTuple's own constructor, minus the default-argument handling
+        out: list[InputTuple] = []
+        append = out.append
+        for j, offset, value in zip(js, offsets, decoded, strict=True):
+            if type(value) is str:
+                append(make(InputTuple, (j, offset, None, value)))
+                continue
+            try:
+                got = getter(value)
+                bad = got is None if single else None in got
+            except (KeyError, TypeError):
+                bad = True
+            if bad:
+                append(make(InputTuple, (j, offset, None, self._missing(value))))
+            else:
+                append(make(InputTuple, (j, offset, value, None)))
+        return out
+
+    def _inject(self, value: Mapping[str, Any], msg: Any) -> dict[str, Any]:
+        out = dict(value)
+        if self._inject_ts:
+            out[TIMESTAMP_FIELD] = msg.timestamp()[1]
+        if self._inject_key:
+            key = msg.key()
+            out[KEY_FIELD] = None if key is None else key.decode("utf-8", "backslashreplace")
+        return out
+
+    def _missing(self, value: Mapping[str, Any]) -> str:
+        for name in self._required:
+            if value.get(name) is None:
+                return f"{'null' if name in value else 'missing'} field {name!r}: {_preview(value)}"
+        return "record lacks a required field"
+
+    def _on_error(self, err: KafkaError, msg: Any) -> None:
+        code = err.code()
+        if code == KafkaError._PARTITION_EOF:
+            j = self._local.get(msg.partition())
+            offset = msg.offset()
+            # Bounded: an EOF at or past the pinned end ends the partition (on Tansu the pinned end is an
+            # EOF offset too). An EOF below it means records there were deleted or are transaction markers.
+            ends = self._ends
+            if (
+                j is not None
+                and ends is not None
+                and offset is not None
+                and offset >= ends[j]
+                and not self._ended[j]
+            ):
+                self._end_partition(j)
+            return
+        if code in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+            j = self._local.get(msg.partition()) if msg.partition() is not None else None
+            if j is not None:
+                low = self._log_starts()[j]
+                if self._next[j] < low:
+                    raise self._retention_error(j, self._next[j], low)
+            log.debug("offset out of range on %s (above the end): %s", self.topic, err.str())
+            return
+        if code in _UNKNOWN_CODES or err.fatal():
+            raise TopicSourceError(f"reading topic {self.topic!r} failed: {err.str()}")
+        log.debug("transient consumer error on %s: %s", self.topic, err.str())
+
+    def _maybe_commit(self, *, force: bool = False) -> None:
+        if self.group_id is None or self._consumer is None:
+            return
+        now = self._clock()
+        if not force and now - self._last_commit < self._commit_interval_s:
+            return
+        self._last_commit = now
+        if self._committed == self._next:
+            return
+        offsets = [TopicPartition(self.topic, g, self._next[i]) for i, g in enumerate(self.global_partitions)]
+        try:
+            if force:  # closing: wait for it, the consumer goes away next
+                self._consumer.commit(offsets=offsets, asynchronous=False)
+            else:
+                self._consumer.commit(offsets=offsets, asynchronous=True)
+            self._committed = list(self._next)
+        except KafkaException as exc:  # monitoring only: a failed commit must not stop the operator
+            log.warning("committing positions of %s to group %s failed: %s", self.topic, self.group_id, exc)
+
+    def committed_positions(self) -> list[int] | None:
+        """The positions last committed to the monitoring group (None before the first commit)."""
+        return None if self._committed is None else list(self._committed)
+
+    def close(self) -> None:
+        if self._consumer is None:
+            return
+        try:
+            self._maybe_commit(force=True)
+        finally:
+            consumer, self._consumer = self._consumer, None
+            consumer.close()
+
+
+def _decode_one(decoder: ValueDecoder, raw: bytes | None) -> Mapping[str, Any] | str:
+    """A record, or the reason it cannot be one (`decode_many`'s convention)."""
+    if raw is None:
+        return "null value (tombstone)"
+    try:
+        return decoder.decode(raw)
+    except DecodeError as exc:
+        return exc.reason
+
+
+def _preview(value: Mapping[str, Any]) -> str:
+    text = repr(dict(value))
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class _CecQueueSource(QueueSource):
+    """A cec queue on a Kafka cluster, read through `QueueSource` (R payloads; control tuples dropped once
+    their checksum passes; EOS ends a partition). It owns the read-only store it reads through."""
+
+    def __init__(
+        self, store: Any, topic: str, schema: dict[str, Any], partitions: Sequence[int] | None
+    ) -> None:
+        self._owned_store = store
+        try:
+            super().__init__(store, topic, schema, partitions)
+        except BaseException:
+            store.close()
+            raise
+
+    def identity(self) -> dict[str, Any]:
+        return {"type": "topic", "topic": self.topic, "format": "cec"}
+
+    def close(self) -> None:
+        try:
+            super().close()
+        finally:
+            self._owned_store.close()
+
+
+def open_topic_source(spec: Mapping[str, Any], schemas: Mapping[str, dict[str, Any]]) -> InputSource:
+    """The source of a `{"type": "topic", ...}` spec (see `operators.job.build_source`)."""
+    fmt = spec.get("format", "json")
+    subset = spec.get("input_partitions")
+    if fmt == "cec":
+        from queuestore.kafka import KafkaQueueStore
+
+        schema = spec.get("schema")
+        if schema is None:
+            raise ConfigError("the cec format needs the payload schema of the queue (--schema)")
+        payload = schemas[schema] if isinstance(schema, str) and schema in schemas else None
+        if payload is None:
+            from operators.formats import load_avro_schema
+
+            payload = load_avro_schema(schema)
+        state_dir = Path(spec.get("state_dir") or Path(tempfile.gettempdir()) / "cec-topic-readers")
+        store = KafkaQueueStore(spec["bootstrap_servers"], state_dir, config=dict(spec.get("config") or {}))
+        return _CecQueueSource(store, spec["topic"], payload, subset)
+    return KafkaTopicSource(
+        spec["bootstrap_servers"],
+        spec["topic"],
+        fmt=fmt,
+        key_field=spec["key_field"],
+        value_field=spec["value_field"],
+        time_field=spec.get("time_field"),
+        schema=spec.get("schema"),
+        registry_url=spec.get("schema_registry"),
+        columns=spec.get("columns"),
+        partitions=subset,
+        start_offsets=spec.get("start_offsets"),
+        end_offsets=spec.get("end_offsets"),
+        follow=bool(spec.get("follow", False)),
+        group_id=spec.get("group_id"),
+        config=spec.get("config"),
+        compat=spec.get("broker_compat"),
+    )
+
+
+def pin_bounds(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """`spec` with its start and end offsets resolved now, unless it already has them: call once when a
+    job first starts and keep the result (with the log), so every restart reads the same records."""
+    out = dict(spec)
+    if out.get("format", "json") == "cec" or ("start_offsets" in out and "end_offsets" in out):
+        return out
+    bounds = resolve_bounds(
+        out["bootstrap_servers"], out["topic"], config=out.get("config"), compat=out.get("broker_compat")
+    )
+    out.setdefault("start_offsets", list(bounds.starts))
+    out.setdefault("end_offsets", list(bounds.ends))
+    return out

@@ -1,0 +1,318 @@
+"""`cec run --input-topic` end to end, as a user calls it, on the fixture's broker: topics written by
+plain confluent-kafka producers give, per key, the results of the same records in a CSV."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.brokers import Broker
+from tests.helpers import child_env, wait_for
+from tests.topic_data import (
+    PURCHASE_AVSC,
+    as_json,
+    avro_body,
+    create_topic,
+    encoded,
+    make_purchases,
+    produce,
+    write_csv,
+)
+
+PARTITIONS = 3
+WINDOW = ["--window-count", "5"]
+
+
+def cec(*args: str, faults: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    script = Path(sys.executable).parent / "cec"
+    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env(faults)
+    )
+
+
+def per_key(path: Path) -> dict[str, list[tuple[str, str, str]]]:
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            out.setdefault(row["key"], []).append((row["window"], row["value"], row["count"]))
+    return out
+
+
+def csv_reference(tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]], *extra: str) -> dict[str, Any]:
+    data = write_csv(tmp_path / "purchases.csv", purchases)
+    out = cec(
+        "run",
+        str(data),
+        "--key",
+        "item",
+        "--value",
+        "price",
+        *WINDOW,
+        *extra,
+        "--results",
+        str(tmp_path / "ref.csv"),
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    ref = per_key(tmp_path / "ref.csv")
+    assert sum(len(v) for v in ref.values()) > 100
+    return ref
+
+
+def topic_run(
+    broker: Broker, topic: str, results: Path, *extra: str, faults: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    return cec(
+        "run", "--input-topic", topic, "--bootstrap-servers", broker.bootstrap, "--key", "item", "--value", "price",
+        *WINDOW, "--agg", "avg", "--results", str(results), *extra, faults=faults,
+    )  # fmt: skip
+
+
+@pytest.fixture
+def purchases() -> list[tuple[int, dict[str, Any]]]:
+    return make_purchases(1500, keys=40, partitions=PARTITIONS)
+
+
+def _new_topic(broker: Broker, prefix: str) -> str:
+    topic = f"{prefix}-{uuid.uuid4().hex[:10]}"
+    create_topic(broker.bootstrap, topic, PARTITIONS)
+    return topic
+
+
+@pytest.mark.parametrize("fmt", ["json", "avro"])
+@pytest.mark.parametrize("crash", [False, True], ids=["no-crash", "crash-after"])
+def test_topic_equals_the_same_records_in_a_csv(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]], fmt: str, crash: bool
+) -> None:
+    topic = _new_topic(kafka_broker, f"purchases-{fmt}")
+    extra: list[str] = ["--format", fmt]
+    if fmt == "json":
+        produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    else:
+        produce(kafka_broker.bootstrap, topic, encoded(purchases, avro_body))
+        avsc = tmp_path / "purchase.avsc"
+        avsc.write_text(json.dumps(PURCHASE_AVSC))
+        extra += ["--schema", str(avsc)]
+    if crash:
+        extra += ["--crash-after", "230"]
+    out = topic_run(kafka_broker, topic, tmp_path / "out.csv", *extra)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, purchases)
+    assert f"{PARTITIONS} partition(s)" in out.stdout
+    if crash:
+        # Each partition's process is killed (where its log then ends depends on what the producer had
+        # made durable: the test above kills once the log holds records), restarted, and recovers.
+        assert out.stdout.count("operator process SIGKILLed after 230 input records") == PARTITIONS
+
+
+def test_sigkill_mid_run_and_during_recovery_then_a_restart_stops_where_the_first_run_would(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    from queuestore.base import PartitionReader
+    from queuestore.kafka import KafkaQueueStore
+
+    purchases = make_purchases(90_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-kill")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
+    args = ("--store-dir", str(store), "--output-topic", output)
+    # First kill from outside once partition 0's log holds records (the producer delivers in the
+    # background, so an in-process fault site could fire before anything is durable).
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *args],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
+    readers: list[PartitionReader] = []
+
+    def logged() -> int:  # one reader kept open: its end scans start where the previous one ended
+        if not readers:
+            if not checker.topic_exists(output):
+                return 0
+            readers.append(checker.reader(output, 0))
+        return readers[0].end_offset()
+
+    try:
+        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+        for reader in readers:
+            reader.close()
+        checker.close()
+    assert proc.returncode == -signal.SIGKILL, "the run ended before its log held 1,000 records"
+    # Records that arrive after the run first started are not part of this bounded run.
+    produce(kafka_broker.bootstrap, topic, encoded(make_purchases(3000, 300, PARTITIONS, seed=3), as_json))
+    second = topic_run(kafka_broker, topic, results, *args, faults="runtime.replaying:1")
+    assert second.returncode == -signal.SIGKILL, second.stdout + second.stderr  # killed while replaying
+    third = topic_run(kafka_broker, topic, results, *args)
+    assert third.returncode == 0, third.stdout + third.stderr
+    assert per_key(results) == csv_reference(tmp_path, purchases)
+
+
+class _MockRegistry(BaseHTTPRequestHandler):
+    """A local stand-in for a Confluent Schema Registry (127.0.0.1): GET /schemas/ids/{id} only, which
+    is all a consumer's client asks for."""
+
+    schemas: dict[int, str] = {}
+
+    def do_GET(self) -> None:
+        parts = self.path.split("?")[0].strip("/").split("/")
+        schema = (
+            self.schemas.get(int(parts[2]))
+            if parts[:2] == ["schemas", "ids"] and parts[2].isdigit()
+            else None
+        )
+        if schema is None:
+            body, status = {"error_code": 40403, "message": "Schema not found"}, 404
+        else:
+            body, status = {"schema": schema}, 200
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/vnd.schemaregistry.v1+json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def mock_registry() -> Iterator[str]:
+    _MockRegistry.schemas = {7: json.dumps(PURCHASE_AVSC)}
+    server = HTTPServer(("127.0.0.1", 0), _MockRegistry)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_registry_wire_format_through_the_registry_client(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]], mock_registry: str
+) -> None:
+    # A real registry when the environment names one is not available here: the client talks HTTP to a
+    # local mock registry (see _MockRegistry).
+    topic = _new_topic(kafka_broker, "purchases-registry")
+    records = encoded(purchases, lambda rec: struct.pack(">bI", 0, 7) + avro_body(rec))
+    records.append((1, b"x", struct.pack(">bI", 0, 99) + avro_body(purchases[0][1])))  # unknown schema id
+    produce(kafka_broker.bootstrap, topic, records)
+    out = topic_run(
+        kafka_broker, topic, tmp_path / "out.csv", "--format", "registry", "--schema-registry", mock_registry
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, purchases)
+    with (tmp_path / "out.dead-letters.csv").open(newline="") as f:
+        dead = list(csv.DictReader(f))
+    assert [(d["partition"], d["reason"]) for d in dead] == [("1", "schema id 99 is not in the registry")]
+
+
+def test_bad_records_are_dead_letters_with_partition_offset_and_reason(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-bad")
+    good = make_purchases(1000, keys=10, partitions=PARTITIONS)
+    records = encoded(good, as_json)
+    bad: list[tuple[int, bytes | None, bytes | None]] = [
+        (0, b"k", b"not json at all"),
+        (1, b"k", as_json({"item": "item1", "ts": 1})),
+        (2, None, as_json({"item": None, "price": 1.0, "ts": 2})),
+        (0, b"k", avro_body(good[0][1])),
+    ]
+    records[500:500] = bad
+    produce(kafka_broker.bootstrap, topic, records)
+    out = topic_run(kafka_broker, topic, tmp_path / "out.csv", "--format", "json")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, good)
+    with (tmp_path / "out.dead-letters.csv").open(newline="") as f:
+        dead = sorted((d["partition"], d["reason"].split(":")[0]) for d in csv.DictReader(f))
+    assert dead == [
+        ("0", "not JSON"),
+        ("0", "not JSON"),
+        ("1", "missing field 'price'"),
+        ("2", "null field 'item'"),
+    ]
+    assert "dead letters: 4 records not processed" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--format", "avro"], "--format avro needs --schema FILE.avsc"),
+        (["--format", "registry"], "--format registry needs --schema-registry URL"),
+        (["--format", "csv"], "--format csv needs --columns"),
+    ],
+)
+def test_topic_arguments_are_checked_with_one_line(
+    kafka_broker: Broker, tmp_path: Path, args: list[str], message: str
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-args")
+    out = topic_run(kafka_broker, topic, tmp_path / "out.csv", *args)
+    assert out.returncode == 2
+    assert out.stderr.startswith("cec: error: " + message) and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_missing_topic_is_one_line(kafka_broker: Broker, tmp_path: Path) -> None:
+    out = topic_run(kafka_broker, f"missing-{uuid.uuid4().hex[:6]}", tmp_path / "out.csv")
+    assert out.returncode == 2 and "does not exist" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+    assert not os.path.exists(tmp_path / "out.csv")
+
+
+def test_follow_keeps_the_results_current_until_stopped_and_commits_lag_positions(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    from confluent_kafka import Consumer, TopicPartition
+
+    topic = _new_topic(kafka_broker, "purchases-follow")
+    first = make_purchases(900, keys=30, partitions=PARTITIONS)
+    later = make_purchases(600, keys=30, partitions=PARTITIONS, seed=11)
+    produce(kafka_broker.bootstrap, topic, encoded(first, as_json))
+    (tmp_path / "ref1").mkdir()
+    (tmp_path / "ref2").mkdir()
+    want_first = csv_reference(tmp_path / "ref1", first)
+    want_all = csv_reference(tmp_path / "ref2", first + later)
+    results = tmp_path / "out.csv"
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), "--store-dir", str(tmp_path / "store"), "--follow"],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: proc.poll() is None and results.exists() and per_key(results) == want_first, timeout=120
+        )
+        produce(kafka_broker.bootstrap, topic, encoded(later, as_json))  # after the run started: followed
+        wait_for(lambda: proc.poll() is None and per_key(results) == want_all, timeout=120)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out + err
+    assert per_key(results) == want_all
+    group = out.split("lag in consumer group ")[1].split()[0]
+    monitor = Consumer({"bootstrap.servers": kafka_broker.bootstrap, "group.id": group})
+    try:
+        committed = monitor.committed([TopicPartition(topic, p) for p in range(PARTITIONS)], timeout=30)
+    finally:
+        monitor.close()
+    ends = [sum(1 for p, _ in first + later if p == q) for q in range(PARTITIONS)]
+    assert [tp.offset for tp in committed] == ends

@@ -1,0 +1,120 @@
+"""The policies that plan from measured rates: the recovery-time objective and cost-benefit."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pytest
+
+from cec.policy import CostBenefitPolicy, RecoveryTimePolicy, WindowView
+from cec.rates import MeasuredRates
+from cec.schedule import MAX_DUTY
+
+
+def rates(**overrides: float) -> MeasuredRates:
+    r = MeasuredRates(
+        ec_build_rate=100_000.0,
+        ec_load_rate=50_000.0,
+        replay_rate=50_000.0,
+        gcheck_seconds=20e-6,
+        input_rate=40_000.0,
+        outputs_per_input=0.2,
+    )
+    r.measured.update({"gcheck_seconds", "input_rate"})
+    for name, value in overrides.items():
+        setattr(r, name, value)
+    return r
+
+
+def test_rto_picks_the_largest_u_that_meets_the_target_and_the_budget_that_holds_it() -> None:
+    policy = RecoveryTimePolicy(3.0, rates=rates())
+    policy.observe(rates(), 10_000)
+    # 0.8 * 3 s, minus EC build and load of 10,000 windows (0.1 + 0.2 s), over 0.2/100k + 1/50k s per tuple.
+    assert policy.u_target == int(2.1 / (0.2 / 100_000 + 1 / 50_000))  # 95,454
+    # The extent the remaining time can read back: N + r*U.
+    assert policy.q_target == pytest.approx(10_000 + 0.2 * policy.u_target, abs=2)
+    # N/U G-checks per tuple at 40k tuples/s, 20 us each, with 1.5x headroom.
+    assert policy.budget() == pytest.approx(1.5 * 20e-6 * 10_000 * 40_000 / policy.u_target)
+    assert policy.problem() is None
+    assert policy.estimate_seconds() == pytest.approx(0.8 * 3.0, rel=1e-3)
+    assert policy.wants_checkpoint(0, policy.u_target + 1) and not policy.wants_checkpoint(0, policy.u_target)
+    assert policy.wants_checkpoint(policy.q_target + 1, 0)
+
+
+def test_rto_tightens_when_the_rates_it_measures_are_slower() -> None:
+    policy = RecoveryTimePolicy(3.0, rates=rates())
+    policy.observe(rates(), 10_000)
+    fast_u, fast_budget = policy.u_target, policy.budget()
+
+    @dataclass
+    class Report:
+        records_read: int = 30_000
+        ec_windows: int = 10_000
+        ec_build_seconds: float = 1.0  # 30k records/s: slower than assumed
+        ec_load_seconds: float = 0.5
+        tuples_replayed: int = 50_000
+        catch_up_seconds: float = 2.5  # 20k tuples/s
+        fixed: float = 0.0
+
+    slower = rates()
+    slower.observe_recovery(Report())
+    assert (slower.ec_build_rate, slower.ec_load_rate, slower.replay_rate) == (30_000, 20_000, 20_000)
+    policy.observe(slower, 10_000)
+    assert policy.u_target < fast_u
+    budget = policy.budget()
+    assert budget is not None and fast_budget is not None and budget > fast_budget
+    assert policy.estimate_seconds() <= 0.8 * 3.0 + 1e-6
+
+
+def test_rto_bounded_by_u_and_capped_duty() -> None:
+    policy = RecoveryTimePolicy(3.0, u_cap=5_000, rates=rates())
+    policy.observe(rates(), 10_000)
+    assert policy.u_target == 5_000
+    policy.observe(rates(gcheck_seconds=1e-3), 10_000)  # G-checks so dear that holding U takes > MAX_DUTY
+    assert policy.budget() == MAX_DUTY
+
+
+def test_rto_says_when_no_u_can_meet_it() -> None:
+    policy = RecoveryTimePolicy(3.0, rates=rates())
+    policy.observe(rates(), 200_000)  # EC build + load of 200k windows: 2 + 4 s > 2.4 s
+    problem = policy.problem()
+    assert problem is not None and "cannot be met" in problem and "200,000 open windows" in problem
+    # Best effort: replay kept within the 20% of the target the safety margin leaves.
+    assert policy.u_target == int(0.2 * 3.0 / (0.2 / 100_000 + 1 / 50_000))
+
+
+def test_rto_starts_from_conservative_defaults_before_measuring() -> None:
+    policy = RecoveryTimePolicy(3.0)
+    assert policy.budget() is None  # keeps the configured CI/CP until G-check cost and input rate are known
+    defaults = MeasuredRates()
+    per_u = defaults.outputs_per_input / defaults.ec_build_rate + 1 / defaults.replay_rate
+    assert policy.u_target == pytest.approx(2.4 / per_u, abs=1)
+
+
+def test_cost_benefit_checkpoints_only_when_the_expected_saving_beats_the_cost() -> None:
+    policy = CostBenefitPolicy(3600.0)
+    policy.observe(rates(), 10_000)
+    # Held the front for 1M tuples (25 s at 40k/s): a crash while the saving lasts has p = 25/3600.
+    cheap_gap = WindowView(extent_size=10**6, replay_size=10**6, open_windows=10_000, gap_in=100, gap_out=1)
+    wide_gap = WindowView(extent_size=10**6, replay_size=10**6, open_windows=10_000, gap_in=200, gap_out=1)
+    assert not policy.wants_oldest(cheap_gap)  # saves 2 ms * p = 13.9 us < 20 us
+    assert policy.wants_oldest(wide_gap)  # saves 4 ms * p = 27.8 us > 20 us
+    dearer = rates(gcheck_seconds=40e-6)
+    policy.observe(dearer, 10_000)
+    assert not policy.wants_oldest(wide_gap)
+    assert not CostBenefitPolicy(36_000.0, rates()).wants_oldest(wide_gap)  # failures 10x rarer
+
+
+def test_cost_benefit_settles_at_youngs_replay_size() -> None:
+    policy = CostBenefitPolicy(600.0)
+    policy.observe(rates(), 10_000)
+    u_star = policy.balance_replay_size(10_000)
+    assert u_star == pytest.approx((20e-6 * 10_000 * 40_000 * 50_000 * 600) ** 0.5)
+    # With windows spread evenly over the replay span (gap u/N), it checkpoints just above u* only.
+    # (An extent of one record per window: the extent saving is nil, as in Young's model.)
+    assert policy.wants_checkpoint(10_000, int(u_star * 1.05))
+    assert not policy.wants_checkpoint(10_000, int(u_star * 0.95))
+
+
+def test_cost_benefit_does_nothing_before_measuring() -> None:
+    assert not CostBenefitPolicy(1.0).wants_oldest(WindowView(10**6, 10**6, 10, 10**5, 10**5))
