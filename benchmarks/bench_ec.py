@@ -57,6 +57,7 @@ def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]
         _say(f"log: cached in {root} ({info['records']:,} records)")
         return info
     sys.path.insert(0, str(REPO))
+    from cec.config import Checkpointing
     from operators.job import JobSpec, run_job
     from queuestore.sqlite import SqliteQueueStore
 
@@ -72,8 +73,7 @@ def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]
         source={"type": "generator", "count": count, "keys": keys, "seed": 1},
         store={"type": "sqlite", "root": str(root / "store")},
         output_topic="agg",
-        q_target=20_000,
-        u_target=100_000,
+        checkpointing=Checkpointing(q_target=20_000, u_target=100_000),
         batch_size=batch,
     )
     crash = count // 2

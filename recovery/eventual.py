@@ -342,6 +342,7 @@ class _Chunks:
         self.rows: list[Row] = []
         self.failed: set[int] = set()
         self.at = 0
+        self.first = True
 
     def next(self, size: int) -> bool:
         """Make sure rows remain in the current chunk, reading the next one if needed; False at the
@@ -350,9 +351,23 @@ class _Chunks:
             return True
         if self.upper <= 0:
             return False
-        rows = self.reader.read_backward_rows(self.upper, min(size, self.MAX_CHUNK))
+        reader = self.reader
+        rows = reader.read_backward_rows(self.upper, min(size, self.MAX_CHUNK))
+        dense = reader.dense_offsets
         if not rows:
+            if dense and not self.first:
+                raise reader.missing(self.upper - 1)
             return False
+        # As `PartitionReader.scan_backward`: the newest row is the top of the log; below it, a dense log
+        # (SQLite) has every offset, and a missing one is damage.
+        top = rows[0][0] if self.first else self.upper - 1
+        if dense and (rows[0][0] != top or top - rows[-1][0] != len(rows) - 1):
+            expected = top
+            for row in rows:
+                if row[0] != expected:
+                    raise reader.missing(expected)
+                expected -= 1
+        self.first = False
         self.rows, self.at = rows, 0
         self.upper = rows[-1][0]
         self.failed = set(self.codec.failing_rows(rows))

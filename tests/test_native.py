@@ -23,6 +23,7 @@ import cec.records
 import queuestore.kafka
 import recovery.eventual
 import recovery.manager
+from cec.config import Checkpointing
 from cec.exceptions import CodecError
 from cec.native import compile_avro, native
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
@@ -357,19 +358,23 @@ def _damaged_log(root: Path) -> SqliteQueueStore:
         source={"type": "generator", "count": 6000, "keys": 700, "seed": 5},
         store={"type": "sqlite", "root": str(root)},
         output_topic="agg",
-        q_target=300,
-        ci_ms=10.0,
-        cp_ms=10.0,
+        checkpointing=Checkpointing(q_target=300, ci_ms=10.0, cp_ms=10.0),
         batch_size=64,
     )
     run_job(spec, max_inputs=3000)
     store = SqliteQueueStore(root)
     with store.reader("agg", 0) as reader:
-        records = reader.read_backward(reader.end_offset(), 10**6)
+        ec = EventualCheckpointBuilder(reader).build()
     rng = random.Random(2)
-    # G-checks only: each has an older footprint of its window (its G-open) to fall back to.
-    footprints = [r.offset for r in records[1:] if r.meta.kind == "GCHECK"]
-    for offset in rng.sample(footprints, 40):
+    # G-checks the EC takes (not the crash-point record): each has an older footprint of its window (its
+    # G-open) to fall back to.
+    footprints = sorted(
+        fp.offset
+        for fp in ec.windows.values()
+        if fp.record.kind is Kind.GCHECK and fp.offset != ec.end_offset - 1
+    )
+    assert len(footprints) >= 10, "the policy wrote too few G-checks for this test"
+    for offset in rng.sample(footprints, min(40, len(footprints))):
         store.corrupt_record_for_testing("agg", 0, offset, flip_at=rng.randrange(6, 12))
     return store
 
