@@ -5,7 +5,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup demo test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[test,bench,spark]'

@@ -17,6 +17,7 @@ loads checkpoints written by an older one.
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import struct
 from collections.abc import Mapping
@@ -28,7 +29,8 @@ import fastavro
 import google_crc32c
 
 from cec.exceptions import CodecError
-from queuestore.base import RecordMeta
+from cec.native import compile_avro, native
+from queuestore.base import RecordMeta, Row
 
 __all__ = [
     "CONTROL_KINDS",
@@ -93,6 +95,9 @@ class OutputRecord:
 
 
 _KIND_SYMBOLS = [k.value for k in Kind]
+# OutputRecord's slots in field order: the C decoder fills them directly (a frozen dataclass's __init__
+# costs more than the decode itself).
+_RECORD_SLOTS = tuple(getattr(OutputRecord, f.name) for f in dataclasses.fields(OutputRecord))
 _KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too slow per record
 _KIND_OF = {k.value: k for k in Kind}
 
@@ -132,6 +137,10 @@ class RecordCodec:
         self.max_bytes = max_bytes
         self._parsed = {v: fastavro.parse_schema(dict(s)) for v, s in schemas.items()}
         self._reader_schema = self._parsed[self.version]
+        # The C decoder of the newest version's body (None: fastavro decodes). Older versions go through
+        # fastavro, which resolves them against the newest schema.
+        self._program = compile_avro(self._reader_schema, {"cec.Kind": tuple(Kind)}, arrays=True)
+        self._known_versions = bytes(1 if v in self._parsed else 0 for v in range(256))
 
     def encode(self, record: OutputRecord) -> bytes:
         buf = io.BytesIO()
@@ -186,8 +195,69 @@ class RecordCodec:
         ):
             raise CodecError("checksum mismatch: torn or corrupt record (or metadata)")
 
-    def decode(self, data: bytes) -> OutputRecord:
+    def failing_rows(self, rows: list[Row]) -> list[int]:
+        """Indices of the stored rows `(offset, kind, time, key, seq, value)` whose record fails `verify`
+        (checksum over the value and the metadata beside it), in order.
+
+        The C accelerator checks the plain rows of a whole batch at once; whatever it declines (damaged,
+        not a CEC record, unusual metadata) is checked again by `verify`, which has the final word.
+        """
+        if native is not None:
+            candidates: list[int] | range = native.verify_rows(
+                rows, MAGIC, self._known_versions, self.max_bytes
+            )
+            if not candidates:
+                return []
+        else:
+            candidates = range(len(rows))
+        failed: list[int] = []
+        verify = self.verify
+        for i in candidates:
+            _, kind, time, key, seq, value = rows[i]
+            try:
+                verify(value, RecordMeta(kind, time, key, seq))
+            except CodecError:
+                failed.append(i)
+        return failed
+
+    def decode_many(self, values: list[bytes], *, verified: bool = False) -> list[OutputRecord]:
+        """`decode` of each value (one call into the C decoder for the whole list, when it is built)."""
+        if not verified or self._program is None or native is None:
+            return [self.decode(v, verified=verified) for v in values]
+        records: list[OutputRecord | None] = native.decode_avro_many(
+            self._program, values, _HEADER.size, OutputRecord, _RECORD_SLOTS
+        )
+        return [
+            self.decode(v, verified=True) if r is None or v[1] != self.version else r
+            for r, v in zip(records, values, strict=True)
+        ]
+
+    def decode(self, data: bytes, *, verified: bool = False) -> OutputRecord:
+        """The record in `data`; `CodecError` if it is malformed or fails its checksum. `verified=True`
+        skips the checksum, for bytes that have just passed `verify` (the EC's footprints at EC-load)."""
+        if verified and self._program is not None and native is not None and data[1] == self.version:
+            # Bytes that passed `verify` have a valid header already.
+            fast = native.decode_avro(self._program, data, _HEADER.size, OutputRecord, _RECORD_SLOTS)
+            if fast is not None:
+                return fast
         version, crc = self._header(data)
+        if version == self.version and self._program is not None and native is not None:
+            record = native.decode_avro(self._program, data, _HEADER.size, OutputRecord, _RECORD_SLOTS)
+            if record is not None:
+                if not verified and (
+                    _checksum(
+                        version,
+                        _KIND_VALUE[record.kind],
+                        record.time,
+                        record.key,
+                        record.seq,
+                        memoryview(data)[_HEADER.size :],
+                    )
+                    != crc
+                ):
+                    raise CodecError("checksum mismatch: torn or corrupt record")
+                return record
+            # malformed for the fast decoder: fastavro below says precisely why
         body = memoryview(data)[_HEADER.size :]
         buf = io.BytesIO(body)
         try:
@@ -216,13 +286,29 @@ class AvroCodec:
 
     def __init__(self, schema: dict[str, Any]) -> None:
         self.schema = fastavro.parse_schema(schema)
+        fields = self.schema.get("fields", ()) if isinstance(self.schema, dict) else ()
+        self._names = tuple(f["name"] for f in fields)
+        self._program = compile_avro(self.schema)  # None: fastavro decodes
 
     def encode(self, datum: Mapping[str, Any]) -> bytes:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, self.schema, dict(datum))
         return buf.getvalue()
 
+    def decode_tuple(self, data: bytes) -> tuple[Any, ...]:
+        """The record's field values in schema order (EC-load decodes every window state: no dict)."""
+        if self._program is not None and native is not None:
+            fields = native.decode_avro(self._program, data, 0)
+            if fields is not None:
+                return tuple(fields)
+        obj = self.decode(data)
+        return tuple(obj[name] for name in self._names)
+
     def decode(self, data: bytes) -> dict[str, Any]:
+        if self._program is not None and native is not None:
+            fields = native.decode_avro(self._program, data, 0)
+            if fields is not None:
+                return dict(zip(self._names, fields, strict=True))
         try:
             obj = fastavro.schemaless_reader(io.BytesIO(data), self.schema, None)
         except Exception as exc:

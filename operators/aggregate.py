@@ -253,5 +253,5 @@ class KeyedAggregate(Operator):
         )
 
     def decode_state(self, data: bytes) -> AggState:
-        d = self._state_codec.decode(data)
-        return AggState(d["count"], d["total"], d["lo"], d["hi"], d["start"], d["last"])
+        # Field order of STATE_SCHEMA is AggState's: EC-load decodes one state per open window.
+        return AggState(*self._state_codec.decode_tuple(data))

@@ -36,6 +36,7 @@ __all__ = [
     "PartitionWriter",
     "QueueStore",
     "RecordMeta",
+    "Row",
     "StoredRecord",
 ]
 
@@ -62,6 +63,11 @@ class StoredRecord(NamedTuple):
     offset: int
     value: bytes
     meta: RecordMeta
+
+
+# A stored record as one flat tuple, (offset, kind, time, key, seq, value): what bulk readers hand to
+# recovery's scan without building a StoredRecord and a RecordMeta per record.
+Row = tuple[int, str, int, str | None, int, bytes]
 
 
 # Called once per appended record when it is durable (offset, None) or definitely failed (None, error).
@@ -167,6 +173,14 @@ class PartitionReader(abc.ABC):
     @abc.abstractmethod
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
         """Up to `max_records` records with offset < `before_offset`, newest first."""
+
+    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
+        """`read_backward` as flat rows (see `Row`): the same records, newest first. Backends override it
+        to skip building objects per record (recovery scans read every record of the extent)."""
+        return [
+            (r.offset, r.meta.kind, r.meta.time, r.meta.key, r.meta.seq, r.value)
+            for r in self.read_backward(before_offset, max_records)
+        ]
 
     def scan_backward(self, before_offset: int | None = None, chunk: int = 4096) -> Iterator[StoredRecord]:
         """Every record below `before_offset` (default: the end), newest first, read in chunks."""

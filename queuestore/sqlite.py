@@ -37,6 +37,7 @@ from queuestore.base import (
     PartitionWriter,
     QueueStore,
     RecordMeta,
+    Row,
     StoredRecord,
 )
 from queuestore.exceptions import (
@@ -287,6 +288,14 @@ class SqlitePartitionReader(PartitionReader):
             (before_offset, max_records),
         ).fetchall()
         return [_row_to_record(r) for r in rows]
+
+    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
+        # Rows straight from sqlite3: the column order is the Row layout.
+        rows: list[Row] = self._conn.execute(
+            f"SELECT {_COLUMNS} FROM log WHERE offset < ? ORDER BY offset DESC LIMIT ?",
+            (before_offset, max_records),
+        ).fetchall()
+        return rows
 
     def tail(
         self,

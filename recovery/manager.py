@@ -7,15 +7,24 @@ decides tuple by tuple until the input passes the crash point (`recovery.contrac
 
 from __future__ import annotations
 
+import dataclasses
+import operator
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from cec.native import native
 from cec.records import RecordCodec
 from queuestore.base import PartitionReader
 from recovery.contract import ReplayContract
-from recovery.eventual import ECFootprint, EventualCheckpoint, EventualCheckpointBuilder
+from recovery.eventual import (
+    ECFootprint,
+    EventualCheckpoint,
+    EventualCheckpointBuilder,
+    footprint_records,
+    gc_paused,
+)
 
 __all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
 
@@ -67,6 +76,19 @@ class Recovery:
         return self.checkpoint.complete
 
 
+_OFFSET = operator.attrgetter("offset")
+_LOADED_SLOTS = tuple(getattr(LoadedWindow, f.name) for f in dataclasses.fields(LoadedWindow))
+
+
+def _loaded(key: str, seq: int, state: Any, footprint: ECFootprint) -> LoadedWindow:
+    """LoadedWindow(key, seq, state, footprint); built by the C accelerator when there, because a frozen
+    dataclass's __init__ would be the largest cost of EC-load."""
+    if native is None:
+        return LoadedWindow(key, seq, state, footprint)
+    window: LoadedWindow = native.make(LoadedWindow, _LOADED_SLOTS, (key, seq, state, footprint))
+    return window
+
+
 class RecoveryManager:
     def __init__(
         self,
@@ -88,10 +110,15 @@ class RecoveryManager:
         ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
         faults.hit("recovery.after_ec_build")
         load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
-        windows = [
-            LoadedWindow(fp.key, fp.record.seq, self.decode_state(fp.record.state or b""), fp)
-            for fp in sorted(ec.windows.values(), key=lambda f: f.offset)
-        ]
+        decode_state = self.decode_state
+        # The scan met the footprints newest first: reversed, they are (almost always) in offset order
+        # already, which sorted() then confirms in one pass.
+        footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
+        with gc_paused():
+            windows = [
+                _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
+                for fp, record in zip(footprints, footprint_records(footprints, self.codec), strict=True)
+            ]
         load_seconds = time.perf_counter() - load_started
         plan = ReplayContract.build(
             ec.crash_pos, {w.key: w.footprint.record.pos for w in windows}, input_partitions

@@ -507,6 +507,10 @@ def test_reads_skip_transaction_markers(kafka_broker: Broker, store: KafkaQueueS
         assert triples(r.read_forward(0, 1000)) == want
         assert triples(list(r.scan_backward(chunk=4))) == want[::-1]
         assert triples(r.read_backward(end, 5)) == want[::-1][:5]
+        flat = [(o, m.kind, m.time, m.key, m.seq, v) for o, v, m in want]  # recovery's bulk rows
+        assert r.read_backward_rows(end, 5) == flat[::-1][:5]
+        assert r.read_backward_rows(end, 1000) == flat[::-1]
+        assert r.read_backward_rows(offsets[3], 2) == [flat[2], flat[1]]  # across a marker
         assert triples(r.read_forward(offsets[4], 4)) == want[4:8]
         assert triples(r.read_forward(offsets[2] + 1, 2)) == want[3:5]  # starts on a marker
 

@@ -250,6 +250,12 @@ def test_reads_forward_and_backward_with_chunking(store_backend: StoreBackend) -
         assert triples(list(r.scan_backward(10, chunk=1))) == want[:10][::-1]
         assert triples(list(r.scan_backward(100, chunk=7))) == want[:100][::-1]
         assert triples(list(r.scan_forward(200, chunk=9))) == want[200:]
+        # Bulk rows (recovery's EC scan): the same records as read_backward, flat.
+        flat = [(o, m.kind, m.time, m.key, m.seq, v) for o, v, m in want]
+        assert r.read_backward_rows(n, 10_000) == flat[::-1]
+        assert r.read_backward_rows(100, 3) == [flat[99], flat[98], flat[97]]
+        assert r.read_backward_rows(n + 50, 2) == [flat[n - 1], flat[n - 2]]
+        assert r.read_backward_rows(0, 10) == [] and r.read_backward_rows(5, 0) == []
 
 
 def test_end_offset_after_reopening(store_backend: StoreBackend) -> None:

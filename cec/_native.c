@@ -1,0 +1,576 @@
+/* Hot loops of recovery in C: record checksums, Kafka message -> row conversion, flat Avro decoding.
+ *
+ * Optional: `cec.native` falls back to pure Python when this module is not built, and every function here
+ * is a *fast path* whose answers are checked against the Python definition by tests/test_native.py.
+ * Each function declines (flags a row, returns None, or hands a message to a Python callback) whenever
+ * its input is anything but the plain case, so the Python code keeps the final say on every error:
+ * this module can never accept a record that the Python path would reject.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <stdint.h>
+#include <string.h>
+
+/* ---- CRC32C (Castagnoli), slicing-by-8, reflected, as google_crc32c computes it ---------------------- */
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = (c >> 1) ^ (0x82F63B78u & (0u - (c & 1u)));
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = crc_table[0][i];
+        for (int t = 1; t < 8; t++) {
+            c = crc_table[0][c & 0xFF] ^ (c >> 8);
+            crc_table[t][i] = c;
+        }
+    }
+}
+
+static uint32_t crc_extend(uint32_t crc, const unsigned char *p, Py_ssize_t n) {
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
+        uint32_t hi = (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24;
+        crc = crc_table[7][lo & 0xFF] ^ crc_table[6][(lo >> 8) & 0xFF] ^ crc_table[5][(lo >> 16) & 0xFF] ^
+              crc_table[4][lo >> 24] ^ crc_table[3][hi & 0xFF] ^ crc_table[2][(hi >> 8) & 0xFF] ^
+              crc_table[1][(hi >> 16) & 0xFF] ^ crc_table[0][hi >> 24];
+        p += 8;
+        n -= 8;
+    }
+    while (n-- > 0) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+static PyObject *py_crc32c(PyObject *self, PyObject *args) {
+    Py_buffer buf;
+    unsigned int crc = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &buf, &crc)) return NULL;
+    uint32_t out = crc_extend(crc, buf.buf, buf.len);
+    PyBuffer_Release(&buf);
+    return PyLong_FromUnsignedLong(out);
+}
+
+/* ---- record checksums -------------------------------------------------------------------------------- */
+/* Appends the decimal text of v; returns the new length or -1 if it does not fit. */
+static Py_ssize_t put_int(char *out, Py_ssize_t at, Py_ssize_t cap, long long v) {
+    char tmp[24];
+    int len = snprintf(tmp, sizeof tmp, "%lld", v);
+    if (len < 0 || at + len > cap) return -1;
+    memcpy(out + at, tmp, (size_t)len);
+    return at + len;
+}
+
+static Py_ssize_t put_bytes(char *out, Py_ssize_t at, Py_ssize_t cap, const char *s, Py_ssize_t n) {
+    if (at + n > cap) return -1;
+    memcpy(out + at, s, (size_t)n);
+    return at + n;
+}
+
+/* Does one row (offset, kind, time, key, seq, value) pass the record checksum the plain way?
+ * 1 yes, 0 no or not plain (the caller re-checks in Python), -1 a Python error. */
+static int row_passes(PyObject *row, int magic, const unsigned char *versions, Py_ssize_t max_bytes) {
+    if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) return 0;
+    PyObject *kind = PyTuple_GET_ITEM(row, 1), *time = PyTuple_GET_ITEM(row, 2);
+    PyObject *key = PyTuple_GET_ITEM(row, 3), *seq = PyTuple_GET_ITEM(row, 4);
+    PyObject *value = PyTuple_GET_ITEM(row, 5);
+    if (!PyBytes_CheckExact(value) || !PyUnicode_CheckExact(kind) || !PyLong_CheckExact(time) ||
+        !PyLong_CheckExact(seq) || (key != Py_None && !PyUnicode_CheckExact(key)))
+        return 0;
+    Py_ssize_t n = PyBytes_GET_SIZE(value);
+    const unsigned char *v = (const unsigned char *)PyBytes_AS_STRING(value);
+    if (n <= 6 || n > max_bytes || v[0] != magic || !versions[v[1]]) return 0;
+    int overflow = 0;
+    long long t = PyLong_AsLongLongAndOverflow(time, &overflow);
+    if (overflow) return 0;
+    long long s = PyLong_AsLongLongAndOverflow(seq, &overflow);
+    if (overflow) return 0;
+    Py_ssize_t kind_len, key_len = 0;
+    const char *kind_s = PyUnicode_AsUTF8AndSize(kind, &kind_len);
+    if (kind_s == NULL) { PyErr_Clear(); return 0; }
+    const char *key_s = NULL;
+    if (key != Py_None) {
+        key_s = PyUnicode_AsUTF8AndSize(key, &key_len);
+        if (key_s == NULL) { PyErr_Clear(); return 0; }
+    }
+    /* The metadata prefix of cec.records._meta_bytes: version US kind US time US [k key] US seq RS. */
+    char stack[256];
+    Py_ssize_t cap = 3 + 1 + kind_len + 1 + 20 + 1 + 1 + key_len + 1 + 20 + 1;
+    char *meta = cap <= (Py_ssize_t)sizeof stack ? stack : PyMem_Malloc((size_t)cap);
+    if (meta == NULL) { PyErr_NoMemory(); return -1; }
+    Py_ssize_t at = put_int(meta, 0, cap, v[1]);
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, kind_s, kind_len);
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_int(meta, at, cap, t);
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, "\x1f", 1);
+    if (key_s != NULL) {
+        at = at < 0 ? -1 : put_bytes(meta, at, cap, "k", 1);
+        at = at < 0 ? -1 : put_bytes(meta, at, cap, key_s, key_len);
+    }
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_int(meta, at, cap, s);
+    at = at < 0 ? -1 : put_bytes(meta, at, cap, "\x1e", 1);
+    int ok = 0;
+    if (at >= 0) {
+        uint32_t crc = crc_extend(crc_extend(0, (const unsigned char *)meta, at), v + 6, n - 6);
+        uint32_t stored = (uint32_t)v[2] << 24 | (uint32_t)v[3] << 16 | (uint32_t)v[4] << 8 | (uint32_t)v[5];
+        ok = crc == stored;
+    }
+    if (meta != stack) PyMem_Free(meta);
+    return ok;
+}
+
+/* verify_rows(rows, magic, versions: bytes[256], max_bytes) -> list of the indices that did not pass. */
+static PyObject *py_verify_rows(PyObject *self, PyObject *args) {
+    PyObject *rows;
+    int magic;
+    Py_buffer versions;
+    Py_ssize_t max_bytes;
+    if (!PyArg_ParseTuple(args, "O!iy*n", &PyList_Type, &rows, &magic, &versions, &max_bytes)) return NULL;
+    if (versions.len != 256) {
+        PyBuffer_Release(&versions);
+        PyErr_SetString(PyExc_ValueError, "versions must be 256 bytes");
+        return NULL;
+    }
+    PyObject *bad = PyList_New(0);
+    if (bad == NULL) goto done;
+    Py_ssize_t count = PyList_GET_SIZE(rows);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        int r = row_passes(PyList_GET_ITEM(rows, i), magic, versions.buf, max_bytes);
+        if (r < 0) { Py_CLEAR(bad); break; }
+        if (r == 0) {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL || PyList_Append(bad, idx) < 0) { Py_XDECREF(idx); Py_CLEAR(bad); break; }
+            Py_DECREF(idx);
+        }
+    }
+done:
+    PyBuffer_Release(&versions);
+    return bad;
+}
+
+
+/* ---- objects of __slots__ classes without running __init__ ------------------------------------------- */
+/* A new instance of `cls` whose slots `descrs` (member descriptors, e.g. C.field) get `values`. Frozen
+ * dataclasses included: a member descriptor writes the slot without the class's __setattr__. */
+static PyObject *new_slots(PyObject *cls, PyObject *descrs, PyObject *const *values) {
+    if (!PyType_Check(cls)) { PyErr_SetString(PyExc_TypeError, "not a class"); return NULL; }
+    PyTypeObject *type = (PyTypeObject *)cls;
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (obj == NULL) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(descrs);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *d = PyTuple_GET_ITEM(descrs, i);
+        descrsetfunc set = Py_TYPE(d)->tp_descr_set;
+        if (set == NULL || set(d, obj, values[i]) < 0) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "not a slot descriptor");
+            Py_DECREF(obj);
+            return NULL;
+        }
+    }
+    return obj;
+}
+
+/* make(cls, descrs, values) -> a new instance with its slots set, __init__ not run. */
+static PyObject *py_make(PyObject *self, PyObject *args) {
+    PyObject *cls, *descrs, *values;
+    if (!PyArg_ParseTuple(args, "OO!O!", &cls, &PyTuple_Type, &descrs, &PyTuple_Type, &values)) return NULL;
+    if (PyTuple_GET_SIZE(values) != PyTuple_GET_SIZE(descrs)) {
+        PyErr_SetString(PyExc_ValueError, "one value per slot");
+        return NULL;
+    }
+    return new_slots(cls, descrs, &PyTuple_GET_ITEM(values, 0));
+}
+
+/* ---- the EC scan ------------------------------------------------------------------------------------- */
+static PyObject *s_part, *s_r;
+
+/* ec_scan(rows, first, failed, windows, closed, n, footprint_kinds, fp_cls, fp_descrs, codec)
+ *   -> (next index, status, extent start or None)
+ * The classification loop of EventualCheckpointBuilder.build step 2 (its Python twin is
+ * recovery.eventual._scan_rows, which defines it): rows from `first` on, newest first; PART rows shaped
+ * like parts are passed over (any other PART row stops the scan as a failed row does); a row whose index is in `failed` stops the scan (status 2, next index = that row) for the
+ * caller to handle in Python; an R closes (key, seq); a footprint of a key not in `windows` whose window
+ * is not closed enters `windows` as fp_cls(offset, key, value, codec, None) (slots in fp_descrs order).
+ * Status 1: `windows` reached n entries (next index = the row after the last one used); 0: end of rows. */
+static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
+    PyObject *rows, *failed, *windows, *closed, *kinds, *fp_cls, *fp_descrs, *codec;
+    Py_ssize_t i, n;
+    if (!PyArg_ParseTuple(args, "O!nOO!OnOOO!O", &PyList_Type, &rows, &i, &failed, &PyDict_Type, &windows, &closed,
+                          &n, &kinds, &fp_cls, &PyTuple_Type, &fp_descrs, &codec))
+        return NULL;
+    if (PyTuple_GET_SIZE(fp_descrs) != 5) { PyErr_SetString(PyExc_ValueError, "five footprint slots"); return NULL; }
+    Py_ssize_t count = PyList_GET_SIZE(rows);
+    int check_failed = PyObject_IsTrue(failed);
+    if (check_failed < 0) return NULL;
+    PyObject *extent = NULL; /* borrowed from rows */
+    int status = 0;
+    for (; i < count; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i);
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); return NULL; }
+        PyObject *kind = PyTuple_GET_ITEM(row, 1);
+        int eq = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_part) == 0 : 0;
+        if (eq) {  /* a part is passed over only if shaped like one (queuestore.chunks.is_part) */
+            PyObject *v = PyTuple_GET_ITEM(row, 5);
+            if (PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) >= 9) {
+                const unsigned char *b = (const unsigned char *)PyBytes_AS_STRING(v);
+                uint32_t index = (uint32_t)b[1] << 24 | (uint32_t)b[2] << 16 | (uint32_t)b[3] << 8 | b[4];
+                uint32_t count = (uint32_t)b[5] << 24 | (uint32_t)b[6] << 16 | (uint32_t)b[7] << 8 | b[8];
+                if (b[0] == 0xCD && index < count) continue;
+            }
+            status = 2;
+            break;
+        }
+        if (check_failed) {
+            PyObject *idx = PyLong_FromSsize_t(i);
+            if (idx == NULL) return NULL;
+            int in = PySet_Contains(failed, idx);
+            Py_DECREF(idx);
+            if (in < 0) return NULL;
+            if (in) { status = 2; break; }
+        }
+        PyObject *key = PyTuple_GET_ITEM(row, 3);
+        if (key == Py_None) continue;
+        int is_r = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_r) == 0;
+        if (is_r) {
+            PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
+            if (wid == NULL) return NULL;
+            int rc = PySet_Add(closed, wid);
+            Py_DECREF(wid);
+            if (rc < 0) return NULL;
+            continue;
+        }
+        int fp = PySet_Contains(kinds, kind);
+        if (fp <= 0) { if (fp < 0) return NULL; continue; }
+        int known = PyDict_Contains(windows, key);
+        if (known) { if (known < 0) return NULL; continue; }
+        if (PySet_GET_SIZE(closed) > 0) {  /* (key, seq) only built when some window is closed */
+            PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
+            if (wid == NULL) return NULL;
+            int shut = PySet_Contains(closed, wid);
+            Py_DECREF(wid);
+            if (shut) { if (shut < 0) return NULL; continue; }
+        }
+        PyObject *values[5] = {PyTuple_GET_ITEM(row, 0), key, PyTuple_GET_ITEM(row, 5), codec, Py_None};
+        PyObject *footprint = new_slots(fp_cls, fp_descrs, values);
+        if (footprint == NULL) return NULL;
+        int rc = PyDict_SetItem(windows, key, footprint);
+        Py_DECREF(footprint);
+        if (rc < 0) return NULL;
+        extent = PyTuple_GET_ITEM(row, 0);
+        if (PyDict_GET_SIZE(windows) >= n) { i++; status = 1; break; }
+    }
+    return Py_BuildValue("(niO)", i, status, extent == NULL ? Py_None : extent);
+}
+
+/* ---- Kafka messages -> rows -------------------------------------------------------------------------- */
+static PyObject *s_error, *s_offset, *s_key, *s_value, *empty_bytes;
+
+/* Strict decimal (optional '-'), as written by the cec writer; anything else is left to Python. */
+static int parse_dec(const char *s, Py_ssize_t n, long long *out) {
+    Py_ssize_t i = 0;
+    int neg = 0;
+    if (n > 0 && s[0] == '-') { neg = 1; i = 1; }
+    if (i >= n || n - i > 18) return 0;
+    long long v = 0;
+    for (; i < n; i++) {
+        if (s[i] < '0' || s[i] > '9') return 0;
+        v = v * 10 + (s[i] - '0');
+    }
+    *out = neg ? -v : v;
+    return 1;
+}
+
+/* The row of a message whose key is the cec meta key `kind US time US seq [US key]`; NULL without an
+ * exception when the key is anything else. */
+static PyObject *row_from_key(PyObject *offset, PyObject *key, PyObject *value) {
+    if (!PyBytes_CheckExact(key)) return NULL;
+    const char *k = PyBytes_AS_STRING(key);
+    Py_ssize_t n = PyBytes_GET_SIZE(key);
+    const char *us1 = memchr(k, 0x1f, (size_t)n);
+    if (us1 == NULL) return NULL;
+    const char *us2 = memchr(us1 + 1, 0x1f, (size_t)(k + n - us1 - 1));
+    if (us2 == NULL) return NULL;
+    const char *us3 = memchr(us2 + 1, 0x1f, (size_t)(k + n - us2 - 1));
+    const char *seq_end = us3 == NULL ? k + n : us3;
+    long long t, s;
+    if (!parse_dec(us1 + 1, us2 - us1 - 1, &t) || !parse_dec(us2 + 1, seq_end - us2 - 1, &s)) return NULL;
+    PyObject *kind = PyUnicode_DecodeUTF8(k, us1 - k, NULL);
+    if (kind == NULL) { PyErr_Clear(); return NULL; }
+    PyObject *wkey;
+    if (us3 == NULL) {
+        wkey = Py_NewRef(Py_None);
+    } else {
+        wkey = PyUnicode_DecodeUTF8(us3 + 1, k + n - us3 - 1, NULL);
+        if (wkey == NULL) { PyErr_Clear(); Py_DECREF(kind); return NULL; }
+    }
+    PyObject *pt = PyLong_FromLongLong(t), *ps = PyLong_FromLongLong(s);
+    if (pt == NULL || ps == NULL) {
+        Py_XDECREF(pt); Py_XDECREF(ps); Py_DECREF(kind); Py_DECREF(wkey);
+        return NULL;  /* with the exception set */
+    }
+    PyObject *v = PyBytes_CheckExact(value) ? value : empty_bytes;
+    Py_INCREF(offset);
+    Py_INCREF(v);
+    PyObject *row = PyTuple_New(6);
+    if (row == NULL) return NULL;
+    PyTuple_SET_ITEM(row, 0, offset);
+    PyTuple_SET_ITEM(row, 1, kind);
+    PyTuple_SET_ITEM(row, 2, pt);
+    PyTuple_SET_ITEM(row, 3, wkey);
+    PyTuple_SET_ITEM(row, 4, ps);
+    PyTuple_SET_ITEM(row, 5, v);
+    return row;
+}
+
+/* message_rows(batch, i, start, stop_before, out, fallback) -> (next index, stopped)
+ * Appends the rows of batch[i:] with start <= offset < stop_before to `out`, skipping offsets below
+ * start. Returns at the first message with an error (its index, stopped False: the caller handles it),
+ * at the first offset >= stop_before or == stop_before - 1 after appending (stopped True), or at the end
+ * of the batch. `fallback(msg, offset)` builds the row of a message whose key is not a plain cec key. */
+static PyObject *py_message_rows(PyObject *self, PyObject *args) {
+    PyObject *batch, *out, *fallback;
+    Py_ssize_t i;
+    long long start, stop_before;
+    if (!PyArg_ParseTuple(args, "O!nLLO!O", &PyList_Type, &batch, &i, &start, &stop_before, &PyList_Type, &out,
+                          &fallback))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(batch);
+    int stopped = 0;
+    for (; i < count; i++) {
+        PyObject *msg = PyList_GET_ITEM(batch, i);
+        PyObject *err = PyObject_CallMethodNoArgs(msg, s_error);
+        if (err == NULL) return NULL;
+        int has_err = err != Py_None;
+        Py_DECREF(err);
+        if (has_err) break;
+        PyObject *offset = PyObject_CallMethodNoArgs(msg, s_offset);
+        if (offset == NULL) return NULL;
+        long long off = PyLong_AsLongLong(offset);
+        if (off == -1 && PyErr_Occurred()) { Py_DECREF(offset); return NULL; }
+        if (off < start) { Py_DECREF(offset); continue; }
+        if (stop_before >= 0 && off >= stop_before) { Py_DECREF(offset); stopped = 1; break; }
+        PyObject *key = PyObject_CallMethodNoArgs(msg, s_key);
+        if (key == NULL) { Py_DECREF(offset); return NULL; }
+        PyObject *value = PyObject_CallMethodNoArgs(msg, s_value);
+        if (value == NULL) { Py_DECREF(offset); Py_DECREF(key); return NULL; }
+        PyObject *row = row_from_key(offset, key, value);
+        Py_DECREF(key);
+        Py_DECREF(value);
+        if (row == NULL) {
+            if (PyErr_Occurred()) { Py_DECREF(offset); return NULL; }
+            row = PyObject_CallFunctionObjArgs(fallback, msg, offset, NULL);
+            if (row == NULL) { Py_DECREF(offset); return NULL; }
+        }
+        Py_DECREF(offset);
+        int rc = PyList_Append(out, row);
+        Py_DECREF(row);
+        if (rc < 0) return NULL;
+        if (stop_before >= 0 && off == stop_before - 1) { i++; stopped = 1; break; }
+    }
+    return Py_BuildValue("(nO)", i, stopped ? Py_True : Py_False);
+}
+
+/* ---- flat Avro --------------------------------------------------------------------------------------- */
+/* Op codes of a decoding program (see cec.native.compile_avro). */
+enum { OP_NULL = 0, OP_BOOL, OP_LONG, OP_FLOAT, OP_DOUBLE, OP_BYTES, OP_STRING, OP_ENUM, OP_UNION, OP_ARRAY };
+
+typedef struct {
+    const unsigned char *p, *end;
+} cursor;
+
+static int read_long(cursor *c, long long *out) {
+    unsigned long long v = 0;
+    int shift = 0;
+    while (c->p < c->end) {
+        unsigned char b = *c->p++;
+        if (shift == 63 && (b & 0x7E)) return 0;
+        v |= (unsigned long long)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = (long long)(v >> 1) ^ -(long long)(v & 1);
+            return 1;
+        }
+        shift += 7;
+        if (shift > 63) return 0;
+    }
+    return 0;
+}
+
+/* One value of primitive op `code` (arg: enum symbols); NULL without an exception when malformed. */
+static PyObject *read_prim(cursor *c, long code, PyObject *arg) {
+    long long n;
+    switch (code) {
+    case OP_NULL:
+        return Py_NewRef(Py_None);
+    case OP_BOOL:
+        if (c->p >= c->end || *c->p > 1) return NULL;
+        return PyBool_FromLong(*c->p++);
+    case OP_LONG:
+        if (!read_long(c, &n)) return NULL;
+        return PyLong_FromLongLong(n);
+    case OP_FLOAT: {
+        if (c->end - c->p < 4) return NULL;
+        float f;
+        memcpy(&f, c->p, 4);  /* Avro is little-endian, as every platform CPython's wheels target here */
+        c->p += 4;
+        return PyFloat_FromDouble(f);
+    }
+    case OP_DOUBLE: {
+        if (c->end - c->p < 8) return NULL;
+        double d;
+        memcpy(&d, c->p, 8);
+        c->p += 8;
+        return PyFloat_FromDouble(d);
+    }
+    case OP_BYTES:
+    case OP_STRING: {
+        if (!read_long(c, &n) || n < 0 || n > c->end - c->p) return NULL;
+        PyObject *o = code == OP_BYTES ? PyBytes_FromStringAndSize((const char *)c->p, (Py_ssize_t)n)
+                                       : PyUnicode_DecodeUTF8((const char *)c->p, (Py_ssize_t)n, NULL);
+        if (o == NULL) PyErr_Clear();
+        c->p += n;
+        return o;
+    }
+    case OP_ENUM:
+        if (!read_long(c, &n) || n < 0 || n >= PyTuple_GET_SIZE(arg)) return NULL;
+        return Py_NewRef(PyTuple_GET_ITEM(arg, n));
+    }
+    return NULL;
+}
+
+static PyObject *read_op(cursor *c, PyObject *op) {
+    long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+    PyObject *arg = PyTuple_GET_ITEM(op, 1);
+    long long n;
+    if (code == OP_UNION) {  /* arg: tuple of branch ops */
+        if (!read_long(c, &n) || n < 0 || n >= PyTuple_GET_SIZE(arg)) return NULL;
+        return read_op(c, PyTuple_GET_ITEM(arg, n));
+    }
+    if (code == OP_ARRAY) {  /* arg: the item op; decoded as a tuple */
+        PyObject *items = PyList_New(0);
+        if (items == NULL) { PyErr_Clear(); return NULL; }
+        for (;;) {
+            if (!read_long(c, &n)) goto bad;
+            if (n == 0) break;
+            if (n < 0) {
+                long long size;
+                if (!read_long(c, &size)) goto bad;
+                n = -n;
+            }
+            if (n > c->end - c->p) goto bad;  /* every item takes at least one byte */
+            for (long long k = 0; k < n; k++) {
+                PyObject *item = read_op(c, arg);
+                if (item == NULL) goto bad;
+                int rc = PyList_Append(items, item);
+                Py_DECREF(item);
+                if (rc < 0) { PyErr_Clear(); goto bad; }
+            }
+        }
+        PyObject *t = PyList_AsTuple(items);
+        Py_DECREF(items);
+        if (t == NULL) PyErr_Clear();
+        return t;
+    bad:
+        Py_DECREF(items);
+        return NULL;
+    }
+    return read_prim(c, code, arg);
+}
+
+/* decode_avro(program, data, start, cls=None, descrs=None) -> tuple of the record's fields (or, with cls,
+ * an instance of cls whose slot descriptors `descrs` get the fields in order), or None when the body is malformed
+ * or does not end exactly at the end of `data` (the caller then decodes with fastavro for the error). */
+/* One record of `data[start:]`: a new reference, Py_None (borrowed-style: returned with a new ref) when
+ * declined, NULL with an exception on a real error. */
+static PyObject *decode_one(PyObject *program, const unsigned char *data, Py_ssize_t len, Py_ssize_t start,
+                            PyObject *cls, PyObject *descrs) {
+    if (start < 0 || start > len) Py_RETURN_NONE;
+    cursor c = {data + start, data + len};
+    Py_ssize_t fields = PyTuple_GET_SIZE(program);
+    PyObject *out = PyTuple_New(fields);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < fields; i++) {
+        PyObject *v = read_op(&c, PyTuple_GET_ITEM(program, i));
+        if (v == NULL) {
+            Py_DECREF(out);
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        PyTuple_SET_ITEM(out, i, v);
+    }
+    if (c.p != c.end) {
+        Py_DECREF(out);
+        Py_RETURN_NONE;
+    }
+    if (cls == Py_None) return out;
+    if (!PyTuple_Check(descrs) || PyTuple_GET_SIZE(descrs) != fields) {
+        Py_DECREF(out);
+        PyErr_SetString(PyExc_ValueError, "one slot descriptor per field");
+        return NULL;
+    }
+    PyObject *obj = new_slots(cls, descrs, &PyTuple_GET_ITEM(out, 0));
+    Py_DECREF(out);
+    return obj;
+}
+
+/* decode_avro_many(program, values, start, cls=None, descrs=None) -> list: decode_avro of each bytes. */
+static PyObject *py_decode_avro_many(PyObject *self, PyObject *args) {
+    PyObject *program, *values, *cls = Py_None, *descrs = Py_None;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!O!n|OO", &PyTuple_Type, &program, &PyList_Type, &values, &start, &cls, &descrs))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(values);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *v = PyList_GET_ITEM(values, i);
+        PyObject *r;
+        if (PyBytes_CheckExact(v)) {
+            r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls, descrs);
+            if (r == NULL) { Py_DECREF(out); return NULL; }
+        } else {
+            r = Py_NewRef(Py_None);
+        }
+        PyList_SET_ITEM(out, i, r);
+    }
+    return out;
+}
+
+static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
+    PyObject *program, *cls = Py_None, *descrs = Py_None;
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "O!y*n|OO", &PyTuple_Type, &program, &buf, &start, &cls, &descrs)) return NULL;
+    PyObject *r = decode_one(program, buf.buf, buf.len, start, cls, descrs);
+    PyBuffer_Release(&buf);
+    return r;
+}
+
+static PyMethodDef methods[] = {
+    {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
+    {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
+    {"message_rows", py_message_rows, METH_VARARGS, "Rows of Kafka messages with cec meta keys."},
+    {"make", py_make, METH_VARARGS, "A new instance of a slots class with its slots set, no __init__."},
+    {"ec_scan", py_ec_scan, METH_VARARGS, "The EC scan's classification loop over a chunk of rows."},
+    {"decode_avro_many", py_decode_avro_many, METH_VARARGS, "decode_avro of every bytes in a list."},
+    {"decode_avro", py_decode_avro, METH_VARARGS, "Decode a flat Avro record with a compiled program."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "cec._native", NULL, -1, methods};
+
+PyMODINIT_FUNC PyInit__native(void) {
+    crc_init();
+    s_error = PyUnicode_InternFromString("error");
+    s_offset = PyUnicode_InternFromString("offset");
+    s_key = PyUnicode_InternFromString("key");
+    s_value = PyUnicode_InternFromString("value");
+    empty_bytes = PyBytes_FromStringAndSize("", 0);
+    s_part = PyUnicode_InternFromString("PART");
+    s_r = PyUnicode_InternFromString("R");
+    if (!s_part || !s_r || !s_error || !s_offset || !s_key || !s_value || !empty_bytes) return NULL;
+    return PyModule_Create(&module);
+}

@@ -1,0 +1,409 @@
+"""The C accelerator (`cec/_native.c`) against its pure-Python definitions.
+
+Every native function is a fast path that must agree exactly with the Python code it stands in for, and
+must decline (leave to Python) whatever it is not sure of. These tests feed both the same inputs, plain
+and damaged, and compare. The last test builds the eventual checkpoint of a real damaged log both ways.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import google_crc32c
+import pytest
+from confluent_kafka import KafkaError, Message
+
+import cec.records
+import queuestore.kafka
+import recovery.eventual
+import recovery.manager
+from cec.config import Checkpointing
+from cec.exceptions import CodecError
+from cec.native import compile_avro, native
+from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
+from operators.aggregate import STATE_SCHEMA, AggState, KeyedAggregate
+from operators.job import JobSpec, run_job
+from queuestore.base import RecordMeta, Row
+from queuestore.kafka import _message_rows, _to_row, meta_to_headers, meta_to_key
+from queuestore.sqlite import SqliteQueueStore
+from recovery.eventual import (
+    _FOOTPRINT_SLOTS,
+    ECFootprint,
+    EventualCheckpointBuilder,
+    _native_scan,
+    _scan_rows,
+)
+from recovery.manager import RecoveryManager
+
+needs_native = pytest.mark.skipif(native is None, reason="the C accelerator is not built")
+
+_KEYS = ["a", "b", "k\x1fx", "ключ", "", "z" * 300]
+
+
+def _record(rng: random.Random) -> OutputRecord:
+    kind = rng.choice(list(Kind))
+    windowed = kind in (Kind.R, Kind.GOPEN, Kind.GCHECK)
+    return OutputRecord(
+        kind,
+        rng.randrange(-(2**40), 2**62),
+        tuple(rng.randrange(0, 2**40) for _ in range(rng.randrange(0, 4))),
+        rng.randrange(0, 10**6),
+        rng.choice(_KEYS) if windowed else None,
+        rng.randrange(0, 2**40) if windowed else -1,
+        rng.randbytes(rng.randrange(0, 80)) if kind in (Kind.GOPEN, Kind.GCHECK) else None,
+        rng.randbytes(rng.randrange(0, 40)) if kind in (Kind.R, Kind.DEAD) else None,
+    )
+
+
+def _damage(rng: random.Random, row: Row) -> Row:
+    offset, kind, t, key, seq, value = row
+    how = rng.randrange(7)
+    if how == 0 and value:
+        at = rng.randrange(len(value))
+        value = value[:at] + bytes([value[at] ^ (1 << rng.randrange(8))]) + value[at + 1 :]
+    elif how == 1:
+        t += 1
+    elif how == 2:
+        key = "other" if key is None else key + "!"
+    elif how == 3:
+        seq += 1
+    elif how == 4:
+        value = value[: rng.randrange(len(value) + 1)]
+    elif how == 5:
+        kind = "PART" if kind != "PART" else "R"
+    else:
+        value = bytes([value[0], 9]) + value[2:] if len(value) > 2 else b""  # unknown schema version
+    return (offset, kind, t, key, seq, value)
+
+
+def _rows(rng: random.Random, codec: RecordCodec, count: int, damaged: float) -> list[Row]:
+    rows: list[Row] = []
+    for offset in range(count, 0, -1):
+        record = _record(rng)
+        meta = record.meta()
+        row: Row = (offset, meta.kind, meta.time, meta.key, meta.seq, codec.encode(record))
+        rows.append(_damage(rng, row) if rng.random() < damaged else row)
+    return rows
+
+
+def _python_failing(codec: RecordCodec, rows: list[Row]) -> list[int]:
+    failed = []
+    for i, (_, kind, t, key, seq, value) in enumerate(rows):
+        try:
+            codec.verify(value, RecordMeta(kind, t, key, seq))
+        except CodecError:
+            failed.append(i)
+    return failed
+
+
+@needs_native
+def test_crc32c_matches_google_crc32c() -> None:
+    assert native is not None
+    rng = random.Random(1)
+    data = rng.randbytes(3000)
+    for n in (0, 1, 7, 8, 9, 63, 64, 65, 1000, 3000):
+        assert native.crc32c(data[:n]) == google_crc32c.value(data[:n])
+    assert native.crc32c(data[100:], google_crc32c.value(data[:100])) == google_crc32c.value(data)
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(5))
+def test_verify_rows_flags_exactly_what_verify_rejects(seed: int) -> None:
+    assert native is not None
+    rng = random.Random(seed)
+    codec = RecordCodec()
+    rows = _rows(rng, codec, 2000, damaged=0.2)
+    expected = _python_failing(codec, rows)
+    assert expected  # the damage is real
+    flagged = native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes)
+    assert flagged == expected  # every plain row passes; every damaged one is left to Python
+    assert codec.failing_rows(rows) == expected
+
+
+@needs_native
+def test_verify_rows_declines_what_it_does_not_know() -> None:
+    assert native is not None
+    codec = RecordCodec()
+    good = codec.encode(OutputRecord(Kind.R, 5, (1,), 0, "k", 0, None, b"x"))
+    rows: list[Any] = [
+        (0, "R", 5, "k", 0, good),  # plain: passes
+        (0, "R", 5, "k", 0, bytearray(good)),  # not bytes
+        (0, "R", 2**70, "k", 0, good),  # time beyond int64
+        (0, "R", 5, "\ud800", 0, good),  # a key that has no UTF-8 form
+        (0, "R", 5, "k", 0),  # not a row
+    ]
+    assert native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes) == [1, 2, 3, 4]
+    too_small = RecordCodec(max_bytes=len(good) - 1)
+    assert native.verify_rows(
+        rows[:1], cec.records.MAGIC, too_small._known_versions, too_small.max_bytes
+    ) == [0]
+
+
+def _scan_inputs(seed: int) -> tuple[list[Row], set[int]]:
+    rng = random.Random(seed)
+    keys = [f"k{i}" for i in range(12)] + [None]
+    rows: list[Row] = []
+    for offset in range(400, 0, -1):
+        kind = rng.choice(["R", "GOPEN", "GCHECK", "DEAD", "PART", "EOS"])
+        key = rng.choice(keys)
+        value = b"v%d" % offset
+        if kind == "PART" and rng.random() < 0.5:  # shaped like a part (else: damaged into a "part")
+            value = struct.pack(">BII", 0xCD, rng.randrange(3), 3) + value
+        rows.append((offset, kind, offset * 3, key, rng.randrange(3), value))
+    failed = {i for i in range(len(rows)) if rng.random() < 0.03}
+    return rows, failed
+
+
+def _fp_view(windows: dict[str, ECFootprint]) -> list[tuple[str, int, str, bytes]]:
+    return [(k, fp.offset, fp.key, fp._value) for k, fp in windows.items()]
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(8))
+def test_ec_scan_matches_its_python_twin(seed: int) -> None:
+    rows, failed = _scan_inputs(seed)
+    codec = RecordCodec()
+    for n in (1, 5, 12, 100):
+        state: dict[str, Any] = {}
+        for name, scan in (("python", _scan_rows), ("native", _native_scan)):
+            windows: dict[str, ECFootprint] = {}
+            closed: set[tuple[str, int]] = set()
+            at, steps = 0, []
+            while at < len(rows):
+                at, status, oldest = scan(rows, at, failed, windows, closed, n, codec)
+                steps.append((at, status, oldest))
+                if status == 1:
+                    break
+                if status == 2:
+                    at += 1  # the caller handles the failed row
+            state[name] = (steps, _fp_view(windows), closed)
+        assert state["native"] == state["python"]
+
+
+@needs_native
+def test_native_footprints_are_whole_objects() -> None:
+    assert native is not None
+    codec = RecordCodec()
+    record = OutputRecord(Kind.GOPEN, 1, (2,), 1, "k", 0, b"s", None)
+    fp = native.make(ECFootprint, _FOOTPRINT_SLOTS, (7, "k", codec.encode(record), codec, None))
+    assert isinstance(fp, ECFootprint) and fp.offset == 7 and fp.key == "k"
+    assert fp.record == record
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(4))
+def test_record_decode_matches_fastavro(seed: int) -> None:
+    rng = random.Random(seed)
+    codec = RecordCodec()
+    schema = codec._reader_schema
+    for _ in range(500):
+        record = _record(rng)
+        data = codec.encode(record)
+        assert codec.decode(data) == record
+        assert codec.decode(data, verified=True) == record
+        obj = fastavro.schemaless_reader(io.BytesIO(data[6:]), schema, None)
+        assert isinstance(obj, dict)
+        assert obj["pos"] == list(record.pos) and obj["key"] == record.key and obj["state"] == record.state
+        # Damaged or cut short: the fast decoder declines, the error is fastavro's / the checksum's.
+        cut = data[: rng.randrange(6, len(data))]
+        assert native is not None and native.decode_avro(codec._program, cut, 6) is None
+        with pytest.raises(CodecError):
+            codec.decode(cut)
+        flipped = bytearray(data)
+        flipped[rng.randrange(6, len(data))] ^= 0x40
+        with contextlib.suppress(CodecError):
+            assert codec.decode(bytes(flipped)) == record  # only a flip that decodes identically may pass
+
+
+@needs_native
+def test_state_decode_matches_fastavro() -> None:
+    rng = random.Random(3)
+    codec = AvroCodec(STATE_SCHEMA)
+    op = KeyedAggregate(key_field="k", value_field="v", window_count=10)
+    assert codec._program is not None
+    for _ in range(300):
+        state = AggState(
+            rng.randrange(1, 100),
+            rng.uniform(-1e9, 1e9),
+            rng.random(),
+            rng.random(),
+            rng.randrange(2**40),
+            -5,
+        )
+        data = op.encode_state(state)
+        assert op.decode_state(data) == state
+        assert codec.decode(data) == fastavro.schemaless_reader(io.BytesIO(data), codec.schema, None)
+    assert (
+        compile_avro(
+            fastavro.parse_schema(
+                {
+                    "type": "record",
+                    "name": "L",
+                    "fields": [{"name": "t", "type": {"type": "long", "logicalType": "timestamp-millis"}}],
+                }
+            )
+        )
+        is None
+    )
+
+
+class _Msg:
+    """Stands in for confluent_kafka.Message where a test needs an error event."""
+
+    def __init__(self, offset: int, error: KafkaError | None = None) -> None:
+        self._offset, self._error = offset, error
+
+    def error(self) -> KafkaError | None:
+        return self._error
+
+    def offset(self) -> int:
+        return self._offset
+
+    def key(self) -> None:
+        return None
+
+    def value(self) -> None:
+        return None
+
+    def headers(self) -> None:
+        return None
+
+
+def _messages(rng: random.Random) -> list[Any]:
+    out: list[Any] = []
+    for offset in range(100, 400):
+        if rng.random() < 0.1:
+            continue  # a gap: transaction markers take offsets
+        meta = RecordMeta(
+            rng.choice(["R", "GOPEN", "DEAD"]),
+            rng.randrange(-5, 10**12),
+            rng.choice([*_KEYS, None]),
+            rng.randrange(-1, 9),
+        )
+        key: bytes | None = meta_to_key(meta)
+        if rng.random() < 0.05:
+            key = rng.choice([b"foreign", b"R\x1f 12\x1f3", b"R\x1f1_0\x1f3", b"\xff\x1f1\x1f2", None])
+        out.append(
+            Message(
+                topic="t",
+                partition=0,
+                offset=offset,
+                key=key,
+                value=rng.choice([b"v", None]),
+                headers=meta_to_headers(meta),
+            )
+        )
+        if rng.random() < 0.02:
+            out.append(_Msg(offset, KafkaError(KafkaError._PARTITION_EOF)))
+    return out
+
+
+@needs_native
+@pytest.mark.parametrize("seed", range(4))
+def test_message_rows_match_their_python_twin(seed: int) -> None:
+    assert native is not None
+    batch = _messages(random.Random(seed))
+    for start, stop in ((0, -1), (150, -1), (150, 300), (0, 101), (390, 400)):
+        results = []
+        converters = (
+            lambda b, i, out, start=start, stop=stop: native.message_rows(b, i, start, stop, out, _to_row),
+            lambda b, i, out, start=start, stop=stop: _message_rows(b, i, start, stop, out),
+        )
+        for convert in converters:
+            out: list[Row] = []
+            steps, i = [], 0
+            while i < len(batch):
+                i, stopped = convert(batch, i, out)
+                steps.append((i, stopped))
+                if stopped:
+                    break
+                i += 1  # past the error event
+            results.append((steps, out))
+        assert results[0] == results[1]
+        assert all(
+            row == _to_row(batch_msg, row[0])
+            for row, batch_msg in zip(
+                results[0][1],
+                [
+                    m
+                    for m in batch
+                    if not isinstance(m, _Msg) and start <= m.offset() and (stop < 0 or m.offset() < stop)
+                ],
+                strict=False,
+            )
+        )
+
+
+def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    for module in (cec.records, recovery.eventual, recovery.manager, queuestore.kafka):
+        monkeypatch.setattr(module, "native", None)
+    monkeypatch.setattr(recovery.eventual, "_scan", _scan_rows)
+
+
+def _damaged_log(root: Path) -> SqliteQueueStore:
+    spec = JobSpec(
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "avg",
+            "window_count": 5,
+        },
+        source={"type": "generator", "count": 6000, "keys": 700, "seed": 5},
+        store={"type": "sqlite", "root": str(root)},
+        output_topic="agg",
+        checkpointing=Checkpointing(q_target=300, ci_ms=10.0, cp_ms=10.0),
+        batch_size=64,
+    )
+    run_job(spec, max_inputs=3000)
+    store = SqliteQueueStore(root)
+    with store.reader("agg", 0) as reader:
+        ec = EventualCheckpointBuilder(reader).build()
+    rng = random.Random(2)
+    # G-checks the EC takes (not the crash-point record): each has an older footprint of its window (its
+    # G-open) to fall back to.
+    footprints = sorted(
+        fp.offset
+        for fp in ec.windows.values()
+        if fp.record.kind is Kind.GCHECK and fp.offset != ec.end_offset - 1
+    )
+    assert len(footprints) >= 10, "the policy wrote too few G-checks for this test"
+    for offset in rng.sample(footprints, min(40, len(footprints))):
+        store.corrupt_record_for_testing("agg", 0, offset, flip_at=rng.randrange(6, 12))
+    return store
+
+
+def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = _damaged_log(tmp_path)
+    op = KeyedAggregate(key_field="item_id", value_field="item_price", window_count=5)
+
+    def recover() -> tuple[Any, ...]:
+        with store.reader("agg", 0) as reader:
+            rec = RecoveryManager(reader, op.decode_state).recover(1)
+            ec = rec.checkpoint
+            return (
+                ec.crash_pos,
+                ec.n,
+                ec.extent_start,
+                ec.records_read,
+                ec.fallbacks,
+                [(w.key, w.seq, w.state, w.footprint.offset, w.footprint.record) for w in rec.windows],
+                rec.plan.start,
+            )
+
+    fast = recover()
+    assert fast[4]  # damaged footprints were passed over
+    with monkeypatch.context() as m:
+        _python_only(m)
+        slow = recover()
+    assert fast == slow
+    with store.reader("agg", 0) as reader:
+        assert EventualCheckpointBuilder(reader, chunk=7).build().windows.keys() == {w[0] for w in fast[5]}
