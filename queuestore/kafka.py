@@ -46,8 +46,8 @@ from typing import IO, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from queuestore import faults
 from cec.native import native
+from queuestore import faults
 from queuestore.base import (
     ATTACHMENT_NAME,
     DurableCallback,
