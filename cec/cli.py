@@ -28,8 +28,8 @@ from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
 from cec.verified import LogVerifier
-from operators.aggregate import AGGREGATES, RESULT_SCHEMA, parse_duration_ms
-from operators.job import JobSpec, instance_spec, run_job
+from operators.aggregate import AGGREGATES, RESULT_SCHEMA
+from operators.job import JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
 from operators.sources import CsvSource
@@ -512,15 +512,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     _check_columns(input_path, [c for c in (args.key, args.value, args.time) if c])
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
-    operator = {
-        "type": "aggregate",
-        "key_field": args.key,
-        "value_field": args.value,
-        "agg": args.agg,
-        "window_count": args.window_count,
-        "window_ms": parse_duration_ms(args.window_time) if args.window_time else None,
-        "time_field": args.time,
-    }
+    operator = aggregate_operator(
+        args.key,
+        args.value,
+        args.agg,
+        window_count=args.window_count,
+        window_time=args.window_time,
+        time=args.time,
+    )
     results_path = Path(args.results)
     dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
     with _store_dir(args.store_dir, "cec-run-") as root:

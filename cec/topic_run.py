@@ -21,9 +21,9 @@ from typing import Any
 
 from cec.exceptions import ConfigError
 from cec.records import Kind
-from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
+from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
-from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
+from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
 from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
 from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
@@ -144,15 +144,14 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         raise ConfigError("--crash-after needs K >= 1")
     if args.crash_after is not None and args.follow:
         raise ConfigError("--crash-after needs a bounded run (no --follow)")
-    operator = {
-        "type": "aggregate",
-        "key_field": args.key,
-        "value_field": args.value,
-        "agg": args.agg,
-        "window_count": args.window_count,
-        "window_ms": parse_duration_ms(args.window_time) if args.window_time else None,
-        "time_field": args.time,
-    }
+    operator = aggregate_operator(
+        args.key,
+        args.value,
+        args.agg,
+        window_count=args.window_count,
+        window_time=args.window_time,
+        time=args.time,
+    )
     source = _source_spec(args)
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
     results_path = Path(args.results)

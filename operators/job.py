@@ -19,7 +19,7 @@ from cec.exceptions import ConfigError
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
-from operators.aggregate import KeyedAggregate
+from operators.aggregate import KeyedAggregate, parse_duration_ms
 from operators.base import Operator
 from operators.runtime import DEAD_LETTER_SCHEMA, OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
@@ -34,6 +34,7 @@ __all__ = [
     "INPUT_PARTITIONS",
     "SCHEMAS",
     "JobSpec",
+    "aggregate_operator",
     "build_operator",
     "build_source",
     "check_input",
@@ -90,6 +91,28 @@ class JobSpec:
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         return cls(**json.loads(text))
+
+
+def aggregate_operator(
+    key: str,
+    value: str,
+    agg: str,
+    *,
+    window_count: int | None = None,
+    window_time: str | None = None,
+    time: str | None = None,
+) -> dict[str, Any]:
+    """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
+    duration such as "5m", parsed here so that every entry point reads it the same way)."""
+    return {
+        "type": "aggregate",
+        "key_field": key,
+        "value_field": value,
+        "agg": agg,
+        "window_count": window_count,
+        "window_ms": parse_duration_ms(window_time) if window_time else None,
+        "time_field": time,
+    }
 
 
 def build_operator(spec: Mapping[str, Any]) -> Operator:
