@@ -31,7 +31,7 @@ from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA
 from operators.job import JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
-from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from operators.sinks import count_kinds, iter_payloads, write_outputs
 from operators.sources import CsvSource
 from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
@@ -547,13 +547,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         recovery = run_stats.get("recovery")
         store = open_store(store_cfg)
         try:
-            n_results = write_results_csv(
-                iter_payloads(store, topic, RESULT_SCHEMA), results_path, RESULT_COLUMNS
+            n_results, n_dead, kinds = write_outputs(
+                store, topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, (results_path, RESULT_COLUMNS), dead_path
             )
-            n_dead = write_dead_letter_csv(
-                iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead_path
-            )
-            kinds = count_kinds(store, topic)
         finally:
             store.close()
     _say(f"results:      {n_results:,} closed windows -> {results_path}")

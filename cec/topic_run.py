@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
-from cec.records import Kind
 from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
-from operators.sinks import count_kinds, iter_payloads, write_dead_letter_csv, write_results_csv
+from operators.sinks import write_outputs
 from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
 from queuestore.factory import open_store, store_spec
 
@@ -121,9 +120,10 @@ def _write_outputs(
 
     store = open_store(store_cfg)
     try:
-        n_results = write_results_csv(iter_payloads(store, topic, RESULT_SCHEMA), results, RESULT_COLUMNS)
-        n_dead = write_dead_letter_csv(iter_payloads(store, topic, DEAD_LETTER_SCHEMA, Kind.DEAD), dead)
-        kinds = dict(count_kinds(store, topic))
+        n_results, n_dead, counts = write_outputs(
+            store, topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, (results, RESULT_COLUMNS), dead
+        )
+        kinds = dict(counts)
     finally:
         store.close()
     return n_results, n_dead, kinds

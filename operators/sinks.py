@@ -14,7 +14,7 @@ from cec.records import AvroCodec, Kind, RecordCodec
 from cec.verified import verified_records
 from queuestore.base import QueueStore
 
-__all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_results_csv"]
+__all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_outputs", "write_results_csv"]
 
 
 def iter_payloads(
@@ -73,3 +73,37 @@ def write_results_csv(rows: Iterator[dict[str, Any]], path: Path, columns: list[
 
 def write_dead_letter_csv(rows: Iterator[dict[str, Any]], path: Path) -> int:
     return write_results_csv(rows, path, ["partition", "offset", "reason", "raw"])
+
+
+def write_outputs(
+    store: QueueStore,
+    topic: str,
+    result_schema: dict[str, Any],
+    dead_letter_schema: dict[str, Any],
+    results: tuple[Path, list[str]],
+    dead_letters: Path,
+) -> tuple[int, int, Counter[str]]:
+    """What a run hands its user, from ONE checked pass over the log (results and dead letters are few
+    next to the footprints, so they are held until the pass is done): the results CSV (path, columns),
+    the dead-letter CSV, and the count of every kind. A damaged log writes neither file."""
+    codec = RecordCodec()
+    found: dict[str, list[dict[str, Any]]] = {Kind.R.value: [], Kind.DEAD.value: []}
+    decoders = {Kind.R.value: AvroCodec(result_schema), Kind.DEAD.value: AvroCodec(dead_letter_schema)}
+    counts: Counter[str] = Counter()
+    for p in range(store.partitions(topic)):
+        with store.reader(topic, p) as reader:
+            for verified in verified_records(reader, codec=codec, decode=tuple(found)):
+                kind = verified.meta.kind
+                counts[kind] += 1
+                rows = found.get(kind)
+                if rows is None:
+                    continue
+                record = verified.record
+                assert record is not None
+                if record.payload is None:
+                    raise CodecError(f"{reader.where(verified.offset)}: a {kind} record without payload")
+                rows.append(decoders[kind].decode(record.payload))
+    path, columns = results
+    n_results = write_results_csv(iter(found[Kind.R.value]), path, columns)
+    n_dead = write_dead_letter_csv(iter(found[Kind.DEAD.value]), dead_letters)
+    return n_results, n_dead, counts
