@@ -14,6 +14,7 @@ Tasks are safe to update from several threads (one per input partition in `cec r
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -192,6 +193,10 @@ class RichReporter:
             TextColumn("ETA"),
             TimeRemainingColumn(),
             console=console or Console(stderr=True),
+            # Lines printed on stdout pass above the bars when stdout is the same terminal; stdout that is
+            # a file or a pipe is left alone (what a command prints there is its output).
+            redirect_stdout=sys.stdout.isatty(),
+            redirect_stderr=False,
         )
         self.progress.start()
 
