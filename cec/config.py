@@ -34,6 +34,7 @@ __all__ = ["POLICIES", "Checkpointing", "parse_duration_s"]
 PolicyName = Literal["targets", "cost-benefit"]
 POLICIES: tuple[str, ...] = ("targets", "cost-benefit")
 
+
 def _target(value: Any, name: str) -> int | None:
     if value is None:
         return None
