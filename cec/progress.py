@@ -198,13 +198,21 @@ class RichReporter:
             redirect_stdout=sys.stdout.isatty(),
             redirect_stderr=False,
         )
-        self.progress.start()
+        self._started = False
+        self._lock = threading.Lock()
 
     def task(self, description: str, total: int | None = None, unit: str = "records") -> Task:
+        with self._lock:
+            if not self._started:  # no live display until there is something to show
+                self._started = True
+                self.progress.start()
         return _RichTask(self, description, total, unit)
 
     def stop(self) -> None:
-        self.progress.stop()
+        with self._lock:
+            if self._started:
+                self._started = False
+                self.progress.stop()
 
 
 def _rate_column() -> Any:

@@ -17,7 +17,7 @@ from typing import Any
 
 from cec.exceptions import ConfigError
 
-__all__ = ["format_time_ms", "parse_duration_ms", "parse_duration_s", "parse_time_ms"]
+__all__ = ["NonFiniteTimeError", "format_time_ms", "parse_duration_ms", "parse_duration_s", "parse_time_ms"]
 
 _UNITS_S: dict[str, float] = {
     "ms": 0.001,
@@ -120,9 +120,13 @@ def parse_time_ms(value: Any) -> int:
     return _finite_ms(float(value))
 
 
+class NonFiniteTimeError(ValueError):
+    """A time given as nan or infinity."""
+
+
 def _finite_ms(x: float) -> int:
     if not math.isfinite(x):
-        raise ValueError("not finite")
+        raise NonFiniteTimeError("not finite")
     return int(x)
 
 

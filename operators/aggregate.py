@@ -16,7 +16,7 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
-from cec.timeparse import parse_duration_ms, parse_time_ms
+from cec.timeparse import NonFiniteTimeError, parse_duration_ms, parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
 __all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "parse_duration_ms"]
@@ -101,6 +101,8 @@ def _time_ms(value: Any, what: str, margin: int) -> int:
         raise BadTupleError(f"missing {what}")
     try:
         t = parse_time_ms(value)
+    except NonFiniteTimeError:
+        raise BadTupleError(f"{what} is not finite: {value!r:.80}") from None
     except (TypeError, ValueError):
         raise BadTupleError(
             f"{what} is neither integer milliseconds nor an ISO-8601 time: {value!r:.80}"

@@ -172,3 +172,36 @@ def test_the_library_logs_instead_of_printing() -> None:
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "print":
                     printing.append(f"{rel}:{node.lineno}")
     assert printing == []
+
+
+def test_quiet_before_or_after_the_subcommand_leaves_stderr_empty(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    data.write_text("k,v\n" + "".join(f"k{i % 5},{i}\n" for i in range(2000)) + "k1,oops\n")
+    script = str(Path(sys.executable).parent / "cec")
+    run = ["run", str(data), "--key", "k", "--value", "v", "--window-count", "3", "--crash-after", "500"]
+    for args in (["--quiet", *run], [*run, "--quiet"]):
+        out = subprocess.run(
+            [script, *args, "--results", str(tmp_path / "o.csv")],
+            capture_output=True,
+            text=True,
+            env=child_env(),
+        )
+        assert out.returncode == 0 and out.stderr == "", out.stderr
+        assert "dead letters: 1 rows" in out.stdout
+
+
+def test_log_level_reaches_the_operator_process(tmp_path: Path) -> None:
+    data = tmp_path / "in.csv"
+    # Big enough that the first process's log is durable when it is killed, so the second one recovers.
+    data.write_text("k,v\n" + "".join(f"k{i % 5},{i}\n" for i in range(20_000)))
+    script = str(Path(sys.executable).parent / "cec")
+    run = ["run", str(data), "--key", "k", "--value", "v", "--window-count", "3", "--crash-after", "15000"]
+    quiet = subprocess.run([script, *run, "--results", str(tmp_path / "a.csv")], capture_output=True, text=True,
+                           env=child_env())  # fmt: skip
+    assert "INFO" not in quiet.stderr
+    loud = subprocess.run([script, "--log-level", "info", *run, "--progress", "--results", str(tmp_path / "b.csv")],
+                          capture_output=True, text=True, env=child_env())  # fmt: skip
+    assert loud.returncode == 0, loud.stderr
+    # The recovering worker process logs through the level the CLI was given.
+    assert "INFO operators.runtime: [aggregate[0] +" in loud.stderr and "recovered: extent" in loud.stderr
+    assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
