@@ -789,6 +789,11 @@ def _setup_output(args: argparse.Namespace) -> progress_tasks.Reporter:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # librdkafka warns about settings cec makes on purpose (e.g. the experimental gapless guarantee) on
+    # every client; real failures surface as errors of cec itself. Its lines show from --log-level info.
+    logging.getLogger("queuestore.kafka.librdkafka").setLevel(
+        level if level <= logging.INFO else logging.ERROR
+    )
     progress_tasks.set_reporter(reporter)
     return reporter
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
+from cec.validation import check_topic_input
 from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
@@ -172,6 +173,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         output_topic, pinned = _pinned_source(root, args, operator, source)
+        check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
             operator=operator,
             source={**pinned, "group_id": f"cec-{output_topic}"},

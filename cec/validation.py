@@ -7,8 +7,10 @@ import csv
 import importlib.util
 import os
 import shutil
-from collections.abc import Sequence
+import time as _time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from cec.exceptions import ConfigError
 from cec.timeparse import parse_time_ms
@@ -16,6 +18,7 @@ from cec.timeparse import parse_time_ms
 __all__ = [
     "check_csv_input",
     "check_output_file",
+    "check_topic_input",
     "prepare_store_dir",
     "require_spark",
 ]
@@ -120,3 +123,50 @@ def check_csv_input(path: Path, columns: Sequence[str], value: str, time: str | 
                 f"column {column!r} of {path} holds no {what} in its first {len(cells)} values "
                 f"(first: {cells[0]!r:.60})"
             )
+
+
+def check_topic_input(
+    source: Mapping[str, Any],
+    *,
+    peek: int = PEEK_ROWS,
+    timeout_s: float = 10.0,
+    clock: Callable[[], float] = _time.monotonic,
+) -> None:
+    """The first records of a bounded topic input (from its pinned start) hold the key, value and time
+    fields in the given format: if not one of the first `peek` is usable (every one fails to decode, lacks
+    a field, or has no number / no time there), the format or a field name is wrong, and the run is
+    refused before it starts. Nothing is committed (the peek has no consumer group)."""
+    if source.get("follow") or source.get("format") == "cec":
+        return  # a following run may start on an empty topic; a cec queue carries its own schema
+    from operators.job import SCHEMAS
+    from operators.topic_source import open_topic_source
+
+    reader = open_topic_source({k: v for k, v in source.items() if k != "group_id"}, SCHEMAS)
+    seen: list[Any] = []
+    try:
+        reader.seek([0] * reader.partitions)  # from each partition's pinned start
+        deadline = clock() + timeout_s
+        while len(seen) < peek and clock() < deadline:
+            batch = reader.poll(peek - len(seen))
+            if batch is None:
+                break
+            seen.extend(batch)
+    finally:
+        reader.close()
+    if not seen:
+        return
+    value, time = source.get("value_field"), source.get("time_field")
+    reasons: list[str] = []
+    for tup in seen:
+        if tup.value is None:
+            reasons.append(tup.error or "unreadable")
+        elif not _number_ok(str(tup.value.get(value))):
+            reasons.append(f"field {value!r} is not a number: {tup.value.get(value)!r:.40}")
+        elif time and not _time_ok(str(tup.value.get(time))):
+            reasons.append(f"field {time!r} is not a time: {tup.value.get(time)!r:.40}")
+        else:
+            return  # one usable record: the rest are the run's dead letters, if any
+    raise ConfigError(
+        f"none of the first {len(seen)} records of topic {source.get('topic')!r} is usable as "
+        f"--format {source.get('format')} with these fields (the first: {reasons[0]})"
+    )

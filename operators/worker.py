@@ -38,6 +38,8 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             datefmt="%H:%M:%S",
         )
+        if not isinstance(level, int) or level > logging.INFO:  # as the CLI does (cec.cli._setup_output)
+            logging.getLogger("queuestore.kafka.librdkafka").setLevel(logging.ERROR)
         if spec.progress:
             logging.getLogger("cec.progress").setLevel(logging.INFO)
             progress.set_reporter(progress.LogReporter())

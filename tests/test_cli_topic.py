@@ -321,3 +321,26 @@ def test_follow_keeps_the_results_current_until_stopped_and_commits_lag_position
         monitor.close()
     ends = [sum(1 for p, _ in first + later if p == q) for q in range(PARTITIONS)]
     assert [tp.offset for tp in committed] == ends
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--value", "cost"], "missing field 'cost'"),
+        (["--time", "item"], "field 'item' is not a time"),
+        (["--format", "csv", "--columns", "item,price,ts"], "is not a number"),
+    ],
+    ids=["field", "time", "format"],
+)
+def test_a_wrong_field_or_format_is_refused_from_the_first_records_before_the_run(
+    kafka_broker: Broker, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-peek")
+    produce(
+        kafka_broker.bootstrap, topic, encoded(make_purchases(300, keys=10, partitions=PARTITIONS), as_json)
+    )
+    out = topic_run(kafka_broker, topic, tmp_path / "out.csv", "--store-dir", str(tmp_path / "st"), *extra)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("cec: error: none of the first") and out.stderr.count("\n") == 1, out.stderr
+    assert message in out.stderr
+    assert not (tmp_path / "out.csv").exists() and out.stdout == ""
