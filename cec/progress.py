@@ -27,6 +27,7 @@ __all__ = [
     "Reporter",
     "RichReporter",
     "Task",
+    "active",
     "get_reporter",
     "set_reporter",
     "task",
@@ -238,6 +239,11 @@ def set_reporter(reporter: Reporter | None) -> Reporter:
     global _reporter
     previous, _reporter = _reporter, reporter or NullReporter()
     return previous
+
+
+def active() -> bool:
+    """Whether anything shows progress (library code may skip work that only feeds the display)."""
+    return not isinstance(_reporter, NullReporter)
 
 
 def get_reporter() -> Reporter:

@@ -619,7 +619,8 @@ class OperatorRuntime:
         if self._plan is not None and self._plan.caught_up(self._pos):
             self._caught_up()
         last_sample = self.clock()
-        bounds = self.source.progress_bounds()
+        # Only when shown: a CSV's total costs a pass over the file.
+        bounds = self.source.progress_bounds() if progress_tasks.active() else None
         inputs = progress_tasks.task(
             f"{self.progress.label} input",
             None if bounds is None else sum(e - s for s, e in zip(*bounds, strict=True)),
