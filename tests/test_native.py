@@ -30,7 +30,15 @@ from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import STATE_SCHEMA, AggState, KeyedAggregate
 from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta, Row
-from queuestore.kafka import _message_rows, _to_row, meta_to_headers, meta_to_key
+from queuestore.kafka import (
+    FRAME_KINDS,
+    FRAME_MAGIC,
+    _message_rows,
+    _to_row,
+    encode_message,
+    meta_to_headers,
+    meta_to_key,
+)
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import (
     _FOOTPRINT_SLOTS,
@@ -161,7 +169,7 @@ def _scan_inputs(seed: int) -> tuple[list[Row], set[int]]:
 
 
 def _fp_view(windows: dict[str, ECFootprint]) -> list[tuple[str, int, str, bytes]]:
-    return [(k, fp.offset, fp.key, fp._value) for k, fp in windows.items()]
+    return [(k, fp.offset, fp.key, fp._row) for k, fp in windows.items()]
 
 
 @needs_native
@@ -191,7 +199,8 @@ def test_native_footprints_are_whole_objects() -> None:
     assert native is not None
     codec = RecordCodec()
     record = OutputRecord(Kind.GOPEN, 1, (2,), 1, "k", 0, b"s", None)
-    fp = native.make(ECFootprint, _FOOTPRINT_SLOTS, (7, "k", codec.encode(record), codec, None))
+    row = (7, *record.meta(), codec.encode(record))
+    fp = native.make(ECFootprint, _FOOTPRINT_SLOTS, (7, "k", row, codec, None))
     assert isinstance(fp, ECFootprint) and fp.offset == 7 and fp.key == "k"
     assert fp.record == record
 
@@ -201,24 +210,38 @@ def test_native_footprints_are_whole_objects() -> None:
 def test_record_decode_matches_fastavro(seed: int) -> None:
     rng = random.Random(seed)
     codec = RecordCodec()
-    schema = codec._reader_schema
+    schema = fastavro.parse_schema(cec.records.SCHEMAS[codec.version])
+    program = codec._layouts[codec.version].program
+    rows: list[Row] = []
     for _ in range(500):
         record = _record(rng)
+        meta = record.meta()
         data = codec.encode(record)
-        assert codec.decode(data) == record
-        assert codec.decode(data, verified=True) == record
+        rows.append((0, *meta, data))
+        assert codec.decode(data, meta) == record
+        assert codec.decode(data, meta, verified=True) == record
         obj = fastavro.schemaless_reader(io.BytesIO(data[6:]), schema, None)
         assert isinstance(obj, dict)
-        assert obj["pos"] == list(record.pos) and obj["key"] == record.key and obj["state"] == record.state
+        assert obj["pos"] == list(record.pos) and obj["n"] == record.n and obj["state"] == record.state
         # Damaged or cut short: the fast decoder declines, the error is fastavro's / the checksum's.
         cut = data[: rng.randrange(6, len(data))]
-        assert native is not None and native.decode_avro(codec._program, cut, 6) is None
+        assert native is not None and native.decode_avro(program, cut, 6) is None
         with pytest.raises(CodecError):
-            codec.decode(cut)
+            codec.decode(cut, meta)
         flipped = bytearray(data)
         flipped[rng.randrange(6, len(data))] ^= 0x40
         with contextlib.suppress(CodecError):
-            assert codec.decode(bytes(flipped)) == record  # only a flip that decodes identically may pass
+            assert codec.decode(bytes(flipped), meta) == record  # only a flip that decodes identically
+    # The batch decoder (EC-load) gives what decode gives; rows it declines are decoded one by one.
+    rows.append((0, "Q", 1, "k", 0, rows[0][5]))  # an unknown kind: decode's error
+    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.records.SCHEMAS[1]}).encode(_record(rng))))
+    assert native.decode_avro_rows(program, rows, 6, OutputRecord, codec._layouts[2].slots, {}, 2) == [None] * len(
+        rows
+    )
+    with pytest.raises(CodecError, match="unknown record kind"):
+        codec.decode_rows(rows, verified=True)
+    expected = [codec.decode(r[5], RecordMeta(*r[1:5]), verified=True) for r in rows[:-2]]
+    assert codec.decode_rows(rows[:-2], verified=True) == expected
 
 
 @needs_native
@@ -286,19 +309,32 @@ def _messages(rng: random.Random) -> list[Any]:
             rng.choice([*_KEYS, None]),
             rng.randrange(-1, 9),
         )
-        key: bytes | None = meta_to_key(meta)
-        if rng.random() < 0.05:
-            key = rng.choice([b"foreign", b"R\x1f 12\x1f3", b"R\x1f1_0\x1f3", b"\xff\x1f1\x1f2", None])
-        out.append(
-            Message(
-                topic="t",
-                partition=0,
-                offset=offset,
-                key=key,
-                value=rng.choice([b"v", None]),
-                headers=meta_to_headers(meta),
+        body = rng.choice([b"v", b"\xcev", b""])
+        if rng.random() < 0.5:  # the framed layout (the writer's), sometimes damaged
+            key, value, headers = encode_message(body, meta)
+            if rng.random() < 0.1:
+                key, value, headers = encode_message(body, meta._replace(kind=rng.choice(["PART", "Zed"])))
+            if rng.random() < 0.1:
+                damaged = bytearray(value)
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+                value = bytes(damaged)
+            if rng.random() < 0.05:
+                key = rng.choice([b"\xff\xfe", None])
+            out.append(Message(topic="t", partition=0, offset=offset, key=key, value=value, headers=headers))
+        else:  # the legacy layout (logs written before the framed one), sometimes with a foreign key
+            legacy: bytes | None = meta_to_key(meta)
+            if rng.random() < 0.05:
+                legacy = rng.choice([b"foreign", b"R\x1f 12\x1f3", b"R\x1f1_0\x1f3", b"\xff\x1f1\x1f2", None])
+            out.append(
+                Message(
+                    topic="t",
+                    partition=0,
+                    offset=offset,
+                    key=legacy,
+                    value=rng.choice([b"v", None]),
+                    headers=meta_to_headers(meta),
+                )
             )
-        )
         if rng.random() < 0.02:
             out.append(_Msg(offset, KafkaError(KafkaError._PARTITION_EOF)))
     return out
@@ -312,7 +348,9 @@ def test_message_rows_match_their_python_twin(seed: int) -> None:
     for start, stop in ((0, -1), (150, -1), (150, 300), (0, 101), (390, 400)):
         results = []
         converters = (
-            lambda b, i, out, start=start, stop=stop: native.message_rows(b, i, start, stop, out, _to_row),
+            lambda b, i, out, start=start, stop=stop: native.message_rows(
+                b, i, start, stop, out, _to_row, FRAME_MAGIC, FRAME_KINDS
+            ),
             lambda b, i, out, start=start, stop=stop: _message_rows(b, i, start, stop, out),
         )
         for convert in converters:
