@@ -112,8 +112,9 @@ _ATTACHMENT_KIND = "META"
 # record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
 DEFAULT_MAX_RECORD_BYTES = 900_000
 # Bytes we add on top of the value and its window key (the kind header, the frame, the record's framing in
-# the batch); counted against `max_record_bytes`, with the kind's length on top.
+# the batch); counted against `max_record_bytes`. It covers kinds of up to _MAX_KIND_BYTES.
 _HEADER_OVERHEAD = 96
+_MAX_KIND_BYTES = 32
 # Commit cadence of the transactional writers: a commit drains the producer's pipeline and costs a round
 # trip to the transaction coordinator, so commits are spaced by time and size (benchmarks/RESULTS.md has
 # the measured cost against the idempotent producer). The interval is also the latency a read_committed
@@ -227,8 +228,8 @@ def encode_message(
     headers = _KIND_HEADERS.get(kind)
     if head is None or headers is None:
         spelled = kind.encode()
-        if len(spelled) > 255:
-            raise RecordTooLargeError(f"record kind {kind[:40]!r}... is longer than 255 bytes")
+        if len(spelled) > _MAX_KIND_BYTES:
+            raise QueueStoreError(f"record kind {kind[:40]!r} is longer than {_MAX_KIND_BYTES} bytes")
         head = bytes((FRAME_MAGIC, 0, len(spelled))) + spelled
         headers = [(HEADER_KIND, spelled)]
     frame = head + _varint(meta.time) + _varint(meta.seq)
@@ -578,7 +579,7 @@ class KafkaQueueStore(QueueStore):
 
     def value_limit(self, meta: RecordMeta) -> int:
         # The window key travels beside the value (message key), the kind in the header and the frame.
-        return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode()) - 2 * len(meta.kind)
+        return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode())
 
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
         if partitions < 1:
