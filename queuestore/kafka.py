@@ -123,6 +123,9 @@ DEFAULT_COMMIT_INTERVAL = 0.1
 DEFAULT_COMMIT_RECORDS = 50_000
 # fetch.wait.max.ms of the bulk reader's consumer (see KafkaPartitionReader._bulk_consumer).
 _BULK_FETCH_WAIT_MS = 2
+# max.partition.fetch.bytes and fetch.max.bytes of the bulk reader's consumer, unless the store's config
+# sets them (below receive.message.max.bytes' default, 100 MB, as librdkafka requires).
+_BULK_FETCH_BYTES = 32 << 20
 
 _SENSITIVE_PREFIXES = ("sasl.", "ssl.")
 _SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
@@ -1094,6 +1097,10 @@ class KafkaPartitionReader(PartitionReader):
         if self._bulk is None:
             conf = self._store._consumer_config(f"bulk-{self.topic}-{self.partition}")
             conf["fetch.wait.max.ms"] = min(int(conf.get("fetch.wait.max.ms", 10)), _BULK_FETCH_WAIT_MS)
+            # Fewer, larger fetches: an extent of ~90k small records is a few MB, read in a couple of
+            # fetches instead of one per default 1 MB (each held for fetch.wait.max.ms by Tansu).
+            conf.setdefault("max.partition.fetch.bytes", _BULK_FETCH_BYTES)
+            conf.setdefault("fetch.max.bytes", _BULK_FETCH_BYTES)
             self._bulk = Consumer(conf)
         return self._bulk
 
