@@ -159,7 +159,7 @@ class _Layout:
     slots: tuple[Any, ...] | None
 
 
-def _layout(parsed: dict[str, Any]) -> _Layout:
+def _layout(parsed: Any) -> _Layout:
     body = tuple(f["name"] for f in parsed.get("fields", ()))
     beside = not set(_META_FIELDS) <= set(body)
     program = compile_avro(parsed, {"cec.Kind": tuple(Kind)}, arrays=True)

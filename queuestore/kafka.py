@@ -264,9 +264,10 @@ def _unframe(value: bytes, raw_key: object) -> tuple[RecordMeta, bytes] | None:
     return RecordMeta(kind, t, key, seq), value[at:]
 
 
-def decode_message(
-    value: bytes | None, raw_key: bytes | None, headers: Sequence[tuple[str, str | bytes | None]] | None
-) -> tuple[RecordMeta, bytes]:
+_Headers = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
+
+
+def decode_message(value: bytes | None, raw_key: bytes | None, headers: _Headers) -> tuple[RecordMeta, bytes]:
     """(meta, value) of a stored message, as a record read gives it: the kind is the `cec.kind` header's
     (framed layout), so a damaged header fails the record's checksum instead of misleading a consumer
     that filters by it. Legacy-layout and foreign messages read as before (`meta_from_headers`)."""
@@ -280,9 +281,12 @@ def decode_message(
     return (meta if stated == meta.kind else meta._replace(kind=stated)), body
 
 
-def _header_kind(headers: Sequence[tuple[str, str | bytes | None]] | None) -> str:
+def _header_kind(headers: _Headers) -> str:
     """The `cec.kind` header's text ("" when absent or not text: no checksum accepts that kind)."""
-    for name, raw in headers or ():
+    if not headers:
+        return ""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, raw in pairs:
         if name == HEADER_KIND:
             if isinstance(raw, bytes):
                 try:
@@ -1223,7 +1227,9 @@ class KafkaPartitionReader(PartitionReader):
         i, count = 0, len(batch)
         while i < count:
             if native is not None:
-                i, stopped = native.message_rows(batch, i, start, limit, out, _to_row, FRAME_MAGIC, FRAME_KINDS)
+                i, stopped = native.message_rows(
+                    batch, i, start, limit, out, _to_row, FRAME_MAGIC, FRAME_KINDS
+                )
             else:
                 i, stopped = _message_rows(batch, i, start, limit, out)
             if out:

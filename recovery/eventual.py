@@ -86,7 +86,9 @@ class ECFootprint:
 def footprint_records(footprints: list[ECFootprint], codec: RecordCodec) -> list[OutputRecord]:
     """The decoded record of each footprint (what `ECFootprint.record` gives), decoded in one batch."""
     pending = [fp for fp in footprints if fp._record is None]
-    for fp, record in zip(pending, codec.decode_rows([fp._row for fp in pending], verified=True), strict=True):
+    for fp, record in zip(
+        pending, codec.decode_rows([fp._row for fp in pending], verified=True), strict=True
+    ):
         fp._record = record
     return [fp.record for fp in footprints]
 
