@@ -521,6 +521,26 @@ def _export_previous(ref: str, dest: Path) -> Path | None:
         return None
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    # Its own C accelerator: without one, the editable install's import hook would hand it this tree's
+    # `cec._native`, whose functions need not match the previous Python code.
+    if (dest / "cec" / "_native.c").exists():
+        import sysconfig
+
+        target = dest / "cec" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+        cc = sysconfig.get_config_var("CC") or "cc"
+        command = [
+            *cc.split(),
+            "-shared",
+            "-fPIC",
+            "-O2",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(dest / "cec" / "_native.c"),
+            "-o",
+            str(target),
+        ]
+        if subprocess.run(command, capture_output=True, check=False).returncode != 0:
+            _say(f"previous implementation ({ref}): its C accelerator does not build; not measured")
+            return None
     return dest
 
 
