@@ -135,6 +135,22 @@ def test_verify_rows_flags_exactly_what_verify_rejects(seed: int) -> None:
 
 
 @needs_native
+@needs_native
+def test_verify_rows_formats_extreme_integers_as_python_does() -> None:
+    """The metadata prefix is formatted in C (decimal by hand): the ends of the 64-bit range, zero and
+    -1 must give Python's text, or intact records would be flagged (or damaged ones pass)."""
+    assert native is not None
+    codec = RecordCodec()
+    edges = [-(2**63), -(2**63) + 1, -(10**18), -1, 0, 1, 9, 10, 10**18, 2**63 - 1]
+    rows: list[Row] = []
+    for i, (t, seq) in enumerate(zip(edges, reversed(edges), strict=True)):
+        record = OutputRecord(Kind.GOPEN, t, (1,), 1, "k", seq, b"s", None)
+        rows.append((i, *record.meta(), codec.encode(record)))
+        rows.append((i, "GOPEN", t + (1 if t < 2**63 - 1 else -1), "k", seq, codec.encode(record)))
+    failed = native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes)
+    assert failed == _python_failing(codec, rows) == list(range(1, len(rows), 2))
+
+
 def test_verify_rows_declines_what_it_does_not_know() -> None:
     assert native is not None
     codec = RecordCodec()
