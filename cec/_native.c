@@ -216,9 +216,24 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
     if (check_failed < 0) return NULL;
     PyObject *extent = NULL; /* borrowed from rows */
     int status = 0;
+    /* The keys of the closed windows: a footprint builds its (key, seq) only when its key is among them
+     * (a few results in an extent of ~100k footprints: a tuple per row cost more than the rest). */
+    PyObject *closed_keys = PySet_New(NULL);
+    if (closed_keys == NULL) return NULL;
+    {
+        PyObject *it = PyObject_GetIter(closed), *wid;
+        if (it == NULL) { Py_DECREF(closed_keys); return NULL; }
+        while ((wid = PyIter_Next(it)) != NULL) {
+            int rc = PyTuple_Check(wid) && PyTuple_GET_SIZE(wid) == 2 ? PySet_Add(closed_keys, PyTuple_GET_ITEM(wid, 0)) : 0;
+            Py_DECREF(wid);
+            if (rc < 0) { Py_DECREF(it); Py_DECREF(closed_keys); return NULL; }
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) { Py_DECREF(closed_keys); return NULL; }
+    }
     for (; i < count; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); return NULL; }
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); goto fail; }
         PyObject *kind = PyTuple_GET_ITEM(row, 1);
         int eq = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_part) == 0 : 0;
         if (eq) {  /* a part is passed over only if shaped like one (queuestore.chunks.is_part) */
@@ -234,10 +249,10 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         }
         if (check_failed) {
             PyObject *idx = PyLong_FromSsize_t(i);
-            if (idx == NULL) return NULL;
+            if (idx == NULL) goto fail;
             int in = PySet_Contains(failed, idx);
             Py_DECREF(idx);
-            if (in < 0) return NULL;
+            if (in < 0) goto fail;
             if (in) { status = 2; break; }
         }
         PyObject *key = PyTuple_GET_ITEM(row, 3);
@@ -245,33 +260,39 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         int is_r = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_r) == 0;
         if (is_r) {
             PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
-            if (wid == NULL) return NULL;
+            if (wid == NULL) goto fail;
             int rc = PySet_Add(closed, wid);
             Py_DECREF(wid);
-            if (rc < 0) return NULL;
+            if (rc < 0 || PySet_Add(closed_keys, key) < 0) goto fail;
             continue;
         }
         int fp = PySet_Contains(kinds, kind);
-        if (fp <= 0) { if (fp < 0) return NULL; continue; }
+        if (fp <= 0) { if (fp < 0) goto fail; continue; }
         int known = PyDict_Contains(windows, key);
-        if (known) { if (known < 0) return NULL; continue; }
-        if (PySet_GET_SIZE(closed) > 0) {  /* (key, seq) only built when some window is closed */
+        if (known) { if (known < 0) goto fail; continue; }
+        int maybe = PySet_GET_SIZE(closed_keys) > 0 ? PySet_Contains(closed_keys, key) : 0;
+        if (maybe < 0) goto fail;
+        if (maybe) {  /* (key, seq) only built when a window of this key is closed */
             PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
-            if (wid == NULL) return NULL;
+            if (wid == NULL) goto fail;
             int shut = PySet_Contains(closed, wid);
             Py_DECREF(wid);
-            if (shut) { if (shut < 0) return NULL; continue; }
+            if (shut) { if (shut < 0) goto fail; continue; }
         }
         PyObject *values[5] = {PyTuple_GET_ITEM(row, 0), key, row, codec, Py_None};
         PyObject *footprint = new_slots(fp_cls, fp_descrs, values);
-        if (footprint == NULL) return NULL;
+        if (footprint == NULL) goto fail;
         int rc = PyDict_SetItem(windows, key, footprint);
         Py_DECREF(footprint);
-        if (rc < 0) return NULL;
+        if (rc < 0) goto fail;
         extent = PyTuple_GET_ITEM(row, 0);
         if (PyDict_GET_SIZE(windows) >= n) { i++; status = 1; break; }
     }
+    Py_DECREF(closed_keys);
     return Py_BuildValue("(niO)", i, status, extent == NULL ? Py_None : extent);
+fail:
+    Py_DECREF(closed_keys);
+    return NULL;
 }
 
 /* ---- Kafka messages -> rows -------------------------------------------------------------------------- */
