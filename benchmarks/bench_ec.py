@@ -20,7 +20,7 @@ shared: wall time includes waiting for a core). The paper's prototype rebuilt ~3
 
     .venv/bin/python benchmarks/bench_ec.py               # paper scale, SQLite and Kafka: ~3-5 minutes
     .venv/bin/python benchmarks/bench_ec.py --quick       # 100k tuples over 20k keys
-    .venv/bin/python benchmarks/bench_ec.py --no-kafka    # SQLite only
+    .venv/bin/python benchmarks/bench_ec.py --no-kafka    # SQLite only (--no-sqlite: Kafka only)
     .venv/bin/python benchmarks/bench_ec.py --bytes       # bytes per input tuple, legacy vs current layout
 Writes benchmarks/out/ec.json (`--bytes`: benchmarks/out/bytes.json).
 
@@ -645,6 +645,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="100k tuples over 20k keys, 2 repeats")
     p.add_argument("--no-kafka", action="store_true")
+    p.add_argument("--no-sqlite", action="store_true")
     p.add_argument("--previous", default=PREVIOUS, help="git ref of the implementation to compare with")
     p.add_argument("--cache", help="where the log is kept between runs (default: under the temp dir)")
     p.add_argument("--out", default=str(HERE / "out" / "ec.json"))
@@ -687,8 +688,9 @@ def main(argv: list[str] | None = None) -> int:
         if previous_tree is not None:
             _legacy_sqlite(cache / "store", cache / "store-legacy")
             sqlite_spec["previous"] = {**sqlite_spec, "root": str(cache / "store-legacy")}
-        _say("SQLite:")
-        result["sqlite"] = _measure("sqlite", sqlite_spec, args.repeats, previous_tree)
+        if not args.no_sqlite:
+            _say("SQLite:")
+            result["sqlite"] = _measure("sqlite", sqlite_spec, args.repeats, previous_tree)
         if not args.no_kafka:
             sys.path.insert(0, str(REPO))
             from tests.brokers import start_broker
