@@ -74,8 +74,9 @@ def crc32c(data: bytes) -> int:
 
 
 def _meta_bytes(version: int, kind: str, time: int, key: str | None, seq: int) -> bytes:
-    # The metadata a store keeps beside the value (SQLite columns, Kafka headers) is covered by the
-    # checksum as well as the body, so that neither can be damaged unnoticed. Separators keep it unambiguous.
+    # The metadata a store keeps beside the value (SQLite columns; Kafka header, key and frame) is covered
+    # by the checksum as well as the body, so that neither can be damaged unnoticed. Separators keep it
+    # unambiguous.
     return f"{version}\x1f{kind}\x1f{time}\x1f{'' if key is None else 'k' + key}\x1f{seq}\x1e".encode()
 
 
