@@ -692,5 +692,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_part = PyUnicode_InternFromString("PART");
     s_r = PyUnicode_InternFromString("R");
     if (!s_part || !s_r || !s_error || !s_offset || !s_key || !s_value || !empty_bytes) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* cec.native loads this module only when its ABI is the one the Python code calls (a stale build
+     * left by an older checkout would be called with other arguments). */
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) { Py_DECREF(m); return NULL; }
+    return m;
 }

@@ -11,6 +11,7 @@ import contextlib
 import io
 import random
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import google_crc32c
 import pytest
 from confluent_kafka import KafkaError, Message
 
+import cec
 import cec.records
 import queuestore.kafka
 import recovery.eventual
@@ -461,3 +463,20 @@ def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
     assert fast == slow
     with store.reader("agg", 0) as reader:
         assert EventualCheckpointBuilder(reader, chunk=7).build().windows.keys() == {w[0] for w in fast[5]}
+
+
+def test_a_stale_build_of_the_accelerator_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `_native` built from another version of _native.c (an older checkout, not rebuilt) would be
+    called with other arguments: it is refused, with a warning, and everything runs in Python."""
+    import types
+
+    import cec.native as loader
+
+    monkeypatch.delenv("CEC_NO_NATIVE", raising=False)
+    stale = types.ModuleType("cec._native")  # what a build without (or with another) ABI looks like
+    monkeypatch.setitem(sys.modules, "cec._native", stale)
+    monkeypatch.setattr(cec, "_native", stale, raising=False)
+    with pytest.warns(RuntimeWarning, match="stale"):
+        assert loader._load() is None
+    stale.ABI = loader.ABI  # type: ignore[attr-defined]
+    assert loader._load() is stale
