@@ -114,7 +114,7 @@ DEFAULT_MAX_RECORD_BYTES = 900_000
 # Bytes we add on top of the value and its window key (the kind header, the frame, the record's framing in
 # the batch); counted against `max_record_bytes`. It covers kinds of up to _MAX_KIND_BYTES.
 _HEADER_OVERHEAD = 96
-_MAX_KIND_BYTES = 32
+_MAX_KIND_BYTES = 16
 # Commit cadence of the transactional writers: a commit drains the producer's pipeline and costs a round
 # trip to the transaction coordinator, so commits are spaced by time and size (benchmarks/RESULTS.md has
 # the measured cost against the idempotent producer). The interval is also the latency a read_committed

@@ -220,6 +220,29 @@ def test_headers_round_trip_pure() -> None:
     assert meta_from_headers(None) == RecordMeta("", -1)
 
 
+def test_message_layout_round_trip_pure() -> None:
+    """encode_message / decode_message (what a record read gives) for every kind the frame knows, kinds
+    it spells out, the ends of the 64-bit range and keys that are empty or not ASCII."""
+    from queuestore.exceptions import QueueStoreError
+    from queuestore.kafka import FRAME_KINDS, decode_message, encode_message
+
+    metas = [
+        RecordMeta(k, t, key, seq) for k in FRAME_KINDS[1:] for t, key, seq in ((0, None, -1), (5, "k", 3))
+    ]
+    metas += [
+        RecordMeta("D", -(2**63), key="clé", seq=2**63 - 1),
+        RecordMeta("Custom-Kind", 2**63 - 1, key="", seq=-(2**63)),
+        RecordMeta("", 1, key="k\x1fwith separators\x1e", seq=0),
+    ]
+    for m in metas:
+        key, value, headers = encode_message(b"\xcevalue", m)
+        assert headers == [("cec.kind", m.kind.encode())]
+        assert key == (None if m.key is None else m.key.encode())
+        assert decode_message(value, key, headers) == (m, b"\xcevalue")
+    with pytest.raises(QueueStoreError, match="longer than 16 bytes"):
+        encode_message(b"v", RecordMeta("K" * 17, 0))
+
+
 def test_meta_round_trip_through_broker(store: KafkaQueueStore, topic: str) -> None:
     metas = [
         RecordMeta("D", 10),
