@@ -298,13 +298,12 @@ def _header_kind(headers: _Headers) -> str:
 
 
 def meta_to_key(meta: RecordMeta) -> bytes:
-    """The legacy layout's message key, the same meta packed: `kind US time US seq [US key]` (still read).
+    """The legacy layout's message key, the same meta packed: `kind US time US seq [US key]`.
 
-    Readers here take the meta from the key, because confluent-kafka materialises headers lazily at several
-    microseconds per record, which would cap recovery scans near 100k records/s; the key is one bytes
-    object. The headers stay for downstream consumers that filter control tuples by `cec.kind`. Produced to
-    explicit partitions on a `cleanup.policy=delete` topic, the key plays no partitioning or compaction role.
-    The window key comes last so it may contain anything, separator included.
+    What the writer produced before the framed layout (and, as a fallback, what the reading paths still
+    understand: confluent-kafka materialises headers at several microseconds per message, so the legacy
+    readers took the meta from this key). The window key comes last so it may contain anything,
+    separator included.
     """
     head = b"%s\x1f%d\x1f%d" % (meta.kind.encode(), meta.time, meta.seq)
     return head if meta.key is None else head + _KEY_SEP + meta.key.encode()
