@@ -2,8 +2,9 @@
 
 A queue store holds persistent, append-only output queues: topics split into partitions, each partition an
 ordered log addressed by offsets 0, 1, 2, ... Records are opaque bytes plus a small `RecordMeta` that the
-store keeps beside the value (SQLite columns, Kafka headers) so that the stream index and downstream
-consumers can read kind/time/window without decoding the value.
+store keeps beside the value (SQLite columns; on Kafka a kind header, the message key and a small frame in
+front of the value) so that the stream index and downstream consumers can read kind/time/window without
+decoding the value.
 
 Contract (checked by the conformance suite in `tests/conformance`):
 - exactly one writer per partition; appends are durable in order and reported through callbacks served
