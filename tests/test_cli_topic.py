@@ -316,3 +316,126 @@ def test_follow_keeps_the_results_current_until_stopped_and_commits_lag_position
         monitor.close()
     ends = [sum(1 for p, _ in first + later if p == q) for q in range(PARTITIONS)]
     assert [tp.offset for tp in committed] == ends
+
+
+def read_results_topic(
+    bootstrap: str, topic: str, enough: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every committed record of a results topic, as a consumer that knows nothing of cec reads it: a
+    plain read_committed consumer, to the end of every partition (or until it has `enough` records)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,  # Tansu holds every fetch for the full wait
+        }
+    )
+    try:
+        meta = consumer.list_topics(timeout=30).topics.get(topic)
+        if meta is None or not meta.partitions:
+            return []  # not created yet
+        partitions = len(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        rows: list[tuple[str, dict[str, Any]]] = []
+        at_end: set[int] = set()
+
+        def drained() -> bool:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                return False
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                at_end.add(msg.partition())
+                return len(at_end) == partitions
+            at_end.discard(msg.partition())
+            rows.append((msg.key().decode(), json.loads(msg.value())))
+            return enough is not None and len(rows) >= enough
+
+        wait_for(drained, timeout=60, interval=0)
+        return rows
+    finally:
+        consumer.close()
+
+
+def results_topic_per_key(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[str, str, str]]]:
+    """The results topic in the results CSV's shape (key -> [(window, value, count)]), after checking
+    that every record is keyed by its window key and that no (key, window) occurs twice."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    seen: set[tuple[str, int]] = set()
+    for key, row in rows:
+        assert key == row["key"], (key, row)
+        assert (key, row["window"]) not in seen, f"result {key} window {row['window']} published twice"
+        seen.add((key, row["window"]))
+        out.setdefault(key, []).append((str(row["window"]), repr(float(row["value"])), str(row["count"])))
+    return out
+
+
+def test_results_topic_holds_each_result_once_through_crash_after(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-results")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    out = topic_run(
+        kafka_broker, topic, tmp_path / "out.csv", "--results-topic", results_topic, "--crash-after", "230"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("operator process SIGKILLed after 230 input records") == PARTITIONS
+    want = csv_reference(tmp_path, purchases)
+    assert per_key(tmp_path / "out.csv") == want
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
+
+
+def test_results_topic_holds_each_result_once_through_an_outside_sigkill(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    purchases = make_purchases(150_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-results-kill")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    results = tmp_path / "out.csv"
+    args = ("--store-dir", str(tmp_path / "store"), "--results-topic", results_topic)
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *args],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # Killed once results are committed to the results topic, mid-run (its records are few next to
+        # the log's, so a read of it is cheap enough to poll).
+        wait_for(
+            lambda: (
+                proc.poll() is not None
+                or len(read_results_topic(kafka_broker.bootstrap, results_topic, enough=300)) >= 300
+            ),
+            timeout=120,
+            interval=0.05,
+        )
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before 300 results were committed"
+    want = csv_reference(tmp_path, purchases)
+    before = read_results_topic(kafka_broker.bootstrap, results_topic)
+    assert 300 <= len(before) < sum(len(v) for v in want.values())
+    again = topic_run(kafka_broker, topic, results, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert per_key(results) == want
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
+
+
+def test_results_topic_on_the_embedded_store_is_one_line(tmp_path: Path) -> None:
+    data = write_csv(tmp_path / "purchases.csv", make_purchases(50, keys=5, partitions=1))
+    out = cec(
+        "run", str(data), "--key", "item", "--value", "price", *WINDOW, "--results", str(tmp_path / "out.csv"),
+        "--results-topic", "results",
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("cec: error: --results-topic needs --bootstrap-servers"), out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
