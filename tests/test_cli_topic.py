@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -439,3 +440,26 @@ def test_results_topic_on_the_embedded_store_is_one_line(tmp_path: Path) -> None
     assert out.returncode == 2
     assert out.stderr.startswith("cec: error: --results-topic needs --bootstrap-servers"), out.stderr
     assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_an_error_inside_a_crash_after_worker_is_one_line(kafka_broker: Broker, tmp_path: Path) -> None:
+    # The registry is reached only by the operator processes (the first record's schema id), so the error
+    # is raised inside a --crash-after worker; the CLI must not add a line or a traceback of its own.
+    topic = _new_topic(kafka_broker, "purchases-registry-down")
+    purchases = make_purchases(60, keys=6, partitions=PARTITIONS)
+    produce(
+        kafka_broker.bootstrap, topic, encoded(purchases, lambda r: struct.pack(">bI", 0, 7) + avro_body(r))
+    )
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        registry = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    out = topic_run(
+        kafka_broker, topic, tmp_path / "out.csv", "--format", "registry", "--schema-registry", registry,
+        "--crash-after", "5",
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    ours = [line for line in out.stderr.splitlines() if not line.startswith("%")]  # librdkafka's own log
+    assert len(ours) == 1 and ours[0].startswith(f"cec: error: schema registry {registry} unreachable"), (
+        out.stderr
+    )
+    assert "Traceback" not in out.stderr
