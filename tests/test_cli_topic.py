@@ -463,3 +463,18 @@ def test_an_error_inside_a_crash_after_worker_is_one_line(kafka_broker: Broker, 
         out.stderr
     )
     assert "Traceback" not in out.stderr
+
+
+def test_results_topic_of_a_csv_run_on_kafka(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
+) -> None:
+    data = write_csv(tmp_path / "purchases.csv", purchases)
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    out = cec(
+        "run", str(data), "--key", "item", "--value", "price", *WINDOW, "--results", str(tmp_path / "out.csv"),
+        "--bootstrap-servers", kafka_broker.bootstrap, "--results-topic", results_topic, "--crash-after", "700",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    want = per_key(tmp_path / "out.csv")
+    assert want == csv_reference(tmp_path, purchases)
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
