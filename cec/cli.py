@@ -491,6 +491,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_topic(args)
     if not args.input:
         raise ConfigError("give an input CSV file, or --input-topic TOPIC")
+    from cec.topic_run import results_topic_extra
+
+    extra = results_topic_extra(args)  # before any work: --results-topic needs a Kafka store
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -519,6 +522,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=args.progress,
             **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
+            extra=extra,
         )
         if args.crash_after is not None:
             rc = _wait(
@@ -546,6 +550,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             store.close()
     _say(f"results:      {n_results:,} closed windows -> {results_path}")
     _say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
+    if args.results_topic:
+        _say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
     _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
     _say("windows still open at the end of the input are not emitted")
     if args.crash_after is not None:

@@ -212,16 +212,31 @@ def instance_spec(template: JobSpec, partition: int) -> JobSpec:
     return replace(template, source=source, output_partition=partition)
 
 
-def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: float = 0.0) -> OutputQueue:
+def open_output(
+    store: QueueStore,
+    topic: str,
+    partition: int,
+    *,
+    lock_wait_s: float = 0.0,
+    results: tuple[str, dict[str, Any]] | None = None,
+) -> OutputQueue:
     """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
 
     After a SIGKILL the kernel releases the writer's lock at once, but a relaunched instance can start
     while its predecessor is still shutting down (a cancelled Spark job, a driver that takes its executors
     down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
+    `results` (results topic, result schema): also publish every result there as plain JSON, in the
+    output log's transactions (`operators.sinks.ResultsTopicOutput`).
     """
     deadline = time.monotonic() + lock_wait_s
     while True:
         try:
+            if results is not None:
+                from operators.sinks import ResultsTopicOutput
+
+                return ResultsTopicOutput(
+                    store, topic, partition, results_topic=results[0], result_schema=results[1]
+                )
             return OutputQueue(store, topic, partition)
         except PartitionLockedError:
             if time.monotonic() >= deadline:
@@ -275,7 +290,14 @@ def run_job(
         source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
-            output = open_output(store, spec.output_topic, spec.output_partition, lock_wait_s=lock_wait_s)
+            results_topic = spec.extra.get("results_topic")  # operators.sinks.RESULTS_TOPIC
+            output = open_output(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                lock_wait_s=lock_wait_s,
+                results=(results_topic, operator.result_schema) if results_topic else None,
+            )
         except BaseException:
             source.close()
             raise

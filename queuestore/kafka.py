@@ -812,6 +812,7 @@ class KafkaPartitionWriter(PartitionWriter):
         # Delivered records of the open transaction, in offset order: (callback, offset), served on commit.
         self._delivered: list[tuple[DurableCallback | None, int]] = []
         self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
+        self._side: list[tuple[str, int, bytes | None, bytes]] = []  # see append_side
         self.commits = 0
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
@@ -843,6 +844,7 @@ class KafkaPartitionWriter(PartitionWriter):
         if self._failure is None:
             self._failure = exc
         failure = self._failure
+        self._side.clear()
         delivered, self._delivered = self._delivered, []
         for on_durable, _ in delivered:
             self._served += 1
@@ -917,6 +919,8 @@ class KafkaPartitionWriter(PartitionWriter):
             )
         if self._failure is not None:
             raise self._stop(self._failure)
+        if self._side:
+            self._produce_side(producer, flush_timeout)
         faults.hit("kafka.before_commit")
         try:
             producer.commit_transaction(self._timeout)
@@ -984,6 +988,49 @@ class KafkaPartitionWriter(PartitionWriter):
                 raise self._stop(self._failed(err, "append to")) from None
         self._appended += 1
         self._transaction_records += 1
+
+    def append_side(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """Add a plain record (no cec headers) for another topic to the open transaction (one is begun if
+        none is open), so it commits or aborts with the records appended to this partition: a
+        read_committed consumer of `topic` sees it exactly when they are in the log.
+
+        Side records are produced at commit time, after this partition's records are delivered: on a
+        broker that shows aborted records anyway (Tansu, docs/kafka.md) a side record is then visible only
+        if the records appended before it are, never the other way round. A failed side record is the
+        writer's failure."""
+        producer = self._live_producer()
+        self._check_failure()
+        if not self._in_transaction:
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                raise self._stop(self._failed(err, "transaction on")) from None
+            self._in_transaction = True
+            self._transaction_started = self._clock()
+            self._transaction_records = 0
+        self._side.append((topic, partition, key, value))
+
+    def _produce_side(self, producer: Producer, flush_timeout: float | None) -> None:
+        """Produce the open transaction's side records (its own records are delivered) and deliver them."""
+        side, self._side = self._side, []
+        for topic, partition, key, value in side:
+            while True:
+                try:
+                    producer.produce(topic, value, key, partition=partition, on_delivery=self._plain_report)
+                    break
+                except BufferError:
+                    self._serve(producer.poll, 0.05)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                    raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
+            self._appended += 1
+        if self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout) > 0:
+            raise TimeoutError(
+                f"side records of {self.topic}[{self.partition}] not delivered after {flush_timeout}s"
+            )
+        if self._failure is not None:
+            raise self._stop(self._failure)
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports; commit the open transaction when it is due (module docstring). Raises
