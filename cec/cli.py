@@ -38,7 +38,6 @@ from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
-from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
@@ -566,24 +565,22 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 # -- cec inspect ------------------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    store = open_store(store_spec(args.store_dir, args.bootstrap_servers))
-    try:
-        for p in range(store.partitions(args.topic)):
-            kinds = count_kinds(store, args.topic, p)  # every record checked: damage is an error
-            with store.reader(args.topic, p) as reader:
-                end = reader.end_offset()
-                ec = EventualCheckpointBuilder(reader).build()
-            _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
-            _say(
-                f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
-                f"{'finished (EOS)' if ec.complete else 'not finished'}"
-            )
-            _say(
-                f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
-                f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms"
-            )
-    finally:
-        store.close()
+    from cec import inspection
+
+    if args.list == bool(args.topic):
+        raise ConfigError("give a TOPIC to inspect, or --list to list the topics")
+    with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
+        if args.list:
+            for topic, partitions in inspection.list_topics(store):
+                _say(f"{topic}\t{partitions} partition(s)")
+            return 0
+        summaries = inspection.inspect_topic(store, args.topic)
+    if args.json:
+        _say(json.dumps(inspection.topic_json(args.topic, summaries)))
+    else:
+        for summary in summaries:
+            for line in summary.lines(args.topic):
+                _say(line)
     return 0
 
 
@@ -633,10 +630,30 @@ def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> No
     )
 
 
+def _read_store_args(p: argparse.ArgumentParser) -> None:
+    """--store-dir/--bootstrap-servers of the commands that only read a store (never create it)."""
+    p.add_argument("--store-dir", help="the store's directory (must exist; optional on Kafka)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+        help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cec")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="the paper's workload, killed midway, recovered, verified")
@@ -697,9 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="what an output queue holds and what recovery would rebuild")
-    inspect.add_argument("topic")
-    inspect.add_argument("--store-dir", required=True)
-    inspect.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"))
+    inspect.add_argument("topic", nargs="?")
+    inspect.add_argument("--list", action="store_true", help="the topics in the store, one per line")
+    inspect.add_argument("--json", action="store_true", help="one JSON object (see cec/inspection.py)")
+    _read_store_args(inspect)
     inspect.set_defaults(func=cmd_inspect)
     return parser
 
