@@ -532,6 +532,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=args.progress,
             **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
+            metrics_port=args.metrics_port,
         )
         if args.crash_after is not None:
             rc = _wait(
@@ -589,6 +590,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be 1..65535, got {value}")
     return value
 
 
@@ -707,6 +718,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
     )
     run.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics (cec_*) on this port while the run goes on (instance p: PORT + p)",
+    )
     _policy_args(run, q=None, u=None)
     from cec.topic_run import add_topic_arguments
 

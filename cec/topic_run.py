@@ -167,6 +167,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             output_partitions=partitions,
             progress=args.progress,
             **_policy(args),
+            metrics_port=args.metrics_port,
         )
         store = open_store(store_cfg)
         try:
