@@ -585,6 +585,27 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- cec recover --dry-run ---------------------------------------------------------------------------------
+def cmd_recover(args: argparse.Namespace) -> int:
+    from cec import inspection
+    from recovery.dry_run import plan_recovery
+
+    if not args.dry_run:
+        raise ConfigError(
+            "only --dry-run is supported: a job recovers by itself when it is run again on its log "
+            "(e.g. cec run with the same --store-dir)"
+        )
+    with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
+        plans = plan_recovery(store, args.topic, Path(args.store_dir) if args.store_dir else None)
+    if args.json:
+        _say(json.dumps({"topic": args.topic, "partitions": [p.as_json() for p in plans]}))
+    else:
+        for plan in plans:
+            for line in plan.lines(args.topic):
+                _say(line)
+    return 0
+
+
 # -- argument parsing -------------------------------------------------------------------------------------
 def _positive_int(text: str) -> int:
     value = int(text)
@@ -735,6 +756,17 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--json", action="store_true", help="one JSON object (see cec/inspection.py)")
     _read_store_args(inspect)
     inspect.set_defaults(func=cmd_inspect)
+
+    recover = sub.add_parser("recover", help="--dry-run: what a recovery would do now, changing nothing")
+    recover.add_argument("topic")
+    recover.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="report the EC windows, extent, replay start per input partition and an estimated time",
+    )
+    recover.add_argument("--json", action="store_true", help="one JSON object")
+    _read_store_args(recover)
+    recover.set_defaults(func=cmd_recover)
     return parser
 
 
