@@ -3,7 +3,9 @@
 - `cec demo`: the paper's workload (purchases -> filter -> average price per item over count windows),
   the aggregate in its own process, SIGKILLed midway, recovered, and compared with a failure-free run;
 - `cec run`: CEC over a user's CSV, optionally SIGKILLed after K rows and recovered;
-- `cec inspect`: what an output queue holds and what recovery would rebuild from it.
+- `cec inspect`: what an output queue holds and what recovery would rebuild from it (`--list`, `--json`);
+- `cec recover --dry-run`: what a recovery would do now, changing nothing;
+- `cec state --as-of`: the state of every window open at a past point of a log.
 """
 
 from __future__ import annotations
