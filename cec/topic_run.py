@@ -201,6 +201,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             progress=args.progress,
             **_policy(args),
             extra=results_topic_extra(args),
+            metrics_port=args.metrics_port,
         )
         store = open_store(store_cfg)
         try:

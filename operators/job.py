@@ -16,6 +16,7 @@ from typing import Any
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
+from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
@@ -77,6 +78,8 @@ class JobSpec:
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
+    # Serve Prometheus metrics (cec.metrics) on metrics_port + output_partition; None: no endpoint.
+    metrics_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -273,6 +276,13 @@ def check_input(spec: JobSpec) -> None:
         store.close()
 
 
+def _metrics(spec: JobSpec) -> OperatorMetrics | None:
+    if spec.metrics_port is None:
+        return None
+    serve(spec.metrics_port + spec.output_partition)
+    return OperatorMetrics(spec.output_topic, spec.output_partition)
+
+
 def run_job(
     spec: JobSpec,
     *,
@@ -322,6 +332,7 @@ def run_job(
                 batch_size=spec.batch_size,
                 progress=progress,
                 footprints=spec.footprints,
+                metrics=_metrics(spec),
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:

@@ -25,6 +25,7 @@ from typing import Any
 
 from cec import progress as progress_tasks
 from cec.exceptions import BadTupleError
+from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
 from cec.rates import MeasuredRates
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
@@ -137,6 +138,7 @@ class OperatorRuntime:
         clock: Callable[[], float] | None = None,
         check_every: int = 32,
         rates: MeasuredRates | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -157,6 +159,7 @@ class OperatorRuntime:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
         self.rates = rates or MeasuredRates()
+        self.metrics = metrics  # Prometheus (cec.metrics): sampled after each batch, recovery phases
         self.batch_size = batch_size
         self.progress = progress or Progress(operator.name, enabled=False)
         self.codec = codec or RecordCodec()
@@ -316,12 +319,15 @@ class OperatorRuntime:
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),
                 codec=self.codec,
                 progress=scanned,
+                on_phase=None if self.metrics is None else self.metrics.phase,
             )
             try:
                 recovery = manager.recover(self.source.partitions)
             finally:
                 if scan is not None:
                     scan.close()
+        if self.metrics is not None:
+            self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
         if not recovery.needed:
             self._plan = None
             self.source.seek(self._pos)
@@ -414,6 +420,8 @@ class OperatorRuntime:
         faults.hit("runtime.after_input")
 
     def _caught_up(self) -> None:
+        if self.metrics is not None:
+            self.metrics.phase("idle")
         if self.stats.recovery is not None and self._plan is not None:
             report = self.stats.recovery
             report.recovery_seconds = time.perf_counter() - self._started
@@ -662,6 +670,8 @@ class OperatorRuntime:
             if now - last_sample >= 1.0:
                 last_sample = now
                 self.stats.extent_samples.append((self._in_count, extent))
+            if self.metrics is not None:
+                self._sample_metrics(extent)
             self.progress(
                 f"{self.stats.inputs:,} tuples in, {self.stats.outputs:,} records out, N={self._registry.n:,}, "
                 f"extent {extent:,}"
@@ -681,8 +691,24 @@ class OperatorRuntime:
         self._finish(complete=True)
         return self.stats
 
+    def _sample_metrics(self, extent: int) -> None:
+        assert self.metrics is not None
+        stats = self.stats
+        self.metrics.sample(
+            open_windows=self._registry.n,
+            extent=extent,
+            replay=self._registry.replay_size(self._in_count),
+            inputs=stats.inputs,
+            outputs=stats.outputs,
+            gopens=stats.gopens,
+            gchecks=stats.gchecks,
+            duty=self.schedule.real_duty(),
+        )
+
     def _finish(self, *, complete: bool) -> None:
         self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
+        if self.metrics is not None:
+            self._sample_metrics(self._registry.extent_size(self._out_count))
         self.stats.open_windows = self._registry.n
         self._report_checkpointing()
         self.stats.completed = complete

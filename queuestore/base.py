@@ -270,6 +270,10 @@ class QueueStore(abc.ABC):
     @abc.abstractmethod
     def topic_exists(self, topic: str) -> bool: ...
 
+    def topics(self) -> list[str]:
+        """The output topics the store holds, sorted (`cec inspect --list`). Backends override it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its topics")
+
     @abc.abstractmethod
     def partitions(self, topic: str) -> int: ...
 

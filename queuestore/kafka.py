@@ -615,6 +615,19 @@ class KafkaQueueStore(QueueStore):
     def topic_exists(self, topic: str) -> bool:
         return self._topic_partitions(topic) is not None
 
+    def topics(self) -> list[str]:
+        """Every topic of the cluster but the internal ones (`__consumer_offsets`, ...) and the companions
+        that hold attachments (`cec-meta.*`): on a shared cluster that includes topics cec did not write."""
+        try:
+            md = self._admin_client().list_topics(timeout=self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+        return sorted(
+            name
+            for name, tmd in md.topics.items()
+            if tmd.error is None and not name.startswith(("_", ATTACHMENT_TOPIC_PREFIX))
+        )
+
     def cluster_id(self) -> str:
         """The cluster's id (the same through any bootstrap address); the bootstrap list if the broker
         reports none."""
