@@ -427,7 +427,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     panels = (
         ("tuples_per_s", "steady throughput (tuples/s)"),
         ("bytes_per_tuple", "bytes written per input tuple"),
-        ("recovery_s", "recovery after SIGKILL, state lost (s)"),
+        ("recovery_s", "recovery after SIGKILL at half, state lost (s)"),
     )
     width = 0.27
     colors = {"cec": "tab:blue", "quix-alo": "tab:orange", "quix-eos": "tab:red"}
@@ -439,8 +439,6 @@ def plot(result: dict[str, Any], path: Path) -> None:
         ax.set_xticks(range(len(keys)), [f"{int(k):,} keys" for k in keys])
         ax.set_title(title)
         ax.grid(axis="y", alpha=0.3)
-        if field == "recovery_s":
-            ax.set_yscale("log")
     axes[0].legend()
     fig.suptitle(
         f"cec vs Quix Streams {result.get('quix_version', '')} on one {result['broker']} broker: "
@@ -494,6 +492,46 @@ def run_keys(
     return block
 
 
+_PROFILED_CLI = """
+import cProfile, sys
+import cec.topic_run as topic_run
+from cec.cli import main
+run_job, out = topic_run.run_job, sys.argv.pop(1)
+def profiled(*args, **kwargs):  # the operator runs in a thread of its own: profile it there
+    prof = cProfile.Profile()
+    try:
+        return prof.runcall(run_job, *args, **kwargs)
+    finally:
+        prof.dump_stats(out)
+topic_run.run_job = profiled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def profile_cec(bootstrap: str, keys: int, count: int, work: Path, top: int = 25) -> None:
+    """Where a failure-free `cec run --input-topic` operator spends its time: cProfile of its `run_job`."""
+    import pstats
+
+    input_topic = f"bench-profile-{keys}-{count}-{os.getpid()}"
+    produce_input(bootstrap, input_topic, count, keys)
+    out_topic, store_dir, prof = f"{input_topic}-out", work / "profile-store", work / "cec.prof"
+    cmd = _cec_cmd(bootstrap, input_topic, out_topic, store_dir, [])[1:]
+    started = time.perf_counter()
+    subprocess.run(
+        [sys.executable, "-c", _PROFILED_CLI, str(prof), *cmd],
+        check=True, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    wall = time.perf_counter() - started
+    stats = _cec_stats(store_dir, out_topic)
+    print(
+        f"cec run --input-topic, operator under cProfile: {count:,} tuples, {keys:,} keys: CLI process {wall:.2f} s, "
+        f"operator {stats['seconds']:.2f} s ({stats['inputs'] / stats['seconds']:,.0f} tuples/s under the profiler)"
+    )
+    for order in ("tottime", "cumulative"):
+        print(f"--- top {top} by {order}")
+        pstats.Stats(str(prof)).sort_stats(order).print_stats(top)
+
+
 def main(argv: list[str] | None = None) -> int:
     if argv is None:
         argv = sys.argv[1:]
@@ -515,6 +553,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--input-large", type=int, help="tuples above 1,000 keys (default 500,000: the paper's)"
     )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="only cProfile a failure-free cec run (first --keys, small input)",
+    )
+    parser.add_argument(
+        "--from-partial",
+        metavar="QUIX_VERSION",
+        help="summarize the repeats a cut-short run left in benchmarks/out/quix.partial-KEYS.json",
+    )
     parser.add_argument("--no-recovery", action="store_true", help="throughput and bytes only")
     parser.add_argument(
         "--quix-python", type=Path, help=f"a Python with {QUIX_REQUIREMENT} (default: {QUIX_VENV})"
@@ -529,6 +577,18 @@ def main(argv: list[str] | None = None) -> int:
     small = args.input_small or (4_000 if args.quick else 200_000)
     large = args.input_large or (4_000 if args.quick else 500_000)
 
+    if args.from_partial:  # a run cut short: the repeats it finished (quix.partial-KEYS.json)
+        blocks = {k: HERE / "out" / f"quix.partial-{k}.json" for k in key_counts}
+        kept = {str(k): json.loads(path.read_text()) for k, path in blocks.items() if path.exists()}
+        result = {
+            "broker": "tansu",
+            "quix_version": args.from_partial,
+            "repeats": min(len(b["throughput"]) for b in kept.values()),
+            "partial": True,
+            "keys": kept,
+            "seconds": 0.0,
+        }
+        return finish(result, args)
     global QUIX_PYTHON
     if args.quix_python:
         QUIX_PYTHON = args.quix_python
@@ -542,6 +602,13 @@ def main(argv: list[str] | None = None) -> int:
     from tests.brokers import start_broker
 
     broker = start_broker()
+    if args.profile:
+        try:
+            with tempfile.TemporaryDirectory(prefix="bench-quix-profile-") as tmp:
+                profile_cec(broker.bootstrap, key_counts[0], small, Path(tmp))
+        finally:
+            broker.stop()
+        return 0
     started = time.perf_counter()
     result: dict[str, Any] = {
         "broker": broker.kind,
@@ -562,6 +629,11 @@ def main(argv: list[str] | None = None) -> int:
         broker.stop()
     result["load_average_end"] = os.getloadavg()
     result["seconds"] = time.perf_counter() - started
+    return finish(result, args)
+
+
+def finish(result: dict[str, Any], args: argparse.Namespace) -> int:
+    """Summary, goals, ratios printed; JSON and plot written."""
     result["summary"] = summarize(result)
     result["goals"] = [{"goal": g, "measured": m, "met": ok} for g, m, ok in goals(result["summary"])]
 
@@ -591,7 +663,7 @@ def main(argv: list[str] | None = None) -> int:
         _say(f"wrote {out}")
     if not args.quick or args.plot:
         plot(result, args.plot or HERE / "quix.png")
-    _say(f"done in {result['seconds']:.0f} s")
+    _say(f"done in {result.get('seconds', 0.0):.0f} s")
     return 0
 
 
