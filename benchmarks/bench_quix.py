@@ -442,7 +442,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
     axes[0].legend()
     fig.suptitle(
         f"cec vs Quix Streams {result.get('quix_version', '')} on one {result['broker']} broker: "
-        f"medians of {result['repeats']} interleaved repeats"
+        "medians of interleaved repeats ("
+        + ", ".join(f"{int(k):,} keys: {len(b['throughput'])}" for k, b in result["keys"].items())
+        + ")"
     )
     fig.tight_layout()
     fig.savefig(path, dpi=90)
