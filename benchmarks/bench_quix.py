@@ -27,7 +27,7 @@ Figures, each system in its own process, systems interleaved within every repeat
   `--recovery-target` = a fifth of the fastest Quix recovery measured in the same repeat.
 
     .venv/bin/python benchmarks/bench_quix.py             # 1,000 and 100,000 keys, 3 repeats: ~25-40 min
-    .venv/bin/python benchmarks/bench_quix.py --quick     # small sizes, one repeat: well under a minute
+    .venv/bin/python benchmarks/bench_quix.py --quick     # small sizes, one repeat: ~1 minute (70 s at load 25)
 Writes benchmarks/out/quix.json and benchmarks/quix.png (not with --quick unless --plot).
 """
 
