@@ -451,7 +451,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def run_keys(
-    bootstrap: str, keys: int, count: int, repeats: int, work: Path, recovery: bool
+    bootstrap: str, keys: int, count: int, repeats: int, work: Path, recovery: bool, save_partial: bool
 ) -> dict[str, Any]:
     input_topic = f"bench-purchases-{keys}-{count}-{os.getpid()}"
     produce_input(bootstrap, input_topic, count, keys)
@@ -488,9 +488,10 @@ def run_keys(
             f"duty {c['checkpoint_duty'] or 0:.1%})"
         )
         block["recovery"].append(rec)
-        partial = HERE / "out" / f"quix.partial-{keys}.json"  # what a run cut short still leaves
-        partial.parent.mkdir(exist_ok=True)
-        partial.write_text(json.dumps(block, indent=2))
+        if save_partial:
+            partial = HERE / "out" / f"quix.partial-{keys}.json"  # what a run cut short still leaves
+            partial.parent.mkdir(exist_ok=True)
+            partial.write_text(json.dumps(block, indent=2))
     return block
 
 
@@ -625,7 +626,7 @@ def main(argv: list[str] | None = None) -> int:
             for keys in key_counts:
                 count = small if keys <= 1000 else large
                 result["keys"][str(keys)] = run_keys(
-                    broker.bootstrap, keys, count, repeats, Path(tmp), not args.no_recovery
+                    broker.bootstrap, keys, count, repeats, Path(tmp), not args.no_recovery, not args.quick
                 )
     finally:
         broker.stop()
