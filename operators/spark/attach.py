@@ -6,14 +6,23 @@ A user who would write
 
 writes instead
 
-    query = cec_aggregate(spark, input_topic="purchases", bootstrap_servers=bs, output_topic="avg",
-                          key="item_id", value="item_price", agg="avg", window_count=10,
-                          state_dir="/var/lib/cec", checkpoint_location="/tmp/ckpt", partitions=2)
+    from operators.spark.attach import cec_aggregate, read_results   # also registers the data sources
+    query = cec_aggregate(spark, input_topic="purchases", input_format="json", bootstrap_servers=bs,
+                          output_topic="avg", key="item_id", value="item_price", agg="avg", window_count=10,
+                          state_dir="/var/lib/cec", checkpoint_location="/tmp/ckpt", partitions=2,
+                          checkpointing=Checkpointing(u_target=100_000))
+    query.lastProgress["cec"]        # extent, open windows, G-opens/G-checks, recovery phases
     query.awaitTermination()
     read_results(spark, "avg", bs).show()     # key, window, value, count, start, end (R rows only)
 
-Pipeline: the "cec-kafka" Python Data Source (one Spark input partition per Kafka partition j; rows carry
-j and offset o) -> `groupBy(key).transformWithStateInPandas(CEC processor)` -> a CEC sink (foreachBatch).
+Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/csv topic, read by
+`operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
+Kafka partition j, rows carrying j and offset o -> `groupBy(key).transformWithStateInPandas(CEC
+processor)` -> a CEC sink (foreachBatch) on the driver.
+
+cec must be importable on every executor (an installed package, or `--py-files`/`--archives` of a venv):
+the processor and the data sources run there. The Kafka store is the only store here (an embedded
+SQLite log would live on one executor's disk); `spark.speculation=true` is refused.
 
 Responsibilities, one module each:
 - `operators.spark.generations`: output topic generations (restart with another partition count);
@@ -32,19 +41,29 @@ import logging
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
+from operators.formats import FORMATS, load_avro_schema
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.planning import AttachRecovery, plan_recovery
-from operators.spark.processor import EMIT_SCHEMA, INIT_SCHEMA, AggregateSpec, CecAggregateProcessor
+from operators.spark.processor import (
+    EMIT_SCHEMA,
+    INIT_SCHEMA,
+    AggregateSpec,
+    CecAggregateProcessor,
+    GCheckSpec,
+)
 from operators.spark.query import CecAggregateQuery
+from operators.spark.session import check_session
 from operators.spark.sink import SINK_FAULT_SITE, CecSink
+from operators.spark.topic_reader import TOPIC_FORMAT, register_topic_source
+from operators.topic_source import broker_compat
 from queuestore.output import OutputQueue
 
 if TYPE_CHECKING:
@@ -64,6 +83,7 @@ __all__ = [
     "generation_topic",
     "list_generations",
     "read_results",
+    "register_all",
 ]
 
 log = logging.getLogger(__name__)
@@ -107,7 +127,9 @@ def cec_aggregate(
     window_count: int | None = None,
     window_time: str | int | None = None,
     time: str | None = None,
-    input_schema: str | Mapping[str, Any] = "purchase",
+    input_schema: str | Mapping[str, Any] | Sequence[str] | None = None,
+    input_format: str = "cec",
+    schema_registry_url: str | None = None,
     partitions: int | None = None,
     available_now: bool = False,
     processing_time: str | None = None,
@@ -116,27 +138,35 @@ def cec_aggregate(
     query_name: str | None = None,
     checkpointing: Checkpointing | Mapping[str, Any] | None = None,
 ) -> CecAggregateQuery:
-    """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading the cec-kafka topic
-    `input_topic` and writing results plus footprints to `output_topic`.
+    """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
+    writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
+    handle with CEC's figures in its progress, see `operators.spark.query`).
 
-    - `window_count=N` or `window_time="10s"` (with `time`, the event-time column in ms); `agg` is one of
+    - `input_format`: `"json"`, `"avro"`, `"registry"` or `"csv"` for an ordinary topic written by any
+      producer (read by `operators.topic_source.KafkaTopicSource` through the cec-topic data source:
+      `key`, `value` and `time` are value fields, `time="@timestamp"` the Kafka record timestamp; a record
+      that cannot be decoded or lacks a field is a dead letter with its partition, offset and reason), or
+      `"cec"` (the default) for a cec queue (an upstream CEC stage's output or the cec-kafka sink);
+    - `input_schema`: avro: the schema (dict, JSON text or `.avsc` path); csv: the column names (list or
+      comma-separated text); cec: the payload's Avro schema (a name known to cec-kafka, JSON text or a
+      dict; default "purchase"); `schema_registry_url`: registry;
+    - `window_count=N` or `window_time="10s"` (with `time`, the event-time field in ms); `agg` is one of
       avg, sum, count, min, max; results have KeyedAggregate's columns (key, window, value, count, start,
       end) and are read with `read_results`;
-    - `input_schema`: the input payload's Avro schema (a name known to cec-kafka, a JSON text or a dict);
     - `partitions`: output partitions P (default: the latest generation's, else the input's). A P other
-      than the latest generation's starts a new generation (module doc);
+      than the latest generation's starts a new generation (`operators.spark.generations`);
     - `state_dir`: local state (stream indexes, writer locks); `checkpoint_location`: a fresh Spark
       checkpoint is made under it at every start, because recovery comes from the output logs;
     - trigger: `available_now=True` (run to the current end of the input, then stop), else
-      `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible).
+      `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible);
+    - `checkpointing`: a `cec.Checkpointing` (or its dict). With `u_target` U, each open window has a
+      processing-time timer, and is G-checked once the input read since its latest footprint reaches U/2
+      (timers fire between micro-batches: the other half is room for one micro-batch), within the
+      CI/CP budget of each task (`operators.spark.processor.GCheckSpec`). Q, a recovery target and the
+      cost-benefit policy need measurements the attached operator does not have: they are refused.
 
-    - `checkpointing`: a `cec.Checkpointing` (or its dict), validated here and kept as
-      `query.checkpointing`. This design does not produce G-checks yet (G-open only, see the module doc):
-      Q, U, CI/CP, a recovery target and the cost-benefit policy are not acted on by the attached
-      operator, which logs a warning when given a configuration that asks for G-checks.
-
-    The session's shuffle partitions (= P) and state store provider (RocksDB, which transformWithState
-    needs) are set for this query only.
+    Refused (one clear `ConfigError`): `spark.speculation=true`. The session's shuffle partitions (= P) and
+    state store provider (RocksDB, which transformWithState needs) are set for this query only.
     """
     from pyspark.sql import functions as F
 
@@ -148,23 +178,34 @@ def cec_aggregate(
         checkpointing = Checkpointing.from_dict(dict(checkpointing))
     elif not isinstance(checkpointing, Checkpointing):
         raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
-    if checkpointing.checkpoints:
-        log.warning(
-            "cec_aggregate writes G-open footprints only: the G-checks that %s asks for are not produced "
-            "by the attached operator yet",
-            checkpointing.describe(),
+    unsupported = [
+        name
+        for name, given in (
+            ("q_target", checkpointing.q_target is not None),
+            ("recovery_target", checkpointing.recovery_target is not None),
+            ("policy='cost-benefit'", checkpointing.policy == "cost-benefit"),
         )
+        if given
+    ]
+    if unsupported:
+        raise ConfigError(
+            f"cec_aggregate acts on u_target (U) and CI/CP only, not on {', '.join(unsupported)}: give U"
+        )
+    if input_format not in FORMATS:
+        raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
     if key in (value, time) or (time is not None and time == value):
         raise ConfigError("key, value and time must be different columns")
     window_ms = None
     if window_time is not None:
         window_ms = int(window_time) if isinstance(window_time, int) else parse_duration_ms(window_time)
-    spec = AggregateSpec(key, value, agg, window_count, window_ms, time)
+    spec = AggregateSpec(key, value, agg, window_count, window_ms, time, json_values=input_format != "cec")
     spec.build()  # validates the aggregate configuration here, not on an executor
     if partitions is not None and partitions < 1:
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
     if max_records_per_trigger is not None and max_records_per_trigger < 1:
         raise ConfigError("max_records_per_trigger must be >= 1")
+    source_options = _source_options(input_format, input_schema, schema_registry_url, key, value, time)
+    check_session(spark, embedded_store=False, what="cec_aggregate")
 
     client = dict(kafka_config or {})
     store = KafkaQueueStore(bootstrap_servers, Path(state_dir), config=client)
@@ -189,7 +230,7 @@ def cec_aggregate(
     except BaseException:
         store.close()
         raise
-    sink = CecSink(outputs, recovery.ends, has_time=time is not None)
+    sink = CecSink(outputs, recovery, has_time=time is not None)
     try:
         query = _start_query(
             spark,
@@ -198,7 +239,8 @@ def cec_aggregate(
             sink=sink,
             input_topic=input_topic,
             bootstrap_servers=bootstrap_servers,
-            input_schema=_schema_option(input_schema),
+            source_options=source_options,
+            gcheck=GCheckSpec.from_checkpointing(checkpointing),
             state_dir=Path(state_dir),
             checkpoint=Path(checkpoint_location) / f"run-{_run_id()}",
             client=client,
@@ -214,9 +256,7 @@ def cec_aggregate(
         finally:
             store.close()
         raise
-    attached = CecAggregateQuery(query, sink, store, recovery)
-    attached.checkpointing = checkpointing
-    return attached
+    return CecAggregateQuery(query, sink, store, recovery, checkpointing)
 
 
 def _run_id() -> str:
@@ -224,15 +264,59 @@ def _run_id() -> str:
     return f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
+def _source_options(
+    input_format: str,
+    input_schema: str | Mapping[str, Any] | Sequence[str] | None,
+    registry_url: str | None,
+    key: str,
+    value: str,
+    time: str | None,
+) -> dict[str, str]:
+    """The input's data source options (format name under "format_name"), validated on the driver."""
+    if input_format == "cec":
+        if input_schema is not None and not isinstance(input_schema, (str, Mapping)):
+            raise ConfigError("input_schema of a cec topic is an Avro schema (a name, JSON text or a dict)")
+        return {"format_name": FORMAT, "schema": _schema_option(input_schema or "purchase")}
+    options = {"format_name": TOPIC_FORMAT, "format": input_format, "key": key, "value": value}
+    if time is not None:
+        options["time"] = time
+    if input_format == "avro":
+        if input_schema is None:
+            raise ConfigError("input_format='avro' needs input_schema (a dict, JSON text or an .avsc path)")
+        if isinstance(input_schema, Mapping):
+            options["schema"] = json.dumps(dict(input_schema))
+        elif isinstance(input_schema, str):
+            options["schema"] = input_schema
+            load_avro_schema(
+                json.loads(input_schema) if input_schema.lstrip().startswith("{") else input_schema
+            )
+        else:
+            raise ConfigError("input_schema of an avro topic is a dict, JSON text or an .avsc path")
+    elif input_format == "csv":
+        if input_schema is None or isinstance(input_schema, Mapping):
+            raise ConfigError("input_format='csv' needs input_schema: the column names")
+        columns = input_schema.split(",") if isinstance(input_schema, str) else list(input_schema)
+        options["columns"] = ",".join(c.strip() for c in columns)
+    elif input_format == "registry":
+        if not registry_url:
+            raise ConfigError("input_format='registry' needs schema_registry_url")
+        options["schema.registry.url"] = registry_url
+    compat = broker_compat()
+    if compat:
+        options["brokerCompat"] = compat
+    return options
+
+
 def _start_query(
     spark: SparkSession,
     *,
     spec: AggregateSpec,
+    gcheck: GCheckSpec | None,
     recovery: AttachRecovery,
     sink: CecSink,
     input_topic: str,
     bootstrap_servers: str,
-    input_schema: str,
+    source_options: Mapping[str, str],
     state_dir: Path,
     checkpoint: Path,
     client: Mapping[str, str],
@@ -243,15 +327,22 @@ def _start_query(
     functions: Any,
 ) -> StreamingQuery:
     F = functions
-    register(spark)
+    register_all(spark)
+    options = dict(source_options)
+    fmt = options.pop("format_name")
     reader = (
-        spark.readStream.format(FORMAT)
+        spark.readStream.format(fmt)
         .option("topic", input_topic)
         .option("bootstrap.servers", bootstrap_servers)
-        .option("schema", input_schema)
-        .option("stateDir", str(state_dir / "source"))
-        .option("startingOffsets", json.dumps({str(j): o for j, o in enumerate(recovery.start)}))
+        .options(**options)
     )
+    if fmt == FORMAT:
+        reader = reader.option("stateDir", str(state_dir / "source"))
+    if recovery.resumed or fmt == FORMAT:
+        # A resumed run replays from T; below an ordinary topic's log start that is the retention error.
+        reader = reader.option(
+            "startingOffsets", json.dumps({str(j): o for j, o in enumerate(recovery.start)})
+        )
     if max_records_per_trigger is not None:
         reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
     for name, setting in client.items():
@@ -260,7 +351,8 @@ def _start_query(
     # The key as KeyedAggregate.key_of makes it (str(value).strip()), so that the group key, the window id
     # in the log and the initial state's key are one string: Java's Unicode \s plus the separators
     # \x1c-\x1f is the set of characters Python's strip() removes.
-    key_col = F.regexp_replace(F.col(spec.key).cast("string"), _STRIP_PATTERN, "")
+    raw_key = F.col(spec.key) if fmt == FORMAT else F.col("cec_key")
+    key_col = F.regexp_replace(raw_key.cast("string"), _STRIP_PATTERN, "")
     # q_g(k) for every generation g: Spark's shuffle hash, so q is also the state partition when the shuffle
     # partitions equal P. The processor needs all of them for C_k; the last one routes the output.
     qs = F.array(*[F.pmod(F.hash(F.col("cec_key")), F.lit(g.partitions)) for g in recovery.generations])
@@ -268,18 +360,21 @@ def _start_query(
         F.col("cec_partition").cast("long").alias("cec_j"),
         F.col("cec_offset").alias("cec_o"),
         key_col.alias("cec_key"),
-        F.col(spec.value).alias("cec_v"),
     ]
-    if spec.time:
-        columns.append(F.col(spec.time).alias("cec_time"))
+    if fmt == FORMAT:
+        columns.append(F.col(spec.value).alias("cec_v"))
+        if spec.time:
+            columns.append(F.col(spec.time).alias("cec_time"))
+    else:
+        columns += [F.col("cec_v"), F.col("cec_time"), F.col("cec_error")]
     rows = source.select(*columns).withColumn("cec_qs", qs)
-    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index)
+    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck)
     initial = _initial_state(spark, recovery)
     transformed = rows.groupBy("cec_key").transformWithStateInPandas(
         statefulProcessor=processor,
         outputStructType=EMIT_SCHEMA,
         outputMode="Append",
-        timeMode="None",
+        timeMode="None" if gcheck is None else "ProcessingTime",
         initialState=initial.groupBy("cec_key") if initial is not None else None,
     )
     writer = transformed.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
@@ -307,13 +402,24 @@ def _start_query(
 
 
 def _initial_state(spark: SparkSession, recovery: AttachRecovery) -> DataFrame | None:
+    # Loaded windows are not live: they are G-checked only after a tuple of their key past its crash point.
     rows: list[tuple[Any, ...]] = [
-        (k, w.seq, True, w.state, w.generation, list(w.pos_w)) for k, w in recovery.windows.items()
+        (k, w.seq, True, w.state, w.generation, list(w.pos_w), False, list(w.pos_w), -1, -1, -1, -1)
+        for k, w in recovery.windows.items()
     ]
-    rows.extend((k, s, False, None, -1, None) for k, s in recovery.next_seq.items())
+    rows.extend(
+        (k, s, False, None, -1, None, False, None, -1, -1, -1, -1) for k, s in recovery.next_seq.items()
+    )
     if not rows:
         return None
     return spark.createDataFrame(rows, INIT_SCHEMA)
+
+
+def register_all(spark: SparkSession) -> None:
+    """Make `format("cec-kafka")` and `format("cec-topic")` available in `spark` (done for the active
+    session when this module is imported, and by `cec_aggregate` and `read_results`)."""
+    register(spark)
+    register_topic_source(spark)
 
 
 def read_results(
@@ -341,7 +447,7 @@ def read_results(
         store.close()
     if not generations:
         raise ConfigError(f"output topic {output_topic!r} does not exist")
-    register(spark)
+    register_all(spark)
     frames = []
     for gen in generations:
         reader = (
@@ -355,3 +461,17 @@ def read_results(
         df = reader.load().withColumn("cec_generation", F.lit(gen.index))
         frames.append(df if with_meta else df.select(*RESULT_COLUMNS))
     return reduce(lambda a, b: a.unionByName(b), frames)
+
+
+def _register_active_session() -> None:
+    """`spark.read.format("cec-kafka")` / `"cec-topic"` work in the session that is active when this module
+    is imported, without a separate call (a session created later needs `register_all(spark)`, which
+    `cec_aggregate` and `read_results` make themselves)."""
+    from pyspark.sql import SparkSession
+
+    active = SparkSession.getActiveSession()
+    if active is not None:
+        register_all(active)
+
+
+_register_active_session()
