@@ -111,7 +111,7 @@ OUT_PNG = ROOT / "benchmarks" / "spark.png"
 WINDOW = 10
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-CHILD_TIMEOUT_S = 300.0
+CHILD_TIMEOUT_S = 1800.0  # a hang guard: at load ~20 on 2 cores one driver took over 5 minutes
 # Every driver (JVM) first runs its system over this many tuples of a separate topic: the first micro-batch
 # of a fresh JVM took 7-8 s here (JIT, Python workers, pandas/pyarrow imports, RocksDB) against ~1 s warm,
 # which would otherwise dominate every throughput. The cold start is reported on its own.

@@ -1,15 +1,23 @@
-"""A Spark driver against a standalone cluster: runs one `cec_aggregate` to the end of its input (Trigger.
-AvailableNow) and, if asked, Spark's own count-window aggregation of the same input, on the cluster.
+"""A Spark driver against a standalone cluster: one application that runs a list of jobs in order, each a
+`cec_aggregate` to the end of its input, optionally preceded by the refusal checks
+and followed by Spark's own aggregation of the same records, on the cluster.
 
 `python -m tests.spark.cluster_driver ARGS.json`. A separate process because Spark allows one SparkContext
-per process and the suite's session-wide `spark` fixture is a local one. ARGS:
-- `master`: the cluster's URL; `conf`: extra Spark settings;
+per process and the suite's `spark` fixture is a local one; one application for all the jobs of a test
+module because starting executors is the slow part here (up to minutes on a loaded 2-core machine).
+ARGS: `master`, `conf` (extra Spark settings) and `jobs`, each with
 - `aggregate`: the keyword arguments of `cec_aggregate` that are plain data (`checkpointing` as a dict);
-- `status`: a file rewritten (atomically) every ~50 ms while the query runs with {"batches", "active"}:
-  what a test waits on before it kills an executor mid-run;
-- `native`: {"topic", "schema", "window", "key", "value"} to also compute Spark's own aggregation;
-- `result`: the summary written (atomically) at the end, or {"error": one line} when `cec_aggregate`
-  refused to start (a ConfigError).
+- `status`: a file rewritten (atomically) at least every second while the query runs, {"batches",
+  "active"}: what a test waits on before it kills an executor mid-run;
+- `go` (optional): the job starts only once this file exists (the test that watches it is ready);
+- `until` (optional): "all_available" runs the default trigger until `processAllAvailable()` returns,
+  then stops the query (instead of Trigger.AvailableNow, see `run_job`);
+- `refusals` (optional): a directory for the embedded-store check (a SQLite `SparkOperatorHost` pipeline
+  on this non-local master must be refused before it runs);
+- `native` (optional): {"records": JSON file of [partition, offset, record], "key", "value", "window"}:
+  also compute Spark's own count-window aggregation of those records;
+- `result`: the summary written (atomically) at the end of the job.
+A job that fails writes {"error": ...} as its result, and the next jobs still run.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -47,52 +56,78 @@ def session(master: str, conf: dict[str, str]) -> Any:
     return spark
 
 
-def native_aggregate(spark: Any, native: dict[str, Any], bootstrap: str) -> list[list[Any]]:
-    """Spark's own aggregation: number each key's tuples in input order (partition, offset), cut count windows
-    of `window`, average the value per closed window. Rows: [key, window, value, count]."""
+def native_aggregate(spark: Any, native: dict[str, Any]) -> list[list[Any]]:
+    """Spark's own aggregation of the records: number each key's valid tuples in input order (partition,
+    offset), cut count windows of `window`, average the value per closed window. Rows: [key, window,
+    value, count]."""
     from pyspark.sql import Window
     from pyspark.sql import functions as F
-
-    from operators.spark.datasource import FORMAT
+    from pyspark.sql.types import DoubleType, LongType, StringType, StructField, StructType
 
     key, value, window = native["key"], native["value"], int(native["window"])
-    reader = spark.read.format(FORMAT).option("topic", native["topic"]).option("bootstrap.servers", bootstrap)
-    for name, setting in native.get("options", {}).items():
-        reader = reader.option(name, setting)
-    rows = reader.load().where(F.col(value).isNotNull())
-    order = Window.partitionBy(key).orderBy("cec_partition", "cec_offset")
+    records = json.loads(Path(native["records"]).read_text())
+    schema = StructType(
+        [
+            StructField("partition", LongType()),
+            StructField("offset", LongType()),
+            StructField("k", StringType()),
+            StructField("v", DoubleType()),
+        ]
+    )
+    rows = [(p, o, str(r[key]), float(r[value])) for p, o, r in records]
+    order = Window.partitionBy("k").orderBy("partition", "offset")
     out = (
-        rows.withColumn("window", F.floor((F.row_number().over(order) - 1) / window))
-        .groupBy(key, "window")
-        .agg(F.avg(value).alias("value"), F.count("*").alias("count"))
+        spark.createDataFrame(rows, schema)
+        .repartition(2)
+        .withColumn("window", F.floor((F.row_number().over(order) - 1) / window))
+        .groupBy("k", "window")
+        .agg(F.avg("v").alias("value"), F.count("*").alias("count"))
         .where(F.col("count") == window)
         .collect()
     )
-    return [[str(r[key]), int(r["window"]), float(r["value"]), int(r["count"])] for r in out]
+    return [[r["k"], int(r["window"]), float(r["value"]), int(r["count"])] for r in out]
 
 
-def main(argv: list[str]) -> int:
-    from operators.spark.attach import cec_aggregate
-    from operators.spark.datasource import register
+def refusals(spark: Any, root: Path) -> dict[str, str]:
+    """The one-line errors a cluster master gets for what only works in local mode."""
+    from operators.spark.host import SparkOperatorHost
+    from tests.spark.pipelines import filter_aggregate
 
-    args = json.loads(Path(argv[0]).read_text())
-    status, result = Path(args["status"]), Path(args["result"])
-    started = time.perf_counter()
-    spark = session(args["master"], args.get("conf", {}))
-    register(spark)
-    out: dict[str, Any] = {"session_seconds": time.perf_counter() - started}
-    kwargs = dict(args["aggregate"])
+    out: dict[str, str] = {}
+    pipeline = filter_aggregate({"type": "sqlite", "root": str(root / "sqlite")}, count=100, keys=5)
     try:
-        query = cec_aggregate(spark, available_now=True, **kwargs)
+        SparkOperatorHost(spark, pipeline).run()
     except ConfigError as exc:
-        _write(result, {**out, "error": str(exc)})
-        spark.stop()
-        return 0
+        out["sqlite_host"] = str(exc)
+    return out
+
+
+def run_job(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
+    from operators.spark.attach import cec_aggregate
+
+    status = Path(job["status"])
+    out: dict[str, Any] = {}
+    if job.get("refusals"):
+        out["refusals"] = refusals(spark, Path(job["refusals"]))
+    go = job.get("go")
+    while go and not Path(go).exists():
+        time.sleep(0.05)
     begin = time.perf_counter()
-    while query.isActive:
+    if job.get("until") == "all_available":
+        # The default trigger, stopped once everything available is processed. With a U target the
+        # processor keeps a processing-time timer per open window, and under Trigger.AvailableNow each due
+        # timer made Spark run one more no-data micro-batch, for ever (measured here: 19+ batches after the
+        # input's end, never terminating), so this job does not use AvailableNow.
+        query = cec_aggregate(spark, **job["aggregate"])
         _write(status, {"batches": query.batches, "active": True})
-        query.awaitTermination(0.05)
-    query.awaitTermination()
+        query.processAllAvailable()
+        query.stop()
+    else:
+        query = cec_aggregate(spark, available_now=True, **job["aggregate"])
+        while query.isActive:
+            _write(status, {"batches": query.batches, "active": True})
+            query.awaitTermination(1)
+        query.awaitTermination()
     out["query_seconds"] = time.perf_counter() - begin
     _write(status, {"batches": query.batches, "active": False})
     failure = query.exception()
@@ -103,11 +138,28 @@ def main(argv: list[str]) -> int:
     out["executor_python"] = (
         spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()[0]
     )
-    if args.get("native"):
+    if job.get("native"):
         begin = time.perf_counter()
-        out["native"] = native_aggregate(spark, args["native"], kwargs["bootstrap_servers"])
+        out["native"] = native_aggregate(spark, job["native"])
         out["native_seconds"] = time.perf_counter() - begin
-    _write(result, out)
+    return out
+
+
+def main(argv: list[str]) -> int:
+    from operators.spark.datasource import register
+
+    args = json.loads(Path(argv[0]).read_text())
+    started = time.perf_counter()
+    spark = session(args["master"], args.get("conf", {}))
+    register(spark)
+    session_seconds = time.perf_counter() - started
+    for job in args["jobs"]:
+        try:
+            out = run_job(spark, job)
+        except Exception as exc:  # reported to the test that owns the job; the next job still runs
+            out = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()[-4000:]}
+            _write(Path(job["status"]), {"batches": -1, "active": False})
+        _write(Path(job["result"]), {"session_seconds": session_seconds, **out})
     spark.stop()
     return 0
 
