@@ -1386,11 +1386,12 @@ def plot_attached(paths: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: r["keys"])
+    runs = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: (r["keys"], r.get("label", "")))
     if not runs:
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
-    labels = [f"{r['keys']:,} keys\n{r['tuples']:,} tuples" for r in runs]
+    # A run's "label" (added by hand to a copied JSON, e.g. the code before a change) tells runs apart.
+    labels = [f"{r.get('label', 'attached')}\n{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs]
     ratios = [r["throughput_ratio_attached_to_native"] for r in runs]
     bars = left.bar(labels, ratios, color="#3b75af")
     left.bar_label(bars, fmt="%.2fx")
