@@ -231,6 +231,7 @@ def cec_aggregate(
         store.close()
         raise
     sink = CecSink(outputs, recovery, has_time=time is not None)
+    gcheck = GCheckSpec.from_checkpointing(checkpointing)
     try:
         query = _start_query(
             spark,
@@ -240,7 +241,7 @@ def cec_aggregate(
             input_topic=input_topic,
             bootstrap_servers=bootstrap_servers,
             source_options=source_options,
-            gcheck=GCheckSpec.from_checkpointing(checkpointing),
+            gcheck=gcheck,
             state_dir=Path(state_dir),
             checkpoint=Path(checkpoint_location) / f"run-{_run_id()}",
             client=client,
@@ -256,7 +257,9 @@ def cec_aggregate(
         finally:
             store.close()
         raise
-    return CecAggregateQuery(query, sink, store, recovery, checkpointing)
+    return CecAggregateQuery(
+        query, sink, store, recovery, checkpointing, stop_when_drained=available_now and gcheck is not None
+    )
 
 
 def _run_id() -> str:

@@ -24,6 +24,7 @@ underlying query, `query.query`) and adds CEC's figures:
 from __future__ import annotations
 
 import json
+import threading
 import time
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,7 @@ class CecAggregateQuery:
         store: KafkaQueueStore,
         recovery: AttachRecovery,
         checkpointing: Checkpointing | None = None,
+        stop_when_drained: bool = False,
     ):
         self.query = query
         self.recovery = recovery
@@ -61,6 +63,15 @@ class CecAggregateQuery:
         self._closed = False
         self._started_wall = time.time()
         self._replay_s: float | None = None if recovery.resumed else 0.0
+        self._watcher: threading.Thread | None = None
+        self._done = threading.Event()
+        if stop_when_drained:
+            # Under timeMode "ProcessingTime" Spark plans another (no-data) micro-batch after every batch
+            # (TransformWithStateExec.shouldRunAnotherBatch), so a Trigger.AvailableNow query with G-check
+            # timers never ends by itself: stop it after the first micro-batch that read no input (the
+            # source reached its AvailableNow target; that batch also fired the timers once more).
+            self._watcher = threading.Thread(target=self._stop_when_drained, name="cec-drain", daemon=True)
+            self._watcher.start()
 
     # -- StreamingQuery ----------------------------------------------------------------------------------
     @property
@@ -173,6 +184,18 @@ class CecAggregateQuery:
                 return max(0.0, started + progress.batchDuration / 1000.0 - self._started_wall)
         return None
 
+    def _stop_when_drained(self) -> None:
+        while not self._done.wait(0.2):
+            if not self.query.isActive:
+                return
+            progress = self.query.lastProgress
+            if progress is None or not progress.sources:
+                continue
+            source = progress.sources[0]
+            if progress.numInputRows == 0 and source.startOffset == source.endOffset:
+                self.query.stop()
+                return
+
     def _with_cec(self, progress: Any) -> Any:
         figures = self._sink.batch_figures.get(int(progress.batchId))
         if figures is None:
@@ -186,6 +209,7 @@ class CecAggregateQuery:
         if self._closed:
             return
         self._closed = True
+        self._done.set()
         try:
             self._sink.close()
         finally:
