@@ -1,5 +1,5 @@
 """A Spark driver against a standalone cluster: one application that runs a list of jobs in order, each a
-`cec_aggregate` to the end of its input, optionally preceded by the refusal checks
+`cec_aggregate` to the end of its input (Trigger.AvailableNow), optionally preceded by the refusal checks
 and followed by Spark's own aggregation of the same records, on the cluster.
 
 `python -m tests.spark.cluster_driver ARGS.json`. A separate process because Spark allows one SparkContext
@@ -10,8 +10,6 @@ ARGS: `master`, `conf` (extra Spark settings) and `jobs`, each with
 - `status`: a file rewritten (atomically) at least every second while the query runs, {"batches",
   "active"}: what a test waits on before it kills an executor mid-run;
 - `go` (optional): the job starts only once this file exists (the test that watches it is ready);
-- `end_offsets` (optional): {partition: offset} of the input's end: run the default trigger until a
-  micro-batch has read that far, then stop the query (instead of Trigger.AvailableNow, see `run_job`);
 - `refusals` (optional): a directory for the embedded-store check (a SQLite `SparkOperatorHost` pipeline
   on this non-local master must be refused before it runs);
 - `native` (optional): {"records": JSON file of [partition, offset, record], "key", "value", "window"}:
@@ -102,19 +100,6 @@ def refusals(spark: Any, root: Path) -> dict[str, str]:
     return out
 
 
-def _reached(progress: Any, end: dict[str, int]) -> bool:
-    """Whether the micro-batch of this progress report read its source up to `end` ({partition: offset})."""
-    if not progress:
-        return False
-    sources = progress["sources"] if isinstance(progress, dict) else progress.sources
-    for source in sources:
-        raw = source["endOffset"] if isinstance(source, dict) else source.endOffset
-        offsets = json.loads(raw) if isinstance(raw, str) else raw
-        if isinstance(offsets, dict) and {str(k): int(v) for k, v in offsets.items()} == end:
-            return True
-    return False
-
-
 def run_job(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
     from operators.spark.attach import cec_aggregate
 
@@ -126,23 +111,14 @@ def run_job(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
     while go and not Path(go).exists():
         time.sleep(0.05)
     begin = time.perf_counter()
-    if job.get("end_offsets"):
-        # The default trigger, stopped once a micro-batch has processed the input to `end_offsets`. With a
-        # U target the processor keeps a processing-time timer per open window, and every due timer makes
-        # Spark run one more no-data micro-batch, for ever: measured here, Trigger.AvailableNow never
-        # terminated (19+ batches after the input's end) and processAllAvailable() never returned (43+).
-        query = cec_aggregate(spark, **job["aggregate"])
-        end = {str(k): int(v) for k, v in job["end_offsets"].items()}
-        while query.isActive and not _reached(query.lastProgress, end):
-            _write(status, {"batches": query.batches, "active": True})
-            query.awaitTermination(1)
-        query.stop()
-    else:
-        query = cec_aggregate(spark, available_now=True, **job["aggregate"])
-        while query.isActive:
-            _write(status, {"batches": query.batches, "active": True})
-            query.awaitTermination(1)
-        query.awaitTermination()
+    # AvailableNow also with a U target: the handle stops the query once drained (its G-check timers would
+    # otherwise keep Spark planning no-data micro-batches for ever: measured here before attach-core
+    # a7d9bd8, 19+ batches after the input's end).
+    query = cec_aggregate(spark, available_now=True, **job["aggregate"])
+    while query.isActive:
+        _write(status, {"batches": query.batches, "active": True})
+        query.awaitTermination(1)
+    query.awaitTermination()
     out["query_seconds"] = time.perf_counter() - begin
     _write(status, {"batches": query.batches, "active": False})
     failure = query.exception()

@@ -57,7 +57,6 @@ class JsonInput:
     topic: str
     records_file: Path  # [partition, offset, record] of every record, for Spark's own aggregation
     reference: Windows  # the plain-Python per-key count-window average
-    end_offsets: dict[str, int]  # partition -> the offset after its last record
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +82,7 @@ def json_input(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFact
     assert len(reference) > 400
     path = tmp_path_factory.mktemp("cluster-input") / "records.json"
     path.write_text(json.dumps(records))
-    return JsonInput(bootstrap, topic, path, reference, {str(p): n for p, n in enumerate(offsets)})
+    return JsonInput(bootstrap, topic, path, reference)
 
 
 @dataclass
@@ -184,7 +183,6 @@ def cluster_app(
                 checked,
                 _aggregate(json_input, checked, checkpointing=checkpointing),
                 refusals=str(root / "refusals"),
-                end_offsets=json_input.end_offsets,  # not AvailableNow: see tests/spark/cluster_driver.py
                 native={
                     "records": str(json_input.records_file),
                     "key": "item",
