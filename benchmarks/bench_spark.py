@@ -448,7 +448,8 @@ class _SinkProfile:
         for (file, line, func), (_cc, _nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
             rows[f"{Path(file).name}:{line}:{func}"] = (tt, ct)
         by_name = {k: {"self_s": v[0], "cumulative_s": v[1]} for k, v in rows.items()}
-        arrow = sum(v[1] for k, v in rows.items() if k.endswith(":toArrow"))
+        # The outermost toArrow (nested ones are inside it): the micro-batch execution seen from the driver.
+        arrow = max((v[1] for k, v in rows.items() if k.endswith(":toArrow")), default=0.0)
         out = {
             "calls": self.calls,
             "seconds": self.seconds,
