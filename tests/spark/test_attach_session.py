@@ -90,7 +90,8 @@ _SNIPPET = """
         spark.read.format("cec-topic").option("topic", topic).option("bootstrap.servers", bootstrap)
         .option("format", "json").option("key", "item").option("value", "price").load().collect()
     )
-    print(json.dumps(sorted([r["cec_key"], r["cec_v"], r["cec_error"]] for r in rows)))
+    found = [[r["cec_key"], r["cec_v"], r["cec_error"]] for r in rows]
+    print(json.dumps(sorted(found, key=lambda r: (r[0] is None, r[0] or ""))))
     spark.stop()
 """
 
