@@ -111,7 +111,7 @@ OUT_PNG = ROOT / "benchmarks" / "spark.png"
 WINDOW = 10
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
-CHILD_TIMEOUT_S = 300.0
+CHILD_TIMEOUT_S = 1800.0  # a hang guard: at load ~20 on 2 cores one driver took over 5 minutes
 # Every driver (JVM) first runs its system over this many tuples of a separate topic: the first micro-batch
 # of a fresh JVM took 7-8 s here (JIT, Python workers, pandas/pyarrow imports, RocksDB) against ~1 s warm,
 # which would otherwise dominate every throughput. The cold start is reported on its own.
@@ -375,6 +375,7 @@ def native_child(args_path: Path) -> int:
     )
     register(spark)
     out: dict[str, Any] = {"session_seconds": time.perf_counter() - started, "queries": []}
+    sink_profile = _profile_attached_sink() if args.get("profile") else None
     out["conf"] = {
         key: spark.conf.get(key, None)
         for key in (PROVIDER_CONF, "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
@@ -383,17 +384,130 @@ def native_child(args_path: Path) -> int:
         with progress.open("a") as f:
             f.write(json.dumps({"event": "start", "query": spec["name"], "t": time.time()}) + "\n")
         begin = time.perf_counter()
-        query = _native_query(spark, spec, progress)
+        extra: dict[str, Any] = {}
+        if spec.get("system") == "attached":
+            attached = _attached_query(spark, spec)
+            query = _streaming_query(attached)
+            extra["recovery"] = _recovery_summary(attached)
+            extra["start_seconds"] = time.perf_counter() - begin  # cec_aggregate(): recovery planning + start
+        else:
+            attached, query = None, _native_query(spark, spec, progress)
         query.awaitTermination()
         wall = time.perf_counter() - begin
         if query.exception() is not None:
             raise RuntimeError(f"query {spec['name']} failed: {query.exception()}")
-        out["queries"].append({"name": spec["name"], "wall_seconds": wall, "progress": _progress_rows(query)})
+        if attached is not None:
+            with contextlib.suppress(Exception):
+                attached.stop()  # closes its output writers
+        if sink_profile is not None and attached is not None:
+            extra["driver_sink"] = sink_profile.report()
+        out["queries"].append(
+            {"name": spec["name"], "wall_seconds": wall, "progress": _progress_rows(query), **extra}
+        )
         tmp = result_path.with_name(result_path.name + ".tmp")
         tmp.write_text(json.dumps(out))
         tmp.replace(result_path)
     spark.stop()
     return 0
+
+
+class _SinkProfile:
+    """Where the attached query's driver-side sink (foreachBatch, operators.spark.sink.CecSink) spends its
+    time: cProfile around each call, in the Py4J callback thread that runs it. `toArrow()` there is also
+    where the micro-batch itself executes (the batch DataFrame is lazy), so its cumulative time is the
+    executors' work seen from the driver; everything else is driver-side Python."""
+
+    def __init__(self) -> None:
+        import cProfile
+
+        self.profile = cProfile.Profile()
+        self.calls = 0
+        self.seconds = 0.0
+
+    def wrap(self, call: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(sink: Any, *args: Any) -> Any:
+            begin = time.perf_counter()
+            self.profile.enable()
+            try:
+                return call(sink, *args)
+            finally:
+                self.profile.disable()
+                self.calls += 1
+                self.seconds += time.perf_counter() - begin
+
+        return timed
+
+    def report(self, top: int = 25) -> dict[str, Any]:
+        import io
+        import pstats
+
+        text = io.StringIO()
+        stats = pstats.Stats(self.profile, stream=text)
+        stats.sort_stats("cumulative").print_stats(top)
+        rows = {}
+        for (file, line, func), (_cc, _nc, tt, ct, _callers) in stats.stats.items():  # type: ignore[attr-defined]
+            rows[f"{Path(file).name}:{line}:{func}"] = (tt, ct)
+        by_name = {k: {"self_s": v[0], "cumulative_s": v[1]} for k, v in rows.items()}
+        # The outermost toArrow (nested ones are inside it): the micro-batch execution seen from the driver.
+        arrow = max((v[1] for k, v in rows.items() if k.endswith(":toArrow")), default=0.0)
+        out = {
+            "calls": self.calls,
+            "seconds": self.seconds,
+            "toArrow_cumulative_s": arrow,
+            "driver_python_s": self.seconds - arrow,
+            "top_cumulative": text.getvalue().splitlines()[:60],
+            "functions": dict(sorted(by_name.items(), key=lambda kv: -kv[1]["cumulative_s"])[:40]),
+        }
+        self.profile = __import__("cProfile").Profile()
+        self.calls, self.seconds = 0, 0.0
+        return out
+
+
+def _profile_attached_sink() -> _SinkProfile | None:
+    """Patch the attached sink's __call__ in this driver process (benchmark only; None if there is no
+    driver-side sink in this version of operators.spark)."""
+    try:
+        from operators.spark.sink import CecSink
+    except ImportError:
+        return None
+    profile = _SinkProfile()
+    CecSink.__call__ = profile.wrap(CecSink.__call__)  # type: ignore[method-assign]
+    return profile
+
+
+def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
+    """`cec_aggregate` over the purchases topic, Trigger.AvailableNow, Spark native's micro-batch plan."""
+    from operators.spark.attach import cec_aggregate
+
+    kwargs: dict[str, Any] = dict(
+        input_topic=spec["topic"], bootstrap_servers=spec["bootstrap"], output_topic=spec["output"],
+        key="item_id", value="item_price", agg="avg", window_count=spec["window"],
+        state_dir=spec["state_dir"], checkpoint_location=spec["checkpoint"], partitions=spec["partitions"],
+        available_now=True,
+    )  # fmt: skip
+    if spec["batch_rows"]:
+        kwargs["max_records_per_trigger"] = spec["batch_rows"]
+    return cec_aggregate(spark, **kwargs)
+
+
+def _streaming_query(attached: Any) -> StreamingQuery:
+    """The Spark StreamingQuery behind an attached handle (older handles wrap it as `.query`; newer ones
+    are StreamingQuery-compatible themselves)."""
+    inner = getattr(attached, "query", None)
+    return inner if inner is not None and hasattr(inner, "recentProgress") else attached
+
+
+def _recovery_summary(attached: Any) -> dict[str, Any]:
+    """What the attached start found in its logs (field names as operators.spark.attach has them)."""
+    rec = getattr(attached, "recovery", None)
+    if rec is None:
+        return {}
+    out: dict[str, Any] = {}
+    for name in ("resumed", "ec_windows", "closed_keys", "records_read", "seconds", "start"):
+        value = getattr(rec, name, None)
+        if value is not None:
+            out[name] = list(value) if isinstance(value, tuple) else value
+    return out
 
 
 @dataclass
@@ -436,7 +550,7 @@ class _Child:
         return [json.loads(line) for line in self.progress.read_text().splitlines() if line.strip()]
 
 
-def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]]) -> _Child:
+def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]], profile: bool = False) -> _Child:
     d = w.work / "native" / name
     d.mkdir(parents=True, exist_ok=True)
     args = {
@@ -445,6 +559,7 @@ def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]]) -> _Chi
         "queries": queries,
         "progress": str(d / "progress.jsonl"),
         "result": str(d / "result.json"),
+        "profile": profile,
     }
     (d / "args.json").write_text(json.dumps(args))
     env = dict(os.environ)
@@ -506,13 +621,15 @@ def _query(result: dict[str, Any], name: str) -> dict[str, Any]:
     return next(q for q in result["queries"] if q["name"] == name)
 
 
-def measure_native(w: Workload) -> dict[str, Any]:
+def measure_native(w: Workload, one_batch: bool = True) -> dict[str, Any]:
     """Failure-free Spark native runs in one fresh driver process: the warm-up query, then `repeats` runs of
     the micro-batch plan (the ratio baseline), then `repeats` runs with everything in one batch (Spark's
     best case); each run has its own checkpoint. Throughput: the best run; every run is kept."""
     warm = _native_query_spec(w.warmup(), "warmup", None)
     plans = [_native_query_spec(w, f"native_plan.{i}", w.batch_rows) for i in range(w.repeats)]
-    ones = [_native_query_spec(w, f"native_one_batch.{i}", None) for i in range(w.repeats)]
+    ones = (
+        [_native_query_spec(w, f"native_one_batch.{i}", None) for i in range(w.repeats)] if one_batch else []
+    )
     child = _spawn_native(w, "failure_free", [warm, *plans, *ones])
     result = child.wait()
     out: dict[str, Any] = {
@@ -525,6 +642,8 @@ def measure_native(w: Workload) -> dict[str, Any]:
         f"cold JVM) {out['cold_start_seconds']:.1f} s"
     )
     for label, specs in (("native_plan", plans), ("native_one_batch", ones)):
+        if not specs:
+            continue
         rows = [
             _native_run_row(w, _query(result, spec["name"]), _batch_digest(child.events(), spec["name"]))
             for spec in specs
@@ -605,6 +724,117 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
         f"{ff_remaining:.2f} s failure-free for batches > {kill_after}: recovery {recovery:.2f} s; total "
         f"overhead {row['total_overhead_seconds']:.2f} s; a cold driver adds session start "
         f"{result['session_seconds']:.1f} s + cold start {cold:.1f} s"
+    )
+    return row
+
+
+# -- CEC attached, in driver processes like Spark native's ---------------------------------------------------
+
+
+def _attached_spec(w: Workload, name: str, output: str | None = None) -> dict[str, Any]:
+    output = output or f"agg-{name}-{uuid.uuid4().hex[:6]}"
+    return {
+        "name": name,
+        "system": "attached",
+        "topic": w.input_topic,
+        "bootstrap": w.bootstrap,
+        "output": output,
+        "window": WINDOW,
+        "batch_rows": w.batch_rows,
+        "partitions": w.partitions,
+        "checkpoint": str(w.work / "checkpoints" / output),
+        "state_dir": str(w.work / f"attached-{output}"),
+    }
+
+
+def _attached_digest(w: Workload, spec: dict[str, Any]) -> dict[str, Any]:
+    # One partition count, one start or a restart with the same P: generation 0 is the topic itself.
+    return result_digest({**w.store("probe"), "state_dir": str(w.work / "probe")}, spec["output"])
+
+
+def measure_attached(w: Workload, profile: bool = False) -> dict[str, Any]:
+    """Failure-free CEC attached runs (cec_aggregate, the micro-batch plan of Spark native) in one fresh
+    driver process, after the same warm-up as Spark native's driver: best of `repeats`."""
+    warm = _attached_spec(w.warmup(), "attached-warmup")
+    warm["batch_rows"] = None
+    runs = [_attached_spec(w, f"attached.{i}") for i in range(w.repeats)]
+    child = _spawn_native(w, "attached_failure_free", [warm, *runs], profile=profile)
+    result = child.wait()
+    rows = []
+    for spec in runs:
+        q = _query(result, spec["name"])
+        rows.append(
+            {
+                **_native_run_row(w, q, _attached_digest(w, spec)),
+                "start_seconds": q.get("start_seconds"),
+                "recovery_at_start": q.get("recovery"),
+                "driver_sink": q.get("driver_sink"),
+            }
+        )
+    best = dict(min(rows, key=lambda r: r["wall_seconds"]))
+    best["runs"] = [{k: r[k] for k in ("wall_seconds", "progress", "results", "value_sum")} for r in rows]
+    best["session_seconds"] = result["session_seconds"]
+    best["cold_start_seconds"] = _query(result, "attached-warmup")["wall_seconds"]
+    walls = ", ".join(f"{r['wall_seconds']:.2f}" for r in rows)
+    say(
+        f"  attached (transformWithStateInPandas) {best['tuples_per_s']:>9,.0f} tuples/s  best wall "
+        f"{best['wall_seconds']:6.2f} s of [{walls}] ({best['batches']} batches; cold start "
+        f"{best['cold_start_seconds']:.1f} s)"
+    )
+    return best
+
+
+def measure_attached_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[str, Any]:
+    """As `measure_native_recovery`, for CEC attached: SIGKILL the driver's process group once the batch that
+    completes half the input has committed, then start the same `cec_aggregate` call in a new driver (warm-up
+    first), which recovers from the output logs and runs to the end of the input."""
+    warm = _attached_spec(w.warmup(), "attached-warmup")
+    warm["batch_rows"] = None
+    spec = _attached_spec(w, "attached_recovery")
+    kill_after = max(0, w.batches // 2 - 1)
+    checkpoints = Path(spec["checkpoint"])
+    first = _spawn_native(w, "attached_killed", [warm, spec])
+    # Each start makes a fresh Spark checkpoint under checkpoint_location (recovery comes from the logs).
+    while not any(checkpoints.glob(f"**/commits/{kill_after}")):
+        if first.proc.poll() is not None:
+            raise first.fail(f"the attached driver ended before batch {kill_after} committed")
+        time.sleep(0.005)
+    killed_at = time.time()
+    first.kill()
+    started = next(e["t"] for e in first.events() if e.get("event") == "start" and e["query"] == spec["name"])
+    to_kill = killed_at - started
+    say(
+        f"  killed the attached driver {to_kill:.2f} s into its query, right after batch {kill_after} committed"
+    )
+    second = _spawn_native(w, "attached_restarted", [dict(warm, output=warm["output"] + "-2"), spec])
+    result = second.wait()
+    q = _query(result, spec["name"])
+    ff = failure_free["runs"][0]
+    ff_remaining = sum(p["trigger_ms"] for p in ff["progress"] if p["batch"] > kill_after) / 1000
+    recovery = q["wall_seconds"] - ff_remaining
+    cold = _query(result, "attached-warmup")["wall_seconds"]
+    row = {
+        "kill_after_batch": kill_after,
+        "seconds_to_kill": to_kill,
+        "restart_wall_seconds": q["wall_seconds"],
+        "restart_start_seconds": q.get("start_seconds"),
+        "restart_plan": q.get("recovery"),
+        "restart_progress": q["progress"],
+        "failure_free_remaining_seconds": ff_remaining,
+        "recovery_seconds": recovery,
+        "failure_free_wall_seconds": ff["wall_seconds"],
+        "total_overhead_seconds": to_kill + q["wall_seconds"] - ff["wall_seconds"],
+        "restart_session_seconds": result["session_seconds"],
+        "restart_cold_start_seconds": cold,
+        "recovery_with_cold_driver_seconds": recovery + result["session_seconds"] + cold,
+        **_attached_digest(w, spec),
+    }
+    plan = q.get("recovery") or {}
+    say(
+        f"  restarted (warm driver): cec_aggregate() {q.get('start_seconds') or 0:.2f} s (EC plan "
+        f"{plan.get('seconds', float('nan')):.2f} s, {plan.get('ec_windows', '?')} open windows), "
+        f"{q['wall_seconds']:.2f} s to the end vs {ff_remaining:.2f} s failure-free for batches > "
+        f"{kill_after}: recovery {recovery:.2f} s; total overhead {row['total_overhead_seconds']:.2f} s"
     )
     return row
 
@@ -983,6 +1213,20 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="failure-free runs per system, kill runs of the host (default 2; quick 1)",
     )
+    parser.add_argument(
+        "--focus",
+        choices=("all", "attached"),
+        default="all",
+        help="attached: only CEC attached vs Spark native (plan) and both recoveries after a driver kill, "
+        "each system in driver processes of its own; writes benchmarks/out/spark-attached-<keys>.json and "
+        "redraws benchmarks/spark-attached.png from every such file",
+    )
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="with --focus attached: cProfile the attached query's driver-side sink (a separate figure: "
+        "the profiler slows what it measures)",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1029,6 +1273,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  written in {result['input']['seconds']:.2f} s (+ {WARMUP_TUPLES:,} warm-up tuples on their own topic)"
         )
 
+        if args.focus == "attached":
+            _attached_focus(w, result, profile=args.profile)
+            return 0
         say("CEC local engine (run_job per partition, in this process, no Spark)")
         result["cec_local"] = local = measure_cec_local(w)
         say(f"  {local['tuples_per_s']:>9,.0f} tuples/s, {local['results']:,} window results")
@@ -1076,6 +1323,102 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(f"done in {result['seconds']:.0f} s: benchmarks/out/spark.json, benchmarks/spark.png")
     return 0
+
+
+ATTACHED_JSON = "spark-attached-{keys}.json"
+ATTACHED_PNG = ROOT / "benchmarks" / "spark-attached.png"
+
+
+def _attached_focus(w: Workload, result: dict[str, Any], profile: bool = False) -> None:
+    """`--focus attached`: the reference (CEC local engine), Spark native's plan run and its recovery, CEC
+    attached's failure-free run and its recovery; JSON per key count, one plot over all of them."""
+    started = time.perf_counter()
+    say("CEC local engine (the reference results)")
+    result["cec_local"] = local = measure_cec_local(replace(w, repeats=1))
+    say(f"  {local['tuples_per_s']:>9,.0f} tuples/s, {local['results']:,} window results")
+    say(f"Spark native (applyInPandasWithState, RocksDB state store), driver in a child process, {w.master}")
+    result["spark_native"] = measure_native(w, one_batch=False)
+    say("Spark native: driver SIGKILLed at half the input, restarted from its checkpoint")
+    native_rec = measure_native_recovery(w, result["spark_native"]["native_plan"])
+    say("CEC attached (cec_aggregate), driver in a child process")
+    result["cec_attached"] = attached = measure_attached(w)
+    sink = None
+    if profile:
+        say("CEC attached again, its driver-side sink under cProfile (a figure of its own: slower)")
+        profiled = measure_attached(replace(w, repeats=1), profile=True)
+        result["cec_attached_profiled"] = profiled
+        sink = profiled.get("driver_sink")
+    if sink:
+        say(
+            f"  driver-side sink: {sink['seconds']:.2f} s in {sink['calls']} calls, of which toArrow() (the "
+            f"micro-batch's execution) {sink['toArrow_cumulative_s']:.2f} s, driver Python "
+            f"{sink['driver_python_s']:.2f} s (cProfile adds overhead; see the JSON)"
+        )
+    say("CEC attached: driver SIGKILLed at half the input, restarted (recovers from its output logs)")
+    attached_rec = measure_attached_recovery(w, attached)
+    result["recovery"] = {"spark_native": native_rec, "cec_attached": attached_rec}
+    checks = {
+        "spark_native": result["spark_native"]["native_plan"],
+        "spark_native_recovered": native_rec,
+        "cec_attached": attached,
+        "cec_attached_recovered": attached_rec,
+    }
+    result["same_results_as_local_engine"] = {k: _same(v, local) for k, v in checks.items()}
+    bad = [k for k, ok in result["same_results_as_local_engine"].items() if not ok]
+    say("results match CEC's local engine everywhere" if not bad else f"RESULTS DIFFER: {bad}")
+    base = result["spark_native"]["native_plan"]["tuples_per_s"]
+    result["throughput_ratio_attached_to_native"] = attached["tuples_per_s"] / base
+    result["seconds"] = time.perf_counter() - started
+    result["loadavg_end"] = os.getloadavg()
+    OUT_JSON.parent.mkdir(exist_ok=True)
+    path = OUT_JSON.parent / ATTACHED_JSON.format(keys=w.keys)
+    path.write_text(json.dumps(result, indent=2))
+    plot_attached(sorted(OUT_JSON.parent.glob(ATTACHED_JSON.format(keys="*"))), ATTACHED_PNG)
+    say(
+        f"CEC attached / Spark native throughput: {result['throughput_ratio_attached_to_native']:.2f} "
+        f"({attached['tuples_per_s']:,.0f} vs {base:,.0f} tuples/s); recovery after a driver kill: attached "
+        f"{attached_rec['recovery_seconds']:.2f} s, native {native_rec['recovery_seconds']:.2f} s; {path}"
+    )
+
+
+def plot_attached(paths: list[Path], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: (r["keys"], r.get("label", "")))
+    if not runs:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    # A run's "label" (added by hand to a copied JSON, e.g. the code before a change) tells runs apart.
+    labels = [f"{r.get('label', 'attached')}\n{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs]
+    ratios = [r["throughput_ratio_attached_to_native"] for r in runs]
+    bars = left.bar(labels, ratios, color="#3b75af")
+    left.bar_label(bars, fmt="%.2fx")
+    left.axhline(1.0, color="black", linewidth=0.8)
+    left.axhline(1.5, color="#c44e52", linewidth=0.8, linestyle="--", label="target 1.5x")
+    left.set_ylim(0, max([*ratios, 1.5]) * 1.25)
+    left.set_ylabel("CEC attached / Spark native throughput (same run)")
+    left.legend(loc="upper right")
+    xs = range(len(runs))
+    width = 0.38
+    native = [r["recovery"]["spark_native"]["recovery_seconds"] for r in runs]
+    attached = [r["recovery"]["cec_attached"]["recovery_seconds"] for r in runs]
+    b1 = right.bar(
+        [x - width / 2 for x in xs], native, width, label="Spark native (checkpoint)", color="#888888"
+    )
+    b2 = right.bar(
+        [x + width / 2 for x in xs], attached, width, label="CEC attached (output logs)", color="#3b75af"
+    )
+    right.bar_label(b1, fmt="%.1f s")
+    right.bar_label(b2, fmt="%.1f s")
+    right.set_xticks(list(xs), labels)
+    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
+    right.legend(loc="upper left")
+    fig.suptitle("CEC attached (cec_aggregate) vs Spark native applyInPandasWithState, RocksDB, AvailableNow")
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
 
 
 if __name__ == "__main__":

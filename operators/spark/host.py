@@ -52,7 +52,7 @@ from operators.job import (
     source_partitions,
 )
 from operators.runtime import RunStats
-from operators.spark.session import task_max_failures
+from operators.spark.session import check_session, task_max_failures
 from queuestore.factory import open_store
 
 if TYPE_CHECKING:
@@ -228,6 +228,11 @@ class SparkOperatorHost:
         return task_max_failures(self.spark)
 
     def _check_stages(self) -> None:
+        check_session(
+            self.spark,
+            embedded_store=any(spec.store.get("type") == "sqlite" for spec in self.pipeline),
+            what="SparkOperatorHost",
+        )
         topics = [spec.output_topic for spec in self.pipeline]
         if len(set(topics)) != len(topics):
             raise ConfigError(f"stages must write distinct topics, got {topics}")

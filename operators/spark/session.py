@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["local_session", "task_max_failures"]
+__all__ = ["check_session", "is_local_master", "local_session", "task_max_failures"]
 
 _LOCAL = re.compile(r"local\[(\d+|\*)(?:\s*,\s*(\d+))?\]")
 
@@ -76,3 +76,30 @@ def task_max_failures(spark: SparkSession) -> int:
     if master == "local":
         return 1
     return int(sc.getConf().get("spark.task.maxFailures", "4") or "4")
+
+
+def is_local_master(spark: SparkSession) -> bool:
+    """Does every task of this session run on this host (`local`, `local[N]`, `local[N,F]`)?"""
+    master = (spark.sparkContext.master or "").strip()
+    return master == "local" or _LOCAL.fullmatch(master) is not None
+
+
+def check_session(spark: SparkSession, *, embedded_store: bool, what: str) -> None:
+    """Refuse settings under which CEC on Spark cannot keep its guarantees, with one clear line:
+
+    - an embedded (SQLite) store on a cluster: its logs would live on whichever executor's disk a task
+      happened to run, and a relaunched task on another host would find none (use a Kafka store);
+    - `spark.speculation=true`: a speculative copy of an operator task would be a second writer of its
+      output partition (refused rather than relied on fencing, so the answer never depends on timing).
+    """
+    from cec.exceptions import ConfigError
+
+    conf = spark.sparkContext.getConf()
+    if (conf.get("spark.speculation", "false") or "false").strip().lower() == "true":
+        raise ConfigError(f"{what} refuses spark.speculation=true: set it to false for this application")
+    if embedded_store and not is_local_master(spark):
+        raise ConfigError(
+            f"{what}: the embedded SQLite store needs a local[...] master (master is "
+            f"{spark.sparkContext.master!r}; its logs would live on one executor's disk): use a Kafka store "
+            "(bootstrap servers) on a cluster"
+        )

@@ -22,7 +22,8 @@ def main(argv: list[str]) -> int:
     query = cec_aggregate(spark, available_now=True, **args)
     query.awaitTermination()
     tmp = done.with_name(done.name + ".tmp")
-    tmp.write_text(json.dumps({"batches": query.batches, "resumed": query.recovery.resumed}))
+    summary = {"batches": query.batches, "resumed": query.recovery.resumed, "cec": query.cec_progress}
+    tmp.write_text(json.dumps(summary))
     tmp.replace(done)
     spark.stop()
     return 0

@@ -3,11 +3,16 @@
 pyspark is in the `spark` extra that `make test` installs: a missing pyspark fails these tests instead of
 skipping them, so that a broken install can never pass CI silently. The Kafka broker is the suite's
 session-wide `kafka_broker` (tests/conftest.py).
+
+`spark_cluster` (module scope: only the module that asks for it pays for it) is a Spark standalone master
+plus two workers on 127.0.0.1 (tests/spark/cluster.py), stopped by pid at the end of the module, with a
+check that none of its processes outlived it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pyarrow  # noqa: F401 - the Python Data Source API needs it: fail here, clearly, if it is missing
@@ -15,6 +20,7 @@ import pyspark  # noqa: F401
 import pytest
 
 from tests.brokers import Broker
+from tests.spark.cluster import ClusterError, SparkCluster, start_cluster
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -38,3 +44,20 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def spark_kafka_broker(kafka_broker: Broker) -> Broker:
     return kafka_broker
+
+
+@pytest.fixture(scope="module")
+def spark_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SparkCluster]:
+    """Master + two workers (1 core, 1200m each, separate work dirs), every worker registered."""
+    root: Path = tmp_path_factory.mktemp("spark-cluster")
+    try:
+        cluster = start_cluster(root, workers=2, cores=1, memory="1200m")
+    except ClusterError as exc:
+        # A fail, not a skip: CI must not go green without running the cluster tests.
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+        left = cluster.leftovers()
+        assert not left, f"processes of the Spark cluster outlived it: {left}"

@@ -396,12 +396,13 @@ def test_exact_after_restarts_with_other_partition_counts(
     assert sum(k["DEAD"] for k in kinds) == purchases.dead
 
 
-def test_cec_aggregate_validates_checkpointing_before_touching_kafka(
-    spark: SparkSession, tmp_path: Path, caplog: pytest.LogCaptureFixture
+def test_cec_aggregate_validates_its_configuration_before_touching_kafka(
+    spark: SparkSession, tmp_path: Path
 ) -> None:
+    """Every refusal is one ConfigError line raised before any Kafka client exists (the broker address
+    here answers nothing)."""
     from cec import Checkpointing
     from cec.exceptions import ConfigError
-    from operators.spark.attach import cec_aggregate
 
     common: dict[str, Any] = dict(
         input_topic="in", bootstrap_servers="127.0.0.1:1", output_topic="out", key="item_id",
@@ -411,12 +412,15 @@ def test_cec_aggregate_validates_checkpointing_before_touching_kafka(
         cec_aggregate(spark, checkpointing="often", **common)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="CI"):
         cec_aggregate(spark, checkpointing={"ci_ms": 0}, **common)
-    # A valid one passes validation (the next check, on the columns, is what stops this call) and that
-    # this design writes G-open only is said, not hidden.
-    common["value"] = "item_id"
-    with (
-        caplog.at_level("WARNING", logger="operators.spark.attach"),
-        pytest.raises(ConfigError, match="different columns"),
-    ):
-        cec_aggregate(spark, checkpointing=Checkpointing(u_target=100), **common)
-    assert any("G-open footprints only" in r.getMessage() for r in caplog.records)
+    # What the attached operator cannot measure is refused, not silently ignored.
+    with pytest.raises(ConfigError, match="recovery_target"):
+        cec_aggregate(spark, checkpointing=Checkpointing(recovery_target="3s"), **common)
+    with pytest.raises(ConfigError, match="input_format"):
+        cec_aggregate(spark, input_format="xml", **common)
+    with pytest.raises(ConfigError, match="input_schema"):
+        cec_aggregate(spark, input_format="avro", **common)
+    with pytest.raises(ConfigError, match="schema_registry_url"):
+        cec_aggregate(spark, input_format="registry", **common)
+    # A U target passes validation: the next check, on the columns, is what stops this call.
+    with pytest.raises(ConfigError, match="different columns"):
+        cec_aggregate(spark, checkpointing=Checkpointing(u_target=100), **{**common, "value": "item_id"})

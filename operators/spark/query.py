@@ -1,0 +1,225 @@
+"""The handle of a running attached aggregation (`operators.spark.attach`): a StreamingQuery plus CEC.
+
+`CecAggregateQuery` answers what a `pyspark.sql.streaming.StreamingQuery` answers (`id`, `runId`, `name`,
+`isActive`, `status`, `lastProgress`, `recentProgress`, `exception()`, `stop()`,
+`awaitTermination(timeout)`, `processAllAvailable()`, `explain()`; anything else is delegated to the
+underlying query, `query.query`) and adds CEC's figures:
+
+- `lastProgress["cec"]` and each `recentProgress[i]["cec"]`: the figures as of the end of that
+  micro-batch; `status["cec"]` and `cec_progress`: the figures now. Keys:
+  - `open_windows`: windows open (their latest footprint is in some output log);
+  - `extent_tuples`: input tuples a recovery would replay if the driver died now (from the oldest
+    footprint of an open window, `extent_start`, to the newest position written, `position`; both per
+    input partition);
+  - `records`: output records written since this start, by kind (R, GOPEN, GCHECK, DEAD); `gopens`,
+    `gchecks`: the same two counts; `batch_records` (per-batch figures only): written in that batch;
+  - `recovery`: what this start recovered (`resumed`, `ec_build_s`: reading the logs back on the driver,
+    `ec_windows`, `ec_records_read`, `ec_load_rows`: windows and next-seq rows handed to the query as
+    its initial state, `replay_start`, `crash_point`, `replay_tuples`: input tuples between them, and
+    `replay_s`: from the query's start to the end of the first micro-batch that read past the crash point,
+    None until then; the EC is loaded inside the first micro-batch, so `replay_s` includes EC load).
+- `recovery`: the `operators.spark.planning.AttachRecovery` of this start; `batches`: micro-batches done.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from cec.config import Checkpointing
+from operators.spark.generations import Generation
+from operators.spark.planning import AttachRecovery
+from operators.spark.sink import CecSink
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
+
+    from queuestore.kafka import KafkaQueueStore
+
+__all__ = ["CecAggregateQuery"]
+
+
+class CecAggregateQuery:
+    """A running CEC aggregation: the StreamingQuery, the driver-side writers of its output logs, and CEC's
+    figures in its progress (see the module doc)."""
+
+    def __init__(
+        self,
+        query: StreamingQuery,
+        sink: CecSink,
+        store: KafkaQueueStore,
+        recovery: AttachRecovery,
+        checkpointing: Checkpointing | None = None,
+        stop_when_drained: bool = False,
+    ):
+        self.query = query
+        self.recovery = recovery
+        self.checkpointing = checkpointing or Checkpointing()
+        self._sink = sink
+        self._store = store
+        self._closed = False
+        self._started_wall = time.time()
+        self._replay_s: float | None = None if recovery.resumed else 0.0
+        self._watcher: threading.Thread | None = None
+        self._done = threading.Event()
+        if stop_when_drained:
+            # Under timeMode "ProcessingTime" Spark plans another (no-data) micro-batch after every batch
+            # (TransformWithStateExec.shouldRunAnotherBatch), so a Trigger.AvailableNow query with G-check
+            # timers never ends by itself: stop it after the first micro-batch that read no input (the
+            # source reached its AvailableNow target; that batch also fired the timers once more).
+            self._watcher = threading.Thread(target=self._stop_when_drained, name="cec-drain", daemon=True)
+            self._watcher.start()
+
+    # -- StreamingQuery ----------------------------------------------------------------------------------
+    @property
+    def id(self) -> str:
+        return str(self.query.id)
+
+    @property
+    def runId(self) -> str:
+        return str(self.query.runId)
+
+    @property
+    def name(self) -> str | None:
+        return self.query.name
+
+    @property
+    def isActive(self) -> bool:
+        return bool(self.query.isActive)
+
+    @property
+    def status(self) -> dict[str, Any]:
+        out = dict(self.query.status)
+        out["cec"] = self.cec_progress
+        return out
+
+    @property
+    def lastProgress(self) -> Any:
+        """Spark's StreamingQueryProgress of the last micro-batch (None before the first), with "cec"."""
+        progress = self.query.lastProgress
+        return None if progress is None else self._with_cec(progress)
+
+    @property
+    def recentProgress(self) -> list[Any]:
+        return [self._with_cec(p) for p in self.query.recentProgress]
+
+    def processAllAvailable(self) -> None:
+        self.query.processAllAvailable()
+
+    def explain(self, extended: bool = False) -> None:
+        self.query.explain(extended)
+
+    def awaitTermination(self, timeout: int | None = None) -> bool | None:
+        """As StreamingQuery.awaitTermination; the output logs are closed once the query has ended."""
+        try:
+            return (
+                self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()
+            )
+        finally:
+            if not self.query.isActive:
+                self.close()
+
+    def stop(self) -> None:
+        try:
+            self.query.stop()
+        finally:
+            self.close()
+
+    def exception(self) -> Any:
+        return self.query.exception()
+
+    def __getattr__(self, name: str) -> Any:
+        # Only called for attributes this class lacks: the rest of StreamingQuery's surface.
+        if name.startswith("_") or name == "query":
+            raise AttributeError(name)
+        return getattr(self.query, name)
+
+    # -- CEC ---------------------------------------------------------------------------------------------
+    @property
+    def generation(self) -> Generation:
+        return self.recovery.current
+
+    @property
+    def batches(self) -> int:
+        """Micro-batches the sink completed."""
+        return self._sink.batches
+
+    @property
+    def cec_progress(self) -> dict[str, Any]:
+        """CEC's figures now (module doc)."""
+        figures = self._sink.figures()
+        figures["recovery"] = self._recovery_figures()
+        return figures
+
+    def _recovery_figures(self) -> dict[str, Any]:
+        rec = self.recovery
+        crash = [max(c[j] for crash in rec.crash_points for c in crash) for j in range(len(rec.start))]
+        if self._replay_s is None:
+            self._replay_s = self._find_replay_end(crash)
+        return {
+            "resumed": rec.resumed,
+            "ec_build_s": rec.seconds,
+            "ec_windows": rec.ec_windows,
+            "ec_records_read": rec.records_read,
+            "ec_load_rows": rec.ec_windows + rec.closed_keys,
+            "replay_start": list(rec.start),
+            "crash_point": crash,
+            "replay_tuples": sum(c - s for s, c in zip(rec.start, crash, strict=True)),
+            "replay_s": self._replay_s,
+        }
+
+    def _find_replay_end(self, crash: list[int]) -> float | None:
+        """From the query's start to the end of the first micro-batch whose source end offsets reached the
+        crash point on every input partition (read from Spark's progress)."""
+        for progress in self.query.recentProgress:
+            sources = progress.sources
+            if not sources or not sources[0].endOffset:
+                continue
+            ends = json.loads(sources[0].endOffset)
+            if all(int(ends.get(str(j), 0)) >= c for j, c in enumerate(crash)):
+                started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
+                return max(0.0, started + progress.batchDuration / 1000.0 - self._started_wall)
+        return None
+
+    def _stop_when_drained(self) -> None:
+        while not self._done.wait(0.2):
+            if not self.query.isActive:
+                return
+            progress = self.query.lastProgress
+            if progress is None or not progress.sources:
+                continue
+            source = progress.sources[0]
+            if progress.numInputRows == 0 and source.startOffset == source.endOffset:
+                self.query.stop()
+                return
+
+    def _with_cec(self, progress: Any) -> Any:
+        figures = self._sink.batch_figures.get(int(progress.batchId))
+        if figures is None:
+            return progress
+        progress["cec"] = {**figures, "recovery": self._recovery_figures()}
+        return progress
+
+    # -- lifetime ----------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the output partitions (flushes what was appended). Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        self._done.set()
+        try:
+            self._sink.close()
+        finally:
+            self._store.close()
+
+    def __enter__(self) -> CecAggregateQuery:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.query.isActive:
+            self.stop()
+        else:
+            self.close()

@@ -1,0 +1,195 @@
+"""The sink of an attached aggregation (`operators.spark.attach`): the processor's rows -> CEC records.
+
+The sink runs on the driver, which owns the single writer (`OutputQueue` on a `KafkaQueueStore`, so the
+stream index is maintained) of every output partition q, held across micro-batches: one writer per log,
+no zombie writer from a retried task, and the indexes sit where recovery reads them. A row goes to
+q = pmod(hash(key), P), Spark's own shuffle hash, so q is also the state partition when
+spark.sql.shuffle.partitions = P (set for the query). For each q it sorts the batch's rows by
+(j, o, emission index) and computes per record, continuing from the partition's log end:
+- pos: `recovery.contract.PositionStamper` (the rule every host uses; this host only knows the records it
+  writes, so the previous record's pos stands for the live vector). A record produced by input tuple
+  (j, o) sets pos[j] = o + 1 if it is the tuple's last record, else o, never decreasing. Sorting by (j, o)
+  is what makes "every input tuple below pos that maps to q has been applied, and every output it produced
+  is in the log before this record" hold for every prefix of the log;
+- N: +1 on a G-open, -1 on the R of a window whose footprint is in this log (`operators.spark.generations`);
+- time: the largest event time so far (the input's logical time, non-decreasing along the log), or
+  sum(pos) when the aggregate has no time field (as `OperatorRuntime` does).
+G-check rows (made by the processor's timers after a micro-batch's input) go after the other records of
+their partition's batch (`_ordered`). A batch's records are durable (flushed) before the batch completes.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from cec.records import Kind, OutputRecord, RecordCodec
+from operators.spark.planning import AttachRecovery
+from operators.spark.processor import EMIT_COLUMNS
+from queuestore import faults
+from queuestore.output import OutputQueue
+from recovery.contract import PositionStamper
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame
+
+__all__ = ["SINK_FAULT_SITE", "CecSink"]
+
+# Hit after the first half of a partition's batch is durable, before the second half is appended: a crash
+# injected here (CEC_FAULTS) leaves that log cut in the middle of a micro-batch.
+SINK_FAULT_SITE = "attach.sink.mid_batch"
+_R, _GOPEN, _GCHECK, _DEAD = Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value
+_KINDS = (_R, _GOPEN, _GCHECK, _DEAD)
+
+
+@dataclass
+class _Cursor:
+    stamper: PositionStamper  # pos, continuing from the log's crash point (recovery.contract)
+    n: int
+    time: int
+
+
+def _ordered(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A partition's rows in log order: the records input tuples produced, by (j, o, emission index), then
+    the G-checks. A G-check holds its window's state after every tuple of its key read so far (the
+    processor makes them after a micro-batch's input), so at the end of the batch its pos (the floor, and
+    at least its key's last tuple + 1) is below the key's next tuple, which a later micro-batch reads."""
+    produced = [r for r in rows if r[4] != _GCHECK]
+    produced.sort(key=lambda r: (r[1], r[2], r[3]))
+    produced.extend(r for r in rows if r[4] == _GCHECK)
+    return produced
+
+
+class CecSink:
+    """foreachBatch function: orders each output partition's rows, assigns pos/N/time, appends durably,
+    and keeps CEC's figures (`figures`, per batch in `batch_figures`) for the query's progress."""
+
+    def __init__(
+        self,
+        outputs: Sequence[OutputQueue],
+        recovery: AttachRecovery,
+        has_time: bool,
+        keep_batches: int = 200,
+    ) -> None:
+        self.outputs = list(outputs)
+        self.cursors = [_Cursor(PositionStamper(e.pos), e.n, e.time) for e in recovery.ends]
+        self.has_time = has_time
+        self.codec = RecordCodec()
+        self.lock = threading.Lock()
+        self.batches = 0
+        self.records = 0
+        self.closed = False
+        # Figures: record kinds written since the start; the footprint pos of every open window (carried
+        # over ones included), which gives the extent; the crash points of older generations, fixed.
+        self.kinds: Counter[str] = Counter()
+        self.footprints: dict[str | None, tuple[int, ...]] = {k: w.pos_w for k, w in recovery.windows.items()}
+        self._older = [
+            c
+            for g, c in zip(recovery.generations, recovery.crash_points, strict=True)
+            if g != recovery.current
+        ]
+        self._width = len(recovery.start)
+        self.batch_figures: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._keep = keep_batches
+
+    def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
+        table = batch_df.toArrow()
+        columns = [table.column(c).to_pylist() for c in EMIT_COLUMNS]
+        by_q: dict[int, list[tuple[Any, ...]]] = {}
+        for row in zip(*columns, strict=True):
+            by_q.setdefault(int(row[0]), []).append(row)
+        with self.lock:
+            if self.closed:
+                raise RuntimeError("the CEC sink is closed")
+            before = Counter(self.kinds)
+            for q in sorted(by_q):
+                self._write(q, _ordered(by_q[q]))
+            for q in by_q:
+                out = self.outputs[q]
+                out.flush()
+                if out.failures:
+                    raise RuntimeError(
+                        f"{len(out.failures)} appends to {out.topic}[{q}] failed: {out.failures[0]!r}"
+                    )
+            self.batches += 1
+            figures = self._figures()
+            figures["batch"] = batch_id
+            figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
+            self.batch_figures[batch_id] = figures
+            while len(self.batch_figures) > self._keep:
+                self.batch_figures.popitem(last=False)
+
+    def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
+        cursor, out = self.cursors[q], self.outputs[q]
+        half = len(rows) // 2
+        footprints, kinds = self.footprints, self.kinds
+        for idx, (_, j, o, _i, kind, key, seq, state, payload, t, dn) in enumerate(rows):
+            # A tuple claims itself on its last record (recovery.contract). A G-check (at the end, see
+            # _ordered) claims the key's last applied tuple (j, o): its state holds it.
+            nxt = rows[idx + 1] if idx + 1 < len(rows) else None
+            last_of_tuple = kind == _GCHECK or nxt is None or nxt[1:3] != (j, o)
+            pos = cursor.stamper.stamp(None, j, o, claims=last_of_tuple)
+            cursor.n += dn
+            if self.has_time:
+                if t >= 0:
+                    cursor.time = max(cursor.time, t)
+            else:
+                cursor.time = max(cursor.time, sum(pos))
+            record = OutputRecord(Kind(kind), cursor.time, pos, cursor.n, key, seq, state, payload)
+            if idx == half and half:
+                # Durable first half, then the fault site: a crash injected here cuts the log mid-batch.
+                out.flush()
+                faults.hit(SINK_FAULT_SITE)
+            out.append(self.codec.encode(record), record.meta())
+            self.records += 1
+            kinds[kind] += 1
+            if kind == _R:
+                footprints.pop(key, None)
+            elif kind != _DEAD:
+                footprints[key] = pos
+
+    def extent(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(replay start T, newest crash point) a recovery would use if the driver died now: the planning
+        rule (`operators.spark.planning`) applied to the logs as written so far."""
+        logs = [*self._older, [c.stamper.last for c in self.cursors]]
+        width = self._width
+        start = [max(min(c[j] for c in crash) for crash in logs) for j in range(width)]
+        for j in range(width):
+            lowest = min((p[j] for p in self.footprints.values()), default=start[j])
+            start[j] = min(start[j], lowest)
+        newest = [max(c[j] for crash in logs for c in crash) for j in range(width)]
+        return tuple(start), tuple(newest)
+
+    def _figures(self) -> dict[str, Any]:
+        start, newest = self.extent()
+        return {
+            "open_windows": len(self.footprints),
+            "extent_tuples": sum(n - s for s, n in zip(start, newest, strict=True)),
+            "extent_start": list(start),
+            "position": list(newest),
+            "records": {k: self.kinds[k] for k in _KINDS},
+            "gopens": self.kinds[_GOPEN],
+            "gchecks": self.kinds[_GCHECK],
+        }
+
+    def figures(self) -> dict[str, Any]:
+        """CEC's figures now (see `operators.spark.query.CecAggregateQuery.cec_progress`)."""
+        with self.lock:
+            return self._figures()
+
+    def close(self) -> None:
+        with self.lock:
+            if self.closed:
+                return
+            self.closed = True
+            errors: list[BaseException] = []
+            for out in self.outputs:
+                try:
+                    out.close()
+                except Exception as exc:  # close the others; report the first
+                    errors.append(exc)
+            if errors:
+                raise errors[0]

@@ -1,0 +1,296 @@
+"""The "cec-topic" Python Data Source: a user's own Kafka topic (json, avro, registry, csv) in Spark.
+
+Reading is `operators.topic_source.KafkaTopicSource`, the one reader of ordinary topics that the local
+engine and `cec run --input-topic` use (values decoded by `operators.formats`): each Spark input partition
+is one slice [start, end) of one Kafka partition, read by a KafkaTopicSource pinned to exactly that slice.
+Ends and log starts come from `operators.topic_source.resolve_bounds` (watermarks on Apache Kafka, the
+EOF scan behind the broker-compatibility switch on Tansu).
+
+Rows carry the record's position and either the three fields the operator needs or why it could not:
+`cec_partition`, `cec_offset`, `cec_error` (None, or the dead-letter reason: undecodable, or the key,
+value or time field missing or null), `cec_key` (the key field as text, str() of the decoded value),
+`cec_v` and `cec_time` (the value and time fields as JSON text, so that the operator sees the decoded
+types, ints stay ints, and does its own validation).
+
+    spark.readStream.format("cec-topic").option("topic", "purchases").option("bootstrap.servers", bs)
+         .option("format", "json").option("key", "item_id").option("value", "item_price").load()
+
+Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), `key`, `value`, `time`
+(optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
+`schema.registry.url` (registry), `columns` (csv: comma-separated names), `startingOffsets`
+(`{"<partition>": offset}`, default the log start), `maxRecordsPerTrigger`, `kafka.*` client settings,
+`brokerCompat`. A seek below a partition's log start is `RetentionError` ("input retention shorter than
+the replay needs"), never a silent gap.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+from cec.exceptions import ConfigError
+from operators.formats import FORMATS
+from operators.spark.datasource import admit
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["TOPIC_FORMAT", "TOPIC_ROW_SCHEMA", "CecTopicDataSource", "register_topic_source"]
+
+TOPIC_FORMAT = "cec-topic"
+TOPIC_ROW_SCHEMA = StructType(
+    [
+        StructField("cec_partition", IntegerType(), False),
+        StructField("cec_offset", LongType(), False),
+        StructField("cec_error", StringType(), True),
+        StructField("cec_key", StringType(), True),
+        StructField("cec_v", StringType(), True),
+        StructField("cec_time", StringType(), True),
+    ]
+)
+_POLL_BATCH = 2000
+
+
+@dataclass(frozen=True)
+class TopicOptions:
+    """Parsed options; picklable (shipped to the executors)."""
+
+    topic: str
+    bootstrap: str
+    fmt: str
+    key: str
+    value: str
+    time: str | None
+    schema: Any = None
+    registry_url: str | None = None
+    columns: tuple[str, ...] = ()
+    starting_offsets: str = "earliest"
+    max_records_per_trigger: int | None = None
+    compat: str | None = None
+    client_config: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str]) -> TopicOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        topic = opts.get("topic")
+        bootstrap = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
+        if not topic or not bootstrap:
+            raise ConfigError(f"{TOPIC_FORMAT} needs the options 'topic' and 'bootstrap.servers'")
+        fmt = opts.get("format", "json")
+        if fmt not in FORMATS or fmt == "cec":
+            raise ConfigError(f"{TOPIC_FORMAT} reads json, avro, registry or csv values, not {fmt!r}")
+        if not opts.get("key") or not opts.get("value"):
+            raise ConfigError(f"{TOPIC_FORMAT} needs the options 'key' and 'value' (field names)")
+        schema: Any = opts.get("schema")
+        if schema is not None and schema.lstrip().startswith("{"):
+            schema = json.loads(schema)
+        limit = opts.get("maxrecordspertrigger")
+        if limit is not None and int(limit) < 1:
+            raise ConfigError("maxRecordsPerTrigger must be >= 1")
+        client = {
+            k[len("kafka.") :]: v
+            for k, v in options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+        }
+        return cls(
+            topic=topic,
+            bootstrap=bootstrap,
+            fmt=fmt,
+            key=opts["key"],
+            value=opts["value"],
+            time=opts.get("time") or None,
+            schema=schema,
+            registry_url=opts.get("schema.registry.url"),
+            columns=tuple(c.strip() for c in opts.get("columns", "").split(",") if c.strip()),
+            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
+            max_records_per_trigger=int(limit) if limit else None,
+            compat=opts.get("brokercompat") or None,
+            client_config=client,
+        )
+
+    def bounds(self) -> tuple[list[int], list[int]]:
+        """(log starts, ends) of every partition now."""
+        from operators.topic_source import resolve_bounds
+
+        found = resolve_bounds(self.bootstrap, self.topic, config=self.client_config, compat=self.compat)
+        return list(found.starts), list(found.ends)
+
+
+def _starting(opts: TopicOptions, starts: Sequence[int], ends: Sequence[int]) -> list[int]:
+    spec = opts.starting_offsets
+    if spec.lower() == "earliest":
+        return list(starts)
+    if spec.lower() == "latest":
+        return list(ends)
+    try:
+        given = {int(k): int(v) for k, v in json.loads(spec).items()}
+    except (ValueError, AttributeError, TypeError):
+        raise ConfigError(
+            f'startingOffsets must be earliest, latest or {{"<partition>": offset}}: {spec!r}'
+        ) from None
+    # Below the log start stays below it: the slice's seek then fails with the retention error.
+    return [min(given.get(p, s), e) for p, (s, e) in enumerate(zip(starts, ends, strict=True))]
+
+
+class TopicSlice(InputPartition):
+    """Offsets [start, end) of Kafka partition `partition` of a topic with `total` partitions."""
+
+    def __init__(self, partition: int, start: int, end: int, total: int) -> None:
+        super().__init__((partition, start, end, total))
+        self.partition = partition
+        self.start = start
+        self.end = end
+        self.total = total
+
+
+def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[tuple[Any, ...]]:
+    """One slice, read by a KafkaTopicSource pinned to it (runs on an executor)."""
+    from operators.topic_source import KafkaTopicSource
+
+    p = piece.partition
+    starts, ends = [0] * piece.total, [0] * piece.total
+    starts[p], ends[p] = piece.start, piece.end
+    source = KafkaTopicSource(
+        opts.bootstrap,
+        opts.topic,
+        fmt=opts.fmt,
+        key_field=opts.key,
+        value_field=opts.value,
+        time_field=opts.time,
+        schema=opts.schema,
+        registry_url=opts.registry_url,
+        columns=list(opts.columns) or None,
+        partitions=[p],
+        start_offsets=starts,
+        end_offsets=ends,
+        config=opts.client_config,
+        compat=opts.compat,
+    )
+    key, value, time_field = opts.key, opts.value, opts.time
+    dumps = json.dumps
+    try:
+        source.seek([piece.start])  # below the log start: RetentionError, never a silent gap
+        while (batch := source.poll(_POLL_BATCH)) is not None:
+            for tup in batch:
+                v = tup.value
+                if v is None:
+                    yield (p, tup.offset, tup.error or "undecodable input", None, None, None)
+                    continue
+                yield (
+                    p,
+                    tup.offset,
+                    None,
+                    str(v[key]),
+                    dumps(v[value], default=str),
+                    None if time_field is None else dumps(v[time_field], default=str),
+                )
+    finally:
+        source.close()
+
+
+class _TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    def __init__(self, opts: TopicOptions) -> None:
+        self.opts = opts
+        self._starts: list[int] | None = None
+        self._target: list[int] | None = None  # Trigger.AvailableNow: the ends when the query started
+
+    def _ends(self) -> list[int]:
+        if self._target is not None:
+            return list(self._target)
+        starts, ends = self.opts.bounds()
+        self._starts = starts
+        return ends
+
+    def initialOffset(self) -> dict[str, int]:
+        ends = self._ends()
+        starts = self._starts if self._starts is not None else self.opts.bounds()[0]
+        return _as_offsets(_starting(self.opts, starts, ends))
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        n = self.opts.max_records_per_trigger
+        return ReadAllAvailable() if n is None else ReadMaxRows(n)
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        ends = self._ends()
+        begin = _from_offsets(start)
+        begin += [0] * (len(ends) - len(begin))  # partitions added to the topic since: read from 0
+        return _as_offsets(admit(begin, ends, max_rows))
+
+    def reportLatestOffset(self) -> dict[str, int] | None:
+        return None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = None
+        self._target = self._ends()
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
+        stop = _from_offsets(end)
+        begin = _from_offsets(start)
+        begin += [0] * (len(stop) - len(begin))
+        total = len(stop)
+        return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        assert isinstance(partition, TopicSlice)
+        return read_slice(self.opts, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        pass  # Spark's checkpoint holds the offsets; recovery uses the positions in the output log
+
+
+class _TopicBatchReader(DataSourceReader):
+    def __init__(self, opts: TopicOptions) -> None:
+        self.opts = opts
+
+    def partitions(self) -> list[InputPartition]:
+        starts, ends = self.opts.bounds()
+        begin = _starting(self.opts, starts, ends)
+        total = len(ends)
+        return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, ends, strict=True)) if e > s]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        if not isinstance(partition, TopicSlice):  # an empty topic
+            return iter(())
+        return read_slice(self.opts, partition)
+
+
+def _as_offsets(positions: Sequence[int]) -> dict[str, int]:
+    return {str(p): int(o) for p, o in enumerate(positions)}
+
+
+def _from_offsets(offsets: Mapping[str, Any]) -> list[int]:
+    return [int(offsets[str(p)]) for p in range(len(offsets))]
+
+
+class CecTopicDataSource(DataSource):
+    """`format("cec-topic")`: see the module docstring."""
+
+    @classmethod
+    def name(cls) -> str:
+        return TOPIC_FORMAT
+
+    def schema(self) -> StructType:
+        return TOPIC_ROW_SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _TopicBatchReader(TopicOptions.parse(self.options))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return _TopicStreamReader(TopicOptions.parse(self.options))
+
+
+def register_topic_source(spark: SparkSession) -> None:
+    """Make `format("cec-topic")` available in this session."""
+    spark.dataSource.register(CecTopicDataSource)
