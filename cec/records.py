@@ -85,6 +85,9 @@ class OutputRecord:
     seq: int = -1
     state: bytes | None = None
     payload: bytes | None = None
+    # Event-time watermarks (recovery.contract, "watermarks"): for each input partition, the largest event
+    # time of the tuples below `pos` (LONG_MIN: none yet); empty when the operator keeps no watermark.
+    marks: tuple[int, ...] = ()
 
     @property
     def window(self) -> tuple[str, int] | None:
@@ -102,23 +105,25 @@ _KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too
 _KIND_OF = {k.value: k for k in Kind}
 
 # Version 1: the first release. Never edit a published schema: add version N+1 whose new fields have
-# defaults, and make it the newest.
+# defaults, and make it the newest. Version 2 adds `marks` (per-partition event-time maxima).
+_V1_FIELDS: list[dict[str, Any]] = [
+    {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": _KIND_SYMBOLS}},
+    {"name": "time", "type": "long"},
+    {"name": "pos", "type": {"type": "array", "items": "long"}},
+    {"name": "n", "type": "long"},
+    {"name": "key", "type": ["null", "string"], "default": None},
+    {"name": "seq", "type": "long", "default": -1},
+    {"name": "state", "type": ["null", "bytes"], "default": None},
+    {"name": "payload", "type": ["null", "bytes"], "default": None},
+]
 SCHEMAS: dict[int, dict[str, Any]] = {
-    1: {
+    1: {"type": "record", "name": "OutputRecord", "namespace": "cec", "fields": _V1_FIELDS},
+    2: {
         "type": "record",
         "name": "OutputRecord",
         "namespace": "cec",
-        "fields": [
-            {"name": "kind", "type": {"type": "enum", "name": "Kind", "symbols": _KIND_SYMBOLS}},
-            {"name": "time", "type": "long"},
-            {"name": "pos", "type": {"type": "array", "items": "long"}},
-            {"name": "n", "type": "long"},
-            {"name": "key", "type": ["null", "string"], "default": None},
-            {"name": "seq", "type": "long", "default": -1},
-            {"name": "state", "type": ["null", "bytes"], "default": None},
-            {"name": "payload", "type": ["null", "bytes"], "default": None},
-        ],
-    }
+        "fields": [*_V1_FIELDS, {"name": "marks", "type": {"type": "array", "items": "long"}, "default": []}],
+    },
 }
 
 
@@ -157,6 +162,7 @@ class RecordCodec:
                 "seq": record.seq,
                 "state": record.state,
                 "payload": record.payload,
+                "marks": list(record.marks),
             },
         )
         body = buf.getvalue()
@@ -273,6 +279,7 @@ class RecordCodec:
                 obj["seq"],
                 obj["state"],
                 obj["payload"],
+                tuple(obj.get("marks", ())),
             )
         except Exception as exc:  # fastavro raises many types on malformed input
             raise CodecError(f"checksum mismatch or malformed record body: {exc!s:.200}") from None

@@ -101,6 +101,7 @@ def aggregate_operator(
     window_count: int | None = None,
     window_time: str | None = None,
     time: str | None = None,
+    allowed_lateness: str | None = None,
 ) -> dict[str, Any]:
     """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
     duration such as "5m", parsed here so that every entry point reads it the same way)."""
@@ -112,7 +113,17 @@ def aggregate_operator(
         "window_count": window_count,
         "window_ms": parse_duration_ms(window_time) if window_time else None,
         "time_field": time,
+        "allowed_lateness_ms": _lateness_ms(allowed_lateness),
     }
+
+
+def _lateness_ms(text: str | None) -> int | None:
+    """`--allowed-lateness`: a duration, or 0 (no lateness allowed, still event-time watermarks)."""
+    if text is None:
+        return None
+    if text.strip() in ("0", "0ms", "0s"):
+        return 0
+    return parse_duration_ms(text)
 
 
 def build_operator(spec: Mapping[str, Any]) -> Operator:
@@ -125,6 +136,7 @@ def build_operator(spec: Mapping[str, Any]) -> Operator:
             window_count=spec.get("window_count"),
             window_ms=spec.get("window_ms"),
             time_field=spec.get("time_field"),
+            allowed_lateness=spec.get("allowed_lateness_ms"),
         )
     if kind == "filter":
         field_name, op, threshold = spec["field"], spec["op"], spec["value"]

@@ -16,6 +16,7 @@ way it never decreases along the log and is restored from the crash point.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
 import sys
@@ -34,7 +35,8 @@ from operators.base import InputTuple, Operator
 from operators.sources import InputSource
 from queuestore import faults
 from queuestore.output import OutputQueue
-from recovery.contract import PositionStamper, ReplayContract, TupleFate
+from recovery.contract import PositionStamper, ReplayContract, TupleFate, Watermark
+from recovery.exceptions import RecoveryError
 from recovery.manager import RecoveryManager, RecoveryReport
 
 __all__ = ["DEAD_LETTER_SCHEMA", "OperatorRuntime", "Progress", "RunStats"]
@@ -165,6 +167,12 @@ class OperatorRuntime:
         self._rebuilding = False  # applying a replayed tuple below the crash point
         self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
         self._held: list[tuple[Kind, str | None, int, bytes | None, bytes | None, int]] = []
+        # Event-time watermarks (recovery.contract, "watermarks"): per-partition maxima, the open windows
+        # by (end, key, seq), and the tuples past a crash point held back until every partition reached its own.
+        lateness = operator.allowed_lateness
+        self._wm: Watermark | None = None if lateness is None else Watermark(source.partitions, lateness)
+        self._ends: list[tuple[int, str, int]] = []
+        self._held_back: list[InputTuple] = []
         self.stats = RunStats()
         # Checkpoint bookkeeping (see _background / _measure).
         self._busy = 0.0  # time in this interval spent reading and applying input (not waiting, not G-checks)
@@ -183,6 +191,11 @@ class OperatorRuntime:
     def time(self) -> int:
         return self._time
 
+    @property
+    def watermark(self) -> int | None:
+        """The event-time watermark W (recovery.contract), or None: none kept, or not yet known."""
+        return None if self._wm is None else self._wm.value
+
     def open_window(self, key: str, state: Any) -> OpenWindow:
         seq = self._next_seq.get(key)
         if seq is None:
@@ -190,6 +203,7 @@ class OperatorRuntime:
             seq = 0 if last is None else last + 1
         window = OpenWindow(key, seq, state, self._time, self._time, self._out_count, self._in_count)
         self._registry.open(window)
+        self._track_end(window)
         self._next_seq[key] = seq + 1
         self._pending_opens.append(window)
         return window
@@ -230,6 +244,7 @@ class OperatorRuntime:
                 seq,
                 state,
                 payload,
+                () if self._wm is None else self._wm.stamp(),
             )
         )
 
@@ -248,9 +263,12 @@ class OperatorRuntime:
         held, self._held = self._held, []
         last = len(held) - 1
         stamp = self._stamper.stamp
+        wm = self._wm
         for i, (kind, key, seq, state, payload, n) in enumerate(held):
-            pos = stamp(self._pos, partition, offset, claims=i == last)
-            self._append(OutputRecord(kind, self._time, pos, n, key, seq, state, payload))
+            claims = i == last
+            pos = stamp(self._pos, partition, offset, claims=claims)
+            marks = () if wm is None else wm.stamp(partition, claims=claims)
+            self._append(OutputRecord(kind, self._time, pos, n, key, seq, state, payload, marks))
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
         if not self.footprints:
@@ -304,19 +322,24 @@ class OperatorRuntime:
         ec = recovery.checkpoint
         assert ec.crash_pos is not None
         end = ec.end_offset
+        if self._wm is not None:
+            try:
+                self._wm.restore(ec.marks)
+            except RecoveryError as exc:
+                raise RecoveryError(f"{self.output.topic}[{self.output.partition}]: {exc}") from None
         for lw in recovery.windows:  # oldest footprint first, so the registry order is the log order
             fp = lw.footprint
-            self._registry.open(
-                OpenWindow(
-                    lw.key,
-                    lw.seq,
-                    lw.state,
-                    fp.record.time,
-                    fp.record.time,
-                    fp.offset - end,
-                    -(sum(ec.crash_pos) - sum(fp.record.pos)),
-                )
+            window = OpenWindow(
+                lw.key,
+                lw.seq,
+                lw.state,
+                fp.record.time,
+                fp.record.time,
+                fp.offset - end,
+                -(sum(ec.crash_pos) - sum(fp.record.pos)),
             )
+            self._registry.open(window)
+            self._track_end(window)
             self._next_seq[lw.key] = lw.seq + 1
         self._pos = list(ec.crash_pos)
         self._time = ec.time
@@ -336,9 +359,49 @@ class OperatorRuntime:
         self.source.seek(recovery.plan.start)
         return True
 
+    # -- watermarks ------------------------------------------------------------------------------------
+    def _track_end(self, window: OpenWindow) -> None:
+        if self._wm is not None:
+            end = self.operator.window_end(window.state)
+            if end is not None:
+                heapq.heappush(self._ends, (end, window.key, window.seq))
+
+    def _expire(self) -> None:
+        """Close every open window whose end the watermark has passed, in (end, key, seq) order."""
+        assert self._wm is not None
+        w = self._wm.value
+        ends = self._ends
+        if w is None:
+            return
+        registry = self._registry
+        while ends and ends[0][0] <= w:
+            _, key, seq = heapq.heappop(ends)
+            window = registry.get(key)
+            if window is None or window.seq != seq:
+                continue  # closed already by its own input
+            self.close_window(key, self.operator.expire(key, seq, window.state))
+
+    def _hold_back(self, tup: InputTuple) -> bool:
+        """With watermarks, a tuple past its partition's crash point waits until every partition has
+        reached its own (recovery.contract, "watermarks"); True if `tup` was held back."""
+        plan = self._plan
+        if plan is None or self._wm is None or plan.replaying(tup.partition, tup.offset):
+            return False
+        if plan.caught_up(self._pos):
+            return False
+        self._held_back.append(tup)
+        return True
+
+    def _release_held_back(self) -> None:
+        held, self._held_back = self._held_back, []
+        for tup in held:
+            self._apply(tup)
+
     # -- foreground ------------------------------------------------------------------------------------
     def _apply(self, tup: InputTuple) -> None:
         j, o = tup.partition, tup.offset
+        if self._wm is not None and self._plan is not None and self._hold_back(tup):
+            return
         self._pos[j] = o + 1
         self._in_count += 1
         self.stats.inputs += 1
@@ -362,6 +425,8 @@ class OperatorRuntime:
                 self._caught_up()
         faults.hit("runtime.before_process")
         self._current = (j, o)
+        if self._wm is not None:
+            self._wm.forget_tuple(j)  # until its event time is known, its records carry m as it is
         try:
             if tup.value is None:
                 self._dead_letter(tup, tup.error or "undecodable input")
@@ -369,6 +434,10 @@ class OperatorRuntime:
                 try:
                     event_time = self.operator.event_time(tup.value)
                     self._time = max(self._time, event_time if event_time is not None else sum(self._pos))
+                    if self._wm is not None and event_time is not None:
+                        self._wm.observe(j, event_time)
+                        if self._plan is None:  # below the crash point W stays W(t_c): nothing closes
+                            self._expire()
                     self.operator.process(tup, self)
                 except BadTupleError as exc:
                     self._dead_letter(tup, exc.reason)
@@ -381,6 +450,9 @@ class OperatorRuntime:
             self._rebuilding = False  # only ever for the one replayed tuple
         self._release(j, o)
         faults.hit("runtime.after_input")
+        if self._held_back and plan is not None and plan.caught_up(self._pos):
+            self._caught_up()
+            self._release_held_back()
 
     def _caught_up(self) -> None:
         if self.stats.recovery is not None and self._plan is not None:
@@ -614,6 +686,7 @@ class OperatorRuntime:
             return self.stats
         if self._plan is not None:
             self._caught_up()
+        self._release_held_back()
         self._emit(Kind.EOS, None, -1, None, None)
         self._finish(complete=True)
         return self.stats
