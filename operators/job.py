@@ -77,6 +77,7 @@ class JobSpec:
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
+    trim_every: int | None = None  # trim the output log every this many durable records (None: never)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -312,6 +313,7 @@ def run_job(
                 batch_size=spec.batch_size,
                 progress=progress,
                 footprints=spec.footprints,
+                trim_every=spec.trim_every,
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:

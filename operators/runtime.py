@@ -19,13 +19,15 @@ from __future__ import annotations
 import heapq
 import json
 import logging
+import re
 import sys
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from cec.exceptions import BadTupleError
+from cec.exceptions import BadTupleError, CodecError
 from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
 from cec.rates import MeasuredRates
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
@@ -75,6 +77,8 @@ class RunStats:
     max_extent: int = 0  # largest extent size q seen after any batch
     extent_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, extent) every 1 s
     max_replay: int = 0  # largest replay size u seen after any batch
+    trimmed_offsets: int = 0  # offsets trimmed from the head of the output log in this run
+    retained_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, retained) per trim
     checkpoint_policy: str = ""
     checkpoint_budget: float = 0.0  # the duty allowed at the end (CI/CP, or what the policy picked)
     checkpoint_seconds: float = 0.0  # operator time spent producing G-checks
@@ -124,9 +128,14 @@ class OperatorRuntime:
         clock: Callable[[], float] | None = None,
         check_every: int = 32,
         rates: MeasuredRates | None = None,
+        trim_every: int | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
+
+        `trim_every`: trim the output log (DESIGN-NOTES section 3) each time this many more records are
+        durable: below min(the extent start, every registered consumer's acknowledged position), keeping
+        the newest record (the crash point). None: never trim.
 
         `clock` (seconds, monotonic) drives every checkpoint decision (default: the schedule's, else
         `time.monotonic`); `check_every` is how many tuples may pass between two looks at the budget,
@@ -173,6 +182,9 @@ class OperatorRuntime:
         self._wm: Watermark | None = None if lateness is None else Watermark(source.partitions, lateness)
         self._ends: list[tuple[int, str, int]] = []
         self._held_back: list[InputTuple] = []
+        self.trim_every = trim_every
+        self._trim_pending: tuple[int, int] | None = None  # (bound, records appended when it was taken)
+        self._trim_looked = 0  # durable end when the bound was last taken
         self.stats = RunStats()
         # Checkpoint bookkeeping (see _background / _measure).
         self._busy = 0.0  # time in this interval spent reading and applying input (not waiting, not G-checks)
@@ -396,6 +408,68 @@ class OperatorRuntime:
         held, self._held_back = self._held_back, []
         for tup in held:
             self._apply(tup)
+
+    # -- trimming --------------------------------------------------------------------------------------
+    def _trim(self) -> None:
+        """Trim the output log below what recovery and the registered consumers still need.
+
+        The bound is taken at one moment: the offset of an indexed record older than the oldest open
+        window's last footprint (times never decrease along the log). It is applied only once everything
+        appended by then is durable: until then a window's newest footprint may not be in the log, and a
+        crash would need its older one, which the bound may have passed. Footprints only move forward, so
+        a bound stays safe for ever after it was taken.
+        """
+        if self.trim_every is None or self._plan is not None or not self.footprints:
+            return
+        output, index = self.output, self.output.index
+        pending = self._trim_pending
+        if pending is not None:
+            bound, appended = pending
+            if output.durable_count < appended:
+                return
+            self._trim_pending = None
+            acks = output.store.acknowledged(output.topic, output.partition)
+            bound = min(bound, *acks.values()) if acks else bound
+            if bound > index.start_offset:
+                trimmed = output.writer.trim(bound)
+                index.prune(bound)
+                self.stats.trimmed_offsets += trimmed
+                self.stats.retained_samples.append((self._in_count, index.next_offset - bound))
+                self._acknowledge_input(bound)
+            return
+        durable = index.next_offset
+        if durable - self._trim_looked < self.trim_every:
+            return
+        self._trim_looked = durable
+        oldest = self._registry.oldest()
+        # Keep the newest record at least: it is the crash point.
+        bound = durable - 1 if oldest is None else min(durable - 1, index.offset_for_time(oldest.tau2))
+        self._trim_pending = (bound, output.appended)
+
+    def _acknowledge_input(self, bound: int | None) -> None:
+        """An input that is a registered consumer's queue (`acknowledge`): everything below the `pos` of
+        the record at `bound` (the oldest one kept, older than every footprint a recovery needs, so at
+        most any replay start) is never read again. None: register at the current positions."""
+        acknowledge = getattr(self.source, "acknowledge", None)
+        if acknowledge is None:
+            return
+        if bound is None:
+            acknowledge(self._consumer_name(), list(self._pos))
+            return
+        with self.output.store.reader(self.output.topic, self.output.partition) as reader:
+            records = reader.read_forward(bound, 1)
+        try:
+            pos = self.codec.decode(records[0].value).pos if records else None
+        except CodecError:  # a part of a chunked value: acknowledge at the next trim
+            return
+        if pos is not None:
+            acknowledge(self._consumer_name(), list(pos))
+
+    def _consumer_name(self) -> str:
+        """This instance as a consumer of its input queue: its output topic and partition."""
+        name = re.sub(r"[^a-z0-9-]+", "-", self.output.topic.lower()).strip("-")[:48]
+        digest = zlib.crc32(self.output.topic.encode()) & 0xFFFF
+        return f"{name or 'op'}-{digest:04x}-{self.output.partition}"
 
     # -- foreground ------------------------------------------------------------------------------------
     def _apply(self, tup: InputTuple) -> None:
@@ -655,6 +729,8 @@ class OperatorRuntime:
             return self.stats
         if self._plan is not None and self._plan.caught_up(self._pos):
             self._caught_up()
+        if self.trim_every is not None:
+            self._acknowledge_input(None)  # a queue input: register as its consumer from the replay start
         last_sample = self.clock()
         while (stop is None or not stop()) and (max_inputs is None or self.stats.inputs < max_inputs):
             batch = self.source.poll(self.batch_size)
@@ -670,6 +746,7 @@ class OperatorRuntime:
                     self._apply(tup)
                 self._background()
             self.output.poll()
+            self._trim()
             extent = self._registry.extent_size(self._out_count)
             self.stats.max_extent = max(self.stats.max_extent, extent)
             self.stats.max_replay = max(self.stats.max_replay, self._registry.replay_size(self._in_count))
