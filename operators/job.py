@@ -284,6 +284,7 @@ def run_job(
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
+        store.check_retention(spec.output_topic)  # refused at start, before anything is read or written
         operator = build_operator(spec.operator)
         source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)

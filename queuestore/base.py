@@ -307,6 +307,10 @@ class QueueStore(abc.ABC):
     # They live where the log lives (the SQLite topic directory; on Kafka a companion topic), so whoever
     # can read the log can read them, e.g. the identity of the input the log was built from.
 
+    def check_retention(self, topic: str) -> None:  # noqa: B027 - a store without retention has nothing to check
+        """Raise if the store itself may delete records of `topic` (broker retention): only cec may trim
+        its logs, or recovery would meet a gap."""
+
     # -- registered consumers (trimming keeps what they have not acknowledged) --------------------------
     def acknowledge(self, topic: str, partition: int, consumer: str, offset: int) -> None:
         """Register `consumer` of the partition, or move its acknowledged position: it will never read

@@ -5,6 +5,7 @@ after trimming included."""
 from __future__ import annotations
 
 import signal
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ from cec.config import Checkpointing
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
 from operators.job import JobSpec, run_job
-from queuestore.exceptions import LogTrimmedError
+from queuestore.exceptions import LogTrimmedError, TopicMismatchError
 from queuestore.index import StreamIndex
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers import results, start_worker, wait_for
@@ -195,3 +196,73 @@ def test_an_unregistered_consumer_gets_everything_trimmed_up_to_the_extent(tmp_p
     assert stats.trimmed_offsets > 0
     start, end = _logged(SqliteQueueStore(tmp_path))
     assert end - start < end // 4
+
+
+# -- Kafka -------------------------------------------------------------------------------------------
+
+
+def test_kafka_topic_with_a_finite_retention_is_refused_at_start(kafka_broker: Any, tmp_path: Path) -> None:
+    from queuestore.kafka import KafkaQueueStore
+
+    topic = f"short-{uuid.uuid4().hex[:10]}"
+    store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path, topic_configs={"retention.ms": "60000"})
+    try:
+        store.create_topic(topic, 1)
+        with pytest.raises(TopicMismatchError, match=r"retention\.ms=60000: the broker would delete"):
+            store.check_retention(topic)
+        spec = _job(tmp_path / "job", trim=True)
+        spec.store = {
+            "type": "kafka",
+            "bootstrap_servers": kafka_broker.bootstrap,
+            "state_dir": str(tmp_path),
+        }
+        spec.output_topic = topic
+        with pytest.raises(TopicMismatchError):
+            run_job(spec)  # refused before anything is read or written
+        with store.reader(topic, 0) as reader:
+            assert reader.end_offset() == 0
+    finally:
+        store.close()
+    ok = f"ok-{uuid.uuid4().hex[:10]}"
+    plain = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
+    try:
+        plain.create_topic(ok, 1)
+        plain.check_retention(ok)  # cec's own topics: retention.ms=-1
+    finally:
+        plain.close()
+
+
+def test_kafka_trim_and_acknowledgements(kafka_broker: Any, tmp_path: Path) -> None:
+    """delete_records where the broker has it; where it does not (Tansu 0.6 drops the connection on
+    DeleteRecords), nothing is deleted, the writer goes on, and reads stay exact."""
+    from queuestore.kafka import KafkaQueueStore
+
+    topic = f"trim-{uuid.uuid4().hex[:10]}"
+    store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
+    try:
+        store.create_topic(topic, 1)
+        codec = RecordCodec()
+        with store.writer(topic, 0) as writer:
+            for i in range(20):
+                record = OutputRecord(Kind.DEAD, i, (i,), 0, payload=b"x")
+                writer.append(codec.encode(record), record.meta())
+            writer.flush()
+            trimmed = writer.trim(10)
+            record = OutputRecord(Kind.EOS, 20, (20,), 0)
+            writer.append(codec.encode(record), record.meta())  # the writer still works
+        with store.reader(topic, 0) as reader:
+            start = reader.start_offset()
+            offsets = [r.offset for r in reader.scan_forward(start)]
+        if kafka_broker.kind == "tansu":
+            assert (trimmed, start) == (0, 0)
+        else:
+            assert (trimmed, start) == (10, 10)
+        assert offsets[0] == start and len(offsets) == 21 - start
+        store.acknowledge(topic, 0, "results", 5)
+        store.acknowledge(topic, 0, "results", 12)
+        store.acknowledge(topic, 0, "down", 3)
+        assert store.acknowledged(topic, 0) == {"results": 12, "down": 3}
+        store.forget_consumer(topic, 0, "down")
+        assert store.acknowledged(topic, 0) == {"results": 12}
+    finally:
+        store.close()
