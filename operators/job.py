@@ -106,7 +106,7 @@ def aggregate_operator(
 ) -> dict[str, Any]:
     """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
     duration such as "5m", parsed here so that every entry point reads it the same way)."""
-    return {
+    spec: dict[str, Any] = {
         "type": "aggregate",
         "key_field": key,
         "value_field": value,
@@ -114,8 +114,12 @@ def aggregate_operator(
         "window_count": window_count,
         "window_ms": parse_duration_ms(window_time) if window_time else None,
         "time_field": time,
-        "allowed_lateness_ms": _lateness_ms(allowed_lateness),
     }
+    if allowed_lateness is not None:
+        # Only then: a log records its operator's spec, and one written before watermarks existed must
+        # still resume against the same flags.
+        spec["allowed_lateness_ms"] = _lateness_ms(allowed_lateness)
+    return spec
 
 
 def _lateness_ms(text: str | None) -> int | None:

@@ -230,3 +230,30 @@ def test_sigkill_and_recovery_reproduce_late_dead_letters_exactly(tmp_path: Path
     # One input partition: exactly the failure-free output, in order, dead letters included.
     assert results(crashed, "agg") == want
     assert results(crashed, "agg", Kind.DEAD) == want_dead
+
+
+# -- the CLI -------------------------------------------------------------------------------------------
+
+
+def test_cec_run_allowed_lateness_closes_idle_windows_and_survives_a_crash(tmp_path: Path) -> None:
+    from tests.test_cli import cec
+
+    rows = [("idle", 5.0, 0)] + [(f"k{i % 7}", float(i % 13), 3 * i) for i in range(1, 2000)]
+    data = _csv(tmp_path / "in.csv", rows)
+    args = ["run", str(data), "--key", "k", "--value", "v", "--time", "t", "--window-time", "50ms"]
+    args += ["--agg", "sum", "--allowed-lateness", "0"]
+    plain = cec(*args, "--results", str(tmp_path / "plain.csv"), "--store-dir", str(tmp_path / "s1"))
+    assert plain.returncode == 0, plain.stderr
+    crashed = cec(
+        *args, "--results", str(tmp_path / "crashed.csv"), "--store-dir", str(tmp_path / "s2"),
+        "--crash-after", "700",
+    )  # fmt: skip
+    assert crashed.returncode == 0, crashed.stderr
+    assert (tmp_path / "plain.csv").read_text() == (tmp_path / "crashed.csv").read_text()
+    lines = (tmp_path / "plain.csv").read_text().splitlines()
+    assert any(line.startswith("idle,") for line in lines)  # closed by the watermark: idle never returns
+
+    refused = cec("run", str(data), "--key", "k", "--value", "v", "--window-count", "3",
+                  "--allowed-lateness", "1s", "--results", str(tmp_path / "r.csv"))  # fmt: skip
+    assert refused.returncode != 0
+    assert "--allowed-lateness needs --window-time" in refused.stderr and "Traceback" not in refused.stderr
