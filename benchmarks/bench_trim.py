@@ -105,7 +105,12 @@ def main() -> None:
         fig, ax = plt.subplots(figsize=(7, 4))
         xs = [i for i, _ in samples]
         ax.plot(xs, [r for _, r in samples], label="retained (trimmed)")
-        ax.plot(xs, [i * produced / args.tuples for i in xs], "--", label="log produced (all kept without trimming)")
+        ax.plot(
+            xs,
+            [i * produced / args.tuples for i in xs],
+            "--",
+            label="log produced (all kept without trimming)",
+        )
         ax.set_xlabel("input tuples")
         ax.set_ylabel("log records")
         ax.set_title("retained output log over a long run")
