@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import signal
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +19,11 @@ from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.records import Kind
 from operators.aggregate import KeyedAggregate
+from operators.base import InputTuple
 from operators.job import JobSpec, aggregate_operator, run_job
+from operators.runtime import OperatorRuntime
+from operators.sources import InputSource
+from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers import log_records, per_key, results, start_worker, wait_for
 
@@ -276,3 +281,67 @@ def test_cec_run_allowed_lateness_closes_idle_windows_and_survives_a_crash(tmp_p
                   "--allowed-lateness", "1s", "--results", str(tmp_path / "r.csv"))  # fmt: skip
     assert refused.returncode != 0
     assert "--allowed-lateness needs --window-time" in refused.stderr and "Traceback" not in refused.stderr
+
+
+# -- the hold-back rule, with an adversarial interleaving ----------------------------------------------
+
+
+class _ScriptedSource(InputSource):
+    """Two partitions delivered one tuple per poll in a given order of partitions (after a seek too)."""
+
+    def __init__(self, rows: list[list[tuple[str, int]]], order: list[int]) -> None:
+        self.rows, self.order, self.partitions = rows, order, len(rows)
+        self._next = [0] * self.partitions
+
+    def seek(self, positions: Sequence[int]) -> None:
+        self._next = list(positions)
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        for j in self.order:
+            o = self._next[j]
+            if o < len(self.rows[j]):
+                self._next[j] += 1
+                key, t = self.rows[j][o]
+                return [InputTuple(j, o, {"k": key, "v": 1.0, "t": t})]
+        return None
+
+    def describe(self) -> str:
+        return "scripted"
+
+    def identity(self) -> dict[str, Any]:
+        return {"type": "scripted"}
+
+
+def _scripted_run(root: Path, order: list[int], max_inputs: int | None = None) -> None:
+    # Partition 0: a's window [0, 10) and x@15 (m0 = 15 from the second tuple on). Partition 1: b@5, then
+    # b@20, which puts W at 15: a's window closes with its 3 tuples.
+    rows = [[("a", 0), ("x", 15), ("a", 1), ("a", 2)], [("b", 5), ("b", 20)]]
+    operator = KeyedAggregate(key_field="k", value_field="v", agg="count", window_ms=10, time_field="t",
+                              allowed_lateness=0)  # fmt: skip
+    store = SqliteQueueStore(root)
+    store.create_topic("agg", 1)
+    output = OutputQueue(store, "agg", 0)
+    try:
+        OperatorRuntime(operator, _ScriptedSource(rows, order), output, batch_size=1).run(
+            max_inputs=max_inputs
+        )
+    finally:
+        output.close()
+
+
+def test_tuples_past_a_crash_point_wait_for_every_partition_to_reach_its_own(tmp_path: Path) -> None:
+    """The crash leaves b@5 as the newest record (W = 5, a's window open). The recovery delivers
+    partition 1 first: b@20, past its crash point, would put W at 15 while a@1 and a@2 are still to be
+    replayed into a's window; a rebuild judged against that W would drop them as late, and a's result
+    would count 1. Held back until partition 0 reached its crash point, b@20 closes a's window whole."""
+    _scripted_run(tmp_path / "reference", [0, 1])
+    want = sorted(_windows(results(SqliteQueueStore(tmp_path / "reference"), "agg")))
+    assert ("a", 0, 10, 3.0) in want
+
+    _scripted_run(tmp_path / "crashed", [0, 1], max_inputs=5)  # stops before b@20
+    log = log_records(SqliteQueueStore(tmp_path / "crashed"), "agg")
+    assert (log[-1].kind, log[-1].key, log[-1].pos) == (Kind.GOPEN, "b", (4, 1))
+    _scripted_run(tmp_path / "crashed", [1, 0])  # recovery: partition 1 first
+    crashed = SqliteQueueStore(tmp_path / "crashed")
+    assert sorted(_windows(results(crashed, "agg"))) == want
+    _assert_watermark_invariant(log_records(crashed, "agg"), window_ms=10, lateness=0)
