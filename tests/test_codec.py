@@ -94,17 +94,26 @@ def test_size_limit_bounds_what_decode_accepts() -> None:
 
 
 def test_newer_reader_loads_records_written_by_an_older_release() -> None:
-    """Version skew: a v2 reader (one more field, with a default) decodes v1 checkpoints."""
-    v1 = RecordCodec()
-    v2_schema = dict(SCHEMAS[1])
-    v2_schema["fields"] = [*SCHEMAS[1]["fields"], {"name": "operator_id", "type": "string", "default": ""}]
-    v2 = RecordCodec({1: SCHEMAS[1], 2: v2_schema})
+    """Version skew: a reader with one more version (one more field, with a default) decodes the
+    records of the current release, and the current release decodes version 1 (before `marks`)."""
+    current = RecordCodec()
+    newest = max(SCHEMAS)
+    next_schema = dict(SCHEMAS[newest])
+    next_schema["fields"] = [
+        *SCHEMAS[newest]["fields"],
+        {"name": "operator_id", "type": "string", "default": ""},
+    ]
+    newer = RecordCodec({**SCHEMAS, newest + 1: next_schema})
     old = OutputRecord(Kind.GOPEN, 7, (5, 6), 3, "item-1", 2, b"st", None)
-    assert v2.version == 2
-    assert v2.decode(v1.encode(old)) == old
+    assert newer.version == newest + 1
+    assert newer.decode(current.encode(old)) == old
+    v1 = RecordCodec({1: SCHEMAS[1]})
+    assert current.decode(v1.encode(old)) == old  # marks default to ()
+    with_marks = OutputRecord(Kind.R, 7, (5, 6), 3, "item-1", 2, None, b"p", (4, -(1 << 63)))
+    assert current.decode(current.encode(with_marks)) == with_marks
     # ...and an old reader refuses, clearly, what it cannot know.
-    with pytest.raises(CodecError, match="unknown record schema version 2"):
-        v1.decode(v2.encode(old))
+    with pytest.raises(CodecError, match=f"unknown record schema version {newest + 1}"):
+        current.decode(newer.encode(old))
 
 
 def test_payload_codec_rejects_garbage() -> None:
