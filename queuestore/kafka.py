@@ -1223,9 +1223,9 @@ class KafkaPartitionReader(PartitionReader):
 
     def start_offset(self) -> int:
         """The log start: the low watermark (Apache Kafka moves it on `delete_records`; Tansu reports 0)."""
-        assert self._consumer is not None
+        consumer = self._live_consumer()
         try:
-            low, _ = self._consumer.get_watermark_offsets(
+            low, _ = consumer.get_watermark_offsets(
                 TopicPartition(self.topic, self.partition), timeout=self._stall_timeout
             )
         except KafkaException as exc:
