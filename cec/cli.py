@@ -12,6 +12,7 @@ import argparse
 import csv
 import hashlib
 import json
+import logging
 import os
 import shutil
 import signal
@@ -19,19 +20,21 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
+from cec import progress as progress_tasks
 from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
+from cec.validation import check_csv_input, check_output_file, prepare_store_dir, require_spark
 from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA
 from operators.job import JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
-from operators.sinks import count_kinds, iter_payloads, write_outputs
+from operators.sinks import RESULT_COLUMNS, count_kinds, iter_payloads, result_formats, write_outputs
 from operators.sources import CsvSource
 from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
@@ -43,7 +46,6 @@ from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
 
-RESULT_COLUMNS = ["key", "window", "value", "count"]
 _ALL_KINDS = frozenset(k.value for k in Kind)
 
 
@@ -55,9 +57,7 @@ def _say(message: str = "") -> None:
 @contextmanager
 def _store_dir(given: str | None, prefix: str):  # type: ignore[no-untyped-def]
     if given:
-        path = Path(given)
-        path.mkdir(parents=True, exist_ok=True)
-        yield path
+        yield prepare_store_dir(given)
     else:
         path = Path(tempfile.mkdtemp(prefix=prefix))
         try:
@@ -351,6 +351,8 @@ def _run_pipeline_spark(
 def cmd_demo(args: argparse.Namespace) -> int:
     if args.engine == "local" and args.partitions != 1:
         raise ConfigError("--engine local runs one partition; use --engine spark for --partitions > 1")
+    if args.engine == "spark":
+        require_spark()
     crash_at = args.crash_at if args.crash_at is not None else args.input // 2
     with _store_dir(args.store_dir, "cec-demo-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
@@ -443,21 +445,6 @@ def _first_difference(got: list[dict[str, Any]], want: list[dict[str, Any]]) -> 
 
 
 # -- cec run ----------------------------------------------------------------------------------------------
-def _check_columns(path: Path, columns: list[str]) -> None:
-    try:
-        with path.open(newline="", encoding="utf-8", errors="replace") as f:
-            header = next(csv.reader(f), None)
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    if not header:
-        raise ConfigError(f"{path} is empty: a header row is required")
-    missing = [c for c in columns if c not in header]
-    if missing:
-        raise ConfigError(
-            f"{path} has no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})"
-        )
-
-
 _RUN_TOPICS = "cec-run-topics.json"
 
 
@@ -511,9 +498,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError("--window-time needs --time COL")
     if args.allowed_lateness is not None and not args.window_time:
         raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
-    _check_columns(input_path, [c for c in (args.key, args.value, args.time) if c])
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
+    check_csv_input(input_path, [c for c in (args.key, args.value, args.time) if c], args.value, args.time)
+    results_path, dead_path = results_paths(args.results)
     operator = aggregate_operator(
         args.key,
         args.value,
@@ -523,8 +511,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         time=args.time,
         allowed_lateness=args.allowed_lateness,
     )
-    results_path = Path(args.results)
-    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         topic = _run_topic(root, operator, input_path)
@@ -551,7 +537,13 @@ def cmd_run(args: argparse.Namespace) -> int:
         store = open_store(store_cfg)
         try:
             n_results, n_dead, kinds = write_outputs(
-                store, topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, (results_path, RESULT_COLUMNS), dead_path
+                store,
+                topic,
+                RESULT_SCHEMA,
+                DEAD_LETTER_SCHEMA,
+                (results_path, RESULT_COLUMNS),
+                dead_path,
+                result_formats(operator),
             )
         finally:
             store.close()
@@ -564,7 +556,34 @@ def cmd_run(args: argparse.Namespace) -> int:
             _say(line)
     for line in _checkpoint_lines(run_stats, spec.checkpointing):
         _say(line)
+    check_not_all_dead(kinds, dead_path, "rows")
     return 0
+
+
+def results_paths(results: str) -> tuple[Path, Path]:
+    """The results file and its dead-letter file beside it, both checked writable before any work."""
+    results_path = Path(results)
+    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
+    check_output_file(results_path, "--results")
+    check_output_file(dead_path, "dead-letter file")
+    return results_path, dead_path
+
+
+def check_not_all_dead(kinds: Mapping[str, int], dead_path: Path, what: str) -> None:
+    """A run in which no tuple was accepted (no window ever opened, every input dead-lettered) is a
+    failure, most often a wrong column or format: say so, with the first reason, and exit non-zero."""
+    n_dead = kinds.get("DEAD", 0)
+    if n_dead == 0 or kinds.get("GOPEN", 0) or kinds.get("R", 0):
+        return
+    reason = ""
+    try:
+        with dead_path.open(newline="", encoding="utf-8") as f:
+            first = next(csv.DictReader(f), None)
+        if first:
+            reason = f" (the first: {first['reason']})"
+    except (OSError, KeyError, csv.Error):
+        pass
+    raise ConfigError(f"every one of the {n_dead:,} input {what} was dead-lettered{reason}; see {dead_path}")
 
 
 # -- cec inspect ------------------------------------------------------------------------------------------
@@ -636,10 +655,36 @@ def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> No
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+class _Parser(argparse.ArgumentParser):
+    """A usage mistake is one line (`cec run: error: ...`) and exit code 2, like every other mistake."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+_LOG_LEVELS = ("debug", "info", "warning", "error")
+
+
+def _global_options(p: argparse.ArgumentParser, default: Any) -> None:
+    """--log-level and --quiet, accepted before or after the subcommand (`default` SUPPRESS on the
+    subcommands, so that one given before the subcommand is not reset by the subcommand's default)."""
+    p.add_argument(
+        "--log-level",
+        choices=_LOG_LEVELS,
+        default=default if default is argparse.SUPPRESS else "warning",
+        help="messages of the library on stderr from this level (default warning)",
     )
+    p.add_argument(
+        "--quiet",
+        action="store_true",
+        default=default if default is argparse.SUPPRESS else False,
+        help="no progress display and only errors on stderr",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser("demo", help="the paper's workload, killed midway, recovered, verified")
@@ -675,7 +720,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="Spark attempts per task, F in local[N,F] (default 4)",
     )
     demo.add_argument("--timeout", type=float, default=600.0)
-    demo.add_argument("--quiet", action="store_true", help="no progress lines")
     _policy_args(demo, q=20_000, u=100_000)
     demo.set_defaults(func=cmd_demo)
 
@@ -683,10 +727,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("input", nargs="?", help="input CSV with a header row, processed in file order")
     run.add_argument("--key", required=True, help="key column")
     run.add_argument("--value", required=True, help="value column (a number)")
-    run.add_argument("--time", help="event-time column (integer milliseconds); needed for --window-time")
+    run.add_argument(
+        "--time",
+        help="event-time column: integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS (UTC without a "
+        "zone); needed for --window-time",
+    )
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--window-count", type=_positive_int, help="tumbling window of N tuples per key")
-    group.add_argument("--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h")
+    group.add_argument(
+        "--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour"
+    )
     run.add_argument(
         "--allowed-lateness",
         metavar="D",
@@ -695,11 +745,17 @@ def build_parser() -> argparse.ArgumentParser:
         "dead letters 'late'",
     )
     run.add_argument("--agg", choices=AGGREGATES, default="avg")
-    run.add_argument("--results", required=True, help="results CSV: key,window,value,count")
+    run.add_argument(
+        "--results",
+        required=True,
+        help="results CSV: key,window,value,count,start,end (dead letters go beside it, NAME.dead-letters.csv)",
+    )
     run.add_argument(
         "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
     )
-    run.add_argument("--progress", action="store_true", help="progress lines on stderr")
+    run.add_argument(
+        "--progress", action="store_true", help="also the operator's own progress messages on stderr"
+    )
     _policy_args(run, q=None, u=None)
     from cec.topic_run import add_topic_arguments
 
@@ -711,22 +767,70 @@ def build_parser() -> argparse.ArgumentParser:
     inspect.add_argument("--store-dir", required=True)
     inspect.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"))
     inspect.set_defaults(func=cmd_inspect)
+    for command in sub.choices.values():
+        _global_options(command, argparse.SUPPRESS)
     return parser
+
+
+def _setup_output(args: argparse.Namespace) -> progress_tasks.Reporter:
+    """Logging on stderr at --log-level (errors only with --quiet) and the progress display: a live
+    bar on a terminal, a plain line every few seconds otherwise, none with --quiet. Worker processes
+    inherit the level through CEC_LOG_LEVEL."""
+    level = logging.ERROR if args.quiet else getattr(logging, args.log_level.upper())
+    if getattr(args, "progress", False):
+        level = min(level, logging.INFO)
+    os.environ["CEC_LOG_LEVEL"] = logging.getLevelName(level)
+    reporter: progress_tasks.Reporter = progress_tasks.NullReporter()
+    if not args.quiet and sys.stderr.isatty():
+        from rich.logging import RichHandler
+
+        live = progress_tasks.RichReporter()
+        reporter = live
+        # Log lines go through the live display's console, so they print above the bars, not into them.
+        handler: logging.Handler = RichHandler(
+            console=live.progress.console, show_path=False, show_time=False
+        )
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        if not args.quiet:
+            reporter = progress_tasks.LogReporter()
+            logging.getLogger("cec.progress").setLevel(logging.INFO)
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)
+    # librdkafka warns about settings cec makes on purpose (e.g. the experimental gapless guarantee) on
+    # every client; real failures surface as errors of cec itself. Its lines show from --log-level info.
+    logging.getLogger("queuestore.kafka.librdkafka").setLevel(
+        level if level <= logging.INFO else logging.ERROR
+    )
+    progress_tasks.set_reporter(reporter)
+    return reporter
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if getattr(args, "command", None) == "demo" and args.partitions is None:
         args.partitions = 2 if args.engine == "spark" else 1
+    reporter = _setup_output(args)
     try:
         return int(args.func(args))
     except _AlreadyReported:
         return REPORTED_ERROR_EXIT
     except (CecError, QueueStoreError, RecoveryError) as exc:
+        reporter.stop()
         print(f"cec: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the machine's answer to a path or a resource the user gave: one line too
+        reporter.stop()
+        where = f": {exc.filename}" if exc.filename else ""
+        print(f"cec: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
+    finally:
+        reporter.stop()
+        progress_tasks.set_reporter(None)
 
 
 if __name__ == "__main__":

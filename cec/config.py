@@ -23,60 +23,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from cec.exceptions import ConfigError
+from cec.timeparse import parse_duration_s
 
 __all__ = ["POLICIES", "Checkpointing", "parse_duration_s"]
 
 PolicyName = Literal["targets", "cost-benefit"]
 POLICIES: tuple[str, ...] = ("targets", "cost-benefit")
-
-_UNITS: dict[str, float] = {
-    "ms": 0.001,
-    "msec": 0.001,
-    "millisecond": 0.001,
-    "milliseconds": 0.001,
-    "s": 1.0,
-    "sec": 1.0,
-    "secs": 1.0,
-    "second": 1.0,
-    "seconds": 1.0,
-    "m": 60.0,
-    "min": 60.0,
-    "mins": 60.0,
-    "minute": 60.0,
-    "minutes": 60.0,
-    "h": 3600.0,
-    "hr": 3600.0,
-    "hour": 3600.0,
-    "hours": 3600.0,
-    "d": 86400.0,
-    "day": 86400.0,
-    "days": 86400.0,
-}
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)\s*([a-z]*)\s*$")
-
-
-def parse_duration_s(value: str | float | int, what: str = "duration") -> float:
-    """Seconds from "3s", "500ms", "2 minutes", "1.5h" or a number of seconds; positive and finite."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{what} must be a duration such as 3s or 500ms, got {value!r}")
-    if isinstance(value, (int, float)):
-        seconds = float(value)
-    elif isinstance(value, str):
-        match = _DURATION.match(value.lower())
-        unit = match.group(2) if match else None
-        if match is None or (unit and unit not in _UNITS):
-            raise ConfigError(f"{what} must be a duration such as 3s, 500ms or 2 minutes, got {value!r}")
-        seconds = float(match.group(1)) * _UNITS[unit or "s"]
-    else:
-        raise ConfigError(f"{what} must be a duration such as 3s or 500ms, got {value!r}")
-    if not math.isfinite(seconds) or seconds <= 0:
-        raise ConfigError(f"{what} must be positive, got {value!r}")
-    return seconds
 
 
 def _target(value: Any, name: str) -> int | None:

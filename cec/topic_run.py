@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
+from cec.validation import check_topic_input
 from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
-from operators.sinks import write_outputs
+from operators.sinks import RESULT_COLUMNS, result_formats, write_outputs
 from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
 from queuestore.factory import open_store, store_spec
 
@@ -114,14 +115,18 @@ def _pinned_source(
 
 
 def _write_outputs(
-    store_cfg: dict[str, Any], topic: str, results: Path, dead: Path
+    store_cfg: dict[str, Any], topic: str, results: Path, dead: Path, operator: dict[str, Any]
 ) -> tuple[int, int, dict[str, int]]:
-    from cec.cli import RESULT_COLUMNS
-
     store = open_store(store_cfg)
     try:
         n_results, n_dead, counts = write_outputs(
-            store, topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, (results, RESULT_COLUMNS), dead
+            store,
+            topic,
+            RESULT_SCHEMA,
+            DEAD_LETTER_SCHEMA,
+            (results, RESULT_COLUMNS),
+            dead,
+            result_formats(operator),
         )
         kinds = dict(counts)
     finally:
@@ -130,7 +135,17 @@ def _write_outputs(
 
 
 def cmd_run_topic(args: argparse.Namespace) -> int:
-    from cec.cli import _load_stats, _policy, _recovery_lines, _say, _store_dir, _wait, _worker
+    from cec.cli import (
+        _load_stats,
+        _policy,
+        _recovery_lines,
+        _say,
+        _store_dir,
+        _wait,
+        _worker,
+        check_not_all_dead,
+        results_paths,
+    )
 
     if args.input:
         raise ConfigError("give either an input CSV file or --input-topic, not both")
@@ -155,13 +170,13 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         time=args.time,
         allowed_lateness=args.allowed_lateness,
     )
+    results_path, dead_path = results_paths(args.results)
     source = _source_spec(args)
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
-    results_path = Path(args.results)
-    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         output_topic, pinned = _pinned_source(root, args, operator, source)
+        check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
             operator=operator,
             source={**pinned, "group_id": f"cec-{output_topic}"},
@@ -194,9 +209,11 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
                 recoveries.append(_load_stats(Path(spec.stats_path or "")).get("recovery"))
         else:
             recoveries = _run_instances(
-                specs, args.follow, lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path)
+                specs,
+                args.follow,
+                lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path, operator),
             )
-        n_results, n_dead, kinds = _write_outputs(store_cfg, output_topic, results_path, dead_path)
+        n_results, n_dead, kinds = _write_outputs(store_cfg, output_topic, results_path, dead_path, operator)
     bounds = "" if args.follow else f", bounded at {pinned.get('end_offsets')}"
     _say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
     _say(
@@ -211,6 +228,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             _say(f"partition {p}:")
             for line in _recovery_lines(rec):
                 _say(line)
+    check_not_all_dead(kinds, dead_path, "records")
     return 0
 
 

@@ -21,6 +21,7 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
+from cec.timeparse import NonFiniteTimeError, parse_duration_ms, parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
 __all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "parse_duration_ms"]
@@ -74,28 +75,6 @@ class AggState:
         self.last = t
 
 
-_DURATION_UNITS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-
-
-def parse_duration_ms(text: str) -> int:
-    """'250ms', '10s', '5m', '1h', '1d' or a bare number of milliseconds."""
-    raw = text.strip().lower()
-    for unit in sorted(_DURATION_UNITS, key=len, reverse=True):
-        if raw.endswith(unit):
-            number = raw[: -len(unit)]
-            break
-    else:
-        number, unit = raw, "ms"
-    try:
-        value = float(number)
-    except ValueError:
-        raise ConfigError(f"not a duration: {text!r} (use e.g. 500ms, 10s, 5m, 1h)") from None
-    ms = int(value * _DURATION_UNITS[unit])
-    if ms <= 0:
-        raise ConfigError(f"a window duration must be positive, got {text!r}")
-    return ms
-
-
 # Times, window bounds and counts are Avro longs in the log: anything outside cannot be written. A tuple
 # that would put one there is dead-lettered *before* it changes anything, so that no encode error (and no
 # crash loop on the same row at every restart) can come after a window changed.
@@ -120,15 +99,21 @@ def _number(value: Any, what: str) -> float:
 
 
 def _time_ms(value: Any, what: str, margin: int) -> int:
-    """An event time in integer ms; integers (also as text) exactly, other numbers truncated. Must lie
-    within `margin` of the Avro long range (a time window's bounds are `margin` = D away from it)."""
-    if isinstance(value, int) and not isinstance(value, bool):
-        t = value
-    else:
-        try:
-            t = int(value.strip()) if isinstance(value, str) else int(_number(value, what))
-        except ValueError:  # "1e3", "12.5": not an integer literal, read as a number
-            t = int(_number(value, what))
+    """An event time in integer ms (`cec.timeparse.parse_time_ms`: integers exactly, also as text; other
+    numbers truncated; ISO-8601 and "YYYY-MM-DD HH:MM:SS", UTC without a zone). Must lie within `margin`
+    of the Avro long range (a time window's bounds are `margin` = D away from it)."""
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise BadTupleError(f"missing {what}")
+    try:
+        t = parse_time_ms(value)
+    except NonFiniteTimeError:
+        raise BadTupleError(f"{what} is not finite: {value!r:.80}") from None
+    except (TypeError, ValueError):
+        raise BadTupleError(
+            f"{what} is neither integer milliseconds nor an ISO-8601 time: {value!r:.80}"
+        ) from None
+    except OverflowError:  # an integer beyond any double
+        raise BadTupleError(f"{what} is out of range: {value!r:.80}") from None
     if not LONG_MIN + margin <= t <= LONG_MAX - margin:
         bound = "the 64-bit range" if not margin else f"the 64-bit range less the window ({margin} ms)"
         raise BadTupleError(f"{what} is out of range: {value!r:.40} is beyond {bound}")

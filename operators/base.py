@@ -25,6 +25,8 @@ class InputTuple(NamedTuple):
     value: Mapping[str, Any] | None
     # Why the source could not decode the tuple (corrupt upstream record); it goes to the dead letters.
     error: str | None = None
+    # The input as it was read (a CSV line, a topic record's value bytes), kept for its dead letter.
+    raw: str | bytes | None = None
 
 
 class OperatorContext(Protocol):

@@ -20,13 +20,13 @@ import heapq
 import json
 import logging
 import re
-import sys
 import time
 import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from cec import progress as progress_tasks
 from cec.exceptions import BadTupleError, CodecError
 from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
 from cec.rates import MeasuredRates
@@ -94,8 +94,23 @@ class RunStats:
         return d
 
 
+def _raw_text(tup: InputTuple) -> str:
+    """A dead letter's `raw`: the input as read when the source kept it (a CSV line without its line end,
+    a topic record's value; bytes that are not UTF-8 shown as \\x escapes), else the decoded tuple as JSON."""
+    raw = tup.raw
+    if isinstance(raw, bytes):
+        return raw.decode("utf-8", "backslashreplace")
+    if isinstance(raw, str):
+        if raw.endswith("\n"):
+            raw = raw[:-2] if raw.endswith("\r\n") else raw[:-1]
+        # Undecodable bytes are kept by the CSV source as lone surrogates, which cannot be written as is.
+        return raw.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return "" if tup.value is None else json.dumps(dict(tup.value), default=str)
+
+
 class Progress:
-    """Rate-limited progress lines on stderr for long work (runs, recovery scans, replays)."""
+    """Rate-limited progress messages for long work (runs, recovery scans, replays), logged at INFO;
+    the live bars (total, rate, ETA) are `cec.progress` tasks, shown by the reporter the CLI installs."""
 
     def __init__(self, label: str, *, enabled: bool = True, every_s: float = 2.0) -> None:
         self.label = label
@@ -108,7 +123,7 @@ class Progress:
         now = time.monotonic()
         if self.enabled and (force or now - self._last >= self.every_s):
             self._last = now
-            print(f"[{self.label} +{now - self._started:6.1f}s] {message}", file=sys.stderr, flush=True)
+            log.info("[%s +%6.1fs] %s", self.label, now - self._started, message)
 
 
 class OperatorRuntime:
@@ -172,6 +187,7 @@ class OperatorRuntime:
         self._in_count = 0
         self._out_count = 0
         self._plan: ReplayContract | None = None  # while replaying below the crash point
+        self._replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         self._stamper = PositionStamper(self._pos)  # the pos records carry (recovery.contract)
         self._rebuilding = False  # applying a replayed tuple below the crash point
         self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
@@ -297,7 +313,7 @@ class OperatorRuntime:
     def _dead_letter(self, tup: InputTuple, reason: str) -> None:
         if self._rebuilding:
             return  # its dead letter is already in the log (see _emit)
-        raw = "" if tup.value is None else json.dumps(dict(tup.value), default=str, sort_keys=True)
+        raw = _raw_text(tup)
         payload = self._dead_codec.encode(
             {
                 "partition": self._global_partitions[tup.partition],
@@ -314,17 +330,28 @@ class OperatorRuntime:
         """Load the eventual checkpoint; returns False if the operator had already finished."""
         label = f"{self.operator.name} recovery"
         progress = Progress(label, enabled=self.progress.enabled)
+        scan: progress_tasks.Task | None = None
+
+        def scanned(read: int, found: int, n: int) -> None:
+            nonlocal scan
+            progress(f"EC scan: {read:,} records read, {found:,}/{n:,} windows")
+            if scan is None:
+                scan = progress_tasks.task(f"{self.progress.label} EC scan", n, "windows")
+            scan.update(found, total=n)
+
         with self.output.store.reader(self.output.topic, self.output.partition) as reader:
             reader.hint_end(self.output.index.next_offset)  # the index was just reconciled with the log
             manager = RecoveryManager(
                 reader,
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),
                 codec=self.codec,
-                progress=lambda read, found, n: progress(
-                    f"EC scan: {read:,} records read, {found:,}/{n:,} windows"
-                ),
+                progress=scanned,
             )
-            recovery = manager.recover(self.source.partitions)
+            try:
+                recovery = manager.recover(self.source.partitions)
+            finally:
+                if scan is not None:
+                    scan.close()
         if not recovery.needed:
             self._plan = None
             self.source.seek(self._pos)
@@ -367,6 +394,10 @@ class OperatorRuntime:
         )
         if recovery.complete:
             return False
+        if recovery.plan.replay_span > 0:
+            self._replay_task = progress_tasks.task(
+                f"{self.progress.label} replay", recovery.plan.replay_span, "tuples"
+            )
         self._pos = list(recovery.plan.start)
         self.source.seek(recovery.plan.start)
         return True
@@ -540,6 +571,10 @@ class OperatorRuntime:
                 f"{report.tuples_skipped:,} skipped",
                 force=True,
             )
+        if self._replay_task is not None:
+            self._replay_task.update(self._replay_task.total or 0)
+            self._replay_task.close()
+            self._replay_task = None
         self._plan = None
 
     # -- background ------------------------------------------------------------------------------------
@@ -732,6 +767,28 @@ class OperatorRuntime:
         if self.trim_every is not None:
             self._acknowledge_input(None)  # a queue input: register as its consumer from the replay start
         last_sample = self.clock()
+        # Only when shown: a CSV's total costs a pass over the file.
+        bounds = self.source.progress_bounds() if progress_tasks.active() else None
+        inputs = progress_tasks.task(
+            f"{self.progress.label} input",
+            None if bounds is None else sum(e - s for s, e in zip(*bounds, strict=True)),
+            "tuples",
+        )
+        try:
+            return self._run(stop, max_inputs, last_sample, bounds, inputs)
+        finally:
+            inputs.close()
+            if self._replay_task is not None:
+                self._replay_task.close()
+
+    def _run(
+        self,
+        stop: Callable[[], bool] | None,
+        max_inputs: int | None,
+        last_sample: float,
+        bounds: tuple[list[int], list[int]] | None,
+        inputs: progress_tasks.Task,
+    ) -> RunStats:
         while (stop is None or not stop()) and (max_inputs is None or self.stats.inputs < max_inputs):
             batch = self.source.poll(self.batch_size)
             if batch is None:
@@ -758,6 +815,12 @@ class OperatorRuntime:
                 f"{self.stats.inputs:,} tuples in, {self.stats.outputs:,} records out, N={self._registry.n:,}, "
                 f"extent {extent:,}"
             )
+            if bounds is None:
+                inputs.update(self.stats.inputs)
+            else:
+                inputs.update(sum(max(0, min(p, e) - s) for p, s, e in zip(self._pos, *bounds, strict=True)))
+            if self._replay_task is not None and self._plan is not None:
+                self._replay_task.update(sum(self._pos) - sum(self._plan.start))
         else:
             self._finish(complete=False)
             return self.stats

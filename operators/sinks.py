@@ -5,16 +5,30 @@ from __future__ import annotations
 
 import csv
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from cec.exceptions import CodecError
 from cec.records import AvroCodec, Kind, RecordCodec
+from cec.timeparse import format_time_ms
 from cec.verified import verified_records
 from queuestore.base import QueueStore
 
-__all__ = ["count_kinds", "iter_payloads", "write_dead_letter_csv", "write_outputs", "write_results_csv"]
+__all__ = [
+    "RESULT_COLUMNS",
+    "count_kinds",
+    "iter_payloads",
+    "result_formats",
+    "write_dead_letter_csv",
+    "write_outputs",
+    "write_results_csv",
+]
+
+# The results file's columns. The first four keep their order (readers outside the project rely on it).
+RESULT_COLUMNS = ["key", "window", "value", "count", "start", "end"]
+
+Formats = Mapping[str, Callable[[Any], str]]
 
 
 def iter_payloads(
@@ -54,15 +68,38 @@ def _fmt(value: Any) -> str:
     return repr(value) if isinstance(value, float) else str(value)
 
 
-def write_results_csv(rows: Iterator[dict[str, Any]], path: Path, columns: list[str]) -> int:
+def _integer(value: Any) -> str:
+    return str(int(value))
+
+
+def result_formats(operator: Mapping[str, Any]) -> dict[str, Callable[[Any], str]]:
+    """How the results of an aggregate operator spec print: counts as integers (`count`, and `value` of
+    agg=count); with an event-time column, `start`/`end` as ISO-8601 UTC (a time window's [start, end),
+    a count window's first and last tuple's time); without one (count windows only) they stay input
+    positions: the offsets of the window's first and last tuple in their input partition (a CSV's data
+    row number, 0 = the row after the header; a topic record's offset)."""
+    formats: dict[str, Callable[[Any], str]] = {"count": _integer}
+    if operator.get("agg") == "count":
+        formats["value"] = _integer
+    if operator.get("time_field"):
+        formats["start"] = formats["end"] = format_time_ms
+    return formats
+
+
+def write_results_csv(
+    rows: Iterator[dict[str, Any]], path: Path, columns: list[str], formats: Formats | None = None
+) -> int:
+    """Columns in `columns` order; a column is printed by `formats[column]` when given, else as is
+    (floats by repr: exact)."""
     n = 0
+    out = [(c, (formats or {}).get(c, _fmt)) for c in columns]
     tmp = path.with_name(path.name + ".tmp")
     try:
         with tmp.open("w", newline="", encoding="utf-8") as f:
             writer = csv.writer(f, lineterminator="\n")
             writer.writerow(columns)
             for row in rows:
-                writer.writerow([_fmt(row[c]) for c in columns])
+                writer.writerow([fmt(row[c]) for c, fmt in out])
                 n += 1
     except BaseException:
         tmp.unlink(missing_ok=True)  # a damaged log publishes no partial results file
@@ -82,10 +119,12 @@ def write_outputs(
     dead_letter_schema: dict[str, Any],
     results: tuple[Path, list[str]],
     dead_letters: Path,
+    formats: Formats | None = None,
 ) -> tuple[int, int, Counter[str]]:
     """What a run hands its user, from ONE checked pass over the log (results and dead letters are few
-    next to the footprints, so they are held until the pass is done): the results CSV (path, columns),
-    the dead-letter CSV, and the count of every kind. A damaged log writes neither file."""
+        next to the footprints, so they are held until the pass is done): the results CSV (path, columns),
+        the dead-letter CSV, and the count of every kind. A damaged log writes neither file. `formats`: how
+    result columns print (`result_formats`)."""
     codec = RecordCodec()
     found: dict[str, list[dict[str, Any]]] = {Kind.R.value: [], Kind.DEAD.value: []}
     decoders = {Kind.R.value: AvroCodec(result_schema), Kind.DEAD.value: AvroCodec(dead_letter_schema)}
@@ -104,6 +143,6 @@ def write_outputs(
                     raise CodecError(f"{reader.where(verified.offset)}: a {kind} record without payload")
                 rows.append(decoders[kind].decode(record.payload))
     path, columns = results
-    n_results = write_results_csv(iter(found[Kind.R.value]), path, columns)
+    n_results = write_results_csv(iter(found[Kind.R.value]), path, columns, formats)
     n_dead = write_dead_letter_csv(iter(found[Kind.DEAD.value]), dead_letters)
     return n_results, n_dead, counts

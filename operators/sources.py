@@ -100,12 +100,42 @@ class InputSource(abc.ABC):
         """What this source reads, JSON-able: equal identities yield the same tuple at every position
         (content, not names: a file's bytes, a generator's parameters, a topic and its partitions)."""
 
+    def progress_bounds(self) -> tuple[list[int], list[int]] | None:
+        """(first, end) position of every local partition of a bounded input, for progress displays
+        (an estimate is fine); None when the input has no known end."""
+        return None
+
     # Identity fields fixed when a log is started and adopted from the log on resume instead of being
     # compared (a bounded run's end positions: a restarted run must stop where the first one would have).
     pinned_fields: ClassVar[tuple[str, ...]] = ()
 
     def pin(self, recorded: Mapping[str, Any]) -> None:  # noqa: B027 - only sources with pinned fields
         """Adopt the pinned fields of the identity recorded in the log being resumed."""
+
+
+class _LineTap:
+    """The lines a csv.reader pulls, kept so that each row's input line (several for a quoted field with
+    line ends) goes with its tuple: a dead letter shows the line as it was read. A generator feeds the
+    reader (cheaper per line than an iterator class's __next__)."""
+
+    __slots__ = ("lines", "pulled")
+
+    def __init__(self, lines: Iterator[str]) -> None:
+        self.pulled: list[str] = []
+        self.lines = self._feed(lines, self.pulled)
+
+    @staticmethod
+    def _feed(lines: Iterator[str], pulled: list[str]) -> Iterator[str]:
+        append = pulled.append
+        for line in lines:
+            append(line)
+            yield line
+
+    def take(self) -> str:
+        pulled = self.pulled
+        raw = pulled[0] if len(pulled) == 1 else "".join(pulled)
+        pulled.clear()
+        return raw
 
 
 class CsvSource(InputSource):
@@ -134,8 +164,10 @@ class CsvSource(InputSource):
             raise ConfigError(f"cannot read {self.path}: {exc.strerror}") from None
         self._stat = self._file_state()
         self._identity: dict[str, Any] | None = None
+        self._rows_estimate: int | None = None
         self._file: TextIO | None = None
         self._rows: Iterator[list[str]] | None = None
+        self._tap: _LineTap | None = None
         self.header: list[str] = []
         self._offset = 0
         self._ended = False
@@ -159,6 +191,18 @@ class CsvSource(InputSource):
                 f"{self.path} changed while it was being read; run again on the finished file"
             )
 
+    def progress_bounds(self) -> tuple[list[int], list[int]] | None:
+        """Data rows estimated by line ends (a quoted field with line ends makes it an overestimate)."""
+        if self._rows_estimate is None:
+            assert self._fd is not None
+            lines, offset, last = 0, 0, b"\n"
+            while chunk := os.pread(self._fd, _HASH_CHUNK, offset):
+                lines += chunk.count(b"\n")
+                offset += len(chunk)
+                last = chunk[-1:]
+            self._rows_estimate = max(0, lines - 1 + (last != b"\n"))
+        return [0], [self._rows_estimate]
+
     def identity(self) -> dict[str, Any]:
         if self._identity is None:
             assert self._fd is not None
@@ -176,11 +220,13 @@ class CsvSource(InputSource):
         # A duplicate of the one descriptor (closing the text reader must not close it), rewound.
         self._file = os.fdopen(os.dup(self._fd), "r", newline="", encoding="utf-8", errors="surrogateescape")
         self._file.seek(0)
-        self._rows = csv.reader(self._file)
+        self._tap = _LineTap(self._file)
+        self._rows = csv.reader(self._tap.lines)
         try:
             self.header = next(self._rows)
         except StopIteration:
             raise ConfigError(f"{self.path} is empty: a header row is required") from None
+        self._tap.take()
         if len(set(self.header)) != len(self.header):
             raise ConfigError(f"{self.path}: duplicate column names in the header")
         self._offset = 0
@@ -190,7 +236,7 @@ class CsvSource(InputSource):
             pass
 
     def _next_row(self) -> InputTuple | None:
-        assert self._rows is not None
+        assert self._rows is not None and self._tap is not None
         offset = self._offset
         try:
             row = next(self._rows)
@@ -199,11 +245,14 @@ class CsvSource(InputSource):
             return None
         except csv.Error as exc:
             self._offset += 1
-            return InputTuple(0, offset, None, f"unreadable CSV row: {exc}")
+            return InputTuple(0, offset, None, f"unreadable CSV row: {exc}", self._tap.take())
         self._offset += 1
+        raw = self._tap.take()
         if len(row) != len(self.header):
-            return InputTuple(0, offset, None, f"row has {len(row)} fields, header has {len(self.header)}")
-        return InputTuple(0, offset, dict(zip(self.header, row, strict=True)))
+            return InputTuple(
+                0, offset, None, f"row has {len(row)} fields, header has {len(self.header)}", raw
+            )
+        return InputTuple(0, offset, dict(zip(self.header, row, strict=True)), None, raw)
 
     def poll(self, max_records: int) -> list[InputTuple] | None:
         if self._ended:
@@ -218,6 +267,7 @@ class CsvSource(InputSource):
         return out if out or not self._ended else None
 
     def _close_reader(self) -> None:
+        self._tap = None
         if self._file is not None:
             self._file.close()
             self._file = None
@@ -305,6 +355,9 @@ class PurchaseGenerator(InputSource):
             "invalid_every": self.invalid_every,
             "read": list(self.global_partitions),
         }
+
+    def progress_bounds(self) -> tuple[list[int], list[int]] | None:
+        return [0] * self.partitions, list(self._local_sizes)
 
     def tuple_at(self, partition: int, offset: int) -> dict[str, int | None]:
         """Tuple `offset` of global partition `partition`."""

@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from cec.exceptions import BadTupleError
+from cec.timeparse import parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
 __all__ = ["Filter", "Map"]
@@ -24,9 +25,11 @@ class _Stateless(Operator):
             return None
         raw = value.get(self.time_field)
         try:
-            return int(raw)  # type: ignore[arg-type]
-        except (TypeError, ValueError):
-            raise BadTupleError(f"time {self.time_field!r} is not an integer: {raw!r:.80}") from None
+            return parse_time_ms(raw)
+        except (TypeError, ValueError, OverflowError):
+            raise BadTupleError(
+                f"time {self.time_field!r} is neither integer milliseconds nor an ISO-8601 time: {raw!r:.80}"
+            ) from None
 
 
 class Filter(_Stateless):

@@ -343,6 +343,9 @@ class KafkaTopicSource(InputSource):
             "follow": self.follow,
         }
 
+    def progress_bounds(self) -> tuple[list[int], list[int]] | None:
+        return None if self._ends is None else (list(self._starts), list(self._ends))
+
     def _log_starts(self) -> list[int]:
         return _list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
 
@@ -447,9 +450,9 @@ class KafkaTopicSource(InputSource):
         make = tuple.__new__  # InputTuple's own constructor, minus the default-argument handling
         out: list[InputTuple] = []
         append = out.append
-        for j, offset, value in zip(js, offsets, decoded, strict=True):
+        for j, offset, value, raw in zip(js, offsets, decoded, raws, strict=True):
             if type(value) is str:
-                append(make(InputTuple, (j, offset, None, value)))
+                append(make(InputTuple, (j, offset, None, value, raw)))
                 continue
             try:
                 got = getter(value)
@@ -457,9 +460,9 @@ class KafkaTopicSource(InputSource):
             except (KeyError, TypeError):
                 bad = True
             if bad:
-                append(make(InputTuple, (j, offset, None, self._missing(value))))
+                append(make(InputTuple, (j, offset, None, self._missing(value), raw)))
             else:
-                append(make(InputTuple, (j, offset, value, None)))
+                append(make(InputTuple, (j, offset, value, None, raw)))
         return out
 
     def _inject(self, value: Mapping[str, Any], msg: Any) -> dict[str, Any]:

@@ -5,9 +5,12 @@ process with one line on stderr and exit code 2, never a traceback."""
 
 from __future__ import annotations
 
+import logging
+import os
 import sys
 from pathlib import Path
 
+from cec import progress
 from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
 from queuestore.exceptions import QueueStoreError
@@ -26,7 +29,21 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m operators.worker SPEC.json", file=sys.stderr)
         return 2
     try:
-        run_job(JobSpec.from_json(Path(args[0]).read_text()))
+        spec = JobSpec.from_json(Path(args[0]).read_text())
+        # The CLI's --log-level (passed down in the environment); progress as plain lines: the parent may
+        # hold the terminal, and two live displays on one terminal garble each other.
+        level = logging.getLevelName(os.environ.get("CEC_LOG_LEVEL", "WARNING").upper())
+        logging.basicConfig(
+            level=level if isinstance(level, int) else logging.WARNING,
+            format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+            datefmt="%H:%M:%S",
+        )
+        if not isinstance(level, int) or level > logging.INFO:  # as the CLI does (cec.cli._setup_output)
+            logging.getLogger("queuestore.kafka.librdkafka").setLevel(logging.ERROR)
+        if spec.progress:
+            logging.getLogger("cec.progress").setLevel(logging.INFO)
+            progress.set_reporter(progress.LogReporter())
+        run_job(spec)
     except USER_ERRORS as exc:
         # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,
         # and an exit code the parent (the CLI) recognises as already reported.

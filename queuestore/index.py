@@ -18,6 +18,7 @@ always the index of an exact prefix of the log.
 
 from __future__ import annotations
 
+import logging
 import shutil
 import struct
 from collections.abc import Callable, Iterable, Iterator
@@ -27,6 +28,8 @@ from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from queuestore.base import PartitionReader, RecordMeta
 from queuestore.exceptions import IndexError_
+
+log = logging.getLogger(__name__)
 
 __all__ = ["StreamIndex"]
 
@@ -69,9 +72,19 @@ class StreamIndex:
 
     def _open(self) -> Rdict:
         options = Options(raw_mode=True)
-        if self._read_only:
-            return Rdict(str(self.path), options, access_type=AccessType.read_only())
-        options.create_if_missing(True)
+        try:
+            if self._read_only:
+                return Rdict(str(self.path), options, access_type=AccessType.read_only())
+            options.create_if_missing(True)
+            return Rdict(str(self.path), options)
+        except Exception as exc:  # rocksdict raises plain Exception("Corruption: ..." / "IO error: ...")
+            damage = str(exc)
+            if self._read_only or not damage.startswith("Corruption"):
+                raise IndexError_(f"cannot open the stream index at {self.path}: {damage}") from None
+        # Everything in the index is derived from the log: a damaged one is dropped and rebuilt from it.
+        log.warning("the stream index at %s is damaged (%s); rebuilding it from the log", self.path, damage)
+        Rdict.destroy(str(self.path))
+        shutil.rmtree(self.path, ignore_errors=True)
         return Rdict(str(self.path), options)
 
     @property

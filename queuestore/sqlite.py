@@ -41,6 +41,7 @@ from queuestore.base import (
     StoredRecord,
 )
 from queuestore.exceptions import (
+    DamagedLogError,
     PartitionLockedError,
     QueueStoreError,
     RecordTooLargeError,
@@ -95,10 +96,17 @@ def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
     else:
         conn = sqlite3.connect(path, check_same_thread=False, timeout=30, isolation_level=None)
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
-        conn.execute(_SCHEMA)
-        conn.execute(_META_SCHEMA)
+    try:
+        if read_only:
+            conn.execute("SELECT 1 FROM sqlite_master LIMIT 1")  # sqlite reads the file lazily: read it now
+        else:
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
+            conn.execute(_SCHEMA)
+            conn.execute(_META_SCHEMA)
+    except sqlite3.DatabaseError as exc:  # a file that is not a log: one clear error, not a traceback
+        conn.close()
+        raise DamagedLogError(f"{path} is damaged ({exc}); restore it or use a new store") from None
     return conn
 
 
@@ -427,6 +435,8 @@ class SqliteQueueStore(QueueStore):
             return int(json.loads(meta.read_text())["partitions"])
         except (FileNotFoundError, NotADirectoryError):
             raise UnknownTopicError(f"no topic {topic!r} in {self.root}") from None
+        except (ValueError, KeyError, TypeError):
+            raise DamagedLogError(f"{meta} is damaged; restore it or use a new store") from None
 
     def _partition_path(self, topic: str, partition: int) -> Path:
         count = self.partitions(topic)

@@ -104,7 +104,7 @@ def test_run_with_crash_after_k_is_byte_identical(tmp_path: Path, window: list[s
     plain = (tmp_path / "plain.csv").read_bytes()
     plain_dead = (tmp_path / "plain.dead-letters.csv").read_bytes()
     rows = list(csv.DictReader((tmp_path / "plain.csv").open()))
-    assert rows and list(rows[0]) == ["key", "window", "value", "count"]
+    assert rows and list(rows[0]) == ["key", "window", "value", "count", "start", "end"]
     dead = list(csv.DictReader((tmp_path / "plain.dead-letters.csv").open()))
     assert len(dead) >= 3000 // 131 + 3000 // 97 - 2
     assert f"dead letters: {len(dead):,} rows" in ok.stdout

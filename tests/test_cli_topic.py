@@ -243,8 +243,13 @@ def test_bad_records_are_dead_letters_with_partition_offset_and_reason(
     out = topic_run(kafka_broker, topic, tmp_path / "out.csv", "--format", "json")
     assert out.returncode == 0, out.stdout + out.stderr
     assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, good)
-    with (tmp_path / "out.dead-letters.csv").open(newline="") as f:
-        dead = sorted((d["partition"], d["reason"].split(":")[0]) for d in csv.DictReader(f))
+    with (tmp_path / "out.dead-letters.csv").open(newline="", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    dead = sorted((d["partition"], d["reason"].split(":")[0]) for d in rows)
+    # A dead letter keeps the record's value as it was read, not a re-encoding of what was decoded.
+    assert sorted(d["raw"] for d in rows) == sorted(
+        value.decode("utf-8", "backslashreplace") for _, _, value in bad if value is not None
+    )
     assert dead == [
         ("0", "not JSON"),
         ("0", "not JSON"),
@@ -316,3 +321,26 @@ def test_follow_keeps_the_results_current_until_stopped_and_commits_lag_position
         monitor.close()
     ends = [sum(1 for p, _ in first + later if p == q) for q in range(PARTITIONS)]
     assert [tp.offset for tp in committed] == ends
+
+
+@pytest.mark.parametrize(
+    ("extra", "message"),
+    [
+        (["--value", "cost"], "missing field 'cost'"),
+        (["--time", "item"], "field 'item' is not a time"),
+        (["--format", "csv", "--columns", "item,price,ts"], "is not a number"),
+    ],
+    ids=["field", "time", "format"],
+)
+def test_a_wrong_field_or_format_is_refused_from_the_first_records_before_the_run(
+    kafka_broker: Broker, tmp_path: Path, extra: list[str], message: str
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-peek")
+    produce(
+        kafka_broker.bootstrap, topic, encoded(make_purchases(300, keys=10, partitions=PARTITIONS), as_json)
+    )
+    out = topic_run(kafka_broker, topic, tmp_path / "out.csv", "--store-dir", str(tmp_path / "st"), *extra)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    assert out.stderr.startswith("cec: error: none of the first") and out.stderr.count("\n") == 1, out.stderr
+    assert message in out.stderr
+    assert not (tmp_path / "out.csv").exists() and out.stdout == ""
