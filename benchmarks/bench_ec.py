@@ -20,8 +20,17 @@ shared: wall time includes waiting for a core). The paper's prototype rebuilt ~3
 
     .venv/bin/python benchmarks/bench_ec.py               # paper scale, SQLite and Kafka: ~3-5 minutes
     .venv/bin/python benchmarks/bench_ec.py --quick       # 100k tuples over 20k keys
-    .venv/bin/python benchmarks/bench_ec.py --no-kafka    # SQLite only
-Writes benchmarks/out/ec.json.
+    .venv/bin/python benchmarks/bench_ec.py --no-kafka    # SQLite only (--no-sqlite: Kafka only)
+    .venv/bin/python benchmarks/bench_ec.py --bytes       # bytes per input tuple, legacy vs current layout
+Writes benchmarks/out/ec.json (`--bytes`: benchmarks/out/bytes.json).
+
+`--bytes` measures what each input tuple costs on Kafka, in one run, for the record layout before this
+change (record version 1 with its metadata in the body, plus the metadata packed in the message key and
+four `cec.*` headers) and the current one (version 2 body, `cec.kind` header, window key as message key,
+kind/time/seq in a small frame): the same records of the paper's aggregate (1,000 keys, count windows of
+10, G-open only, `run_job`) in both layouts, counted two ways: Kafka's record format v2 uncompressed
+(what each record adds to a batch), and the bytes the store's producer (lz4, the store's batching)
+actually sent to the broker for them (librdkafka's `txbytes`), interleaved over the repeats.
 """
 
 from __future__ import annotations
@@ -40,7 +49,7 @@ from typing import Any
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PAPER_EC_RATE = 35_000  # tuples/s, the CEC paper's EC-load figures (DESIGN-NOTES section 6)
-PREVIOUS = "dad6680"  # main before the EC fast paths
+PREVIOUS = "017c9d9"  # main before the compact record layout (the EC fast paths: dad6680)
 MODES = ("current", "python", "previous", "raw")
 
 
@@ -108,6 +117,77 @@ def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]
     return info
 
 
+def _legacy_messages(rows: list[Any]) -> list[tuple[Any, bytes, Any]]:
+    """(meta, value, (key, headers)) of the rows re-encoded as the previous implementation wrote them:
+    record version 1, and on Kafka the meta packed in the message key plus four headers."""
+    from cec.records import SCHEMAS, RecordCodec
+    from queuestore.base import RecordMeta
+    from queuestore.kafka import meta_to_headers, meta_to_key
+
+    current, legacy = RecordCodec(), RecordCodec({1: SCHEMAS[1]})
+    out = []
+    for _, kind, t, key, seq, value in rows:
+        meta = RecordMeta(kind, t, key, seq)
+        out.append(
+            (meta, legacy.encode(current.decode(value, meta)), (meta_to_key(meta), meta_to_headers(meta)))
+        )
+    return out
+
+
+def _legacy_sqlite(sqlite_root: Path, dest: Path) -> None:
+    """The log re-encoded as the previous implementation wrote it (record version 1), cached in `dest`:
+    what `previous` reads (it cannot read version 2)."""
+    sys.path.insert(0, str(REPO))
+    from queuestore.sqlite import SqliteQueueStore
+
+    if (dest / "done").exists():
+        return
+    with SqliteQueueStore(sqlite_root).reader("agg", 0) as src:
+        rows = src.read_backward_rows(src.end_offset(), 1 << 30)[::-1]
+    store = SqliteQueueStore(dest)
+    try:
+        store.create_topic("agg", 1)
+        with store.writer("agg", 0) as writer:
+            for meta, value, _ in _legacy_messages(rows):
+                writer.append(value, meta)
+            writer.flush()
+    finally:
+        store.close()
+    (dest / "done").write_text("")
+
+
+def _copy_to_kafka_legacy(sqlite_root: Path, bootstrap: str, topic: str) -> int:
+    """The log in the previous implementation's Kafka layout, into `topic` (what `previous` reads)."""
+    sys.path.insert(0, str(REPO))
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from queuestore.sqlite import SqliteQueueStore
+
+    with SqliteQueueStore(sqlite_root).reader("agg", 0) as src:
+        rows = src.read_backward_rows(src.end_offset(), 1 << 30)[::-1]
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "linger.ms": 5,
+            "compression.type": "lz4",
+        }
+    )
+    for _, value, (key, headers) in _legacy_messages(rows):
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=0, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120):
+        raise RuntimeError("legacy copy not delivered")
+    return len(rows)
+
+
 def _copy_to_kafka(sqlite_root: Path, bootstrap: str, state_dir: Path) -> int:
     sys.path.insert(0, str(REPO))
     from queuestore.base import RecordMeta
@@ -133,6 +213,177 @@ def _copy_to_kafka(sqlite_root: Path, bootstrap: str, state_dir: Path) -> int:
     return len(rows)
 
 
+# -- bytes per input tuple ------------------------------------------------------------------------------
+def _varint_len(n: int) -> int:
+    z = (n << 1) ^ (n >> 63)
+    size = 1
+    while z >= 0x80:
+        z >>= 7
+        size += 1
+    return size
+
+
+def _kafka_record_bytes(key: bytes | None, value: bytes, headers: list[tuple[str, Any]], delta: int) -> int:
+    """Bytes of one record in a Kafka record batch (format v2), uncompressed, batch header excluded."""
+    body = 1 + 1 + _varint_len(delta)  # attributes, timestamp delta (same millisecond), offset delta
+    body += _varint_len(-1 if key is None else len(key)) + (0 if key is None else len(key))
+    body += _varint_len(len(value)) + len(value) + _varint_len(len(headers))
+    for name, raw in headers:
+        raw = raw.encode() if isinstance(raw, str) else raw or b""
+        body += _varint_len(len(name)) + len(name) + _varint_len(len(raw)) + len(raw)
+    return _varint_len(body) + body
+
+
+def _layouts(rows: list[Any]) -> dict[str, list[tuple[bytes | None, bytes, list[Any]]]]:
+    """The Kafka messages (key, value, headers) of the log's records in each layout."""
+    from cec.records import SCHEMAS, RecordCodec
+    from queuestore.base import RecordMeta
+    from queuestore.kafka import encode_message, meta_to_headers, meta_to_key
+
+    current, legacy = RecordCodec(), RecordCodec({1: SCHEMAS[1]})
+    out: dict[str, list[tuple[bytes | None, bytes, list[Any]]]] = {"legacy": [], "current": []}
+    for _, kind, t, key, seq, value in rows:
+        meta = RecordMeta(kind, t, key, seq)
+        record = current.decode(value, meta)
+        out["current"].append(encode_message(current.encode(record), meta))
+        out["legacy"].append((meta_to_key(meta), legacy.encode(record), meta_to_headers(meta)))
+    return out
+
+
+def _produced_bytes(bootstrap: str, messages: list[tuple[bytes | None, bytes, list[Any]]]) -> int:
+    """Bytes the store's producer configuration sends to the broker for `messages` (librdkafka's txbytes,
+    every request included), into a topic of their own."""
+    from confluent_kafka import Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    topic = f"bytes-{os.getpid()}-{time.monotonic_ns()}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept referenced until the topic exists
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    stats: list[dict[str, Any]] = []
+    producer = Producer(
+        {
+            "bootstrap.servers": bootstrap,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "batch.num.messages": 10_000,
+            "batch.size": 1_000_000,
+            "compression.type": "lz4",
+            "queue.buffering.max.messages": 100_000,
+            "statistics.interval.ms": 100,
+            "stats_cb": lambda raw: stats.append(json.loads(raw)),
+        }
+    )
+    for key, value, headers in messages:
+        while True:
+            try:
+                producer.produce(topic, value, key, partition=0, headers=headers)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(60):
+        raise RuntimeError("records not delivered")
+    seen = len(stats)
+    deadline = time.monotonic() + 10
+    while len(stats) <= seen + 1 and time.monotonic() < deadline:  # a report made after the flush
+        producer.poll(0.1)
+    last = stats[-1]
+    return sum(int(b.get("txbytes", 0)) for b in last["brokers"].values())
+
+
+def _bytes_per_tuple(args: argparse.Namespace) -> int:
+    """`--bytes`: the aggregate's log at 1,000 keys in both layouts (module docstring)."""
+    sys.path.insert(0, str(REPO))
+    from cec.config import Checkpointing
+    from operators.job import JobSpec, run_job
+    from queuestore.sqlite import SqliteQueueStore
+    from tests.brokers import start_broker
+
+    count, keys = args.bytes_input, args.bytes_keys
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = JobSpec(
+            operator={
+                "type": "aggregate",
+                "key_field": "item_id",
+                "value_field": "item_price",
+                "agg": "avg",
+                "window_count": args.window,
+            },
+            source={"type": "generator", "count": count, "keys": keys, "seed": 1},
+            store={"type": "sqlite", "root": str(Path(tmp) / "store")},
+            output_topic="agg",
+            checkpointing=Checkpointing(),  # no targets: G-open only
+            batch_size=512,
+        )
+        stats = run_job(spec)
+        with SqliteQueueStore(Path(tmp) / "store").reader("agg", 0) as reader:
+            rows = reader.read_backward_rows(reader.end_offset(), 1 << 30)[::-1]
+    layouts = _layouts(rows)
+    result: dict[str, Any] = {
+        "command": "benchmarks/bench_ec.py " + " ".join(sys.argv[1:]),
+        "when": time.strftime("%Y-%m-%d %H:%M:%S"),
+        "input_tuples": count,
+        "keys": keys,
+        "window": args.window,
+        "records": len(rows),
+        "gopens": stats.gopens,
+        "gchecks": stats.gchecks,
+    }
+    for name, messages in layouts.items():
+        record_bytes = sum(_kafka_record_bytes(k, v, h, i % 10_000) for i, (k, v, h) in enumerate(messages))
+        result[name] = {
+            "record_bytes_per_tuple": record_bytes / count,
+            "value_bytes_per_record": sum(len(v) for _, v, _ in messages) / len(messages),
+            "beside_bytes_per_record": sum(
+                len(k or b"") + sum(len(n) + len(x or b"") for n, x in h) for k, _, h in messages
+            )
+            / len(messages),
+            "sent_bytes_per_tuple": [],
+        }
+    broker = start_broker()
+    try:
+        for _ in range(args.repeats):
+            for name in ("legacy", "current"):
+                sent = _produced_bytes(broker.bootstrap, layouts[name])
+                result[name]["sent_bytes_per_tuple"].append(sent / count)
+                _say(
+                    f"  {name}: {sent / count:,.1f} bytes sent per input tuple (load {os.getloadavg()[0]:.1f})"
+                )
+    finally:
+        broker.stop()
+    cur, old = result["current"], result["legacy"]
+    cur_sent, old_sent = (
+        statistics.median(cur["sent_bytes_per_tuple"]),
+        statistics.median(old["sent_bytes_per_tuple"]),
+    )
+    result["ratio_record_bytes"] = cur["record_bytes_per_tuple"] / old["record_bytes_per_tuple"]
+    result["ratio_sent_bytes"] = cur_sent / old_sent
+    print(
+        "\n".join(
+            [
+                f"{count:,} input tuples, {keys:,} keys, window {args.window}, G-open only: {len(rows):,} records",
+                f"  per record beside the value: legacy {old['beside_bytes_per_record']:.1f} B, "
+                f"current {cur['beside_bytes_per_record']:.1f} B",
+                f"  value per record:            legacy {old['value_bytes_per_record']:.1f} B, "
+                f"current {cur['value_bytes_per_record']:.1f} B",
+                f"  Kafka record bytes per input tuple (uncompressed): legacy {old['record_bytes_per_tuple']:.1f}, "
+                f"current {cur['record_bytes_per_tuple']:.1f}, current/legacy {result['ratio_record_bytes']:.2f}",
+                f"  bytes sent to the broker per input tuple (lz4, median of {args.repeats}): legacy {old_sent:.1f}, "
+                f"current {cur_sent:.1f}, current/legacy {result['ratio_sent_bytes']:.2f}",
+            ]
+        )
+    )
+    out = (
+        Path(args.out).with_name("bytes.json")
+        if args.out == str(HERE / "out" / "ec.json")
+        else Path(args.out)
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    _say(f"wrote {out}")
+    return 0
+
+
 # -- one measurement, in its own process ----------------------------------------------------------------
 def _worker(store_spec: dict[str, Any], mode: str) -> dict[str, Any]:
     import recovery.manager
@@ -155,7 +406,7 @@ def _worker(store_spec: dict[str, Any], mode: str) -> dict[str, Any]:
     recovery.manager.EventualCheckpointBuilder = TimedBuilder  # type: ignore[attr-defined]
     store = open_store(store_spec)
     try:
-        reader = store.reader("agg", 0)
+        reader = store.reader(store_spec.get("topic", "agg"), 0)
         end = int(store_spec["end"])
         reader.hint_end(end)  # as the runtime does with the stream index
         op = KeyedAggregate(key_field="item_id", value_field="item_price", window_count=10)
@@ -245,6 +496,7 @@ def _run_worker(
     elif mode == "previous":
         assert previous_tree is not None
         root = previous_tree
+        store_spec = store_spec.get("previous", store_spec)  # the log as the previous code wrote it
     env["CEC_BENCH_ROOT"] = str(root)
     payload = json.dumps({"mode": mode, "store": store_spec, "extent_start": extent_start})
     proc = subprocess.run(
@@ -269,6 +521,26 @@ def _export_previous(ref: str, dest: Path) -> Path | None:
         return None
     dest.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
+    # Its own C accelerator: without one, the editable install's import hook would hand it this tree's
+    # `cec._native`, whose functions need not match the previous Python code.
+    if (dest / "cec" / "_native.c").exists():
+        import sysconfig
+
+        target = dest / "cec" / f"_native{sysconfig.get_config_var('EXT_SUFFIX')}"
+        cc = sysconfig.get_config_var("CC") or "cc"
+        command = [
+            *cc.split(),
+            "-shared",
+            "-fPIC",
+            "-O2",
+            f"-I{sysconfig.get_paths()['include']}",
+            str(dest / "cec" / "_native.c"),
+            "-o",
+            str(target),
+        ]
+        if subprocess.run(command, capture_output=True, check=False).returncode != 0:
+            _say(f"previous implementation ({ref}): its C accelerator does not build; not measured")
+            return None
     return dest
 
 
@@ -373,11 +645,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--quick", action="store_true", help="100k tuples over 20k keys, 2 repeats")
     p.add_argument("--no-kafka", action="store_true")
+    p.add_argument("--no-sqlite", action="store_true")
     p.add_argument("--previous", default=PREVIOUS, help="git ref of the implementation to compare with")
     p.add_argument("--cache", help="where the log is kept between runs (default: under the temp dir)")
     p.add_argument("--out", default=str(HERE / "out" / "ec.json"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
+    p.add_argument("--bytes", action="store_true", help="bytes per input tuple, legacy vs current layout")
+    p.add_argument("--bytes-input", type=int, default=100_000)
+    p.add_argument("--bytes-keys", type=int, default=1_000)
     args = p.parse_args(argv)
+    if args.bytes:
+        return _bytes_per_tuple(args)
 
     if args.worker:
         job = json.loads(args.worker)
@@ -406,9 +684,13 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         previous_tree = _export_previous(args.previous, Path(tmp) / "previous")
-        sqlite_spec = {"type": "sqlite", "root": str(cache / "store"), "end": info["records"]}
-        _say("SQLite:")
-        result["sqlite"] = _measure("sqlite", sqlite_spec, args.repeats, previous_tree)
+        sqlite_spec: dict[str, Any] = {"type": "sqlite", "root": str(cache / "store"), "end": info["records"]}
+        if previous_tree is not None:
+            _legacy_sqlite(cache / "store", cache / "store-legacy")
+            sqlite_spec["previous"] = {**sqlite_spec, "root": str(cache / "store-legacy")}
+        if not args.no_sqlite:
+            _say("SQLite:")
+            result["sqlite"] = _measure("sqlite", sqlite_spec, args.repeats, previous_tree)
         if not args.no_kafka:
             sys.path.insert(0, str(REPO))
             from tests.brokers import start_broker
@@ -424,6 +706,9 @@ def main(argv: list[str] | None = None) -> int:
                     "state_dir": str(state),
                     "end": copied,
                 }
+                if previous_tree is not None:
+                    _copy_to_kafka_legacy(cache / "store", broker.bootstrap, "agg-legacy")
+                    kafka_spec["previous"] = {**kafka_spec, "topic": "agg-legacy"}
                 result["kafka"] = _measure("kafka", kafka_spec, args.repeats, previous_tree)
                 result["broker"] = broker.kind
             finally:

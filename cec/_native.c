@@ -56,10 +56,17 @@ static PyObject *py_crc32c(PyObject *self, PyObject *args) {
 /* ---- record checksums -------------------------------------------------------------------------------- */
 /* Appends the decimal text of v; returns the new length or -1 if it does not fit. */
 static Py_ssize_t put_int(char *out, Py_ssize_t at, Py_ssize_t cap, long long v) {
+    /* Decimal by hand: snprintf cost as much as the CRC of a small record (it runs twice per record). */
     char tmp[24];
-    int len = snprintf(tmp, sizeof tmp, "%lld", v);
-    if (len < 0 || at + len > cap) return -1;
-    memcpy(out + at, tmp, (size_t)len);
+    int len = 0;
+    unsigned long long u = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+    do {
+        tmp[sizeof tmp - 1 - len++] = (char)('0' + u % 10);
+        u /= 10;
+    } while (u > 0);
+    if (v < 0) tmp[sizeof tmp - 1 - len++] = '-';
+    if (at + len > cap) return -1;
+    memcpy(out + at, tmp + sizeof tmp - len, (size_t)len);
     return at + len;
 }
 
@@ -194,7 +201,8 @@ static PyObject *s_part, *s_r;
  * recovery.eventual._scan_rows, which defines it): rows from `first` on, newest first; PART rows shaped
  * like parts are passed over (any other PART row stops the scan as a failed row does); a row whose index is in `failed` stops the scan (status 2, next index = that row) for the
  * caller to handle in Python; an R closes (key, seq); a footprint of a key not in `windows` whose window
- * is not closed enters `windows` as fp_cls(offset, key, value, codec, None) (slots in fp_descrs order).
+ * is not closed enters `windows` as fp_cls(offset, key, row, codec, None) (slots in fp_descrs order; the
+ * whole row, whose metadata decodes the value at EC-load).
  * Status 1: `windows` reached n entries (next index = the row after the last one used); 0: end of rows. */
 static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
     PyObject *rows, *failed, *windows, *closed, *kinds, *fp_cls, *fp_descrs, *codec;
@@ -208,9 +216,24 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
     if (check_failed < 0) return NULL;
     PyObject *extent = NULL; /* borrowed from rows */
     int status = 0;
+    /* The keys of the closed windows: a footprint builds its (key, seq) only when its key is among them
+     * (a few results in an extent of ~100k footprints: a tuple per row cost more than the rest). */
+    PyObject *closed_keys = PySet_New(NULL);
+    if (closed_keys == NULL) return NULL;
+    {
+        PyObject *it = PyObject_GetIter(closed), *wid;
+        if (it == NULL) { Py_DECREF(closed_keys); return NULL; }
+        while ((wid = PyIter_Next(it)) != NULL) {
+            int rc = PyTuple_Check(wid) && PyTuple_GET_SIZE(wid) == 2 ? PySet_Add(closed_keys, PyTuple_GET_ITEM(wid, 0)) : 0;
+            Py_DECREF(wid);
+            if (rc < 0) { Py_DECREF(it); Py_DECREF(closed_keys); return NULL; }
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred()) { Py_DECREF(closed_keys); return NULL; }
+    }
     for (; i < count; i++) {
         PyObject *row = PyList_GET_ITEM(rows, i);
-        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); return NULL; }
+        if (!PyTuple_CheckExact(row) || PyTuple_GET_SIZE(row) != 6) { PyErr_SetString(PyExc_TypeError, "row"); goto fail; }
         PyObject *kind = PyTuple_GET_ITEM(row, 1);
         int eq = PyUnicode_Check(kind) ? PyUnicode_Compare(kind, s_part) == 0 : 0;
         if (eq) {  /* a part is passed over only if shaped like one (queuestore.chunks.is_part) */
@@ -226,10 +249,10 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         }
         if (check_failed) {
             PyObject *idx = PyLong_FromSsize_t(i);
-            if (idx == NULL) return NULL;
+            if (idx == NULL) goto fail;
             int in = PySet_Contains(failed, idx);
             Py_DECREF(idx);
-            if (in < 0) return NULL;
+            if (in < 0) goto fail;
             if (in) { status = 2; break; }
         }
         PyObject *key = PyTuple_GET_ITEM(row, 3);
@@ -237,33 +260,39 @@ static PyObject *py_ec_scan(PyObject *self, PyObject *args) {
         int is_r = PyUnicode_Check(kind) && PyUnicode_Compare(kind, s_r) == 0;
         if (is_r) {
             PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
-            if (wid == NULL) return NULL;
+            if (wid == NULL) goto fail;
             int rc = PySet_Add(closed, wid);
             Py_DECREF(wid);
-            if (rc < 0) return NULL;
+            if (rc < 0 || PySet_Add(closed_keys, key) < 0) goto fail;
             continue;
         }
         int fp = PySet_Contains(kinds, kind);
-        if (fp <= 0) { if (fp < 0) return NULL; continue; }
+        if (fp <= 0) { if (fp < 0) goto fail; continue; }
         int known = PyDict_Contains(windows, key);
-        if (known) { if (known < 0) return NULL; continue; }
-        if (PySet_GET_SIZE(closed) > 0) {  /* (key, seq) only built when some window is closed */
+        if (known) { if (known < 0) goto fail; continue; }
+        int maybe = PySet_GET_SIZE(closed_keys) > 0 ? PySet_Contains(closed_keys, key) : 0;
+        if (maybe < 0) goto fail;
+        if (maybe) {  /* (key, seq) only built when a window of this key is closed */
             PyObject *wid = PyTuple_Pack(2, key, PyTuple_GET_ITEM(row, 4));
-            if (wid == NULL) return NULL;
+            if (wid == NULL) goto fail;
             int shut = PySet_Contains(closed, wid);
             Py_DECREF(wid);
-            if (shut) { if (shut < 0) return NULL; continue; }
+            if (shut) { if (shut < 0) goto fail; continue; }
         }
-        PyObject *values[5] = {PyTuple_GET_ITEM(row, 0), key, PyTuple_GET_ITEM(row, 5), codec, Py_None};
+        PyObject *values[5] = {PyTuple_GET_ITEM(row, 0), key, row, codec, Py_None};
         PyObject *footprint = new_slots(fp_cls, fp_descrs, values);
-        if (footprint == NULL) return NULL;
+        if (footprint == NULL) goto fail;
         int rc = PyDict_SetItem(windows, key, footprint);
         Py_DECREF(footprint);
-        if (rc < 0) return NULL;
+        if (rc < 0) goto fail;
         extent = PyTuple_GET_ITEM(row, 0);
         if (PyDict_GET_SIZE(windows) >= n) { i++; status = 1; break; }
     }
+    Py_DECREF(closed_keys);
     return Py_BuildValue("(niO)", i, status, extent == NULL ? Py_None : extent);
+fail:
+    Py_DECREF(closed_keys);
+    return NULL;
 }
 
 /* ---- Kafka messages -> rows -------------------------------------------------------------------------- */
@@ -326,17 +355,70 @@ static PyObject *row_from_key(PyObject *offset, PyObject *key, PyObject *value) 
     return row;
 }
 
-/* message_rows(batch, i, start, stop_before, out, fallback) -> (next index, stopped)
+/* A zigzag varint (Avro's long) at *p, before end; 0 when malformed. */
+static int frame_long(const unsigned char **p, const unsigned char *end, long long *out) {
+    unsigned long long v = 0;
+    for (int shift = 0; shift <= 63 && *p < end; shift += 7) {
+        unsigned char b = *(*p)++;
+        if (shift == 63 && (b & 0x7E)) return 0;
+        v |= (unsigned long long)(b & 0x7F) << shift;
+        if (!(b & 0x80)) {
+            *out = (long long)(v >> 1) ^ -(long long)(v & 1);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* The row of a message in the framed layout (queuestore.kafka: value = FRAME code time seq value, message
+ * key = the window key): NULL without an exception when the message is anything else (or the frame is
+ * not plain: a kind spelled out, a key that is not UTF-8), for the Python fallback to read. */
+static PyObject *row_from_frame(PyObject *offset, PyObject *key, PyObject *value, int magic, PyObject *codes) {
+    if (!PyBytes_CheckExact(value)) return NULL;
+    const unsigned char *v = (const unsigned char *)PyBytes_AS_STRING(value);
+    const unsigned char *end = v + PyBytes_GET_SIZE(value), *p = v + 2;
+    if (end - v < 4 || v[0] != magic || v[1] == 0 || v[1] >= PyTuple_GET_SIZE(codes)) return NULL;
+    long long t, s;
+    if (!frame_long(&p, end, &t) || !frame_long(&p, end, &s)) return NULL;
+    PyObject *wkey;
+    if (key == Py_None) {
+        wkey = Py_NewRef(Py_None);
+    } else if (PyBytes_CheckExact(key)) {
+        wkey = PyUnicode_DecodeUTF8(PyBytes_AS_STRING(key), PyBytes_GET_SIZE(key), NULL);
+        if (wkey == NULL) { PyErr_Clear(); return NULL; }
+    } else {
+        return NULL;
+    }
+    PyObject *pt = PyLong_FromLongLong(t), *ps = PyLong_FromLongLong(s);
+    PyObject *body = PyBytes_FromStringAndSize((const char *)p, end - p);
+    PyObject *row = PyTuple_New(6);
+    if (pt == NULL || ps == NULL || body == NULL || row == NULL) {
+        Py_XDECREF(pt); Py_XDECREF(ps); Py_XDECREF(body); Py_XDECREF(row); Py_DECREF(wkey);
+        return NULL;  /* with the exception set */
+    }
+    Py_INCREF(offset);
+    PyTuple_SET_ITEM(row, 0, offset);
+    PyTuple_SET_ITEM(row, 1, Py_NewRef(PyTuple_GET_ITEM(codes, v[1])));
+    PyTuple_SET_ITEM(row, 2, pt);
+    PyTuple_SET_ITEM(row, 3, wkey);
+    PyTuple_SET_ITEM(row, 4, ps);
+    PyTuple_SET_ITEM(row, 5, body);
+    return row;
+}
+
+/* message_rows(batch, i, start, stop_before, out, fallback, magic, codes) -> (next index, stopped)
  * Appends the rows of batch[i:] with start <= offset < stop_before to `out`, skipping offsets below
  * start. Returns at the first message with an error (its index, stopped False: the caller handles it),
  * at the first offset >= stop_before or == stop_before - 1 after appending (stopped True), or at the end
- * of the batch. `fallback(msg, offset)` builds the row of a message whose key is not a plain cec key. */
+ * of the batch. A message in the framed layout (frame `magic`, kind codes `codes`) is read from its value
+ * and key, one in the legacy layout from its meta key; `fallback(msg, offset)` builds the row of any other. */
 static PyObject *py_message_rows(PyObject *self, PyObject *args) {
-    PyObject *batch, *out, *fallback;
+    PyObject *batch, *out, *fallback, *codes;
     Py_ssize_t i;
     long long start, stop_before;
-    if (!PyArg_ParseTuple(args, "O!nLLO!O", &PyList_Type, &batch, &i, &start, &stop_before, &PyList_Type, &out,
-                          &fallback))
+    int magic;
+    if (!PyArg_ParseTuple(args, "O!nLLO!OiO!", &PyList_Type, &batch, &i, &start, &stop_before, &PyList_Type, &out,
+                          &fallback, &magic, &PyTuple_Type, &codes))
         return NULL;
     Py_ssize_t count = PyList_GET_SIZE(batch);
     int stopped = 0;
@@ -357,7 +439,8 @@ static PyObject *py_message_rows(PyObject *self, PyObject *args) {
         if (key == NULL) { Py_DECREF(offset); return NULL; }
         PyObject *value = PyObject_CallMethodNoArgs(msg, s_value);
         if (value == NULL) { Py_DECREF(offset); Py_DECREF(key); return NULL; }
-        PyObject *row = row_from_key(offset, key, value);
+        PyObject *row = row_from_frame(offset, key, value, magic, codes);
+        if (row == NULL && !PyErr_Occurred()) row = row_from_key(offset, key, value);
         Py_DECREF(key);
         Py_DECREF(value);
         if (row == NULL) {
@@ -485,15 +568,17 @@ static PyObject *read_op(cursor *c, PyObject *op) {
  * or does not end exactly at the end of `data` (the caller then decodes with fastavro for the error). */
 /* One record of `data[start:]`: a new reference, Py_None (borrowed-style: returned with a new ref) when
  * declined, NULL with an exception on a real error. */
+/* `head` (NULL: none): values placed before the decoded fields (the metadata kept beside the value). */
 static PyObject *decode_one(PyObject *program, const unsigned char *data, Py_ssize_t len, Py_ssize_t start,
-                            PyObject *cls, PyObject *descrs) {
+                            PyObject *cls, PyObject *descrs, PyObject *const *head, Py_ssize_t nhead) {
     if (start < 0 || start > len) Py_RETURN_NONE;
     cursor c = {data + start, data + len};
-    Py_ssize_t fields = PyTuple_GET_SIZE(program);
+    Py_ssize_t fields = nhead + PyTuple_GET_SIZE(program);
     PyObject *out = PyTuple_New(fields);
     if (out == NULL) return NULL;
-    for (Py_ssize_t i = 0; i < fields; i++) {
-        PyObject *v = read_op(&c, PyTuple_GET_ITEM(program, i));
+    for (Py_ssize_t i = 0; i < nhead; i++) PyTuple_SET_ITEM(out, i, Py_NewRef(head[i]));
+    for (Py_ssize_t i = nhead; i < fields; i++) {
+        PyObject *v = read_op(&c, PyTuple_GET_ITEM(program, i - nhead));
         if (v == NULL) {
             Py_DECREF(out);
             if (PyErr_Occurred()) return NULL;
@@ -529,7 +614,8 @@ static PyObject *py_decode_avro_many(PyObject *self, PyObject *args) {
         PyObject *v = PyList_GET_ITEM(values, i);
         PyObject *r;
         if (PyBytes_CheckExact(v)) {
-            r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls, descrs);
+            r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls, descrs,
+                           NULL, 0);
             if (r == NULL) { Py_DECREF(out); return NULL; }
         } else {
             r = Py_NewRef(Py_None);
@@ -539,12 +625,45 @@ static PyObject *py_decode_avro_many(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* decode_avro_rows(program, rows, start, cls, descrs, kinds, version) -> list, one entry per row
+ * (offset, kind, time, key, seq, value): cls with slots `descrs` set to (kinds[kind], time, key, seq) and
+ * then the fields of value[start:], or None (declined: another version, an unknown kind, a malformed body;
+ * the caller decodes that one in Python, which reports the error). */
+static PyObject *py_decode_avro_rows(PyObject *self, PyObject *args) {
+    PyObject *program, *rows, *cls, *descrs, *kinds;
+    Py_ssize_t start;
+    int version;
+    if (!PyArg_ParseTuple(args, "O!O!nOO!O!i", &PyTuple_Type, &program, &PyList_Type, &rows, &start, &cls,
+                          &PyTuple_Type, &descrs, &PyDict_Type, &kinds, &version))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *r = NULL;
+        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6) {
+            PyObject *v = PyTuple_GET_ITEM(row, 5);
+            PyObject *kind = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(row, 1));
+            if (kind == NULL && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
+            if (kind != NULL && PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) > start && start >= 2 &&
+                (unsigned char)PyBytes_AS_STRING(v)[1] == version) {
+                PyObject *head[4] = {kind, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 3), PyTuple_GET_ITEM(row, 4)};
+                r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls,
+                               descrs, head, 4);
+                if (r == NULL) { Py_DECREF(out); return NULL; }
+            }
+        }
+        PyList_SET_ITEM(out, i, r == NULL ? Py_NewRef(Py_None) : r);
+    }
+    return out;
+}
+
 static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
     PyObject *program, *cls = Py_None, *descrs = Py_None;
     Py_buffer buf;
     Py_ssize_t start;
     if (!PyArg_ParseTuple(args, "O!y*n|OO", &PyTuple_Type, &program, &buf, &start, &cls, &descrs)) return NULL;
-    PyObject *r = decode_one(program, buf.buf, buf.len, start, cls, descrs);
+    PyObject *r = decode_one(program, buf.buf, buf.len, start, cls, descrs, NULL, 0);
     PyBuffer_Release(&buf);
     return r;
 }
@@ -552,11 +671,12 @@ static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
-    {"message_rows", py_message_rows, METH_VARARGS, "Rows of Kafka messages with cec meta keys."},
+    {"message_rows", py_message_rows, METH_VARARGS, "Rows of Kafka messages written by the cec store."},
     {"make", py_make, METH_VARARGS, "A new instance of a slots class with its slots set, no __init__."},
     {"ec_scan", py_ec_scan, METH_VARARGS, "The EC scan's classification loop over a chunk of rows."},
     {"decode_avro_many", py_decode_avro_many, METH_VARARGS, "decode_avro of every bytes in a list."},
     {"decode_avro", py_decode_avro, METH_VARARGS, "Decode a flat Avro record with a compiled program."},
+    {"decode_avro_rows", py_decode_avro_rows, METH_VARARGS, "Decode rows' values with their metadata first."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -572,5 +692,9 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_part = PyUnicode_InternFromString("PART");
     s_r = PyUnicode_InternFromString("R");
     if (!s_part || !s_r || !s_error || !s_offset || !s_key || !s_value || !empty_bytes) return NULL;
-    return PyModule_Create(&module);
+    PyObject *m = PyModule_Create(&module);
+    /* cec.native loads this module only when its ABI is the one the Python code calls (a stale build
+     * left by an older checkout would be called with other arguments). */
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) { Py_DECREF(m); return NULL; }
+    return m;
 }

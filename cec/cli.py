@@ -3,7 +3,9 @@
 - `cec demo`: the paper's workload (purchases -> filter -> average price per item over count windows),
   the aggregate in its own process, SIGKILLed midway, recovered, and compared with a failure-free run;
 - `cec run`: CEC over a user's CSV, optionally SIGKILLed after K rows and recovered;
-- `cec inspect`: what an output queue holds and what recovery would rebuild from it.
+- `cec inspect`: what an output queue holds and what recovery would rebuild from it (`--list`, `--json`);
+- `cec recover --dry-run`: what a recovery would do now, changing nothing;
+- `cec state --as-of`: the state of every window open at a past point of a log.
 """
 
 from __future__ import annotations
@@ -41,7 +43,6 @@ from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
-from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
@@ -491,6 +492,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         return cmd_run_topic(args)
     if not args.input:
         raise ConfigError("give an input CSV file, or --input-topic TOPIC")
+    from cec.topic_run import results_topic_extra
+
+    extra = results_topic_extra(args)  # before any work: --results-topic needs a Kafka store
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -522,6 +526,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             progress=args.progress,
             **_policy(args),
             stats_path=str(root / f".{topic}.stats.json"),
+            extra=extra,
+            metrics_port=args.metrics_port,
         )
         if args.crash_after is not None:
             rc = _wait(
@@ -549,6 +555,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             store.close()
     _say(f"results:      {n_results:,} closed windows -> {results_path}")
     _say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
+    if args.results_topic:
+        _say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
     _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
     _say("windows still open at the end of the input are not emitted")
     if args.crash_after is not None:
@@ -588,24 +596,64 @@ def check_not_all_dead(kinds: Mapping[str, int], dead_path: Path, what: str) -> 
 
 # -- cec inspect ------------------------------------------------------------------------------------------
 def cmd_inspect(args: argparse.Namespace) -> int:
-    store = open_store(store_spec(args.store_dir, args.bootstrap_servers))
-    try:
-        for p in range(store.partitions(args.topic)):
-            kinds = count_kinds(store, args.topic, p)  # every record checked: damage is an error
-            with store.reader(args.topic, p) as reader:
-                end = reader.end_offset()
-                ec = EventualCheckpointBuilder(reader).build()
-            _say(f"{args.topic}[{p}]: {end:,} records {dict(kinds)}")
-            _say(
-                f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, N={ec.n}, "
-                f"{'finished (EOS)' if ec.complete else 'not finished'}"
-            )
-            _say(
-                f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
-                f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms"
-            )
-    finally:
-        store.close()
+    from cec import inspection
+
+    if args.list == bool(args.topic):
+        raise ConfigError("give a TOPIC to inspect, or --list to list the topics")
+    with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
+        if args.list:
+            for topic, partitions in inspection.list_topics(store):
+                _say(f"{topic}\t{partitions} partition(s)")
+            return 0
+        summaries = inspection.inspect_topic(store, args.topic)
+    if args.json:
+        _say(json.dumps(inspection.topic_json(args.topic, summaries)))
+    else:
+        for summary in summaries:
+            for line in summary.lines(args.topic):
+                _say(line)
+    return 0
+
+
+# -- cec recover --dry-run ---------------------------------------------------------------------------------
+def cmd_recover(args: argparse.Namespace) -> int:
+    from cec import inspection
+    from recovery.dry_run import plan_recovery
+
+    if not args.dry_run:
+        raise ConfigError(
+            "only --dry-run is supported: a job recovers by itself when it is run again on its log "
+            "(e.g. cec run with the same --store-dir)"
+        )
+    with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
+        plans = plan_recovery(store, args.topic, Path(args.store_dir) if args.store_dir else None)
+    if args.json:
+        _say(json.dumps({"topic": args.topic, "partitions": [p.as_json() for p in plans]}))
+    else:
+        for plan in plans:
+            for line in plan.lines(args.topic):
+                _say(line)
+    return 0
+
+
+# -- cec state --as-of ------------------------------------------------------------------------------------
+def cmd_state(args: argparse.Namespace) -> int:
+    from cec import inspection
+    from recovery.as_of import AsOf, state_as_of
+
+    at = AsOf.parse(args.as_of)
+    input_path = Path(args.input) if args.input else None
+    with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
+        windows = state_as_of(store, args.topic, at, input_path=input_path)
+    if args.format == "json":
+        doc = {"topic": args.topic, "as_of": at.describe(), "windows": [w.as_json() for w in windows]}
+        _say(json.dumps(doc))
+        return 0
+    fields = list(windows[0].state) if windows else []
+    writer = csv.writer(sys.stdout, lineterminator="\n")
+    writer.writerow(["partition", "key", "window", *fields])
+    for w in windows:
+        writer.writerow([w.partition, w.key, w.window, *(w.state[f] for f in fields)])
     return 0
 
 
@@ -614,6 +662,16 @@ def _positive_int(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be 1..65535, got {value}")
     return value
 
 
@@ -655,6 +713,25 @@ def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> No
     )
 
 
+def _read_store_args(p: argparse.ArgumentParser) -> None:
+    """--store-dir/--bootstrap-servers of the commands that only read a store (never create it)."""
+    p.add_argument("--store-dir", help="the store's directory (must exist; optional on Kafka)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+        help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
+    )
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("cec")
+    except PackageNotFoundError:  # running from a source tree that was never installed
+        return "unknown (not installed)"
+
+
 class _Parser(argparse.ArgumentParser):
     """A usage mistake is one line (`cec run: error: ...`) and exit code 2, like every other mistake."""
 
@@ -684,6 +761,7 @@ def _global_options(p: argparse.ArgumentParser, default: Any) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="cec", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     _global_options(parser, None)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -756,6 +834,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--progress", action="store_true", help="also the operator's own progress messages on stderr"
     )
+    run.add_argument(
+        "--metrics-port",
+        type=_port,
+        help="serve Prometheus metrics (cec_*) on this port while the run goes on (instance p: PORT + p)",
+    )
     _policy_args(run, q=None, u=None)
     from cec.topic_run import add_topic_arguments
 
@@ -763,10 +846,36 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     inspect = sub.add_parser("inspect", help="what an output queue holds and what recovery would rebuild")
-    inspect.add_argument("topic")
-    inspect.add_argument("--store-dir", required=True)
-    inspect.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"))
+    inspect.add_argument("topic", nargs="?")
+    inspect.add_argument("--list", action="store_true", help="the topics in the store, one per line")
+    inspect.add_argument("--json", action="store_true", help="one JSON object (see cec/inspection.py)")
+    _read_store_args(inspect)
     inspect.set_defaults(func=cmd_inspect)
+
+    recover = sub.add_parser("recover", help="--dry-run: what a recovery would do now, changing nothing")
+    recover.add_argument("topic")
+    recover.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="report the EC windows, extent, replay start per input partition and an estimated time",
+    )
+    recover.add_argument("--json", action="store_true", help="one JSON object")
+    _read_store_args(recover)
+    recover.set_defaults(func=cmd_recover)
+
+    state = sub.add_parser("state", help="the state of every window open at a past point of a log")
+    state.add_argument("topic")
+    state.add_argument(
+        "--as-of",
+        required=True,
+        metavar="AT",
+        help="a logical time (ms, or ISO-8601 read as UTC) or pos:OFFSETS, an input position vector "
+        "(pos:K = after the first K tuples of a one-partition input); see recovery/as_of.py",
+    )
+    state.add_argument("--input", help="the CSV file the log was built from (checked against the log)")
+    state.add_argument("--format", choices=("json", "csv"), default="json")
+    _read_store_args(state)
+    state.set_defaults(func=cmd_state)
     for command in sub.choices.values():
         _global_options(command, argparse.SUPPRESS)
     return parser

@@ -8,10 +8,14 @@ benchmarks measure the Python path beside it).
 from __future__ import annotations
 
 import os
+import warnings
 from types import ModuleType
 from typing import Any
 
-__all__ = ["compile_avro", "native"]
+__all__ = ["ABI", "compile_avro", "native"]
+
+# The version of the C module's functions and arguments this code calls (`ABI` in _native.c).
+ABI = 2
 
 
 def _load() -> ModuleType | None:
@@ -20,6 +24,15 @@ def _load() -> ModuleType | None:
     try:
         from cec import _native  # type: ignore[attr-defined]
     except ImportError:
+        return None
+    if getattr(_native, "ABI", None) != ABI:
+        # Built from another version of _native.c (e.g. left by an older checkout, not rebuilt): its
+        # functions take other arguments. Pure Python until `pip install -e .` / `make setup` rebuilds it.
+        warnings.warn(
+            "cec._native is stale (built from another _native.c); running without it: reinstall to rebuild",
+            RuntimeWarning,
+            stacklevel=2,
+        )
         return None
     return _native
 

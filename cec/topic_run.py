@@ -25,11 +25,11 @@ from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
-from operators.sinks import RESULT_COLUMNS, result_formats, write_outputs
+from operators.sinks import RESULT_COLUMNS, RESULTS_TOPIC, result_formats, write_outputs
 from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
 from queuestore.factory import open_store, store_spec
 
-__all__ = ["add_topic_arguments", "cmd_run_topic"]
+__all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_extra"]
 
 _FOLLOW_REFRESH_S = 1.0
 
@@ -46,6 +46,12 @@ def add_topic_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument("--schema-registry", help="Schema Registry URL of the registry format")
     run.add_argument("--columns", help="column names of the csv format, comma-separated")
     run.add_argument("--output-topic", help="name of the output log topic (default: derived from the input)")
+    run.add_argument(
+        "--results-topic",
+        help="also publish every result as a plain JSON record (key = window key) to this Kafka topic, in "
+        "the output log's transactions: read_committed consumers read each result exactly once "
+        "(needs --bootstrap-servers)",
+    )
     run.add_argument(
         "--follow",
         action="store_true",
@@ -88,6 +94,18 @@ def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
             raise ConfigError("--format csv needs --columns NAME,NAME,...")
         source["columns"] = columns
     return source
+
+
+def results_topic_extra(args: argparse.Namespace) -> dict[str, Any]:
+    """The JobSpec.extra of `--results-topic` (empty without it); one line when there is no Kafka store."""
+    if not getattr(args, "results_topic", None):
+        return {}
+    if not args.bootstrap_servers:
+        raise ConfigError(
+            "--results-topic needs --bootstrap-servers HOST:PORT: results are published in the Kafka "
+            "transactions of the output log"
+        )
+    return {RESULTS_TOPIC: args.results_topic}
 
 
 def _digest(obj: Any) -> str:
@@ -185,10 +203,14 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             output_partitions=partitions,
             progress=args.progress,
             **_policy(args),
+            extra=results_topic_extra(args),
+            metrics_port=args.metrics_port,
         )
         store = open_store(store_cfg)
         try:
             store.create_topic(output_topic, partitions)
+            if args.results_topic:  # a plain topic; an existing one must have the output's partitions
+                store.create_topic(args.results_topic, partitions)
         finally:
             store.close()
         specs = [instance_spec(template, p) for p in range(partitions)]
@@ -221,6 +243,8 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     )
     _say(f"results:      {n_results:,} closed windows -> {results_path}")
     _say(f"dead letters: {n_dead:,} records not processed -> {dead_path}")
+    if args.results_topic:
+        _say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
     _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
     _say("windows still open at the end of the input are not emitted")
     for p, rec in enumerate(recoveries):

@@ -92,8 +92,10 @@ class LogVerifier:
                     self._parts = []  # orphans of a torn write: never used
                 record: OutputRecord | None = None
                 if kind in decode:
-                    record = decode_record(value)  # checks the CRC over the body and its own metadata
-                    if record.meta() != meta:  # ...which must be what the store kept beside it
+                    # Checks the CRC over the body and the metadata (the store's, or the body's own in
+                    # version 1, which must then be what the store kept beside it).
+                    record = decode_record(value, meta)
+                    if record.meta() != meta:
                         raise CodecError("the metadata kept beside the record does not match it")
                 else:
                     verify(value, meta)

@@ -16,6 +16,7 @@ from typing import Any
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
+from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
@@ -78,6 +79,8 @@ class JobSpec:
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
     trim_every: int | None = None  # trim the output log every this many durable records (None: never)
+    # Serve Prometheus metrics (cec.metrics) on metrics_port + output_partition; None: no endpoint.
+    metrics_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -229,16 +232,31 @@ def instance_spec(template: JobSpec, partition: int) -> JobSpec:
     return replace(template, source=source, output_partition=partition)
 
 
-def open_output(store: QueueStore, topic: str, partition: int, *, lock_wait_s: float = 0.0) -> OutputQueue:
+def open_output(
+    store: QueueStore,
+    topic: str,
+    partition: int,
+    *,
+    lock_wait_s: float = 0.0,
+    results: tuple[str, dict[str, Any]] | None = None,
+) -> OutputQueue:
     """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
 
     After a SIGKILL the kernel releases the writer's lock at once, but a relaunched instance can start
     while its predecessor is still shutting down (a cancelled Spark job, a driver that takes its executors
     down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
+    `results` (results topic, result schema): also publish every result there as plain JSON, in the
+    output log's transactions (`operators.sinks.ResultsTopicOutput`).
     """
     deadline = time.monotonic() + lock_wait_s
     while True:
         try:
+            if results is not None:
+                from operators.sinks import ResultsTopicOutput
+
+                return ResultsTopicOutput(
+                    store, topic, partition, results_topic=results[0], result_schema=results[1]
+                )
             return OutputQueue(store, topic, partition)
         except PartitionLockedError:
             if time.monotonic() >= deadline:
@@ -275,6 +293,13 @@ def check_input(spec: JobSpec) -> None:
         store.close()
 
 
+def _metrics(spec: JobSpec) -> OperatorMetrics | None:
+    if spec.metrics_port is None:
+        return None
+    serve(spec.metrics_port + spec.output_partition)
+    return OperatorMetrics(spec.output_topic, spec.output_partition)
+
+
 def run_job(
     spec: JobSpec,
     *,
@@ -293,7 +318,14 @@ def run_job(
         source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
-            output = open_output(store, spec.output_topic, spec.output_partition, lock_wait_s=lock_wait_s)
+            results_topic = spec.extra.get("results_topic")  # operators.sinks.RESULTS_TOPIC
+            output = open_output(
+                store,
+                spec.output_topic,
+                spec.output_partition,
+                lock_wait_s=lock_wait_s,
+                results=(results_topic, operator.result_schema) if results_topic else None,
+            )
         except BaseException:
             source.close()
             raise
@@ -319,6 +351,7 @@ def run_job(
                 progress=progress,
                 footprints=spec.footprints,
                 trim_every=spec.trim_every,
+                metrics=_metrics(spec),
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:

@@ -28,6 +28,7 @@ from typing import Any
 
 from cec import progress as progress_tasks
 from cec.exceptions import BadTupleError, CodecError
+from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
 from cec.rates import MeasuredRates
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
@@ -144,6 +145,7 @@ class OperatorRuntime:
         check_every: int = 32,
         rates: MeasuredRates | None = None,
         trim_every: int | None = None,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -168,6 +170,7 @@ class OperatorRuntime:
             raise ValueError(f"check_every must be >= 1, got {check_every}")
         self.check_every = check_every
         self.rates = rates or MeasuredRates()
+        self.metrics = metrics  # Prometheus (cec.metrics): sampled after each batch, recovery phases
         self.batch_size = batch_size
         self.progress = progress or Progress(operator.name, enabled=False)
         self.codec = codec or RecordCodec()
@@ -346,12 +349,15 @@ class OperatorRuntime:
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),
                 codec=self.codec,
                 progress=scanned,
+                on_phase=None if self.metrics is None else self.metrics.phase,
             )
             try:
                 recovery = manager.recover(self.source.partitions)
             finally:
                 if scan is not None:
                     scan.close()
+        if self.metrics is not None:
+            self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
         if not recovery.needed:
             self._plan = None
             self.source.seek(self._pos)
@@ -465,6 +471,8 @@ class OperatorRuntime:
                 trimmed = output.writer.trim(bound)
                 index.prune(bound)
                 self.stats.trimmed_offsets += trimmed
+                if self.metrics is not None:
+                    self.metrics.trimmed(trimmed)
                 self.stats.retained_samples.append((self._in_count, index.next_offset - bound))
                 self._acknowledge_input(bound)
             return
@@ -490,7 +498,7 @@ class OperatorRuntime:
         with self.output.store.reader(self.output.topic, self.output.partition) as reader:
             records = reader.read_forward(bound, 1)
         try:
-            pos = self.codec.decode(records[0].value).pos if records else None
+            pos = self.codec.decode(records[0].value, records[0].meta).pos if records else None
         except CodecError:  # a part of a chunked value: acknowledge at the next trim
             return
         if pos is not None:
@@ -560,6 +568,8 @@ class OperatorRuntime:
             self._release_held_back()
 
     def _caught_up(self) -> None:
+        if self.metrics is not None:
+            self.metrics.phase("idle")
         if self.stats.recovery is not None and self._plan is not None:
             report = self.stats.recovery
             report.recovery_seconds = time.perf_counter() - self._started
@@ -811,6 +821,8 @@ class OperatorRuntime:
             if now - last_sample >= 1.0:
                 last_sample = now
                 self.stats.extent_samples.append((self._in_count, extent))
+            if self.metrics is not None:
+                self._sample_metrics(extent)
             self.progress(
                 f"{self.stats.inputs:,} tuples in, {self.stats.outputs:,} records out, N={self._registry.n:,}, "
                 f"extent {extent:,}"
@@ -831,8 +843,24 @@ class OperatorRuntime:
         self._finish(complete=True)
         return self.stats
 
+    def _sample_metrics(self, extent: int) -> None:
+        assert self.metrics is not None
+        stats = self.stats
+        self.metrics.sample(
+            open_windows=self._registry.n,
+            extent=extent,
+            replay=self._registry.replay_size(self._in_count),
+            inputs=stats.inputs,
+            outputs=stats.outputs,
+            gopens=stats.gopens,
+            gchecks=stats.gchecks,
+            duty=self.schedule.real_duty(),
+        )
+
     def _finish(self, *, complete: bool) -> None:
         self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
+        if self.metrics is not None:
+            self._sample_metrics(self._registry.extent_size(self._out_count))
         self.stats.open_windows = self._registry.n
         self._report_checkpointing()
         self.stats.completed = complete

@@ -21,6 +21,17 @@ __all__ = ["REPORTED_ERROR_EXIT", "USER_ERRORS", "main"]
 # Errors that are reported as one line (the CLI's convention), never as a traceback.
 USER_ERRORS = (CecError, QueueStoreError, RecoveryError)
 REPORTED_ERROR_EXIT = 2
+INTERRUPTED_EXIT = 130
+
+
+def _environment_errors() -> tuple[type[BaseException], ...]:
+    """Errors of the machine or the cluster rather than of cec (a full disk, a refused permission, a Kafka
+    client error no layer turned into its own): reported in one line too, naming what failed."""
+    try:
+        from confluent_kafka import KafkaException
+    except ImportError:  # the Kafka client is optional
+        return (OSError,)
+    return (OSError, KafkaException)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -49,6 +60,11 @@ def main(argv: list[str] | None = None) -> int:
         # and an exit code the parent (the CLI) recognises as already reported.
         print(f"cec: error: {exc}", file=sys.stderr, flush=True)
         return REPORTED_ERROR_EXIT
+    except _environment_errors() as exc:
+        print(f"cec: error: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+        return REPORTED_ERROR_EXIT
+    except KeyboardInterrupt:  # Ctrl-C reaches the whole process group: the CLI reports it, once
+        return INTERRUPTED_EXIT
     return 0
 
 

@@ -2,8 +2,9 @@
 
 A queue store holds persistent, append-only output queues: topics split into partitions, each partition an
 ordered log addressed by offsets 0, 1, 2, ... Records are opaque bytes plus a small `RecordMeta` that the
-store keeps beside the value (SQLite columns, Kafka headers) so that the stream index and downstream
-consumers can read kind/time/window without decoding the value.
+store keeps beside the value (SQLite columns; on Kafka a kind header, the message key and a small frame in
+front of the value) so that the stream index and downstream consumers can read kind/time/window without
+decoding the value.
 
 Contract (checked by the conformance suite in `tests/conformance`):
 - exactly one writer per partition; appends are durable in order and reported through callbacks served
@@ -288,6 +289,10 @@ class QueueStore(abc.ABC):
 
     @abc.abstractmethod
     def topic_exists(self, topic: str) -> bool: ...
+
+    def topics(self) -> list[str]:
+        """The output topics the store holds, sorted (`cec inspect --list`). Backends override it."""
+        raise NotImplementedError(f"{type(self).__name__} cannot list its topics")
 
     @abc.abstractmethod
     def partitions(self, topic: str) -> int: ...

@@ -17,9 +17,17 @@ Readers consume with `isolation.level=read_committed`. Transaction markers take 
 delivered, so offsets are not dense (`dense_offsets = False`): every read path steps by the offsets it is
 given, never by counting.
 
-The record's `RecordMeta` travels in Kafka headers (`cec.kind`, `cec.time`, `cec.key`, `cec.seq`, all as
-UTF-8 text; decimal for the integers) so that downstream consumers and the stream index can filter control
-tuples without decoding values, and so that tools such as kcat show them readably.
+Each record's `RecordMeta` travels once, compactly (`encode_message`; docs/kafka.md):
+- header `cec.kind`: the kind's name (R, GOPEN, GCHECK, DEAD, EOS, ...), so that downstream consumers can
+  skip control tuples without decoding values, and tools such as kcat show it;
+- message key: the window key (UTF-8), or no key;
+- value: a small frame (`FRAME_MAGIC`, the kind as one byte, time and seq as zigzag varints) followed by
+  the value appended. Record readers take the kind from the header (what consumers see), bulk readers
+  (recovery's backward scan) from the frame, because confluent-kafka materialises headers at several
+  microseconds per message; either way the record's checksum covers the kind read (cec.records), so a
+  damaged header or frame is detected by whichever reader relies on it.
+Logs written in the legacy layout (meta packed in the message key plus four headers `cec.kind`,
+`cec.time`, `cec.key`, `cec.seq`; `meta_to_key`/`meta_to_headers`) still read.
 
 The readers never trust broker watermarks or time lookups to locate data: the broker we test against
 (Tansu 0.6) understates `get_watermark_offsets` and answers 0 to every `offsets_for_times`. The end of a
@@ -70,6 +78,8 @@ from queuestore.exceptions import (
 
 __all__ = [
     "ATTACHMENT_TOPIC_PREFIX",
+    "FRAME_KINDS",
+    "FRAME_MAGIC",
     "HEADER_KEY",
     "HEADER_KIND",
     "HEADER_SEQ",
@@ -77,6 +87,8 @@ __all__ = [
     "KafkaPartitionReader",
     "KafkaPartitionWriter",
     "KafkaQueueStore",
+    "decode_message",
+    "encode_message",
     "meta_from_headers",
     "meta_to_headers",
     "meta_to_key",
@@ -100,8 +112,10 @@ _ACK_PREFIX = "ack-"  # attachments that register a consumer and hold its acknow
 # Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
 # record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
 DEFAULT_MAX_RECORD_BYTES = 900_000
-# Header bytes we add on top of the value; counted against `max_record_bytes` (names plus typical values).
+# Bytes we add on top of the value and its window key (the kind header, the frame, the record's framing in
+# the batch); counted against `max_record_bytes`. It covers kinds of up to _MAX_KIND_BYTES.
 _HEADER_OVERHEAD = 96
+_MAX_KIND_BYTES = 16
 # Commit cadence of the transactional writers: a commit drains the producer's pipeline and costs a round
 # trip to the transaction coordinator, so commits are spaced by time and size (benchmarks/RESULTS.md has
 # the measured cost against the idempotent producer). The interval is also the latency a read_committed
@@ -110,6 +124,9 @@ DEFAULT_COMMIT_INTERVAL = 0.1
 DEFAULT_COMMIT_RECORDS = 50_000
 # fetch.wait.max.ms of the bulk reader's consumer (see KafkaPartitionReader._bulk_consumer).
 _BULK_FETCH_WAIT_MS = 2
+# max.partition.fetch.bytes and fetch.max.bytes of the bulk reader's consumer, unless the store's config
+# sets them (below receive.message.max.bytes' default, 100 MB, as librdkafka requires).
+_BULK_FETCH_BYTES = 32 << 20
 
 _SENSITIVE_PREFIXES = ("sasl.", "ssl.")
 _SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
@@ -148,7 +165,8 @@ def redact_config(config: dict[str, Any]) -> dict[str, Any]:
 
 
 def meta_to_headers(meta: RecordMeta) -> list[tuple[str, str | bytes | None]]:
-    """Kafka headers for a record's meta; absent key/seq are omitted so that data tuples stay small."""
+    """The legacy layout's headers for a record's meta (absent key/seq omitted); still read, still what
+    the Spark sink writes beside its own message key."""
     headers: list[tuple[str, str | bytes | None]] = [
         (HEADER_KIND, meta.kind.encode()),
         (HEADER_TIME, b"%d" % meta.time),
@@ -163,15 +181,130 @@ def meta_to_headers(meta: RecordMeta) -> list[tuple[str, str | bytes | None]]:
 _NO_META = RecordMeta("", -1, None, -1)
 _KEY_SEP = b"\x1f"
 
+# The frame in front of each value: FRAME_MAGIC, a kind code (an index into FRAME_KINDS; 0: the kind
+# follows spelled out, one length byte then UTF-8), time and seq as zigzag varints (Avro's long). The magic
+# differs from the first byte of every value the legacy layout held (0xCE records, 0xCD parts), so the
+# two layouts tell apart by the value alone. Codes are part of the format: append new kinds, never reorder.
+FRAME_MAGIC = 0xCF
+FRAME_KINDS = ("", "R", "GOPEN", "GCHECK", "DEAD", "EOS", "PART", "META")
+_FRAME_CODE = {kind: code for code, kind in enumerate(FRAME_KINDS) if kind}
+_FRAME_HEADS = {kind: bytes((FRAME_MAGIC, code)) for kind, code in _FRAME_CODE.items()}
+_KIND_HEADERS = {kind: [(HEADER_KIND, kind.encode())] for kind in _FRAME_CODE}
+_MASK64 = (1 << 64) - 1
+
+
+def _varint(n: int) -> bytes:
+    """`n` as a zigzag varint (Avro's encoding of a long)."""
+    z = ((n << 1) ^ (n >> 63)) & _MASK64
+    if z < 0x80:
+        return bytes((z,))
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _read_varint(data: bytes, at: int) -> tuple[int, int]:
+    """The zigzag varint at `data[at:]` and the index after it; ValueError when malformed."""
+    z = shift = 0
+    while True:
+        if at >= len(data) or shift > 63:
+            raise ValueError("malformed varint")
+        b = data[at]
+        at += 1
+        z |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    if z > _MASK64:
+        raise ValueError("varint out of range")
+    return (z >> 1) ^ -(z & 1), at
+
+
+def encode_message(
+    value: bytes, meta: RecordMeta
+) -> tuple[bytes | None, bytes, list[tuple[str, str | bytes | None]]]:
+    """(message key, message value, headers) of a record: the meta carried once (module docstring)."""
+    kind = meta.kind
+    head = _FRAME_HEADS.get(kind)
+    headers = _KIND_HEADERS.get(kind)
+    if head is None or headers is None:
+        spelled = kind.encode()
+        if len(spelled) > _MAX_KIND_BYTES:
+            raise QueueStoreError(f"record kind {kind[:40]!r} is longer than {_MAX_KIND_BYTES} bytes")
+        head = bytes((FRAME_MAGIC, 0, len(spelled))) + spelled
+        headers = [(HEADER_KIND, spelled)]
+    frame = head + _varint(meta.time) + _varint(meta.seq)
+    return (None if meta.key is None else meta.key.encode()), frame + value, list(headers)
+
+
+def _unframe(value: bytes, raw_key: object) -> tuple[RecordMeta, bytes] | None:
+    """The meta (kind from the frame) and the value of a message in the framed layout; None when the
+    message is in another layout (legacy, or another tool's); a malformed frame or key reads as kind "",
+    which no checksum accepts."""
+    if len(value) < 4 or value[0] != FRAME_MAGIC:
+        return None
+    try:
+        code = value[1]
+        at = 2
+        if code == 0:
+            size = value[2]
+            kind = value[3 : 3 + size].decode()
+            at = 3 + size
+        else:
+            kind = FRAME_KINDS[code]
+        t, at = _read_varint(value, at)
+        seq, at = _read_varint(value, at)
+        key = None if raw_key is None else raw_key.decode() if isinstance(raw_key, bytes) else None
+        if raw_key is not None and key is None:
+            raise ValueError("message key is not bytes")
+    except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
+        return _NO_META, value
+    return RecordMeta(kind, t, key, seq), value[at:]
+
+
+_Headers = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
+
+
+def decode_message(value: bytes | None, raw_key: bytes | None, headers: _Headers) -> tuple[RecordMeta, bytes]:
+    """(meta, value) of a stored message, as a record read gives it: the kind is the `cec.kind` header's
+    (framed layout), so a damaged header fails the record's checksum instead of misleading a consumer
+    that filters by it. Legacy-layout and foreign messages read as before (`meta_from_headers`)."""
+    data = value if isinstance(value, bytes) else b""
+    framed = _unframe(data, raw_key)
+    if framed is None:
+        meta = _meta_from_key(raw_key) if isinstance(raw_key, bytes) else None
+        return (meta if meta is not None else meta_from_headers(headers)), data
+    meta, body = framed
+    stated = _header_kind(headers)
+    return (meta if stated == meta.kind else meta._replace(kind=stated)), body
+
+
+def _header_kind(headers: _Headers) -> str:
+    """The `cec.kind` header's text ("" when absent or not text: no checksum accepts that kind)."""
+    if not headers:
+        return ""
+    pairs = headers.items() if isinstance(headers, Mapping) else headers
+    for name, raw in pairs:
+        if name == HEADER_KIND:
+            if isinstance(raw, bytes):
+                try:
+                    return raw.decode()
+                except UnicodeDecodeError:
+                    return ""
+            return raw if isinstance(raw, str) else ""
+    return ""
+
 
 def meta_to_key(meta: RecordMeta) -> bytes:
-    """The same meta packed into the Kafka message key: `kind US time US seq [US key]`.
+    """The legacy layout's message key, the same meta packed: `kind US time US seq [US key]`.
 
-    Readers here take the meta from the key, because confluent-kafka materialises headers lazily at several
-    microseconds per record, which would cap recovery scans near 100k records/s; the key is one bytes
-    object. The headers stay for downstream consumers that filter control tuples by `cec.kind`. Produced to
-    explicit partitions on a `cleanup.policy=delete` topic, the key plays no partitioning or compaction role.
-    The window key comes last so it may contain anything, separator included.
+    What the writer produced before the framed layout (and, as a fallback, what the reading paths still
+    understand: confluent-kafka materialises headers at several microseconds per message, so the legacy
+    readers took the meta from this key). The window key comes last so it may contain anything,
+    separator included.
     """
     head = b"%s\x1f%d\x1f%d" % (meta.kind.encode(), meta.time, meta.seq)
     return head if meta.key is None else head + _KEY_SEP + meta.key.encode()
@@ -224,22 +357,26 @@ def _offset(msg: Message) -> int:
 
 
 def _to_record(msg: Message, offset: int) -> StoredRecord:
-    """The hot path of every read: meta from the message key (see `meta_to_key`); records written by
-    other tools, which have no such key, fall back to the headers."""
-    value = msg.value()
-    raw_key = msg.key()
-    meta = _meta_from_key(raw_key) if isinstance(raw_key, bytes) else None
-    if meta is None:
-        meta = meta_from_headers(msg.headers())
-    return StoredRecord(offset, value if isinstance(value, bytes) else b"", meta)
+    """A record read (see `decode_message`)."""
+    meta, value = decode_message(msg.value(), msg.key(), msg.headers())
+    return StoredRecord(offset, value, meta)
 
 
 def _to_row(msg: Message, offset: int) -> Row:
-    """`_to_record` as a flat row (bulk backward reads; `cec._native.message_rows` falls back to it for
-    messages whose key is not a plain cec meta key)."""
-    record = _to_record(msg, offset)
-    meta = record.meta
-    return (offset, meta.kind, meta.time, meta.key, meta.seq, record.value)
+    """The row of a bulk read (recovery's backward scan; `cec._native.message_rows` is its fast path and
+    falls back to it for anything but the plain case): the kind from the frame, headers never
+    materialised (several microseconds per message in confluent-kafka); legacy-layout messages from
+    their meta key, foreign ones from their headers."""
+    value = msg.value()
+    data = value if isinstance(value, bytes) else b""
+    raw_key = msg.key()
+    framed = _unframe(data, raw_key)
+    if framed is not None:
+        meta, data = framed
+    else:
+        legacy = _meta_from_key(raw_key) if isinstance(raw_key, bytes) else None
+        meta = legacy if legacy is not None else meta_from_headers(msg.headers())
+    return (offset, meta.kind, meta.time, meta.key, meta.seq, data)
 
 
 def _error_code(exc: KafkaException) -> int | None:
@@ -448,8 +585,8 @@ class KafkaQueueStore(QueueStore):
             time.sleep(0.05)  # pacing of a bounded metadata poll, not a wait for correctness
 
     def value_limit(self, meta: RecordMeta) -> int:
-        # The window key travels twice beside the value (message key and header), plus the other headers.
-        return self.max_record_bytes - _HEADER_OVERHEAD - 2 * len((meta.key or "").encode())
+        # The window key travels beside the value (message key), the kind in the header and the frame.
+        return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode())
 
     def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
         if partitions < 1:
@@ -478,6 +615,19 @@ class KafkaQueueStore(QueueStore):
 
     def topic_exists(self, topic: str) -> bool:
         return self._topic_partitions(topic) is not None
+
+    def topics(self) -> list[str]:
+        """Every topic of the cluster but the internal ones (`__consumer_offsets`, ...) and the companions
+        that hold attachments (`cec-meta.*`): on a shared cluster that includes topics cec did not write."""
+        try:
+            md = self._admin_client().list_topics(timeout=self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+        return sorted(
+            name
+            for name, tmd in md.topics.items()
+            if tmd.error is None and not name.startswith(("_", ATTACHMENT_TOPIC_PREFIX))
+        )
 
     def cluster_id(self) -> str:
         """The cluster's id (the same through any bootstrap address); the bootstrap list if the broker
@@ -557,11 +707,12 @@ class KafkaQueueStore(QueueStore):
         conf.update({"enable.idempotence": True, "acks": "all"})
         producer = Producer(conf)
         failures: list[KafkaError] = []
+        message_key, message_value, headers = encode_message(value, meta)
         producer.produce(
             companion,
-            value=value,
-            key=meta_to_key(meta),
-            headers=meta_to_headers(meta),
+            value=message_value,
+            key=message_key,
+            headers=headers,
             partition=0,
             on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
         )
@@ -720,6 +871,7 @@ class KafkaPartitionWriter(PartitionWriter):
         # Delivered records of the open transaction, in offset order: (callback, offset), served on commit.
         self._delivered: list[tuple[DurableCallback | None, int]] = []
         self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
+        self._side: list[tuple[str, int, bytes | None, bytes]] = []  # see append_side
         self.commits = 0
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
@@ -751,6 +903,7 @@ class KafkaPartitionWriter(PartitionWriter):
         if self._failure is None:
             self._failure = exc
         failure = self._failure
+        self._side.clear()
         delivered, self._delivered = self._delivered, []
         for on_durable, _ in delivered:
             self._served += 1
@@ -825,6 +978,8 @@ class KafkaPartitionWriter(PartitionWriter):
             )
         if self._failure is not None:
             raise self._stop(self._failure)
+        if self._side:
+            self._produce_side(producer, flush_timeout)
         faults.hit("kafka.before_commit")
         try:
             producer.commit_transaction(self._timeout)
@@ -870,13 +1025,12 @@ class KafkaPartitionWriter(PartitionWriter):
             self._transaction_started = self._clock()
             self._transaction_records = 0
         report = self._plain_report if on_durable is None else self._make_report(on_durable)
-        headers = meta_to_headers(meta)
-        record_key = meta_to_key(meta)
+        record_key, message, headers = encode_message(value, meta)
         while True:
             try:
                 producer.produce(
                     self.topic,
-                    value,
+                    message,
                     record_key,
                     partition=self.partition,
                     headers=headers,
@@ -893,6 +1047,49 @@ class KafkaPartitionWriter(PartitionWriter):
                 raise self._stop(self._failed(err, "append to")) from None
         self._appended += 1
         self._transaction_records += 1
+
+    def append_side(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
+        """Add a plain record (no cec headers) for another topic to the open transaction (one is begun if
+        none is open), so it commits or aborts with the records appended to this partition: a
+        read_committed consumer of `topic` sees it exactly when they are in the log.
+
+        Side records are produced at commit time, after this partition's records are delivered: on a
+        broker that shows aborted records anyway (Tansu, docs/kafka.md) a side record is then visible only
+        if the records appended before it are, never the other way round. A failed side record is the
+        writer's failure."""
+        producer = self._live_producer()
+        self._check_failure()
+        if not self._in_transaction:
+            try:
+                producer.begin_transaction()
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                raise self._stop(self._failed(err, "transaction on")) from None
+            self._in_transaction = True
+            self._transaction_started = self._clock()
+            self._transaction_records = 0
+        self._side.append((topic, partition, key, value))
+
+    def _produce_side(self, producer: Producer, flush_timeout: float | None) -> None:
+        """Produce the open transaction's side records (its own records are delivered) and deliver them."""
+        side, self._side = self._side, []
+        for topic, partition, key, value in side:
+            while True:
+                try:
+                    producer.produce(topic, value, key, partition=partition, on_delivery=self._plain_report)
+                    break
+                except BufferError:
+                    self._serve(producer.poll, 0.05)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                    raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
+            self._appended += 1
+        if self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout) > 0:
+            raise TimeoutError(
+                f"side records of {self.topic}[{self.partition}] not delivered after {flush_timeout}s"
+            )
+        if self._failure is not None:
+            raise self._stop(self._failure)
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports; commit the open transaction when it is due (module docstring). Raises
@@ -1035,6 +1232,10 @@ class KafkaPartitionReader(PartitionReader):
         if self._bulk is None:
             conf = self._store._consumer_config(f"bulk-{self.topic}-{self.partition}")
             conf["fetch.wait.max.ms"] = min(int(conf.get("fetch.wait.max.ms", 10)), _BULK_FETCH_WAIT_MS)
+            # Fewer, larger fetches: an extent of ~90k small records is a few MB, read in a couple of
+            # fetches instead of one per default 1 MB (each held for fetch.wait.max.ms by Tansu).
+            conf.setdefault("max.partition.fetch.bytes", _BULK_FETCH_BYTES)
+            conf.setdefault("fetch.max.bytes", _BULK_FETCH_BYTES)
             self._bulk = Consumer(conf)
         return self._bulk
 
@@ -1071,6 +1272,7 @@ class KafkaPartitionReader(PartitionReader):
         stop_before: int | None,
         collect: bool = True,
         as_rows: bool = False,
+        bulk: bool = False,
     ) -> _ReadResult:
         """Consume from `start` until `want` records, an offset >= `stop_before`, or the EOF event.
 
@@ -1079,7 +1281,7 @@ class KafkaPartitionReader(PartitionReader):
         operator's queue source) continues from there instead of re-assigning, which would drop the
         prefetched data and wait for a new fetch (held for fetch.wait.max.ms on some brokers).
         """
-        if as_rows:  # bulk: its own consumer, always re-assigned, never kept assigned (want is None)
+        if as_rows or bulk:  # its own consumer, always re-assigned, never kept assigned (want is None)
             consumer = self._bulk_consumer()
             backlog: list[Message] = []
             consumer.assign([TopicPartition(self.topic, self.partition, start)])
@@ -1101,6 +1303,11 @@ class KafkaPartitionReader(PartitionReader):
                     batch, backlog = backlog, []
                     last_progress = time.monotonic()
                 else:
+                    if as_rows and stop_before is not None:
+                        # Messages drained past `stop_before` become Python objects only to be dropped:
+                        # drain about what is left (offsets may skip markers: a short drain only loops).
+                        below = result.rows[-1][0] + 1 if result.rows else start
+                        drain = max(1, min(10_000, stop_before - below))
                     fetched = self._fetch(consumer, start, result, last_progress, drain)
                     if fetched is None:
                         return result
@@ -1157,7 +1364,9 @@ class KafkaPartitionReader(PartitionReader):
         i, count = 0, len(batch)
         while i < count:
             if native is not None:
-                i, stopped = native.message_rows(batch, i, start, limit, out, _to_row)
+                i, stopped = native.message_rows(
+                    batch, i, start, limit, out, _to_row, FRAME_MAGIC, FRAME_KINDS
+                )
             else:
                 i, stopped = _message_rows(batch, i, start, limit, out)
             if out:
@@ -1235,9 +1444,11 @@ class KafkaPartitionReader(PartitionReader):
         return max(0, int(low))
 
     def end_offset(self) -> int:
+        # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and
+        # recovery's backward reads that follow find it connected already.
         hint = self._known_end
         if hint > 0:
-            result = self._read(hint, want=None, stop_before=None, collect=False)
+            result = self._read(hint, want=None, stop_before=None, collect=False, bulk=True)
             if result.eof is not None:
                 return result.eof
             # The hint overshoots: the partition shrank (topic recreated, broker lost its memory storage).
@@ -1245,7 +1456,7 @@ class KafkaPartitionReader(PartitionReader):
                 "%s[%d] ends below offset %d seen earlier; rescanning", self.topic, self.partition, hint
             )
             self._known_end = 0
-        result = self._read(self.start_offset(), want=None, stop_before=None, collect=False)
+        result = self._read(self.start_offset(), want=None, stop_before=None, collect=False, bulk=True)
         if result.eof is None:
             raise QueueStoreError(f"could not find the end of {self.topic}[{self.partition}]")
         self._known_end = result.eof

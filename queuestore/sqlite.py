@@ -429,6 +429,9 @@ class SqliteQueueStore(QueueStore):
     def topic_exists(self, topic: str) -> bool:
         return (self._topic_dir(topic) / "topic.json").is_file()
 
+    def topics(self) -> list[str]:
+        return sorted(d.name for d in self.root.iterdir() if (d / "topic.json").is_file())
+
     def partitions(self, topic: str) -> int:
         meta = self._topic_dir(topic) / "topic.json"
         try:

@@ -63,14 +63,14 @@ class ECFootprint:
     """The latest footprint of one window in the EC. Reconstruction only identifies it (by checksum and
     the metadata beside it); its body, state included, is decoded when the EC is loaded."""
 
-    __slots__ = ("_codec", "_record", "_value", "key", "offset")
+    __slots__ = ("_codec", "_record", "_row", "key", "offset")
 
     def __init__(
-        self, offset: int, key: str, value: bytes, codec: RecordCodec, record: OutputRecord | None = None
+        self, offset: int, key: str, row: Row, codec: RecordCodec, record: OutputRecord | None = None
     ) -> None:
         self.offset = offset
         self.key = key
-        self._value = value
+        self._row = row  # (offset, kind, time, key, seq, value): the value and the metadata kept beside it
         self._codec = codec
         self._record = record
 
@@ -78,7 +78,8 @@ class ECFootprint:
     def record(self) -> OutputRecord:
         if self._record is None:
             # The builder keeps only values that passed their checksum: no need to compute it again.
-            self._record = self._codec.decode(self._value, verified=True)
+            _, kind, t, key, seq, value = self._row
+            self._record = self._codec.decode(value, RecordMeta(kind, t, key, seq), verified=True)
         return self._record
 
 
@@ -86,7 +87,7 @@ def footprint_records(footprints: list[ECFootprint], codec: RecordCodec) -> list
     """The decoded record of each footprint (what `ECFootprint.record` gives), decoded in one batch."""
     pending = [fp for fp in footprints if fp._record is None]
     for fp, record in zip(
-        pending, codec.decode_many([fp._value for fp in pending], verified=True), strict=True
+        pending, codec.decode_rows([fp._row for fp in pending], verified=True), strict=True
     ):
         fp._record = record
     return [fp.record for fp in footprints]
@@ -175,7 +176,7 @@ class EventualCheckpointBuilder:
                     continue  # a part of a chunked value, not a record (or the orphan of a torn write)
                 whole = self._whole(stored) if index in failed else stored
                 if whole is not None:
-                    newest, newest_offset = codec.decode(whole.value, verified=True), offset
+                    newest, newest_offset = codec.decode(whole.value, whole.meta, verified=True), offset
                     chunks.at = index + 1
                     break
                 self._damaged(stored, corrupt, "at the end of the log, so the crash point is unknown")
@@ -198,7 +199,8 @@ class EventualCheckpointBuilder:
             if newest.kind is Kind.R:
                 closed.add((newest.key, newest.seq))
             elif newest.kind in FOOTPRINT_KINDS:
-                windows[newest.key] = ECFootprint(newest_offset, newest.key, b"", codec, newest)
+                row = (newest_offset, *newest.meta(), b"")
+                windows[newest.key] = ECFootprint(newest_offset, newest.key, row, codec, newest)
                 extent_start = newest_offset
 
         # 2. Read back until N windows are found. Each chunk's checksums are checked at once (C when
@@ -224,7 +226,7 @@ class EventualCheckpointBuilder:
                 chunks.at = at + 1
                 if whole is None:
                     self._damaged(stored, corrupt, "inside the extent")
-                elif _classify(offset, kind, key, seq, whole.value, windows, closed, codec):
+                elif _classify((offset, kind, t, key, seq, whole.value), windows, closed, codec):
                     extent_start = offset
                     if len(windows) >= n:
                         break
@@ -258,23 +260,20 @@ _SCAN_END, _SCAN_FULL, _SCAN_FAILED = 0, 1, 2
 
 
 def _classify(
-    offset: int,
-    kind: str,
-    key: str | None,
-    seq: int,
-    value: bytes,
+    row: Row,
     windows: dict[str, ECFootprint],
     closed: set[tuple[str, int]],
     codec: RecordCodec,
 ) -> bool:
     """One intact record met reading back (DESIGN-NOTES section 2): an R closes its window; the first
     footprint met of a window not closed is its latest and enters the EC (returns True)."""
+    offset, kind, _, key, seq, _ = row
     if key is None:
         return False
     if kind == "R":
         closed.add((key, seq))
     elif kind in _FOOTPRINT_CODES and key not in windows and (key, seq) not in closed:
-        windows[key] = ECFootprint(offset, key, value, codec)
+        windows[key] = ECFootprint(offset, key, row, codec)
         return True
     return False
 
@@ -302,7 +301,7 @@ def _scan_rows(
             return index, _SCAN_FAILED, oldest  # damaged into a "part": the caller's checks decide
         if failed and index in failed:
             return index, _SCAN_FAILED, oldest
-        if _classify(offset, kind, key, seq, value, windows, closed, codec):
+        if _classify(rows[index], windows, closed, codec):
             oldest = offset
             if len(windows) >= n:
                 return index + 1, _SCAN_FULL, oldest
@@ -325,8 +324,8 @@ def _native_scan(
     return result
 
 
-# ECFootprint's slots in the order `_native.ec_scan` fills them: offset, key, value, codec, record.
-_FOOTPRINT_SLOTS = tuple(vars(ECFootprint)[name] for name in ("offset", "key", "_value", "_codec", "_record"))
+# ECFootprint's slots in the order `_native.ec_scan` fills them: offset, key, row, codec, record.
+_FOOTPRINT_SLOTS = tuple(vars(ECFootprint)[name] for name in ("offset", "key", "_row", "_codec", "_record"))
 _scan = _scan_rows if native is None else _native_scan
 
 

@@ -97,18 +97,23 @@ class RecoveryManager:
         *,
         codec: RecordCodec | None = None,
         progress: Callable[[int, int, int], None] | None = None,
+        on_phase: Callable[[str], None] | None = None,
     ) -> None:
+        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics)."""
         self.reader = reader
         self.decode_state = decode_state
         self.codec = codec or RecordCodec()
         self.progress = progress
+        self.on_phase = on_phase or (lambda phase: None)
 
     def recover(self, input_partitions: int) -> Recovery:
         from queuestore import faults
 
         started = time.perf_counter()
+        self.on_phase("ec_build")
         ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
         faults.hit("recovery.after_ec_build")
+        self.on_phase("ec_load")
         load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
         decode_state = self.decode_state
         # The scan met the footprints newest first: reversed, they are (almost always) in offset order

@@ -83,7 +83,7 @@ def copy_input_identity(source: QueueStore, target: QueueStore, topic: str, part
 def log_records(store: QueueStore, topic: str, partition: int = 0) -> list[Any]:
     codec = RecordCodec()
     with store.reader(topic, partition) as reader:
-        return [codec.decode(r.value) for r in reader.scan_forward(0)]
+        return [codec.decode(r.value, r.meta) for r in reader.scan_forward(0)]
 
 
 def results(store: QueueStore, topic: str, kind: Kind = Kind.R) -> list[dict[str, Any]]:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -344,3 +345,164 @@ def test_a_wrong_field_or_format_is_refused_from_the_first_records_before_the_ru
     assert out.stderr.startswith("cec: error: none of the first") and out.stderr.count("\n") == 1, out.stderr
     assert message in out.stderr
     assert not (tmp_path / "out.csv").exists() and out.stdout == ""
+
+
+def read_results_topic(
+    bootstrap: str, topic: str, enough: int | None = None
+) -> list[tuple[str, dict[str, Any]]]:
+    """Every committed record of a results topic, as a consumer that knows nothing of cec reads it: a
+    plain read_committed consumer, to the end of every partition (or until it has `enough` records)."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,  # Tansu holds every fetch for the full wait
+        }
+    )
+    try:
+        meta = consumer.list_topics(timeout=30).topics.get(topic)
+        if meta is None or not meta.partitions:
+            return []  # not created yet
+        partitions = len(meta.partitions)
+        consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        rows: list[tuple[str, dict[str, Any]]] = []
+        at_end: set[int] = set()
+
+        def drained() -> bool:
+            msg = consumer.poll(0.2)
+            if msg is None:
+                return False
+            if msg.error():
+                assert msg.error().code() == KafkaError._PARTITION_EOF, msg.error()
+                at_end.add(msg.partition())
+                return len(at_end) == partitions
+            at_end.discard(msg.partition())
+            rows.append((msg.key().decode(), json.loads(msg.value())))
+            return enough is not None and len(rows) >= enough
+
+        wait_for(drained, timeout=60, interval=0)
+        return rows
+    finally:
+        consumer.close()
+
+
+def results_topic_per_key(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, list[tuple[str, str, str]]]:
+    """The results topic in the results CSV's shape (key -> [(window, value, count)]), after checking
+    that every record is keyed by its window key and that no (key, window) occurs twice."""
+    out: dict[str, list[tuple[str, str, str]]] = {}
+    seen: set[tuple[str, int]] = set()
+    for key, row in rows:
+        assert key == row["key"], (key, row)
+        assert (key, row["window"]) not in seen, f"result {key} window {row['window']} published twice"
+        seen.add((key, row["window"]))
+        out.setdefault(key, []).append((str(row["window"]), repr(float(row["value"])), str(row["count"])))
+    return out
+
+
+def test_results_topic_holds_each_result_once_through_crash_after(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
+) -> None:
+    topic = _new_topic(kafka_broker, "purchases-results")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    out = topic_run(
+        kafka_broker, topic, tmp_path / "out.csv", "--results-topic", results_topic, "--crash-after", "230"
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("operator process SIGKILLed after 230 input records") == PARTITIONS
+    want = csv_reference(tmp_path, purchases)
+    assert per_key(tmp_path / "out.csv") == want
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
+
+
+def test_results_topic_holds_each_result_once_through_an_outside_sigkill(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    purchases = make_purchases(150_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-results-kill")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    results = tmp_path / "out.csv"
+    args = ("--store-dir", str(tmp_path / "store"), "--results-topic", results_topic)
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *args],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        # Killed once results are committed to the results topic, mid-run (its records are few next to
+        # the log's, so a read of it is cheap enough to poll).
+        wait_for(
+            lambda: (
+                proc.poll() is not None
+                or len(read_results_topic(kafka_broker.bootstrap, results_topic, enough=300)) >= 300
+            ),
+            timeout=120,
+            interval=0.05,
+        )
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL, "the run ended before 300 results were committed"
+    want = csv_reference(tmp_path, purchases)
+    before = read_results_topic(kafka_broker.bootstrap, results_topic)
+    assert 300 <= len(before) < sum(len(v) for v in want.values())
+    again = topic_run(kafka_broker, topic, results, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert per_key(results) == want
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
+
+
+def test_results_topic_on_the_embedded_store_is_one_line(tmp_path: Path) -> None:
+    data = write_csv(tmp_path / "purchases.csv", make_purchases(50, keys=5, partitions=1))
+    out = cec(
+        "run", str(data), "--key", "item", "--value", "price", *WINDOW, "--results", str(tmp_path / "out.csv"),
+        "--results-topic", "results",
+    )  # fmt: skip
+    assert out.returncode == 2
+    assert out.stderr.startswith("cec: error: --results-topic needs --bootstrap-servers"), out.stderr
+    assert out.stderr.count("\n") == 1, out.stderr
+
+
+def test_an_error_inside_a_crash_after_worker_is_one_line(kafka_broker: Broker, tmp_path: Path) -> None:
+    # The registry is reached only by the operator processes (the first record's schema id), so the error
+    # is raised inside a --crash-after worker; the CLI must not add a line or a traceback of its own.
+    topic = _new_topic(kafka_broker, "purchases-registry-down")
+    purchases = make_purchases(60, keys=6, partitions=PARTITIONS)
+    produce(
+        kafka_broker.bootstrap, topic, encoded(purchases, lambda r: struct.pack(">bI", 0, 7) + avro_body(r))
+    )
+    with socket.socket() as closed:  # a port nothing listens on
+        closed.bind(("127.0.0.1", 0))
+        registry = f"http://127.0.0.1:{closed.getsockname()[1]}"
+    out = topic_run(
+        kafka_broker, topic, tmp_path / "out.csv", "--format", "registry", "--schema-registry", registry,
+        "--crash-after", "5",
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    ours = [line for line in out.stderr.splitlines() if not line.startswith("%")]  # librdkafka's own log
+    assert len(ours) == 1 and ours[0].startswith(f"cec: error: schema registry {registry} unreachable"), (
+        out.stderr
+    )
+    assert "Traceback" not in out.stderr
+
+
+def test_results_topic_of_a_csv_run_on_kafka(
+    kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
+) -> None:
+    data = write_csv(tmp_path / "purchases.csv", purchases)
+    results_topic = f"results-{uuid.uuid4().hex[:10]}"
+    out = cec(
+        "run", str(data), "--key", "item", "--value", "price", *WINDOW, "--results", str(tmp_path / "out.csv"),
+        "--bootstrap-servers", kafka_broker.bootstrap, "--results-topic", results_topic, "--crash-after", "700",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    want = per_key(tmp_path / "out.csv")
+    assert want == csv_reference(tmp_path, purchases)
+    assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want

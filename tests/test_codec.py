@@ -22,12 +22,40 @@ records = st.builds(
 )
 
 
+# What the first release wrote (the metadata inside the body as well as beside it).
+V1 = RecordCodec({1: SCHEMAS[1]})
+
+
 @given(records)
 def test_round_trip(record: OutputRecord) -> None:
     codec = RecordCodec()
     data = codec.encode(record)
-    assert codec.decode(data) == record
+    assert codec.decode(data, record.meta()) == record
     codec.verify(data, record.meta())
+    assert codec.decode_rows([(9, *record.meta(), data)], verified=True) == [record]
+
+
+@given(records)
+def test_records_of_the_first_release_still_read(record: OutputRecord) -> None:
+    codec = RecordCodec()
+    data = V1.encode(record)
+    assert data[1] == 1 and codec.version == 2
+    assert codec.decode(data) == record  # version 1 decodes on its own...
+    assert codec.decode(data, record.meta()) == record  # ...and with its stored metadata
+    codec.verify(data, record.meta())
+    assert codec.decode_rows([(9, *record.meta(), data)], verified=True) == [record]
+
+
+def test_the_newest_version_carries_the_metadata_only_beside_the_value() -> None:
+    codec = RecordCodec()
+    record = OutputRecord(Kind.GOPEN, 250_000, (125_000,), 91_000, "item-12345", 3, b"s" * 12, None)
+    data = codec.encode(record)
+    assert b"item-12345" not in data and b"item-12345" in V1.encode(record)
+    assert len(data) < len(V1.encode(record)) - 12
+    with pytest.raises(CodecError, match="decode it with the metadata the store kept"):
+        codec.decode(data)
+    with pytest.raises(CodecError, match="unknown record kind 'Q'"):
+        codec.decode(data, record.meta()._replace(kind="Q"))
 
 
 @given(records, st.data())
@@ -37,7 +65,7 @@ def test_any_single_byte_flip_is_detected(record: OutputRecord, data: st.DataObj
     i = data.draw(st.integers(0, len(encoded) - 1))
     encoded[i] ^= data.draw(st.integers(1, 255))
     with pytest.raises(CodecError):
-        codec.decode(bytes(encoded))
+        codec.decode(bytes(encoded), record.meta())
     with pytest.raises(CodecError):
         codec.verify(bytes(encoded), record.meta())
 
@@ -48,15 +76,17 @@ def test_truncated_record_is_detected(record: OutputRecord) -> None:
     encoded = codec.encode(record)
     for cut in range(len(encoded)):
         with pytest.raises(CodecError):
-            codec.decode(encoded[:cut])
+            codec.decode(encoded[:cut], record.meta())
 
 
 @settings(max_examples=300)
 @given(st.binary(max_size=300))
 def test_untrusted_bytes_fail_cleanly(data: bytes) -> None:
     codec = RecordCodec()
-    with contextlib.suppress(CodecError):  # the only acceptable failure
-        codec.decode(b"\xce\x01" + data)
+    meta = OutputRecord(Kind.R, 1, (), 0, "k", 0).meta()
+    for version in (b"\xce\x01", b"\xce\x02"):
+        with contextlib.suppress(CodecError):  # the only acceptable failure
+            codec.decode(version + data, meta)
 
 
 def test_metadata_kept_beside_the_value_is_covered_by_the_checksum() -> None:
@@ -77,43 +107,37 @@ def test_metadata_kept_beside_the_value_is_covered_by_the_checksum() -> None:
 
 def test_unknown_version_and_magic_are_clear_errors() -> None:
     codec = RecordCodec()
-    data = bytearray(codec.encode(OutputRecord(Kind.R, 1, (1,), 0)))
+    record = OutputRecord(Kind.R, 1, (1,), 0)
+    data = bytearray(codec.encode(record))
     data[1] = 9
     with pytest.raises(CodecError, match="unknown record schema version 9"):
-        codec.decode(bytes(data))
+        codec.decode(bytes(data), record.meta())
     data[0] = 0x00
     with pytest.raises(CodecError, match="not a CEC record"):
-        codec.decode(bytes(data))
+        codec.decode(bytes(data), record.meta())
 
 
 def test_size_limit_bounds_what_decode_accepts() -> None:
     big = OutputRecord(Kind.GCHECK, 1, (1,), 1, "k", 0, b"x" * 5000)
     data = RecordCodec().encode(big)
     with pytest.raises(CodecError, match="exceeds"):
-        RecordCodec(max_bytes=1000).decode(data)
+        RecordCodec(max_bytes=1000).decode(data, big.meta())
 
 
 def test_newer_reader_loads_records_written_by_an_older_release() -> None:
-    """Version skew: a reader with one more version (one more field, with a default) decodes the
-    records of the current release, and the current release decodes version 1 (before `marks`)."""
-    current = RecordCodec()
-    newest = max(SCHEMAS)
-    next_schema = dict(SCHEMAS[newest])
-    next_schema["fields"] = [
-        *SCHEMAS[newest]["fields"],
-        {"name": "operator_id", "type": "string", "default": ""},
-    ]
-    newer = RecordCodec({**SCHEMAS, newest + 1: next_schema})
+    """Version skew: a v3 reader (one more field, with a default) decodes v1 and v2 checkpoints."""
+    v2 = RecordCodec()
+    v3_schema = dict(SCHEMAS[2])
+    v3_schema["fields"] = [*SCHEMAS[2]["fields"], {"name": "operator_id", "type": "string", "default": ""}]
+    v3 = RecordCodec({**SCHEMAS, 3: v3_schema})
     old = OutputRecord(Kind.GOPEN, 7, (5, 6), 3, "item-1", 2, b"st", None)
-    assert newer.version == newest + 1
-    assert newer.decode(current.encode(old)) == old
-    v1 = RecordCodec({1: SCHEMAS[1]})
-    assert current.decode(v1.encode(old)) == old  # marks default to ()
-    with_marks = OutputRecord(Kind.R, 7, (5, 6), 3, "item-1", 2, None, b"p", (4, -(1 << 63)))
-    assert current.decode(current.encode(with_marks)) == with_marks
+    assert v3.version == 3
+    assert v3.decode(V1.encode(old)) == old
+    assert v3.decode(v2.encode(old), old.meta()) == old
+    assert v3.decode(v3.encode(old), old.meta()) == old  # the field OutputRecord lacks is ignored
     # ...and an old reader refuses, clearly, what it cannot know.
-    with pytest.raises(CodecError, match=f"unknown record schema version {newest + 1}"):
-        current.decode(newer.encode(old))
+    with pytest.raises(CodecError, match="unknown record schema version 3"):
+        v2.decode(v3.encode(old), old.meta())
 
 
 def test_payload_codec_rejects_garbage() -> None:

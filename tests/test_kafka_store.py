@@ -220,6 +220,29 @@ def test_headers_round_trip_pure() -> None:
     assert meta_from_headers(None) == RecordMeta("", -1)
 
 
+def test_message_layout_round_trip_pure() -> None:
+    """encode_message / decode_message (what a record read gives) for every kind the frame knows, kinds
+    it spells out, the ends of the 64-bit range and keys that are empty or not ASCII."""
+    from queuestore.exceptions import QueueStoreError
+    from queuestore.kafka import FRAME_KINDS, decode_message, encode_message
+
+    metas = [
+        RecordMeta(k, t, key, seq) for k in FRAME_KINDS[1:] for t, key, seq in ((0, None, -1), (5, "k", 3))
+    ]
+    metas += [
+        RecordMeta("D", -(2**63), key="clé", seq=2**63 - 1),
+        RecordMeta("Custom-Kind", 2**63 - 1, key="", seq=-(2**63)),
+        RecordMeta("", 1, key="k\x1fwith separators\x1e", seq=0),
+    ]
+    for m in metas:
+        key, value, headers = encode_message(b"\xcevalue", m)
+        assert headers == [("cec.kind", m.kind.encode())]
+        assert key == (None if m.key is None else m.key.encode())
+        assert decode_message(value, key, headers) == (m, b"\xcevalue")
+    with pytest.raises(QueueStoreError, match="longer than 16 bytes"):
+        encode_message(b"v", RecordMeta("K" * 17, 0))
+
+
 def test_meta_round_trip_through_broker(store: KafkaQueueStore, topic: str) -> None:
     metas = [
         RecordMeta("D", 10),
@@ -235,6 +258,141 @@ def test_meta_round_trip_through_broker(store: KafkaQueueStore, topic: str) -> N
     with store.reader(topic, 0) as r:
         got = r.read_forward(0, 10)
     assert [(x.offset, x.value, x.meta) for x in got] == list(zip(range(4), values, metas, strict=True))
+
+
+def _raw_messages(kafka_broker: Broker, topic: str, partition: int = 0) -> list[Message]:
+    """Every message of a partition as a plain consumer (no cec code) sees it."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap,
+            "group.id": f"raw-{uuid.uuid4().hex}",
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    out: list[Message] = []
+    try:
+        consumer.assign([TopicPartition(topic, partition, 0)])
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline:
+            msg = consumer.poll(0.1)
+            if msg is None:
+                continue
+            err = msg.error()
+            if err is not None and err.code() == KafkaError._PARTITION_EOF:
+                return out
+            assert err is None, err
+            out.append(msg)
+        raise AssertionError("no end of partition")
+    finally:
+        consumer.close()
+
+
+def test_a_record_carries_its_meta_once_kind_header_window_key_as_message_key(
+    kafka_broker: Broker, store: KafkaQueueStore, topic: str
+) -> None:
+    """What consumers outside cec read: one header, `cec.kind`, with the kind's name; the window key as
+    the message key (none outside a window); time and seq only inside the value."""
+    from cec.records import Kind, OutputRecord
+
+    codec = RecordCodec()
+    records = [
+        OutputRecord(Kind.GOPEN, 1_700_000_000_123, (5,), 1, "item-7", 3, b"state", None),
+        OutputRecord(Kind.GCHECK, 1_700_000_000_124, (6,), 1, "item-7", 3, b"state2", None),
+        OutputRecord(Kind.R, 1_700_000_000_125, (7,), 0, "item-7", 3, None, b"result"),
+        OutputRecord(Kind.DEAD, 1_700_000_000_126, (8,), 0, None, -1, None, b"bad"),
+        OutputRecord(Kind.EOS, 1_700_000_000_127, (9,), 0, None, -1, None, None),
+    ]
+    with store.writer(topic, 0) as w:
+        for r in records:
+            w.append(codec.encode(r), r.meta())
+        w.flush(DEADLINE)
+    raw = _raw_messages(kafka_broker, topic)
+    assert [m.headers() for m in raw] == [[("cec.kind", r.kind.value.encode())] for r in records]
+    assert [m.key() for m in raw] == [b"item-7", b"item-7", b"item-7", None, None]
+    for m, r in zip(raw, records, strict=True):
+        value = m.value()
+        assert isinstance(value, bytes)
+        assert b"%d" % r.time not in value  # the metadata is not repeated as text anywhere
+        assert b"item-7" not in value
+    with store.reader(topic, 0) as reader:
+        stored = reader.read_forward(0, 10)
+        rows = reader.read_backward_rows(reader.end_offset(), 10)[::-1]
+    assert [codec.decode(s.value, s.meta) for s in stored] == records
+    assert [(s.offset, *s.meta, s.value) for s in stored] == rows
+
+
+def test_a_log_written_in_the_legacy_layout_still_reads(
+    kafka_broker: Broker, store: KafkaQueueStore, topic: str
+) -> None:
+    """Records of the first release (version-1 bodies; meta packed in the message key and four headers),
+    then records of this one appended to the same partition: every reader reads both, and recovery
+    rebuilds the checkpoint across the two."""
+    from cec.records import SCHEMAS, Kind, OutputRecord
+    from queuestore.kafka import meta_to_key
+    from recovery.eventual import EventualCheckpointBuilder
+
+    legacy, codec = RecordCodec({1: SCHEMAS[1]}), RecordCodec()
+    old = [OutputRecord(Kind.GOPEN, 10 + i, (i + 1,), i + 1, f"k{i}", 0, b"s%d" % i, None) for i in range(6)]
+    old.append(OutputRecord(Kind.R, 20, (7,), 5, "k0", 0, None, b"r"))
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
+    for r in old:
+        producer.produce(
+            topic, legacy.encode(r), meta_to_key(r.meta()), partition=0, headers=meta_to_headers(r.meta())
+        )
+    assert producer.flush(DEADLINE) == 0
+    new = [
+        OutputRecord(Kind.GCHECK, 30, (8,), 5, "k1", 0, b"t", None),
+        OutputRecord(Kind.GOPEN, 31, (9,), 6, "k6", 0, b"u", None),
+    ]
+    with store.writer(topic, 0) as w:
+        for r in new:
+            w.append(codec.encode(r), r.meta())
+        w.flush(DEADLINE)
+    with store.reader(topic, 0) as reader:
+        stored = list(reader.scan_forward(0))
+        rows = reader.read_backward_rows(reader.end_offset(), 100)[::-1]
+        ec = EventualCheckpointBuilder(reader, codec).build()
+    assert [s.meta for s in stored] == [r.meta() for r in old + new]
+    for s in stored:
+        codec.verify(s.value, s.meta)
+    assert [codec.decode(s.value, s.meta) for s in stored] == old + new
+    assert [(s.offset, *s.meta, s.value) for s in stored] == rows
+    assert codec.failing_rows(rows) == []
+    # Open at the end: k1 (its G-check, new layout), k2..k5 (legacy G-opens), k6 (new); k0 closed.
+    assert {k: fp.record for k, fp in ec.windows.items()} == {
+        "k1": new[0],
+        **{f"k{i}": old[i] for i in range(2, 6)},
+        "k6": new[1],
+    }
+
+
+def test_a_flipped_kind_header_is_damage_for_record_readers(
+    kafka_broker: Broker, store: KafkaQueueStore, topic: str
+) -> None:
+    """The header is what a consumer filters by: a record whose `cec.kind` no longer says what was
+    written fails its checksum for the readers that take the kind from it."""
+    from cec.exceptions import CodecError
+    from cec.records import Kind, OutputRecord
+    from queuestore.kafka import encode_message
+
+    codec = RecordCodec()
+    result = OutputRecord(Kind.R, 5, (1,), 0, "k", 0, None, b"r")
+    key, value, _ = encode_message(codec.encode(result), result.meta())
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
+    for kind in (b"R", b"Q", b"GOPEN", b"\xff"):
+        producer.produce(topic, value, key, partition=0, headers=[("cec.kind", kind)])
+    producer.produce(topic, value, key, partition=0)  # no header at all
+    assert producer.flush(DEADLINE) == 0
+    with store.reader(topic, 0) as reader:
+        stored = reader.read_forward(0, 10)
+    assert [s.meta.kind for s in stored] == ["R", "Q", "GOPEN", "", ""]
+    codec.verify(stored[0].value, stored[0].meta)
+    for s in stored[1:]:
+        with pytest.raises(CodecError):
+            codec.verify(s.value, s.meta)
 
 
 # -- reader ---------------------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import contextlib
 import io
 import random
 import struct
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ import google_crc32c
 import pytest
 from confluent_kafka import KafkaError, Message
 
+import cec
 import cec.records
 import queuestore.kafka
 import recovery.eventual
@@ -30,7 +32,15 @@ from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import STATE_SCHEMA, AggState, KeyedAggregate
 from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta, Row
-from queuestore.kafka import _message_rows, _to_row, meta_to_headers, meta_to_key
+from queuestore.kafka import (
+    FRAME_KINDS,
+    FRAME_MAGIC,
+    _message_rows,
+    _to_row,
+    encode_message,
+    meta_to_headers,
+    meta_to_key,
+)
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import (
     _FOOTPRINT_SLOTS,
@@ -127,6 +137,22 @@ def test_verify_rows_flags_exactly_what_verify_rejects(seed: int) -> None:
 
 
 @needs_native
+@needs_native
+def test_verify_rows_formats_extreme_integers_as_python_does() -> None:
+    """The metadata prefix is formatted in C (decimal by hand): the ends of the 64-bit range, zero and
+    -1 must give Python's text, or intact records would be flagged (or damaged ones pass)."""
+    assert native is not None
+    codec = RecordCodec()
+    edges = [-(2**63), -(2**63) + 1, -(10**18), -1, 0, 1, 9, 10, 10**18, 2**63 - 1]
+    rows: list[Row] = []
+    for i, (t, seq) in enumerate(zip(edges, reversed(edges), strict=True)):
+        record = OutputRecord(Kind.GOPEN, t, (1,), 1, "k", seq, b"s", None)
+        rows.append((i, *record.meta(), codec.encode(record)))
+        rows.append((i, "GOPEN", t + (1 if t < 2**63 - 1 else -1), "k", seq, codec.encode(record)))
+    failed = native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes)
+    assert failed == _python_failing(codec, rows) == list(range(1, len(rows), 2))
+
+
 def test_verify_rows_declines_what_it_does_not_know() -> None:
     assert native is not None
     codec = RecordCodec()
@@ -161,7 +187,7 @@ def _scan_inputs(seed: int) -> tuple[list[Row], set[int]]:
 
 
 def _fp_view(windows: dict[str, ECFootprint]) -> list[tuple[str, int, str, bytes]]:
-    return [(k, fp.offset, fp.key, fp._value) for k, fp in windows.items()]
+    return [(k, fp.offset, fp.key, fp._row) for k, fp in windows.items()]
 
 
 @needs_native
@@ -191,7 +217,8 @@ def test_native_footprints_are_whole_objects() -> None:
     assert native is not None
     codec = RecordCodec()
     record = OutputRecord(Kind.GOPEN, 1, (2,), 1, "k", 0, b"s", None)
-    fp = native.make(ECFootprint, _FOOTPRINT_SLOTS, (7, "k", codec.encode(record), codec, None))
+    row = (7, *record.meta(), codec.encode(record))
+    fp = native.make(ECFootprint, _FOOTPRINT_SLOTS, (7, "k", row, codec, None))
     assert isinstance(fp, ECFootprint) and fp.offset == 7 and fp.key == "k"
     assert fp.record == record
 
@@ -201,24 +228,38 @@ def test_native_footprints_are_whole_objects() -> None:
 def test_record_decode_matches_fastavro(seed: int) -> None:
     rng = random.Random(seed)
     codec = RecordCodec()
-    schema = codec._reader_schema
+    schema = fastavro.parse_schema(cec.records.SCHEMAS[codec.version])
+    program = codec._layouts[codec.version].program
+    rows: list[Row] = []
     for _ in range(500):
         record = _record(rng)
+        meta = record.meta()
         data = codec.encode(record)
-        assert codec.decode(data) == record
-        assert codec.decode(data, verified=True) == record
+        rows.append((0, *meta, data))
+        assert codec.decode(data, meta) == record
+        assert codec.decode(data, meta, verified=True) == record
         obj = fastavro.schemaless_reader(io.BytesIO(data[6:]), schema, None)
         assert isinstance(obj, dict)
-        assert obj["pos"] == list(record.pos) and obj["key"] == record.key and obj["state"] == record.state
+        assert obj["pos"] == list(record.pos) and obj["n"] == record.n and obj["state"] == record.state
         # Damaged or cut short: the fast decoder declines, the error is fastavro's / the checksum's.
         cut = data[: rng.randrange(6, len(data))]
-        assert native is not None and native.decode_avro(codec._program, cut, 6) is None
+        assert native is not None and native.decode_avro(program, cut, 6) is None
         with pytest.raises(CodecError):
-            codec.decode(cut)
+            codec.decode(cut, meta)
         flipped = bytearray(data)
         flipped[rng.randrange(6, len(data))] ^= 0x40
         with contextlib.suppress(CodecError):
-            assert codec.decode(bytes(flipped)) == record  # only a flip that decodes identically may pass
+            assert codec.decode(bytes(flipped), meta) == record  # only a flip that decodes identically
+    # The batch decoder (EC-load) gives what decode gives; rows it declines are decoded one by one.
+    rows.append((0, "Q", 1, "k", 0, rows[0][5]))  # an unknown kind: decode's error
+    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.records.SCHEMAS[1]}).encode(_record(rng))))
+    assert native.decode_avro_rows(program, rows, 6, OutputRecord, codec._layouts[2].slots, {}, 2) == [
+        None
+    ] * len(rows)
+    with pytest.raises(CodecError, match="unknown record kind"):
+        codec.decode_rows(rows, verified=True)
+    expected = [codec.decode(r[5], RecordMeta(*r[1:5]), verified=True) for r in rows[:-2]]
+    assert codec.decode_rows(rows[:-2], verified=True) == expected
 
 
 @needs_native
@@ -286,19 +327,32 @@ def _messages(rng: random.Random) -> list[Any]:
             rng.choice([*_KEYS, None]),
             rng.randrange(-1, 9),
         )
-        key: bytes | None = meta_to_key(meta)
-        if rng.random() < 0.05:
-            key = rng.choice([b"foreign", b"R\x1f 12\x1f3", b"R\x1f1_0\x1f3", b"\xff\x1f1\x1f2", None])
-        out.append(
-            Message(
-                topic="t",
-                partition=0,
-                offset=offset,
-                key=key,
-                value=rng.choice([b"v", None]),
-                headers=meta_to_headers(meta),
+        body = rng.choice([b"v", b"\xcev", b""])
+        if rng.random() < 0.5:  # the framed layout (the writer's), sometimes damaged
+            key, value, headers = encode_message(body, meta)
+            if rng.random() < 0.1:
+                key, value, headers = encode_message(body, meta._replace(kind=rng.choice(["PART", "Zed"])))
+            if rng.random() < 0.1:
+                damaged = bytearray(value)
+                damaged[rng.randrange(len(damaged))] ^= 1 << rng.randrange(8)
+                value = bytes(damaged)
+            if rng.random() < 0.05:
+                key = rng.choice([b"\xff\xfe", None])
+            out.append(Message(topic="t", partition=0, offset=offset, key=key, value=value, headers=headers))
+        else:  # the legacy layout (logs written before the framed one), sometimes with a foreign key
+            legacy: bytes | None = meta_to_key(meta)
+            if rng.random() < 0.05:
+                legacy = rng.choice([b"foreign", b"R\x1f 12\x1f3", b"R\x1f1_0\x1f3", b"\xff\x1f1\x1f2", None])
+            out.append(
+                Message(
+                    topic="t",
+                    partition=0,
+                    offset=offset,
+                    key=legacy,
+                    value=rng.choice([b"v", None]),
+                    headers=meta_to_headers(meta),
+                )
             )
-        )
         if rng.random() < 0.02:
             out.append(_Msg(offset, KafkaError(KafkaError._PARTITION_EOF)))
     return out
@@ -312,7 +366,9 @@ def test_message_rows_match_their_python_twin(seed: int) -> None:
     for start, stop in ((0, -1), (150, -1), (150, 300), (0, 101), (390, 400)):
         results = []
         converters = (
-            lambda b, i, out, start=start, stop=stop: native.message_rows(b, i, start, stop, out, _to_row),
+            lambda b, i, out, start=start, stop=stop: native.message_rows(
+                b, i, start, stop, out, _to_row, FRAME_MAGIC, FRAME_KINDS
+            ),
             lambda b, i, out, start=start, stop=stop: _message_rows(b, i, start, stop, out),
         )
         for convert in converters:
@@ -407,3 +463,20 @@ def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
     assert fast == slow
     with store.reader("agg", 0) as reader:
         assert EventualCheckpointBuilder(reader, chunk=7).build().windows.keys() == {w[0] for w in fast[5]}
+
+
+def test_a_stale_build_of_the_accelerator_is_not_used(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A `_native` built from another version of _native.c (an older checkout, not rebuilt) would be
+    called with other arguments: it is refused, with a warning, and everything runs in Python."""
+    import types
+
+    import cec.native as loader
+
+    monkeypatch.delenv("CEC_NO_NATIVE", raising=False)
+    stale = types.ModuleType("cec._native")  # what a build without (or with another) ABI looks like
+    monkeypatch.setitem(sys.modules, "cec._native", stale)
+    monkeypatch.setattr(cec, "_native", stale, raising=False)
+    with pytest.warns(RuntimeWarning, match="stale"):
+        assert loader._load() is None
+    stale.ABI = loader.ABI  # type: ignore[attr-defined]
+    assert loader._load() is stale

@@ -116,7 +116,7 @@ def _results_past(store: SqliteQueueStore, damaged: set[int]) -> list[dict[str, 
                 continue
             codec.verify(stored.value, stored.meta)
             if stored.meta.kind == Kind.R.value:
-                out.append(payloads.decode(codec.decode(stored.value).payload or b""))
+                out.append(payloads.decode(codec.decode(stored.value, stored.meta).payload or b""))
     return out
 
 

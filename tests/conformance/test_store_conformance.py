@@ -374,11 +374,13 @@ def _damage_sqlite(store: QueueStore, topic: str) -> dict[int, str]:
 
 def _damage_kafka(store: QueueStore, topic: str) -> dict[int, str]:
     # A stored Kafka record cannot be modified: inject the fault at write time instead, producing records
-    # with the right cec headers through a raw producer, one with a flipped value byte and one whose
-    # header disagrees with the value (the checksum covers the metadata too).
+    # in the store's own layout through a raw producer: one with a flipped value byte, one whose frame
+    # disagrees with the value (the checksum covers the metadata too), one whose `cec.kind` header was
+    # flipped (what a consumer filtering by kind reads: covered as well). Then one intact record in the
+    # legacy layout (meta in the message key and four headers), which must still read.
     from confluent_kafka import Producer
 
-    from queuestore.kafka import KafkaQueueStore, meta_to_headers
+    from queuestore.kafka import KafkaQueueStore, encode_message, meta_to_headers, meta_to_key
 
     assert isinstance(store, KafkaQueueStore)
     producer = Producer({"bootstrap.servers": store.bootstrap_servers, "enable.idempotence": True})
@@ -388,21 +390,28 @@ def _damage_kafka(store: QueueStore, topic: str) -> dict[int, str]:
         assert err is None, err
         delivered.append(msg.offset())
 
+    def produce(key: bytes | None, value: bytes, headers: Any) -> None:
+        producer.produce(topic, value, key, partition=0, headers=headers, on_delivery=on_delivery)
+
     value, meta = encoded(20)
-    damaged = bytearray(value)
+    key, framed, headers = encode_message(value, meta)
+    damaged = bytearray(framed)
     damaged[-1] ^= 0xFF
-    producer.produce(
-        topic, bytes(damaged), partition=0, headers=meta_to_headers(meta), on_delivery=on_delivery
-    )
+    produce(key, bytes(damaged), headers)
     value, meta = encoded(21)
-    lying = RecordMeta(meta.kind, meta.time + 1, meta.key, meta.seq)
-    producer.produce(topic, value, partition=0, headers=meta_to_headers(lying), on_delivery=on_delivery)
+    produce(*encode_message(value, RecordMeta(meta.kind, meta.time + 1, meta.key, meta.seq)))
+    value, meta = encoded(22)
+    key, framed, _ = encode_message(value, meta)
+    flipped = chr(ord(meta.kind[0]) ^ 0x03) + meta.kind[1:]
+    produce(key, framed, [("cec.kind", flipped.encode())])
+    value, meta = encoded(23)
+    produce(meta_to_key(meta), value, meta_to_headers(meta))
     assert producer.flush(DEADLINE) == 0
-    assert len(delivered) == 2
+    assert len(delivered) == 4
     with store.writer(topic, 0) as w:  # intact records after the damaged ones
-        append_records(w, range(22, 25))
+        append_records(w, range(24, 27))
         w.flush(DEADLINE)
-    return {20: "body", 21: "metadata"}  # by record number: offsets have gaps (commit markers)
+    return {20: "body", 21: "metadata", 22: "kind header"}  # by record number: offsets have gaps
 
 
 def test_damaged_record_is_detected(store_backend: StoreBackend) -> None:
@@ -413,6 +422,8 @@ def test_damaged_record_is_detected(store_backend: StoreBackend) -> None:
     damaged = damage(store, topic)
     with store_backend().reader(topic, 0) as r:
         stored = list(r.scan_forward(0))
+        end = r.end_offset()
+        rows = r.read_backward_rows(end, len(stored) + 10)[::-1]  # the bulk path of recovery's scan
     check_offsets(store, [s.offset for s in stored])
     detected: set[int] = set()
     for number, s in enumerate(stored):
@@ -421,13 +432,18 @@ def test_damaged_record_is_detected(store_backend: StoreBackend) -> None:
         except CodecError:
             detected.add(number)
             continue
-        assert CODEC.decode(s.value) == record(number)  # intact records are exactly what was written
+        assert CODEC.decode(s.value, s.meta) == record(number)  # intact records are what was written
     assert detected == set(damaged)
-    body_damaged = [o for o, what in damaged.items() if what != "metadata"]
+    body_damaged = [o for o, what in damaged.items() if what == "body"]
     for number, s in enumerate(stored):
         if number in body_damaged:
             with pytest.raises(CodecError):
-                CODEC.decode(s.value)
+                CODEC.decode(s.value, s.meta)
+    # Bulk rows take the kind from the value's frame, never from the header: only the header's reader is
+    # misled by a flipped header, and that reader detects it (above).
+    assert [r[0] for r in rows] == [s.offset for s in stored]
+    failing = set(CODEC.failing_rows(rows))
+    assert failing == {n for n, what in damaged.items() if what != "kind header"}
 
 
 def test_torn_tail_after_sigkill_is_an_exact_prefix(store_backend: StoreBackend) -> None:

@@ -113,6 +113,9 @@ def _one_by_one(dec: Any, raws: list[bytes]) -> list[Any]:
         [b'{"a": 1}', b"1, 2", b'{"b": 2}'],  # a top-level comma inside one value
         [b'{"a": 1}', b"", b"3"],
         [b'{"a": 1}', b"\xff", b"null"],
+        # json accepts these, the batch decoder (orjson) does not: the batch falls back to json.
+        [b'{"a": Infinity}', b'{"b": 2}'],
+        [b'{"a": 123456789012345678901234567890}', b'{"b": 2}'],
     ],
 )
 def test_json_batches_decode_exactly_as_one_value_at_a_time(raws: list[bytes]) -> None:
@@ -125,3 +128,11 @@ def test_avro_batches_decode_exactly_as_one_value_at_a_time() -> None:
     good = avro(SCHEMA, {"item": "a", "price": None, "ts": 3})
     raws = [good, b"\x02", good + b"\x00", avro(OTHER, {"n": 5}), good]
     assert dec.decode_many(raws) == _one_by_one(dec, raws)
+    assert dec.decode_many([good, good]) == [{"item": "a", "price": None, "ts": 3}] * 2
+
+
+def test_avro_batches_use_the_c_decoder_when_it_is_built() -> None:
+    from cec.native import native
+
+    dec = AvroDecoder(SCHEMA)
+    assert (dec._program is not None) == (native is not None)

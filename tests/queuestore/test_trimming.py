@@ -132,7 +132,7 @@ class ResultsConsumer:
             assert stored.offset == self.next  # dense: nothing lost between the ack and the read
             self._codec.verify(stored.value, stored.meta)
             if stored.meta.kind == Kind.R.value:
-                record = self._codec.decode(stored.value, verified=True)
+                record = self._codec.decode(stored.value, stored.meta, verified=True)
                 assert record.payload is not None
                 self.rows.append(self._payload.decode(record.payload))
             elif stored.meta.kind == Kind.EOS.value:

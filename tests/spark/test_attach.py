@@ -289,7 +289,7 @@ def test_exact_after_a_log_cut_between_two_records_of_one_tuple(
         for q in range(2):
             with store.reader(time_reference.output, q) as reader:
                 logs.append(list(reader.scan_forward(0)))
-        decoded = [codec.decode(r.value) for r in logs[0]]
+        decoded = [codec.decode(r.value, r.meta) for r in logs[0]]
         pairs = [
             i
             for i in range(len(decoded) - 1)

@@ -79,7 +79,7 @@ def _expected(store: KafkaQueueStore, topic: str) -> dict[int, list[tuple[Any, .
     for p in range(store.partitions(topic)):
         with store.reader(topic, p) as reader:
             out[p] = [
-                tuple(payloads.decode(codec.decode(r.value).payload or b"")[f] for f in RESULT_FIELDS)
+                tuple(payloads.decode(codec.decode(r.value, r.meta).payload or b"")[f] for f in RESULT_FIELDS)
                 for r in reader.scan_forward(0)
                 if r.meta.kind == Kind.R.value
             ]

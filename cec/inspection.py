@@ -1,0 +1,140 @@
+"""`cec inspect`: what an output log holds and the eventual checkpoint recovery would build from it.
+
+Read-only: the store is opened only if its directory exists (a typo in `--store-dir` must not leave an
+empty store behind), nothing is written, no writer lock is taken.
+
+`--json` prints one object whose names are a contract (scripts and the README rely on them):
+
+    {"topic": T, "partitions": [{"partition": p, "start_offset": s, "end_offset": e,
+      "counts": {"R": .., "GOPEN": .., "GCHECK": .., "DEAD": .., "EOS": ..},
+      "n": N, "extent": q, "crash_pos": [..] | null}, ...]}
+
+- `start_offset`/`end_offset`: the first offset the partition still holds (above 0 once trimmed) and one
+  past the last; `counts`: this partition's records of each kind, every one checked first;
+- `n`: the open windows at the newest record, `extent`: records from the oldest footprint of the eventual
+  checkpoint to the end (what a recovery reads back), `crash_pos`: the newest record's `pos` (null for
+  an empty log).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from cec.exceptions import ConfigError
+from cec.records import Kind, RecordCodec
+from cec.verified import verified_records
+from queuestore.base import PartitionReader, QueueStore
+from queuestore.factory import open_store, store_spec
+from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
+
+__all__ = [
+    "KIND_NAMES",
+    "PartitionSummary",
+    "existing_store",
+    "inspect_topic",
+    "list_topics",
+    "start_offset",
+]
+
+KIND_NAMES = tuple(k.value for k in Kind)
+
+
+@contextmanager
+def existing_store(store_dir: str | None, bootstrap_servers: str | None) -> Iterator[QueueStore]:
+    """The store at `store_dir` (or on Kafka), opened only if it is there: never created.
+
+    On Kafka the directory only holds local, derived state (stream indexes, writer locks) that a reader
+    does not need, so it may be omitted (a temporary one is used and removed)."""
+    temporary: Path | None = None
+    if store_dir is None:
+        if not bootstrap_servers:
+            raise ConfigError("give --store-dir DIR (the embedded store), or --bootstrap-servers for Kafka")
+        temporary = Path(tempfile.mkdtemp(prefix="cec-inspect-"))
+        path = temporary
+    else:
+        path = Path(store_dir)
+        if not path.exists():
+            raise ConfigError(f"store dir {path} does not exist")
+        if not path.is_dir():
+            raise ConfigError(f"store dir {path} is not a directory")
+    try:
+        store = open_store(store_spec(path, bootstrap_servers))
+        try:
+            yield store
+        finally:
+            store.close()
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def list_topics(store: QueueStore) -> list[tuple[str, int]]:
+    """(topic, partitions) of every topic in the store, by name."""
+    return [(topic, store.partitions(topic)) for topic in store.topics()]
+
+
+def start_offset(reader: PartitionReader) -> int:
+    """The first offset the partition still holds (0 unless its head was trimmed); its end if empty."""
+    first = reader.read_forward(0, 1)
+    return first[0].offset if first else reader.end_offset()
+
+
+@dataclass(frozen=True)
+class PartitionSummary:
+    partition: int
+    start_offset: int
+    end_offset: int
+    counts: dict[str, int]
+    checkpoint: EventualCheckpoint
+
+    def as_json(self) -> dict[str, Any]:
+        ec = self.checkpoint
+        return {
+            "partition": self.partition,
+            "start_offset": self.start_offset,
+            "end_offset": self.end_offset,
+            "counts": self.counts,
+            "n": ec.n,
+            "extent": ec.extent_size,
+            "crash_pos": None if ec.crash_pos is None else list(ec.crash_pos),
+        }
+
+    def lines(self, topic: str) -> list[str]:
+        ec = self.checkpoint
+        kinds = ", ".join(f"{kind} {count:,}" for kind, count in self.counts.items())
+        return [
+            f"{topic}[{self.partition}]: offsets {self.start_offset:,}..{self.end_offset:,}: {kinds}",
+            f"  crash point (newest record's pos): {list(ec.crash_pos) if ec.crash_pos else None}, "
+            f"N={ec.n}, {'finished (EOS)' if ec.complete else 'not finished'}",
+            f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
+            f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms",
+        ]
+
+
+def summarize_partition(store: QueueStore, topic: str, partition: int) -> PartitionSummary:
+    codec = RecordCodec()
+    with store.reader(topic, partition) as reader:
+        start = start_offset(reader)
+        counts: Counter[str] = Counter()
+        # Every record checked before its kind is counted: a damaged one is an error, never skipped.
+        counts.update(v.meta.kind for v in verified_records(reader, start, codec=codec))
+        ec = EventualCheckpointBuilder(reader, codec).build()
+    return PartitionSummary(
+        partition, start, ec.end_offset, {kind: counts.get(kind, 0) for kind in KIND_NAMES}, ec
+    )
+
+
+def inspect_topic(store: QueueStore, topic: str) -> list[PartitionSummary]:
+    """One summary per partition of `topic` (`UnknownTopicError` if there is none)."""
+    return [summarize_partition(store, topic, p) for p in range(store.partitions(topic))]
+
+
+def topic_json(topic: str, summaries: list[PartitionSummary]) -> dict[str, Any]:
+    return {"topic": topic, "partitions": [s.as_json() for s in summaries]}

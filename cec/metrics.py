@@ -1,0 +1,174 @@
+"""Prometheus metrics of running operators: every definition here, and the small interface hosts call.
+
+`cec run --metrics-port PORT` (and `JobSpec.metrics_port`, which the Spark hosts pass through to their
+tasks) serves them over HTTP for Prometheus to scrape. Instance p of a job serves on `PORT + p`, so the
+instances of a partitioned stage running as separate processes on one host (Spark tasks) never compete
+for one port; instances in one process with the same port share one endpoint (labels tell them apart).
+
+Every series is labelled with the operator instance's output `topic` and `partition`:
+
+| name | type | what |
+| --- | --- | --- |
+| `cec_open_windows` | gauge | N: windows open now |
+| `cec_extent_records` | gauge | q: output records from the oldest footprint to the end (the extent) |
+| `cec_replay_tuples` | gauge | u: input tuples since the oldest footprint (what a recovery would replay) |
+| `cec_gopens_total` / `cec_gchecks_total` | counter | G-opens / G-checks produced |
+| `cec_checkpoint_duty_ratio` | gauge | share of operator time really spent producing G-checks |
+| `cec_input_tuples_total` / `cec_appended_records_total` | counter | input tuples read / records appended |
+| `cec_input_rate` / `cec_append_rate` | gauge | the same per second, over the last interval of >= 1 s |
+| `cec_trimmed_offsets_total` | counter | offsets trimmed from the head of the output partition |
+| `cec_recovery_phase` | enum | `idle`, `ec_build`, `ec_load` or `replay`, as recovery goes through them |
+| `cec_recovery_phase_seconds` | gauge | how long each phase of the last recovery took (label `phase`) |
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Enum, Gauge, start_http_server
+
+from cec.exceptions import ConfigError
+
+__all__ = ["PHASES", "REGISTRY", "OperatorMetrics", "serve"]
+
+# A registry of cec's own (not prometheus_client's global one), so that embedding cec in an application
+# that has its own metrics never clashes with them.
+REGISTRY = CollectorRegistry(auto_describe=True)
+PHASES = ("idle", "ec_build", "ec_load", "replay")
+_LABELS = ("topic", "partition")
+_RATE_INTERVAL_S = 1.0
+
+_open_windows = Gauge("cec_open_windows", "N: windows open now", _LABELS, registry=REGISTRY)
+_extent = Gauge(
+    "cec_extent_records", "q: records from the oldest footprint to the end", _LABELS, registry=REGISTRY
+)
+_replay = Gauge("cec_replay_tuples", "u: input tuples since the oldest footprint", _LABELS, registry=REGISTRY)
+_gopens = Counter("cec_gopens", "G-open footprints produced", _LABELS, registry=REGISTRY)
+_gchecks = Counter("cec_gchecks", "G-check footprints produced", _LABELS, registry=REGISTRY)
+_duty = Gauge(
+    "cec_checkpoint_duty_ratio", "share of operator time spent producing G-checks", _LABELS, registry=REGISTRY
+)
+_inputs = Counter(
+    "cec_input_tuples", "input tuples read (replayed ones included)", _LABELS, registry=REGISTRY
+)
+_appended = Counter("cec_appended_records", "records appended to the output log", _LABELS, registry=REGISTRY)
+_input_rate = Gauge("cec_input_rate", "input tuples per second", _LABELS, registry=REGISTRY)
+_append_rate = Gauge("cec_append_rate", "records appended per second", _LABELS, registry=REGISTRY)
+_trimmed = Counter(
+    "cec_trimmed_offsets", "offsets trimmed from the head of the output partition", _LABELS, registry=REGISTRY
+)
+_phase = Enum(
+    "cec_recovery_phase", "the recovery phase going on", _LABELS, states=list(PHASES), registry=REGISTRY
+)
+_phase_seconds = Gauge(
+    "cec_recovery_phase_seconds",
+    "duration of each phase of the last recovery",
+    (*_LABELS, "phase"),
+    registry=REGISTRY,
+)
+
+_servers: dict[int, Any] = {}
+_servers_lock = threading.Lock()
+
+
+def serve(port: int, addr: str = "0.0.0.0") -> int:
+    """Serve `REGISTRY` over HTTP on `port` (once per process and port); returns the port. A port that
+    cannot be bound is a `ConfigError` (one line for the CLI)."""
+    if not 0 <= port <= 65535:
+        raise ConfigError(f"--metrics-port must be 0..65535, got {port}")
+    with _servers_lock:
+        if port in _servers:
+            return int(_servers[port].server_address[1])
+        try:
+            server, _thread = start_http_server(port, addr=addr, registry=REGISTRY)
+        except OSError as exc:
+            reason = "the port is in use" if exc.errno == errno.EADDRINUSE else exc.strerror
+            raise ConfigError(f"cannot serve metrics on port {port}: {reason}") from None
+        bound = int(server.server_address[1])
+        _servers[port] = server
+        _servers[bound] = server
+        return bound
+
+
+class OperatorMetrics:
+    """The metrics of one operator instance. The runtime calls `sample` after each input batch (cheap:
+    a few gauge sets; rates are recomputed once per second of `clock`), `phase` as recovery moves on,
+    and `trimmed` is for whoever deletes the head of the output log."""
+
+    def __init__(self, topic: str, partition: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+        labels = {"topic": topic, "partition": str(partition)}
+        self.labels = labels
+        self._clock = clock
+        self._open_windows = _open_windows.labels(**labels)
+        self._extent = _extent.labels(**labels)
+        self._replay = _replay.labels(**labels)
+        self._gopens = _gopens.labels(**labels)
+        self._gchecks = _gchecks.labels(**labels)
+        self._duty = _duty.labels(**labels)
+        self._inputs = _inputs.labels(**labels)
+        self._appended = _appended.labels(**labels)
+        self._input_rate = _input_rate.labels(**labels)
+        self._append_rate = _append_rate.labels(**labels)
+        self._trimmed = _trimmed.labels(**labels)
+        self._phase = _phase.labels(**labels)
+        self._phase_seconds = {p: _phase_seconds.labels(**labels, phase=p) for p in PHASES[1:]}
+        self._phase.state("idle")
+        self._current: tuple[str, float] | None = None
+        self._seen = {"inputs": 0, "outputs": 0, "gopens": 0, "gchecks": 0}
+        self._rate_mark: tuple[float, int, int] | None = None
+
+    def sample(
+        self,
+        *,
+        open_windows: int,
+        extent: int,
+        replay: int,
+        inputs: int,
+        outputs: int,
+        gopens: int,
+        gchecks: int,
+        duty: float,
+    ) -> None:
+        """The instance's figures now; `inputs`..`gchecks` are its running totals since it started."""
+        self._open_windows.set(open_windows)
+        self._extent.set(extent)
+        self._replay.set(replay)
+        self._duty.set(duty)
+        for name, counter, total in (
+            ("inputs", self._inputs, inputs),
+            ("outputs", self._appended, outputs),
+            ("gopens", self._gopens, gopens),
+            ("gchecks", self._gchecks, gchecks),
+        ):
+            if total > self._seen[name]:
+                counter.inc(total - self._seen[name])
+                self._seen[name] = total
+        now = self._clock()
+        if self._rate_mark is None:
+            self._rate_mark = (now, inputs, outputs)
+            return
+        then, in0, out0 = self._rate_mark
+        if now - then >= _RATE_INTERVAL_S:
+            self._input_rate.set((inputs - in0) / (now - then))
+            self._append_rate.set((outputs - out0) / (now - then))
+            self._rate_mark = (now, inputs, outputs)
+
+    def phase(self, name: str) -> None:
+        """Recovery entered phase `name` (one of `PHASES`); the previous one ended now."""
+        if name not in PHASES:
+            raise ValueError(f"unknown recovery phase {name!r}")
+        now = self._clock()
+        if self._current is not None:
+            previous, started = self._current
+            self._phase_seconds[previous].set(now - started)
+        self._current = None if name == "idle" else (name, now)
+        self._phase.state(name)
+
+    def trimmed(self, offsets: int) -> None:
+        """`offsets` more offsets were deleted from the head of the output partition."""
+        if offsets > 0:
+            self._trimmed.inc(offsets)

@@ -1,0 +1,314 @@
+"""`cec state TOPIC --as-of AT`: the state of every window open at a past point of a log, rebuilt exactly.
+
+What "as of" means. AT is either
+- `pos:o0,o1,...`: an input position vector, as records carry it: for every input partition j, the
+  offset of the next tuple (everything below o_j applied, nothing at or above). With one input partition
+  `pos:K` is "after the first K tuples";
+- a logical time T (integer milliseconds, or ISO-8601 such as `2026-01-01T10:00:00Z`, read as UTC): the
+  operator's clock (its largest event time seen) has not passed T, i.e. on each input partition every
+  tuple before the first one whose event time is past T. An operator without event time keeps the sum
+  of its positions as logical time; then T is that sum.
+
+How. A window's state at a point is its latest footprint before the point plus the input applied to it
+since, which the log alone does not hold. So the state is rebuilt the way a recovery would rebuild it
+had the operator crashed right there (which is exact: DESIGN-NOTES section 2):
+1. the log is cut at the point: for `pos:P`, the records whose `pos` is at most P, less those whose
+   `pos` equals P (a record stamped P can be the first, unclaimed record of tuple P itself, e.g. the R
+   of the window that tuple closes, which at P is still open); for a time T, the records whose logical
+   time is at most T, found with the stream index (`StreamIndex.offset_for_time`) when it is there;
+2. that prefix is copied into a scratch store, where its stream index is rebuilt (the closed-window
+   directory gives a key that reopens its next window sequence);
+3. the operator recorded with the log (`recovery.identity`) recovers from the prefix (EC build, EC load)
+   and replays its input, recorded with the log too, from the replay start up to the point (a CSV file
+   must be given again, `input_path`: the log keeps its content hash, not its bytes; it is checked);
+4. the windows open then, with their state, are the answer. Nothing of the original log is changed.
+
+Cost: the prefix is read and copied once, and the input is replayed from the oldest footprint before
+the point, as a recovery there would.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from cec.exceptions import BadTupleError, CecError, ConfigError
+from cec.records import AvroCodec, Kind, RecordCodec
+from cec.verified import verified_records
+from operators.base import InputTuple, Operator
+from operators.job import SCHEMAS, build_operator
+from operators.runtime import OperatorRuntime
+from operators.sources import CsvSource, InputSource, PurchaseGenerator, QueueSource
+from queuestore.base import QueueStore
+from queuestore.exceptions import QueueStoreError
+from queuestore.index import StreamIndex
+from queuestore.output import OutputQueue
+from queuestore.sqlite import SqliteQueueStore
+from recovery.exceptions import RecoveryError
+from recovery.identity import ATTACHMENT, canonical
+
+__all__ = ["AsOf", "WindowState", "state_as_of"]
+
+
+@dataclass(frozen=True)
+class AsOf:
+    positions: tuple[int, ...] | None = None
+    time: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> AsOf:
+        raw = text.strip()
+        if raw.lower().startswith("pos:"):
+            try:
+                positions = tuple(int(part) for part in raw[4:].split(","))
+            except ValueError:
+                raise ConfigError(
+                    f"--as-of {text!r}: pos: takes offsets, e.g. pos:1000 or pos:500,480"
+                ) from None
+            if any(p < 0 for p in positions):
+                raise ConfigError(f"--as-of {text!r}: offsets cannot be negative")
+            return cls(positions=positions)
+        try:
+            return cls(time=int(raw))
+        except ValueError:
+            pass
+        try:
+            moment = datetime.fromisoformat(raw.replace("Z", "+00:00") if raw.endswith("Z") else raw)
+        except ValueError:
+            raise ConfigError(
+                f"--as-of {text!r}: give a logical time (milliseconds or ISO-8601) or pos:OFFSETS"
+            ) from None
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=timezone.utc)
+        return cls(time=int(moment.timestamp() * 1000))
+
+    def describe(self) -> str:
+        return (
+            f"pos:{','.join(map(str, self.positions))}" if self.positions is not None else f"time {self.time}"
+        )
+
+
+@dataclass(frozen=True)
+class WindowState:
+    partition: int  # the output partition (operator instance)
+    key: str
+    window: int  # the key's window sequence
+    state: dict[str, Any]
+
+    def as_json(self) -> dict[str, Any]:
+        return {"partition": self.partition, "key": self.key, "window": self.window, "state": self.state}
+
+
+class _Bounded(InputSource):
+    """The replay input, ending at the as-of point: on partition j nothing at or past `positions[j]`, or
+    nothing from the first tuple whose event time (or, without one, logical time) passes `time`."""
+
+    def __init__(self, inner: InputSource, operator: Operator, at: AsOf) -> None:
+        self.inner = inner
+        self.operator = operator
+        self.at = at
+        self.partitions = inner.partitions
+        self.global_partitions = tuple(getattr(inner, "global_partitions", range(inner.partitions)))
+        if at.positions is not None and len(at.positions) != self.partitions:
+            raise ConfigError(
+                f"--as-of {at.describe()}: the log was written reading {self.partitions} input partition(s), "
+                f"so pos: takes {self.partitions} offset(s)"
+            )
+        self._next = [0] * self.partitions
+        self._done = [False] * self.partitions
+
+    def seek(self, positions: Sequence[int]) -> None:
+        self.inner.seek(positions)
+        self._next = list(positions)
+        limit = self.at.positions
+        self._done = [limit is not None and p >= limit[j] for j, p in enumerate(positions)]
+
+    def _past_time(self, tup: InputTuple) -> bool:
+        assert self.at.time is not None
+        if tup.value is None:
+            return False
+        try:
+            event_time = self.operator.event_time(tup.value)
+        except BadTupleError:
+            return False  # dead-lettered: it does not move the clock
+        if event_time is None:  # logical time is the sum of positions
+            return sum(self._next) - self._next[tup.partition] + tup.offset + 1 > self.at.time
+        return event_time > self.at.time
+
+    def poll(self, max_records: int) -> list[InputTuple] | None:
+        if all(self._done):
+            return None
+        batch = self.inner.poll(max_records)
+        if batch is None:
+            return None
+        out: list[InputTuple] = []
+        limit = self.at.positions
+        for tup in batch:
+            j = tup.partition
+            if self._done[j]:
+                continue
+            if (limit is not None and tup.offset >= limit[j]) or (
+                self.at.time is not None and self._past_time(tup)
+            ):
+                self._done[j] = True
+                continue
+            self._next[j] = tup.offset + 1
+            out.append(tup)
+        return out
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def describe(self) -> str:
+        return f"{self.inner.describe()} up to {self.at.describe()}"
+
+    def identity(self) -> dict[str, Any]:
+        return self.inner.identity()
+
+
+def _recorded(store: QueueStore, topic: str, partition: int) -> dict[str, Any]:
+    raw = store.read_attachment(topic, partition, ATTACHMENT)
+    if raw is None:
+        raise RecoveryError(f"{topic}[{partition}] records no input or operator: its state cannot be rebuilt")
+    recorded = json.loads(raw)
+    if (
+        not isinstance(recorded, dict)
+        or not isinstance(recorded.get("input"), dict)
+        or not recorded.get("operator")
+    ):
+        raise RecoveryError(f"{topic}[{partition}]: the record of its input and operator is unreadable")
+    return recorded
+
+
+def _replay_source(store: QueueStore, recorded: Mapping[str, Any], input_path: Path | None) -> InputSource:
+    """The input the log was built from, to replay (checked against what the log recorded)."""
+    kind = recorded.get("type")
+    if kind == "csv":
+        if input_path is None:
+            raise ConfigError("this log was built from a CSV file: give it again with --input FILE")
+        if not input_path.is_file():
+            raise ConfigError(f"input file not found: {input_path}")
+        source = CsvSource(input_path)
+        if canonical(source.identity()) != canonical(dict(recorded)):
+            source.close()
+            raise ConfigError(f"{input_path} is not the input this log was built from (its content differs)")
+        return source
+    if kind == "generator":
+        return PurchaseGenerator(
+            recorded["count"],
+            recorded["keys"],
+            seed=recorded["seed"],
+            partitions=recorded["partitions"],
+            bad_every=recorded.get("bad_every", 0),
+            invalid_every=recorded.get("invalid_every", 0),
+            only=recorded.get("read"),
+        )
+    if kind == "queue":
+        return QueueSource(store, recorded["topic"], SCHEMAS[recorded["schema"]], recorded.get("read"))
+    raise ConfigError(f"cec state cannot replay a {kind!r} input yet (CSV files, generators and cec queues)")
+
+
+def _time_cut_start(store: QueueStore, topic: str, partition: int, time: int) -> int:
+    """Where to look for the first record past `time`: from the stream index when this host has it."""
+    path = store.index_path(topic, partition)
+    if not path.exists():
+        return 0
+    try:
+        with StreamIndex(path, identity=f"{topic}/{partition}", read_only=True) as index:
+            return index.offset_for_time(time + 1)
+    except (QueueStoreError, OSError, RuntimeError):  # unreadable or foreign: derived data, scan instead
+        return 0
+
+
+def _copy_prefix(store: QueueStore, topic: str, partition: int, at: AsOf, scratch: SqliteQueueStore) -> int:
+    """Copy the records of the log before the as-of point (EOS excluded) into `scratch`; returns how many."""
+    codec = RecordCodec()
+    kinds = tuple(k.value for k in Kind)
+    stop_offset: int | None = None
+    if at.time is not None:
+        with store.reader(topic, partition) as reader:
+            start = _time_cut_start(store, topic, partition, at.time)
+            for record in verified_records(reader, start, codec=codec):
+                if record.meta.time > at.time:
+                    stop_offset = record.offset
+                    break
+    scratch.create_topic(topic, 1)
+    out = OutputQueue(scratch, topic, 0)
+    copied = 0
+    try:
+        with store.reader(topic, partition) as reader:
+            first = reader.read_forward(0, 1)
+            for verified in verified_records(
+                reader, first[0].offset if first else 0, codec=codec, decode=kinds if at.positions else ()
+            ):
+                if stop_offset is not None and verified.offset >= stop_offset:
+                    break
+                if at.positions is not None:
+                    decoded = verified.record
+                    assert decoded is not None
+                    if decoded.pos == at.positions or any(
+                        p > q for p, q in zip(decoded.pos, at.positions, strict=False)
+                    ):
+                        break
+                if verified.meta.kind == Kind.EOS.value:
+                    break
+                out.append(verified.value, verified.meta)
+                copied += 1
+                if copied % 4096 == 0:
+                    out.poll()
+        out.flush()
+    finally:
+        out.close()
+    return copied
+
+
+def _partition_state(
+    store: QueueStore, topic: str, partition: int, at: AsOf, input_path: Path | None, scratch_root: Path
+) -> list[WindowState]:
+    recorded = _recorded(store, topic, partition)
+    operator = build_operator(recorded["operator"])
+    if operator.state_schema is None:
+        raise ConfigError(
+            f"{topic} is written by a stateless operator ({operator.describe()}): it has no window state"
+        )
+    scratch = SqliteQueueStore(scratch_root / f"p{partition}")
+    source = _replay_source(store, recorded["input"], input_path)
+    try:
+        bounded = _Bounded(source, operator, at)  # checks the point first
+        _copy_prefix(store, topic, partition, at, scratch)
+        output = OutputQueue(scratch, topic, 0)
+        try:
+            runtime = OperatorRuntime(operator, bounded, output, batch_size=4096)
+            runtime.run()
+        finally:
+            output.close()
+    finally:
+        source.close()
+        scratch.close()
+    states = AvroCodec(operator.state_schema)
+    return [
+        WindowState(partition, w.key, w.seq, states.decode(operator.encode_state(w.state)))
+        for w in sorted(runtime.registry, key=lambda w: w.key)
+    ]
+
+
+def state_as_of(
+    store: QueueStore, topic: str, at: AsOf, *, input_path: Path | None = None
+) -> list[WindowState]:
+    """The windows open at `at` in every partition of `topic`, with their state, by partition and key."""
+    scratch_root = Path(tempfile.mkdtemp(prefix="cec-state-"))
+    try:
+        out: list[WindowState] = []
+        for p in range(store.partitions(topic)):
+            out.extend(_partition_state(store, topic, p, at, input_path, scratch_root))
+        return out
+    except RuntimeError as exc:  # the runtime's own consistency checks: never a traceback
+        raise CecError(f"cannot rebuild the state of {topic} at {at.describe()}: {exc}") from None
+    finally:
+        shutil.rmtree(scratch_root, ignore_errors=True)
