@@ -500,6 +500,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise ConfigError(f"input file not found: {input_path}")
     if args.window_time and not args.time:
         raise ConfigError("--window-time needs --time COL")
+    if args.allowed_lateness is not None and not args.window_time:
+        raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
     check_csv_input(input_path, [c for c in (args.key, args.value, args.time) if c], args.value, args.time)
@@ -511,6 +513,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         window_count=args.window_count,
         window_time=args.window_time,
         time=args.time,
+        allowed_lateness=args.allowed_lateness,
     )
     with _store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
@@ -811,6 +814,13 @@ def build_parser() -> argparse.ArgumentParser:
     group.add_argument("--window-count", type=_positive_int, help="tumbling window of N tuples per key")
     group.add_argument(
         "--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour"
+    )
+    run.add_argument(
+        "--allowed-lateness",
+        metavar="D",
+        help="event-time watermarks: a time window closes once every input partition's largest event time "
+        "is D past its end (e.g. 0, 500ms, 10s), whether or not its key comes back; later tuples are "
+        "dead letters 'late'",
     )
     run.add_argument("--agg", choices=AGGREGATES, default="avg")
     run.add_argument(

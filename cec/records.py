@@ -95,6 +95,9 @@ class OutputRecord:
     seq: int = -1
     state: bytes | None = None
     payload: bytes | None = None
+    # Event-time watermarks (recovery.contract, "watermarks"): for each input partition, the largest event
+    # time of the tuples below `pos` (LONG_MIN: none yet); empty when the operator keeps no watermark.
+    marks: tuple[int, ...] = ()
 
     @property
     def window(self) -> tuple[str, int] | None:
@@ -108,7 +111,8 @@ _KIND_SYMBOLS = [k.value for k in Kind]
 _KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too slow per record
 _KIND_OF = {k.value: k for k in Kind}
 
-# Version 1: the first release. Version 2: the metadata only beside the value. Never edit a published
+# Version 1: the first release. Version 2: the metadata only beside the value. Version 3: `marks`
+# (per-partition event-time maxima, for watermarks). Never edit a published
 # schema: add version N+1 and make it the newest (fields of OutputRecord it lacks come from the metadata
 # beside the value, or from OutputRecord's defaults).
 SCHEMAS: dict[int, dict[str, Any]] = {
@@ -136,6 +140,18 @@ SCHEMAS: dict[int, dict[str, Any]] = {
             {"name": "n", "type": "long"},
             {"name": "state", "type": ["null", "bytes"], "default": None},
             {"name": "payload", "type": ["null", "bytes"], "default": None},
+        ],
+    },
+    3: {
+        "type": "record",
+        "name": "OutputRecordBody",
+        "namespace": "cec",
+        "fields": [
+            {"name": "pos", "type": {"type": "array", "items": "long"}},
+            {"name": "n", "type": "long"},
+            {"name": "state", "type": ["null", "bytes"], "default": None},
+            {"name": "payload", "type": ["null", "bytes"], "default": None},
+            {"name": "marks", "type": {"type": "array", "items": "long"}, "default": []},
         ],
     },
 }
@@ -196,6 +212,7 @@ class RecordCodec:
         kind = _KIND_VALUE[record.kind]
         datum: dict[str, Any] = {"pos": list(record.pos), "n": record.n, "state": record.state}
         datum["payload"] = record.payload
+        datum["marks"] = list(record.marks)  # ignored by a writer schema without it (versions 1, 2)
         if self._writes_meta:
             datum.update(kind=kind, time=record.time, key=record.key, seq=record.seq)
         fastavro.schemaless_writer(buf, self._writer_schema, datum)
@@ -325,6 +342,7 @@ class RecordCodec:
                 values = {name: obj.get(name, _DEFAULTS[name]) for name in _FIELD_NAMES}
                 values["kind"] = _KIND_OF[values["kind"]]
                 values["pos"] = tuple(values["pos"])
+                values["marks"] = tuple(values["marks"])
                 record = OutputRecord(**values)
             except CodecError:
                 raise

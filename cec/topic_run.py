@@ -173,6 +173,8 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         raise ConfigError(
             "--window-time needs --time FIELD (a value field, or @timestamp for the record timestamp)"
         )
+    if args.allowed_lateness is not None and not args.window_time:
+        raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
     if args.crash_after is not None and args.follow:
@@ -184,6 +186,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         window_count=args.window_count,
         window_time=args.window_time,
         time=args.time,
+        allowed_lateness=args.allowed_lateness,
     )
     results_path, dead_path = results_paths(args.results)
     source = _source_spec(args)

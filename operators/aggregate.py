@@ -5,6 +5,11 @@ covers [start, start + D) with start aligned to D; it closes when the next tuple
 or past its end (a per-key trigger: the result then depends only on that key's input order, which is
 what makes recovery exact with several input partitions). A tuple older than its key's open window is
 late and goes to the dead letters. Windows still open at the end of input emit nothing.
+
+With an allowed lateness L (`allowed_lateness`, ms), a time window also closes when the event-time
+watermark (max event time per input partition less L, min over partitions: `recovery.contract`) passes
+its end, whether or not its key comes back; a tuple whose window ends at or before the watermark is late
+(dead letter, reason "late: ..."). An idle key then no longer holds a window open for ever.
 """
 
 from __future__ import annotations
@@ -129,6 +134,7 @@ class KeyedAggregate(Operator):
         window_count: int | None = None,
         window_ms: int | None = None,
         time_field: str | None = None,
+        allowed_lateness: int | None = None,
     ) -> None:
         if agg not in AGGREGATES:
             raise ConfigError(f"unknown aggregate {agg!r}; choose one of {', '.join(AGGREGATES)}")
@@ -138,6 +144,12 @@ class KeyedAggregate(Operator):
             raise ConfigError(f"a count window needs at least 1 tuple, got {window_count}")
         if window_ms is not None and time_field is None:
             raise ConfigError("a time window needs a time field")
+        if allowed_lateness is not None:
+            if window_ms is None:
+                raise ConfigError("an allowed lateness (event-time watermarks) needs a time window")
+            if allowed_lateness < 0:
+                raise ConfigError(f"the allowed lateness must be >= 0 ms, got {allowed_lateness}")
+        self.allowed_lateness = allowed_lateness
         self.key_field = key_field
         self.value_field = value_field
         self.agg = agg
@@ -148,6 +160,8 @@ class KeyedAggregate(Operator):
 
     def describe(self) -> str:
         window = f"count={self.window_count}" if self.window_count else f"time={self.window_ms}ms"
+        if self.allowed_lateness is not None:
+            window += f", watermark lateness {self.allowed_lateness}ms"
         return f"{self.agg}({self.value_field}) by {self.key_field}, tumbling {window}"
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
@@ -180,6 +194,15 @@ class KeyedAggregate(Operator):
         # when there is one, else the tuple's offset in its partition.
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
+        if self.window_ms is not None and self.allowed_lateness is not None:
+            # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
+            watermark: int | None = getattr(ctx, "watermark", None)
+            if watermark is not None:
+                start = t - t % self.window_ms
+                if start + self.window_ms <= watermark:
+                    raise BadTupleError(
+                        f"late: window [{start}, {start + self.window_ms}) closed at watermark {watermark}"
+                    )
         window = ctx.registry.get(key)
         closes = False
         if window is not None and self.window_ms is not None:
@@ -203,6 +226,14 @@ class KeyedAggregate(Operator):
             window.state.add(x, t)
         if self.window_count is not None and window.state.count >= self.window_count:
             ctx.close_window(key, self._result(key, window.seq, window.state))
+
+    def window_end(self, state: AggState) -> int | None:
+        if self.window_ms is None or self.allowed_lateness is None:
+            return None
+        return state.start + self.window_ms
+
+    def expire(self, key: str, seq: int, state: AggState) -> dict[str, Any]:
+        return self._result(key, seq, state)
 
     def _result(self, key: str, seq: int, state: AggState) -> dict[str, Any]:
         if self.agg == "avg":

@@ -58,6 +58,9 @@ class Operator(abc.ABC):
     name: str = "operator"
     result_schema: dict[str, Any]
     state_schema: dict[str, Any] | None = None
+    # Event-time watermarks: None keeps none; else windows with an end (`window_end`) close when the
+    # watermark, max event time per input partition less this many ms, min over partitions, passes it.
+    allowed_lateness: int | None = None
 
     @property
     def stateful(self) -> bool:
@@ -79,6 +82,15 @@ class Operator(abc.ABC):
         unchanged. So every check comes first: whatever a window's state, result or time will hold must
         fit its Avro type (longs within 64 bits, finite doubles) before the first window changes, because
         an encode error after that would crash the operator on the same tuple at every restart."""
+
+    def window_end(self, state: Any) -> int | None:
+        """The event time at which a window with `state` ends (the watermark closes it there), or None
+        if only its own input closes it."""
+        return None
+
+    def expire(self, key: str, seq: int, state: Any) -> Mapping[str, Any]:
+        """The result of `key`'s window `seq` closed by the watermark (only for windows with an end)."""
+        raise NotImplementedError(f"{self.name} has no windows the watermark closes")
 
     def encode_state(self, state: Any) -> bytes:
         raise NotImplementedError(f"{self.name} is stateless")

@@ -78,6 +78,7 @@ class JobSpec:
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
+    trim_every: int | None = None  # trim the output log every this many durable records (None: never)
     # Serve Prometheus metrics (cec.metrics) on metrics_port + output_partition; None: no endpoint.
     metrics_port: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
@@ -104,10 +105,11 @@ def aggregate_operator(
     window_count: int | None = None,
     window_time: str | None = None,
     time: str | None = None,
+    allowed_lateness: str | None = None,
 ) -> dict[str, Any]:
     """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
     duration such as "5m", parsed here so that every entry point reads it the same way)."""
-    return {
+    spec: dict[str, Any] = {
         "type": "aggregate",
         "key_field": key,
         "value_field": value,
@@ -116,6 +118,20 @@ def aggregate_operator(
         "window_ms": parse_duration_ms(window_time) if window_time else None,
         "time_field": time,
     }
+    if allowed_lateness is not None:
+        # Only then: a log records its operator's spec, and one written before watermarks existed must
+        # still resume against the same flags.
+        spec["allowed_lateness_ms"] = _lateness_ms(allowed_lateness)
+    return spec
+
+
+def _lateness_ms(text: str | None) -> int | None:
+    """`--allowed-lateness`: a duration, or 0 (no lateness allowed, still event-time watermarks)."""
+    if text is None:
+        return None
+    if text.strip() in ("0", "0ms", "0s"):
+        return 0
+    return parse_duration_ms(text)
 
 
 def build_operator(spec: Mapping[str, Any]) -> Operator:
@@ -128,6 +144,7 @@ def build_operator(spec: Mapping[str, Any]) -> Operator:
             window_count=spec.get("window_count"),
             window_ms=spec.get("window_ms"),
             time_field=spec.get("time_field"),
+            allowed_lateness=spec.get("allowed_lateness_ms"),
         )
     if kind == "filter":
         field_name, op, threshold = spec["field"], spec["op"], spec["value"]
@@ -296,6 +313,7 @@ def run_job(
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
+        store.check_retention(spec.output_topic)  # refused at start, before anything is read or written
         operator = build_operator(spec.operator)
         source = build_source(job_source_spec(spec), store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
@@ -332,6 +350,7 @@ def run_job(
                 batch_size=spec.batch_size,
                 progress=progress,
                 footprints=spec.footprints,
+                trim_every=spec.trim_every,
                 metrics=_metrics(spec),
             )
             stats = runtime.run(stop, max_inputs=max_inputs)

@@ -16,15 +16,18 @@ way it never decreases along the log and is restored from the crash point.
 
 from __future__ import annotations
 
+import heapq
 import json
 import logging
+import re
 import time
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cec import progress as progress_tasks
-from cec.exceptions import BadTupleError
+from cec.exceptions import BadTupleError, CodecError
 from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly, WindowView
 from cec.rates import MeasuredRates
@@ -35,7 +38,8 @@ from operators.base import InputTuple, Operator
 from operators.sources import InputSource
 from queuestore import faults
 from queuestore.output import OutputQueue
-from recovery.contract import PositionStamper, ReplayContract, TupleFate
+from recovery.contract import PositionStamper, ReplayContract, TupleFate, Watermark
+from recovery.exceptions import RecoveryError
 from recovery.manager import RecoveryManager, RecoveryReport
 
 __all__ = ["DEAD_LETTER_SCHEMA", "OperatorRuntime", "Progress", "RunStats"]
@@ -74,6 +78,8 @@ class RunStats:
     max_extent: int = 0  # largest extent size q seen after any batch
     extent_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, extent) every 1 s
     max_replay: int = 0  # largest replay size u seen after any batch
+    trimmed_offsets: int = 0  # offsets trimmed from the head of the output log in this run
+    retained_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, retained) per trim
     checkpoint_policy: str = ""
     checkpoint_budget: float = 0.0  # the duty allowed at the end (CI/CP, or what the policy picked)
     checkpoint_seconds: float = 0.0  # operator time spent producing G-checks
@@ -138,10 +144,15 @@ class OperatorRuntime:
         clock: Callable[[], float] | None = None,
         check_every: int = 32,
         rates: MeasuredRates | None = None,
+        trim_every: int | None = None,
         metrics: OperatorMetrics | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
+
+        `trim_every`: trim the output log (DESIGN-NOTES section 3) each time this many more records are
+        durable: below min(the extent start, every registered consumer's acknowledged position), keeping
+        the newest record (the crash point). None: never trim.
 
         `clock` (seconds, monotonic) drives every checkpoint decision (default: the schedule's, else
         `time.monotonic`); `check_every` is how many tuples may pass between two looks at the budget,
@@ -184,6 +195,15 @@ class OperatorRuntime:
         self._rebuilding = False  # applying a replayed tuple below the crash point
         self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
         self._held: list[tuple[Kind, str | None, int, bytes | None, bytes | None, int]] = []
+        # Event-time watermarks (recovery.contract, "watermarks"): per-partition maxima, the open windows
+        # by (end, key, seq), and the tuples past a crash point held back until every partition reached its own.
+        lateness = operator.allowed_lateness
+        self._wm: Watermark | None = None if lateness is None else Watermark(source.partitions, lateness)
+        self._ends: list[tuple[int, str, int]] = []
+        self._held_back: list[InputTuple] = []
+        self.trim_every = trim_every
+        self._trim_pending: tuple[int, int] | None = None  # (bound, records appended when it was taken)
+        self._trim_looked = 0  # durable end when the bound was last taken
         self.stats = RunStats()
         # Checkpoint bookkeeping (see _background / _measure).
         self._busy = 0.0  # time in this interval spent reading and applying input (not waiting, not G-checks)
@@ -202,6 +222,11 @@ class OperatorRuntime:
     def time(self) -> int:
         return self._time
 
+    @property
+    def watermark(self) -> int | None:
+        """The event-time watermark W (recovery.contract), or None: none kept, or not yet known."""
+        return None if self._wm is None else self._wm.value
+
     def open_window(self, key: str, state: Any) -> OpenWindow:
         seq = self._next_seq.get(key)
         if seq is None:
@@ -209,6 +234,7 @@ class OperatorRuntime:
             seq = 0 if last is None else last + 1
         window = OpenWindow(key, seq, state, self._time, self._time, self._out_count, self._in_count)
         self._registry.open(window)
+        self._track_end(window)
         self._next_seq[key] = seq + 1
         self._pending_opens.append(window)
         return window
@@ -249,6 +275,7 @@ class OperatorRuntime:
                 seq,
                 state,
                 payload,
+                () if self._wm is None else self._wm.stamp(),
             )
         )
 
@@ -267,9 +294,12 @@ class OperatorRuntime:
         held, self._held = self._held, []
         last = len(held) - 1
         stamp = self._stamper.stamp
+        wm = self._wm
         for i, (kind, key, seq, state, payload, n) in enumerate(held):
-            pos = stamp(self._pos, partition, offset, claims=i == last)
-            self._append(OutputRecord(kind, self._time, pos, n, key, seq, state, payload))
+            claims = i == last
+            pos = stamp(self._pos, partition, offset, claims=claims)
+            marks = () if wm is None else wm.stamp(partition, claims=claims)
+            self._append(OutputRecord(kind, self._time, pos, n, key, seq, state, payload, marks))
 
     def _footprint(self, kind: Kind, window: OpenWindow) -> None:
         if not self.footprints:
@@ -337,19 +367,24 @@ class OperatorRuntime:
         ec = recovery.checkpoint
         assert ec.crash_pos is not None
         end = ec.end_offset
+        if self._wm is not None:
+            try:
+                self._wm.restore(ec.marks)
+            except RecoveryError as exc:
+                raise RecoveryError(f"{self.output.topic}[{self.output.partition}]: {exc}") from None
         for lw in recovery.windows:  # oldest footprint first, so the registry order is the log order
             fp = lw.footprint
-            self._registry.open(
-                OpenWindow(
-                    lw.key,
-                    lw.seq,
-                    lw.state,
-                    fp.record.time,
-                    fp.record.time,
-                    fp.offset - end,
-                    -(sum(ec.crash_pos) - sum(fp.record.pos)),
-                )
+            window = OpenWindow(
+                lw.key,
+                lw.seq,
+                lw.state,
+                fp.record.time,
+                fp.record.time,
+                fp.offset - end,
+                -(sum(ec.crash_pos) - sum(fp.record.pos)),
             )
+            self._registry.open(window)
+            self._track_end(window)
             self._next_seq[lw.key] = lw.seq + 1
         self._pos = list(ec.crash_pos)
         self._time = ec.time
@@ -373,9 +408,113 @@ class OperatorRuntime:
         self.source.seek(recovery.plan.start)
         return True
 
+    # -- watermarks ------------------------------------------------------------------------------------
+    def _track_end(self, window: OpenWindow) -> None:
+        if self._wm is not None:
+            end = self.operator.window_end(window.state)
+            if end is not None:
+                heapq.heappush(self._ends, (end, window.key, window.seq))
+
+    def _expire(self) -> None:
+        """Close every open window whose end the watermark has passed, in (end, key, seq) order."""
+        assert self._wm is not None
+        w = self._wm.value
+        ends = self._ends
+        if w is None:
+            return
+        registry = self._registry
+        while ends and ends[0][0] <= w:
+            _, key, seq = heapq.heappop(ends)
+            window = registry.get(key)
+            if window is None or window.seq != seq:
+                continue  # closed already by its own input
+            self.close_window(key, self.operator.expire(key, seq, window.state))
+
+    def _hold_back(self, tup: InputTuple) -> bool:
+        """With watermarks, a tuple past its partition's crash point waits until every partition has
+        reached its own (recovery.contract, "watermarks"); True if `tup` was held back."""
+        plan = self._plan
+        if plan is None or self._wm is None or plan.replaying(tup.partition, tup.offset):
+            return False
+        if plan.caught_up(self._pos):
+            return False
+        self._held_back.append(tup)
+        return True
+
+    def _release_held_back(self) -> None:
+        held, self._held_back = self._held_back, []
+        for tup in held:
+            self._apply(tup)
+
+    # -- trimming --------------------------------------------------------------------------------------
+    def _trim(self) -> None:
+        """Trim the output log below what recovery and the registered consumers still need.
+
+        The bound is taken at one moment: the offset of an indexed record older than the oldest open
+        window's last footprint (times never decrease along the log). It is applied only once everything
+        appended by then is durable: until then a window's newest footprint may not be in the log, and a
+        crash would need its older one, which the bound may have passed. Footprints only move forward, so
+        a bound stays safe for ever after it was taken.
+        """
+        if self.trim_every is None or self._plan is not None or not self.footprints:
+            return
+        output, index = self.output, self.output.index
+        pending = self._trim_pending
+        if pending is not None:
+            bound, appended = pending
+            if output.durable_count < appended:
+                return
+            self._trim_pending = None
+            acks = output.store.acknowledged(output.topic, output.partition)
+            bound = min(bound, *acks.values()) if acks else bound
+            if bound > index.start_offset:
+                trimmed = output.writer.trim(bound)
+                index.prune(bound)
+                self.stats.trimmed_offsets += trimmed
+                if self.metrics is not None:
+                    self.metrics.trimmed(trimmed)
+                self.stats.retained_samples.append((self._in_count, index.next_offset - bound))
+                self._acknowledge_input(bound)
+            return
+        durable = index.next_offset
+        if durable - self._trim_looked < self.trim_every:
+            return
+        self._trim_looked = durable
+        oldest = self._registry.oldest()
+        # Keep the newest record at least: it is the crash point.
+        bound = durable - 1 if oldest is None else min(durable - 1, index.offset_for_time(oldest.tau2))
+        self._trim_pending = (bound, output.appended)
+
+    def _acknowledge_input(self, bound: int | None) -> None:
+        """An input that is a registered consumer's queue (`acknowledge`): everything below the `pos` of
+        the record at `bound` (the oldest one kept, older than every footprint a recovery needs, so at
+        most any replay start) is never read again. None: register at the current positions."""
+        acknowledge = getattr(self.source, "acknowledge", None)
+        if acknowledge is None:
+            return
+        if bound is None:
+            acknowledge(self._consumer_name(), list(self._pos))
+            return
+        with self.output.store.reader(self.output.topic, self.output.partition) as reader:
+            records = reader.read_forward(bound, 1)
+        try:
+            pos = self.codec.decode(records[0].value, records[0].meta).pos if records else None
+        except CodecError:  # a part of a chunked value: acknowledge at the next trim
+            return
+        if pos is not None:
+            acknowledge(self._consumer_name(), list(pos))
+
+    def _consumer_name(self) -> str:
+        """This instance as a consumer of its input queue: its output topic and partition."""
+        name = re.sub(r"[^a-z0-9-]+", "-", self.output.topic.lower()).strip("-")[:48]
+        digest = zlib.crc32(self.output.topic.encode()) & 0xFFFF
+        return f"{name or 'op'}-{digest:04x}-{self.output.partition}"
+
     # -- foreground ------------------------------------------------------------------------------------
     def _apply(self, tup: InputTuple) -> None:
         j, o = tup.partition, tup.offset
+        if self._wm is not None and self._plan is not None and self._hold_back(tup):
+            return
         self._pos[j] = o + 1
         self._in_count += 1
         self.stats.inputs += 1
@@ -399,6 +538,8 @@ class OperatorRuntime:
                 self._caught_up()
         faults.hit("runtime.before_process")
         self._current = (j, o)
+        if self._wm is not None:
+            self._wm.forget_tuple(j)  # until its event time is known, its records carry m as it is
         try:
             if tup.value is None:
                 self._dead_letter(tup, tup.error or "undecodable input")
@@ -406,6 +547,10 @@ class OperatorRuntime:
                 try:
                     event_time = self.operator.event_time(tup.value)
                     self._time = max(self._time, event_time if event_time is not None else sum(self._pos))
+                    if self._wm is not None and event_time is not None:
+                        self._wm.observe(j, event_time)
+                        if self._plan is None:  # below the crash point W stays W(t_c): nothing closes
+                            self._expire()
                     self.operator.process(tup, self)
                 except BadTupleError as exc:
                     self._dead_letter(tup, exc.reason)
@@ -418,6 +563,9 @@ class OperatorRuntime:
             self._rebuilding = False  # only ever for the one replayed tuple
         self._release(j, o)
         faults.hit("runtime.after_input")
+        if self._held_back and plan is not None and plan.caught_up(self._pos):
+            self._caught_up()
+            self._release_held_back()
 
     def _caught_up(self) -> None:
         if self.metrics is not None:
@@ -626,6 +774,8 @@ class OperatorRuntime:
             return self.stats
         if self._plan is not None and self._plan.caught_up(self._pos):
             self._caught_up()
+        if self.trim_every is not None:
+            self._acknowledge_input(None)  # a queue input: register as its consumer from the replay start
         last_sample = self.clock()
         # Only when shown: a CSV's total costs a pass over the file.
         bounds = self.source.progress_bounds() if progress_tasks.active() else None
@@ -663,6 +813,7 @@ class OperatorRuntime:
                     self._apply(tup)
                 self._background()
             self.output.poll()
+            self._trim()
             extent = self._registry.extent_size(self._out_count)
             self.stats.max_extent = max(self.stats.max_extent, extent)
             self.stats.max_replay = max(self.stats.max_replay, self._registry.replay_size(self._in_count))
@@ -687,6 +838,7 @@ class OperatorRuntime:
             return self.stats
         if self._plan is not None:
             self._caught_up()
+        self._release_held_back()
         self._emit(Kind.EOS, None, -1, None, None)
         self._finish(complete=True)
         return self.stats

@@ -442,6 +442,12 @@ class QueueSource(InputSource):
         for verifier, position in zip(self._verifiers, self._next, strict=True):
             verifier.seek(position)
 
+    def acknowledge(self, consumer: str, positions: Sequence[int]) -> None:
+        """Register as `consumer` of the upstream queue, or move its acknowledgement: nothing below
+        `positions` (per local partition) is read again, so the upstream may trim it."""
+        for j, position in zip(self.global_partitions, positions, strict=True):
+            self._store.acknowledge(self.topic, j, consumer, position)
+
     def _tuple(self, partition: int, offset: int, record: OutputRecord) -> InputTuple:
         try:
             if record.payload is None:

@@ -28,7 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
-from queuestore.exceptions import DamagedLogError, WriterFailedError
+from queuestore.exceptions import DamagedLogError, LogTrimmedError, WriterFailedError
 
 __all__ = [
     "ATTACHMENT_NAME",
@@ -127,6 +127,12 @@ class PartitionWriter(abc.ABC):
     def outstanding(self) -> int:
         """Records appended whose completion has not been served yet."""
 
+    def trim(self, before_offset: int) -> int:
+        """Delete every record below `before_offset` (trimming, DESIGN-NOTES section 3: the caller has
+        checked that neither a checkpoint nor a registered consumer still needs them); the log start then
+        is `before_offset`. Returns how many offsets were removed. A backend that cannot trim keeps all."""
+        return 0
+
     @abc.abstractmethod
     def close(self) -> None:
         """Flush and release the partition."""
@@ -162,6 +168,17 @@ class PartitionReader(abc.ABC):
     def end_offset(self) -> int:
         """One past the last durable record (0 for an empty partition)."""
 
+    def start_offset(self) -> int:
+        """The log start: the first offset not trimmed (0 for a log never trimmed)."""
+        return 0
+
+    def trimmed(self, offset: int) -> LogTrimmedError:
+        """The error for a read below the log start."""
+        return LogTrimmedError(
+            f"{self.where(offset)} was trimmed: the log starts at {self.start_offset()} (a consumer that "
+            "must read it has to be registered and acknowledge what it has read)"
+        )
+
     def hint_end(self, offset: int) -> None:  # noqa: B027 - optional: a backend that can use it overrides
         """Tell the reader that the partition holds at least `offset` records (e.g. the stream index's
         `next_offset`), so that finding the end need not read what is known to be there. Only a lower
@@ -188,7 +205,8 @@ class PartitionReader(abc.ABC):
         upper = self.end_offset() if before_offset is None else before_offset
         dense = self.dense_offsets
         first = True
-        while upper > 0:
+        start = self.start_offset()
+        while upper > start:
             records = self.read_backward(upper, chunk)
             if not records:
                 if dense and not first:
@@ -208,6 +226,8 @@ class PartitionReader(abc.ABC):
         end = self.end_offset()
         offset = from_offset
         dense = self.dense_offsets
+        if offset < end and offset < self.start_offset():
+            raise self.trimmed(offset)
         while offset < end:
             records = self.read_forward(offset, min(chunk, end - offset))
             if not records:
@@ -291,6 +311,24 @@ class QueueStore(abc.ABC):
     # -- attachments: small named values kept with a partition's log ----------------------------------
     # They live where the log lives (the SQLite topic directory; on Kafka a companion topic), so whoever
     # can read the log can read them, e.g. the identity of the input the log was built from.
+
+    def check_retention(self, topic: str) -> None:  # noqa: B027 - a store without retention has nothing to check
+        """Raise if the store itself may delete records of `topic` (broker retention): only cec may trim
+        its logs, or recovery would meet a gap."""
+
+    # -- registered consumers (trimming keeps what they have not acknowledged) --------------------------
+    def acknowledge(self, topic: str, partition: int, consumer: str, offset: int) -> None:
+        """Register `consumer` of the partition, or move its acknowledged position: it will never read
+        below `offset` again (a restart included). Trimming never passes it."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep consumer acknowledgements")
+
+    def forget_consumer(self, topic: str, partition: int, consumer: str) -> None:
+        """Unregister `consumer`: trimming no longer waits for it."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep consumer acknowledgements")
+
+    def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
+        """Every registered consumer of the partition and its acknowledged position."""
+        raise NotImplementedError(f"{type(self).__name__} does not keep consumer acknowledgements")
 
     @abc.abstractmethod
     def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:

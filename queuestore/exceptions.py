@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "DamagedLogError",
     "IndexError_",
+    "LogTrimmedError",
     "PartitionLockedError",
     "QueueStoreError",
     "RecordTooLargeError",
@@ -52,6 +53,11 @@ class TornRecordError(QueueStoreError):
 class DamagedLogError(QueueStoreError):
     """A stored log is damaged where a reader needs it: a record fails its checksum, or an offset of a
     store whose offsets are dense is missing. The message names the store, topic[partition] and offset."""
+
+
+class LogTrimmedError(QueueStoreError):
+    """A read below a partition's log start: those records were trimmed (every registered consumer had
+    acknowledged them and no checkpoint needed them). Never answered with a silent gap."""
 
 
 class WriterFailedError(QueueStoreError):

@@ -36,6 +36,7 @@ __all__ = ["StreamIndex"]
 _TIME = b"T"
 _KEY = b"K"
 _NEXT = b"M:next"
+_START = b"M:start"  # the log start after trimming: no entry points below it
 _IDENT = b"M:ident"
 _U64 = struct.Struct(">Q")
 _I64_BIAS = 1 << 63  # maps signed times onto unsigned so that byte order equals numeric order
@@ -62,6 +63,8 @@ class StreamIndex:
             raise IndexError_(f"index at {self.path} belongs to {stored.decode()!r}, not {identity!r}")
         nxt = self._db.get(_NEXT)
         self._next_offset = 0 if nxt is None else _U64.unpack(nxt)[0]
+        start = self._db.get(_START)
+        self._start_offset = 0 if start is None else _U64.unpack(start)[0]
         self._last_entry_offset = -self.stride
         self._batch = WriteBatch(raw_mode=True)
         self._batch_size = 0
@@ -83,6 +86,11 @@ class StreamIndex:
         Rdict.destroy(str(self.path))
         shutil.rmtree(self.path, ignore_errors=True)
         return Rdict(str(self.path), options)
+
+    @property
+    def start_offset(self) -> int:
+        """The log start the index was last pruned to (0: never)."""
+        return self._start_offset
 
     @property
     def next_offset(self) -> int:
@@ -120,6 +128,12 @@ class StreamIndex:
         end = reader.end_offset()
         if self._next_offset > end:
             self.clear()
+        log_start = reader.start_offset()
+        if self._next_offset < log_start:
+            # Lost (or never built) while the log was trimmed: index what is left. The closed-window
+            # directory of keys whose last R was trimmed cannot be derived again from the log.
+            self._batch_next = self._next_offset = log_start
+        self.prune(log_start)
         start = self._next_offset
         # `end - start` offsets: an upper bound of the records on a store whose offsets have gaps.
         return self._index_records(
@@ -145,6 +159,27 @@ class StreamIndex:
             progress(done, total)
         return done
 
+    def prune(self, before_offset: int) -> int:
+        """Drop the time entries below `before_offset` (the log was trimmed there); returns how many.
+        Times never decrease along the log, so they are a prefix of the time order."""
+        if before_offset <= self._start_offset:
+            return 0
+        batch = WriteBatch(raw_mode=True)
+        dropped = 0
+        it = self._db.iter()
+        it.seek(_TIME)
+        while it.valid():
+            raw = bytes(it.key())
+            if not raw.startswith(_TIME) or _U64.unpack(raw[9:17])[0] >= before_offset:
+                break
+            batch.delete(raw)
+            dropped += 1
+            it.next()
+        batch.put(_START, _U64.pack(before_offset))
+        self._db.write(batch)
+        self._start_offset = before_offset
+        return dropped
+
     def clear(self) -> None:
         """Drop every entry (keeps the identity)."""
         self._db.close()
@@ -153,6 +188,7 @@ class StreamIndex:
         self._db = self._open()
         self._db[_IDENT] = self.identity.encode()
         self._next_offset = 0
+        self._start_offset = 0
         self._batch_next = 0
         self._last_entry_offset = -self.stride
         self._batch = WriteBatch(raw_mode=True)
@@ -164,8 +200,8 @@ class StreamIndex:
         it = self._db.iter()
         it.seek_for_prev(_time_key(time, 0))  # greatest entry strictly below (time, 0)
         if not it.valid() or not bytes(it.key()).startswith(_TIME):
-            return 0
-        return int(_U64.unpack(bytes(it.key())[9:17])[0])
+            return self._start_offset
+        return max(self._start_offset, int(_U64.unpack(bytes(it.key())[9:17])[0]))
 
     def last_closed_seq(self, key: str) -> int | None:
         """The window sequence of the last R of `key` in the indexed prefix, None if it has none."""

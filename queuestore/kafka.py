@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from cec.native import native
 from queuestore import faults
@@ -107,6 +107,7 @@ HEADER_SEQ = "cec.seq"
 # Attachments of topic T (see QueueStore.read_attachment) live in topic ATTACHMENT_TOPIC_PREFIX + T.
 ATTACHMENT_TOPIC_PREFIX = "cec-meta."
 _ATTACHMENT_KIND = "META"
+_ACK_PREFIX = "ack-"  # attachments that register a consumer and hold its acknowledged offset
 
 # Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
 # record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
@@ -720,6 +721,51 @@ class KafkaQueueStore(QueueStore):
             reason = failures[0].str() if failures else f"not acknowledged within {self.request_timeout}s"
             raise QueueStoreError(f"cannot write {name} of {topic}[{partition}] to {companion}: {reason}")
 
+    # -- trimming (DESIGN-NOTES section 3): cec trims; the broker must not -----------------------------
+    def check_retention(self, topic: str) -> None:
+        """Refuse an output topic the broker itself may trim (finite retention, compaction): it would
+        delete footprints recovery needs, or results no consumer has acknowledged, on its own clock."""
+        resource = ConfigResource("topic", topic)
+        try:
+            futures = self._admin_client().describe_configs([resource], request_timeout=self.request_timeout)
+            configs = next(iter(futures.values())).result(self.request_timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(f"cannot read the configs of topic {topic!r}: {exc}") from None
+        problems = []
+        for name in ("retention.ms", "retention.bytes"):
+            entry = configs.get(name)
+            if entry is not None and entry.value not in (None, "") and int(entry.value) >= 0:
+                problems.append(f"{name}={entry.value}")
+        policy = configs.get("cleanup.policy")
+        if policy is not None and policy.value and "compact" in policy.value:
+            problems.append(f"cleanup.policy={policy.value}")
+        if problems:
+            raise TopicMismatchError(
+                f"topic {topic!r} has {', '.join(problems)}: the broker would delete records recovery or a "
+                "registered consumer still needs (cec trims its logs itself); set retention.ms=-1, "
+                "retention.bytes=-1 and cleanup.policy=delete on it"
+            )
+
+    def acknowledge(self, topic: str, partition: int, consumer: str, offset: int) -> None:
+        self.write_attachment(topic, partition, _ACK_PREFIX + consumer, str(int(offset)).encode())
+
+    def forget_consumer(self, topic: str, partition: int, consumer: str) -> None:
+        self.write_attachment(topic, partition, _ACK_PREFIX + consumer, b"")
+
+    def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        if self._topic_partitions(companion) is None:
+            return {}
+        prefix = f"{partition}/{_ACK_PREFIX}"
+        acks: dict[str, bytes] = {}
+        with self.reader(companion, 0) as reader:
+            for record in reader.scan_forward(0):
+                key = record.meta.key
+                if record.meta.kind == _ATTACHMENT_KIND and key is not None and key.startswith(prefix):
+                    acks[key[len(prefix) :]] = record.value  # newest wins
+        return {name: int(value) for name, value in acks.items() if value}
+
     def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
         with self._lock, contextlib.suppress(ValueError):
             self._children.remove(child)
@@ -1106,6 +1152,32 @@ class KafkaPartitionWriter(PartitionWriter):
             self._lock.release()
             self._store._forget(self)
 
+    def trim(self, before_offset: int) -> int:
+        """`delete_records` below `before_offset`. A broker that cannot (Tansu 0.6 drops the connection on
+        DeleteRecords, measured) keeps the whole log: said once, and nothing is lost."""
+        if before_offset <= self._trimmed_to:
+            return 0
+        admin = self._store._admin_client()
+        try:
+            futures = admin.delete_records(
+                [TopicPartition(self.topic, self.partition, before_offset)], request_timeout=self._timeout
+            )
+            next(iter(futures.values())).result(self._timeout)
+        except KafkaException as exc:
+            if not self._trim_refused:
+                self._trim_refused = True
+                log.warning(
+                    "%s[%d]: the broker did not delete records below %d (%s); the log is kept whole",
+                    self.topic, self.partition, before_offset, exc,
+                )  # fmt: skip
+            return 0
+        trimmed = before_offset - self._trimmed_to
+        self._trimmed_to = before_offset
+        return trimmed
+
+    _trimmed_to = 0  # the log start this writer last set (offsets below counted as trimmed by it)
+    _trim_refused = False
+
     def _purge(self, producer: Producer) -> None:
         with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error again here
             producer.purge(in_queue=True, in_flight=True, blocking=False)
@@ -1358,6 +1430,19 @@ class KafkaPartitionReader(PartitionReader):
         # starting that read at a known lower bound spares reading the whole partition.
         self._note_end(offset)
 
+    def start_offset(self) -> int:
+        """The log start: the low watermark (Apache Kafka moves it on `delete_records`; Tansu reports 0)."""
+        consumer = self._live_consumer()
+        try:
+            low, _ = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, self.partition), timeout=self._stall_timeout
+            )
+        except KafkaException as exc:
+            raise QueueStoreError(
+                f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
+            ) from None
+        return max(0, int(low))
+
     def end_offset(self) -> int:
         # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and
         # recovery's backward reads that follow find it connected already.
@@ -1371,7 +1456,7 @@ class KafkaPartitionReader(PartitionReader):
                 "%s[%d] ends below offset %d seen earlier; rescanning", self.topic, self.partition, hint
             )
             self._known_end = 0
-        result = self._read(0, want=None, stop_before=None, collect=False, bulk=True)
+        result = self._read(self.start_offset(), want=None, stop_before=None, collect=False, bulk=True)
         if result.eof is None:
             raise QueueStoreError(f"could not find the end of {self.topic}[{self.partition}]")
         self._known_end = result.eof

@@ -49,6 +49,7 @@ class OutputQueue:
             self.writer.close()
             raise
         self.durable_count = 0
+        self.appended = 0  # records handed to the writer (parts count one each): durable_count catches up
         self.failures: list[Exception] = []  # failed appends whose callbacks were served
 
     def _on_durable(self, meta: RecordMeta) -> Callable[[int | None, Exception | None], None]:
@@ -67,9 +68,11 @@ class OutputQueue:
         limit = self.store.value_limit(meta)
         if len(value) <= limit:
             self.writer.append(value, meta, self._on_durable(meta))
+            self.appended += 1
             return
         for part_value, part_meta in split(value, meta, limit):
             self.writer.append(part_value, part_meta, self._on_durable(part_meta))
+            self.appended += 1
             faults.hit("chunks.between_parts")
 
     def poll(self, timeout: float = 0.0) -> int:

@@ -63,7 +63,11 @@ CREATE TABLE IF NOT EXISTS log (
     value  BLOB    NOT NULL
 )
 """
+# The log start after trimming: offsets below it were deleted on purpose (readers start there; below it
+# is `LogTrimmedError`, never a gap taken for damage). Set in the transaction that deletes them.
+_META_SCHEMA = "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value INTEGER NOT NULL)"
 _COLUMNS = "offset, kind, time, key, seq, value"
+_ACK_PREFIX = "ack-"
 _TAIL_POLL_S = 0.002  # how often a tail reader at the live end looks for new rows
 
 
@@ -81,6 +85,7 @@ def _create_partition_file(path: Path) -> None:
     try:
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute(_SCHEMA)
+        conn.execute(_META_SCHEMA)
     finally:
         conn.close()
     os.replace(tmp, path)
@@ -98,10 +103,19 @@ def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute(f"PRAGMA synchronous={'FULL' if fsync else 'NORMAL'}")
             conn.execute(_SCHEMA)
+            conn.execute(_META_SCHEMA)
     except sqlite3.DatabaseError as exc:  # a file that is not a log: one clear error, not a traceback
         conn.close()
         raise DamagedLogError(f"{path} is damaged ({exc}); restore it or use a new store") from None
     return conn
+
+
+def _log_start(conn: sqlite3.Connection) -> int:
+    try:
+        row = conn.execute("SELECT value FROM meta WHERE name = 'log_start'").fetchone()
+    except sqlite3.OperationalError:  # a partition file from before trimming existed: never trimmed
+        return 0
+    return 0 if row is None else int(row[0])
 
 
 class SqlitePartitionWriter(PartitionWriter):
@@ -139,7 +153,10 @@ class SqlitePartitionWriter(PartitionWriter):
             raise PartitionLockedError(f"{topic}[{partition}] already has a writer") from None
         self._conn = _connect(path, read_only=False, fsync=fsync)
         row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-        self._next_offset = 0 if row[0] is None else row[0] + 1
+        self._next_offset = max(_log_start(self._conn), 0 if row[0] is None else row[0] + 1)
+        self._path = path
+        self._fsync = fsync
+        self._trim_conn: sqlite3.Connection | None = None
         self._max_batch = max_batch
         self._pending: list[tuple[int, str, int, str | None, int, bytes]] = []
         self._pending_callbacks: list[DurableCallback | None] = []
@@ -216,6 +233,36 @@ class SqlitePartitionWriter(PartitionWriter):
         """Offset the next appended record will get."""
         return self._next_offset
 
+    def trim(self, before_offset: int) -> int:
+        """Range delete below `before_offset` and the new log start, in one transaction (its own
+        connection: the I/O thread's commits and this one serialise on SQLite's write lock)."""
+        if self._trim_conn is None:
+            self._trim_conn = _connect(self._path, read_only=False, fsync=self._fsync)
+        conn = self._trim_conn
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            start = _log_start(conn)
+            row = conn.execute("SELECT MAX(offset) FROM log").fetchone()
+            durable_end = 0 if row[0] is None else row[0] + 1
+            if before_offset > durable_end:
+                raise QueueStoreError(
+                    f"{self.topic}[{self.partition}]: cannot trim below {before_offset}, past the durable "
+                    f"end {durable_end}"
+                )
+            if before_offset <= start:
+                conn.execute("ROLLBACK")
+                return 0
+            conn.execute("DELETE FROM log WHERE offset < ?", (before_offset,))
+            conn.execute(
+                "INSERT OR REPLACE INTO meta (name, value) VALUES ('log_start', ?)", (before_offset,)
+            )
+            conn.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(sqlite3.Error):
+                conn.execute("ROLLBACK")
+            raise
+        return before_offset - start
+
     def close(self) -> None:
         if self._closed:
             return
@@ -226,6 +273,8 @@ class SqlitePartitionWriter(PartitionWriter):
             self._io_queue.put(None)
             self._thread.join()
             self._conn.close()
+            if self._trim_conn is not None:
+                self._trim_conn.close()
             self._lock_file.close()
 
     # -- I/O thread ------------------------------------------------------------------------------------
@@ -281,13 +330,20 @@ class SqlitePartitionReader(PartitionReader):
 
     def end_offset(self) -> int:
         row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-        return 0 if row[0] is None else row[0] + 1
+        return self.start_offset() if row[0] is None else row[0] + 1
+
+    def start_offset(self) -> int:
+        return _log_start(self._conn)
 
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
         rows = self._conn.execute(
             f"SELECT {_COLUMNS} FROM log WHERE offset >= ? ORDER BY offset LIMIT ?",
             (from_offset, max_records),
         ).fetchall()
+        # Only when the first row is not the one asked for: was it trimmed (a clear error), or is it
+        # past the end or lost (the caller's dense check says which)?
+        if (not rows or rows[0][0] != from_offset) and from_offset < self.start_offset():
+            raise self.trimmed(from_offset)
         return [_row_to_record(r) for r in rows]
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
@@ -429,6 +485,33 @@ class SqliteQueueStore(QueueStore):
             os.fsync(dir_fd)  # and the rename itself must be durable before the log grows
         finally:
             os.close(dir_fd)
+
+    # -- registered consumers: one attachment per consumer, so that each writes only its own ----------
+    def _ack_name(self, consumer: str) -> str:
+        name = _ACK_PREFIX + consumer
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid consumer name {consumer!r} (lower-case letters, digits, '-')")
+        return name
+
+    def acknowledge(self, topic: str, partition: int, consumer: str, offset: int) -> None:
+        self.write_attachment(topic, partition, self._ack_name(consumer), str(int(offset)).encode())
+
+    def forget_consumer(self, topic: str, partition: int, consumer: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._attachment_path(topic, partition, self._ack_name(consumer)).unlink()
+
+    def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
+        folder = self._partition_path(topic, partition).parent
+        prefix = f"{partition}.{_ACK_PREFIX}"
+        acks: dict[str, int] = {}
+        for path in folder.glob(prefix + "*"):
+            try:
+                acks[path.name[len(prefix) :]] = int(path.read_bytes())
+            except FileNotFoundError:  # unregistered meanwhile
+                continue
+            except ValueError:
+                raise QueueStoreError(f"damaged acknowledgement {path}") from None
+        return acks
 
     def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:
         """Fault injection: flip one byte of a stored value, as a failing disk would."""

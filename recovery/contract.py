@@ -43,6 +43,24 @@ Claiming a tuple: a tuple can produce several records (a time window's R, then t
 G-open). Only its last record claims it (pos[j] = o + 1); the ones before carry pos[j] = o. Had the R
 claimed the tuple and the log ended between the two, recovery would skip the tuple as belonging to a
 closed window and the new window would lose it; unclaimed, it is replayed and opens that window again.
+
+Watermarks (`Watermark`). With event-time watermarks a time window closes when the watermark W passes its
+end, whether or not its key comes back: W = min over input partitions j of m[j] - L, where m[j] is the
+largest event time of the tuples of j applied so far and L the allowed lateness (no W until every
+partition has had one). A tuple whose window ends at or before W is late: dead-lettered. Rules:
+- a tuple first raises m[j], then every open window whose end <= W closes, in (end, key, seq) order
+  (a total order: both a failure-free run and a recovered one close the same windows in the same order),
+  then the tuple is applied. Its own window cannot close there (its end is past its own time);
+- every record carries `marks`: m over the tuples below its `pos`. A record that does not claim its
+  tuple (see "claiming") carries m[j] from before that tuple, so at every record all windows whose end
+  <= W(marks) are closed and their R is in the log before it;
+- recovery restores m from the crash record: m over offsets below T (the replay start) cannot be derived
+  from the replay, and max is idempotent, so replayed tuples below t_c change nothing. W then is W(t_c),
+  which every EC window's end exceeds: a REBUILD tuple is judged late exactly as it was the first time;
+- no tuple past a crash point is applied until every partition has reached its own (`caught_up`): such
+  tuples are held back (the runtime keeps them in order). Otherwise partition k, past its crash point, could raise W
+  past the end of a window of partition j whose state is still being rebuilt from j's replay, and close
+  it with a partial result. Held back, the operator resumes from exactly its state at t_c.
 """
 
 from __future__ import annotations
@@ -53,7 +71,9 @@ from enum import Enum
 
 from recovery.exceptions import RecoveryError
 
-__all__ = ["PositionStamper", "ReplayContract", "TupleFate", "tuple_fate"]
+__all__ = ["NO_MARK", "PositionStamper", "ReplayContract", "TupleFate", "Watermark", "tuple_fate"]
+
+NO_MARK = -(1 << 63)  # m[j] before partition j's first event time (the smallest Avro long)
 
 
 class TupleFate(Enum):
@@ -161,3 +181,52 @@ class PositionStamper:
         out = tuple(p if p >= q else q for p, q in zip(live, self._last, strict=True))
         self._last = out
         return out
+
+
+class Watermark:
+    """Per-partition event-time maxima and the watermark they give (module doc, "watermarks")."""
+
+    __slots__ = ("_before", "lateness", "marks")
+
+    def __init__(self, partitions: int, lateness: int) -> None:
+        if lateness < 0:
+            raise ValueError(f"allowed lateness must be >= 0, got {lateness}")
+        self.lateness = lateness
+        self.marks = [NO_MARK] * partitions
+        self._before = NO_MARK
+
+    def restore(self, marks: Sequence[int]) -> None:
+        """m at the crash point, from the crash record's `marks`."""
+        if len(marks) != len(self.marks):
+            raise RecoveryError(
+                f"the log's crash record carries event-time marks for {len(marks)} input partitions, "
+                f"this run has {len(self.marks)} (was it written with another --allowed-lateness setting?)"
+            )
+        self.marks = [int(m) for m in marks]
+
+    def observe(self, partition: int, event_time: int) -> None:
+        """Tuple of `partition` with `event_time` is being applied (m[j] before it is kept for
+        the records that do not claim it)."""
+        before = self.marks[partition]
+        self._before = before
+        if event_time > before:
+            self.marks[partition] = event_time
+
+    def forget_tuple(self, partition: int) -> None:
+        """The tuple being applied had no event time: its records carry m as it is."""
+        self._before = self.marks[partition]
+
+    @property
+    def value(self) -> int | None:
+        """W, or None while some partition has had no event time yet."""
+        low = min(self.marks)
+        return None if low == NO_MARK else low - self.lateness
+
+    def stamp(self, partition: int | None = None, *, claims: bool = True) -> tuple[int, ...]:
+        """The `marks` of a record: m; for a record of the tuple being applied on `partition` that
+        does not claim it, m[j] from before that tuple."""
+        if claims or partition is None:
+            return tuple(self.marks)
+        marks = list(self.marks)
+        marks[partition] = self._before
+        return tuple(marks)

@@ -106,6 +106,7 @@ class EventualCheckpoint:
     complete: bool  # the log ends with EOS: the operator had finished
     build_seconds: float = 0.0
     fallbacks: list[int] = field(default_factory=list)  # offsets of damaged footprints passed over
+    marks: tuple[int, ...] = ()  # the crash record's event-time maxima per input partition (watermarks)
 
     @property
     def extent_size(self) -> int:
@@ -251,6 +252,7 @@ class EventualCheckpointBuilder:
             complete=newest.kind is Kind.EOS,
             build_seconds=time.perf_counter() - started,
             fallbacks=corrupt,
+            marks=newest.marks,
         )
 
 

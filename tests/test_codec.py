@@ -39,7 +39,7 @@ def test_round_trip(record: OutputRecord) -> None:
 def test_records_of_the_first_release_still_read(record: OutputRecord) -> None:
     codec = RecordCodec()
     data = V1.encode(record)
-    assert data[1] == 1 and codec.version == 2
+    assert data[1] == 1 and codec.version == max(SCHEMAS)
     assert codec.decode(data) == record  # version 1 decodes on its own...
     assert codec.decode(data, record.meta()) == record  # ...and with its stored metadata
     codec.verify(data, record.meta())
@@ -125,19 +125,27 @@ def test_size_limit_bounds_what_decode_accepts() -> None:
 
 
 def test_newer_reader_loads_records_written_by_an_older_release() -> None:
-    """Version skew: a v3 reader (one more field, with a default) decodes v1 and v2 checkpoints."""
-    v2 = RecordCodec()
-    v3_schema = dict(SCHEMAS[2])
-    v3_schema["fields"] = [*SCHEMAS[2]["fields"], {"name": "operator_id", "type": "string", "default": ""}]
-    v3 = RecordCodec({**SCHEMAS, 3: v3_schema})
+    """Version skew: a reader of the next version (one more field, with a default) decodes every older
+    version's records; the current one decodes v1 and v2 (before `marks`, which then default to ())."""
+    current = RecordCodec()
+    newest = max(SCHEMAS)
+    next_schema = dict(SCHEMAS[newest])
+    next_schema["fields"] = [
+        *SCHEMAS[newest]["fields"],
+        {"name": "operator_id", "type": "string", "default": ""},
+    ]
+    newer = RecordCodec({**SCHEMAS, newest + 1: next_schema})
     old = OutputRecord(Kind.GOPEN, 7, (5, 6), 3, "item-1", 2, b"st", None)
-    assert v3.version == 3
-    assert v3.decode(V1.encode(old)) == old
-    assert v3.decode(v2.encode(old), old.meta()) == old
-    assert v3.decode(v3.encode(old), old.meta()) == old  # the field OutputRecord lacks is ignored
+    assert newer.version == newest + 1
+    assert newer.decode(V1.encode(old)) == old
+    assert current.decode(RecordCodec({v: SCHEMAS[v] for v in (1, 2)}).encode(old), old.meta()) == old
+    assert newer.decode(current.encode(old), old.meta()) == old
+    assert newer.decode(newer.encode(old), old.meta()) == old  # the field OutputRecord lacks is ignored
+    with_marks = OutputRecord(Kind.R, 7, (5, 6), 3, "item-1", 2, None, b"p", (4, -(1 << 63)))
+    assert current.decode(current.encode(with_marks), with_marks.meta()) == with_marks
     # ...and an old reader refuses, clearly, what it cannot know.
-    with pytest.raises(CodecError, match="unknown record schema version 3"):
-        v2.decode(v3.encode(old), old.meta())
+    with pytest.raises(CodecError, match=f"unknown record schema version {newest + 1}"):
+        current.decode(newer.encode(old), old.meta())
 
 
 def test_payload_codec_rejects_garbage() -> None:

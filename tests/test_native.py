@@ -253,9 +253,10 @@ def test_record_decode_matches_fastavro(seed: int) -> None:
     # The batch decoder (EC-load) gives what decode gives; rows it declines are decoded one by one.
     rows.append((0, "Q", 1, "k", 0, rows[0][5]))  # an unknown kind: decode's error
     rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.records.SCHEMAS[1]}).encode(_record(rng))))
-    assert native.decode_avro_rows(program, rows, 6, OutputRecord, codec._layouts[2].slots, {}, 2) == [
-        None
-    ] * len(rows)
+    slots = codec._layouts[codec.version].slots
+    assert native.decode_avro_rows(program, rows, 6, OutputRecord, slots, {}, codec.version) == [None] * len(
+        rows
+    )
     with pytest.raises(CodecError, match="unknown record kind"):
         codec.decode_rows(rows, verified=True)
     expected = [codec.decode(r[5], RecordMeta(*r[1:5]), verified=True) for r in rows[:-2]]
