@@ -872,7 +872,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="a logical time (ms, or ISO-8601 read as UTC) or pos:OFFSETS, an input position vector "
         "(pos:K = after the first K tuples of a one-partition input); see recovery/as_of.py",
     )
-    state.add_argument("--input", help="the CSV file the log was built from (checked against the log)")
+    state.add_argument(
+        "--input",
+        help="the CSV file the log was built from (checked against the log); other inputs (generators, "
+        "cec queues, Kafka topics) are read again from what the log recorded",
+    )
     state.add_argument("--format", choices=("json", "csv"), default="json")
     _read_store_args(state)
     state.set_defaults(func=cmd_state)

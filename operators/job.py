@@ -29,7 +29,7 @@ from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
-from recovery.identity import bind_log, check_log
+from recovery.identity import bind_log, check_log, record_source
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -315,7 +315,8 @@ def run_job(
         store.create_topic(spec.output_topic, spec.output_partitions)
         store.check_retention(spec.output_topic)  # refused at start, before anything is read or written
         operator = build_operator(spec.operator)
-        source = build_source(job_source_spec(spec), store)
+        source_spec = job_source_spec(spec)
+        source = build_source(source_spec, store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
             results_topic = spec.extra.get("results_topic")  # operators.sinks.RESULTS_TOPIC
@@ -340,6 +341,14 @@ def run_job(
                 operator=spec.operator,
                 pinned=source.pinned_fields,
             )
+            if source_spec.get("type") == "topic":  # its identity alone cannot read it again (cec state)
+                record_source(
+                    store,
+                    spec.output_topic,
+                    spec.output_partition,
+                    log_end=output.index.next_offset,
+                    source_spec=source_spec,
+                )
             source.pin(recorded)
             runtime = OperatorRuntime(
                 operator,

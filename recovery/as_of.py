@@ -20,7 +20,9 @@ had the operator crashed right there (which is exact: DESIGN-NOTES section 2):
    directory gives a key that reopens its next window sequence);
 3. the operator recorded with the log (`recovery.identity`) recovers from the prefix (EC build, EC load)
    and replays its input, recorded with the log too, from the replay start up to the point (a CSV file
-   must be given again, `input_path`: the log keeps its content hash, not its bytes; it is checked);
+   must be given again, `input_path`: the log keeps its content hash, not its bytes; it is checked; a
+   Kafka topic is read again as the log's `source` attachment says, at the offsets its identity pins,
+   `recovery.identity.record_source`; client `config` such as credentials is not kept);
 4. the windows open then, with their state, are the answer. Nothing of the original log is changed.
 
 Cost: the prefix is read and copied once, and the input is replayed from the oldest footprint before
@@ -51,7 +53,7 @@ from queuestore.index import StreamIndex
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
 from recovery.exceptions import RecoveryError
-from recovery.identity import ATTACHMENT, canonical
+from recovery.identity import ATTACHMENT, SOURCE_ATTACHMENT, canonical, differences
 
 __all__ = ["AsOf", "WindowState", "state_as_of"]
 
@@ -186,9 +188,52 @@ def _recorded(store: QueueStore, topic: str, partition: int) -> dict[str, Any]:
     return recorded
 
 
-def _replay_source(store: QueueStore, recorded: Mapping[str, Any], input_path: Path | None) -> InputSource:
+def _kept_source(store: QueueStore, topic: str, partition: int) -> dict[str, Any] | None:
+    """How the log's input is read, when it records it (`recovery.identity.record_source`)."""
+    raw = store.read_attachment(topic, partition, SOURCE_ATTACHMENT)
+    if raw is None:
+        return None
+    kept = json.loads(raw)
+    if not isinstance(kept, dict):
+        raise RecoveryError(f"{topic}[{partition}]: the record of how its input is read is unreadable")
+    return kept
+
+
+def _topic_source(recorded: Mapping[str, Any], kept: Mapping[str, Any] | None, where: str) -> InputSource:
+    """A Kafka topic input again: read as the log kept it, at the offsets its identity pins."""
+    if kept is None:
+        raise ConfigError(
+            f"{where} was written before cec kept how its Kafka topic input is read (key/value/time fields, "
+            "schema, columns, partitions read): cec state cannot replay it; a log started by this release can"
+        )
+    from operators.topic_source import open_topic_source
+
+    spec = {**kept, "type": "topic"}
+    spec.update({k: recorded[k] for k in ("start_offsets", "end_offsets") if k in recorded})
+    source = open_topic_source(spec, SCHEMAS)
+    # `follow` is not replayed (the as-of point bounds the replay); a following run recorded no end offsets
+    current = canonical(source.identity())
+    wanted = {k: v for k, v in recorded.items() if k != "follow"}
+    diff = differences(wanted, {k: current.get(k) for k in wanted})
+    if diff:
+        source.close()
+        raise ConfigError(
+            f"{where}: the topic read now is not the input the log was built from ({'; '.join(diff)})"
+        )
+    return source
+
+
+def _replay_source(
+    store: QueueStore,
+    recorded: Mapping[str, Any],
+    input_path: Path | None,
+    kept: Mapping[str, Any] | None,
+    where: str,
+) -> InputSource:
     """The input the log was built from, to replay (checked against what the log recorded)."""
     kind = recorded.get("type")
+    if kind == "topic":
+        return _topic_source(recorded, kept, where)
     if kind == "csv":
         if input_path is None:
             raise ConfigError("this log was built from a CSV file: give it again with --input FILE")
@@ -211,7 +256,9 @@ def _replay_source(store: QueueStore, recorded: Mapping[str, Any], input_path: P
         )
     if kind == "queue":
         return QueueSource(store, recorded["topic"], SCHEMAS[recorded["schema"]], recorded.get("read"))
-    raise ConfigError(f"cec state cannot replay a {kind!r} input yet (CSV files, generators and cec queues)")
+    raise ConfigError(
+        f"cec state cannot replay a {kind!r} input yet (CSV files, generators, cec queues and Kafka topics)"
+    )
 
 
 def _time_cut_start(store: QueueStore, topic: str, partition: int, time: int) -> int:
@@ -278,7 +325,8 @@ def _partition_state(
             f"{topic} is written by a stateless operator ({operator.describe()}): it has no window state"
         )
     scratch = SqliteQueueStore(scratch_root / f"p{partition}")
-    source = _replay_source(store, recorded["input"], input_path)
+    kept = _kept_source(store, topic, partition) if recorded["input"].get("type") == "topic" else None
+    source = _replay_source(store, recorded["input"], input_path, kept, f"{topic}[{partition}]")
     try:
         bounded = _Bounded(source, operator, at)  # checks the point first
         _copy_prefix(store, topic, partition, at, scratch)

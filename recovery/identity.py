@@ -19,6 +19,11 @@ with a fresh state directory finds it). `bind_log` is the one place that records
 - fields a source pins (a bounded run's end positions) are not compared: the recorded values win, so a
   restarted run ends where the first one would have.
 
+A Kafka topic input's identity says which records it is (servers, topic, partitions, pinned offsets) but
+not how they are read (key/value/time fields, schema, columns, the partitions this instance reads): those
+are kept beside it as the attachment `source` (`record_source`), so `cec state --as-of` can read the same
+tuples again. Client `config` is left out (it can hold credentials), as are monitoring-only fields.
+
 A log that has records but no attachment was written by a cec release without input identities, or had
 its attachment removed; it is refused too: whether it matches the input cannot be known.
 """
@@ -32,9 +37,23 @@ from typing import Any
 from queuestore.base import QueueStore
 from recovery.exceptions import InputMismatchError
 
-__all__ = ["ATTACHMENT", "FORMAT", "bind_log", "canonical", "check_log", "differences", "store_name"]
+__all__ = [
+    "ATTACHMENT",
+    "FORMAT",
+    "SOURCE_ATTACHMENT",
+    "bind_log",
+    "canonical",
+    "check_log",
+    "differences",
+    "record_source",
+    "replay_fields",
+    "store_name",
+]
 
 ATTACHMENT = "input"
+SOURCE_ATTACHMENT = "source"
+# Not kept: `config` may hold credentials; the rest only steer monitoring or where a reader keeps state.
+_UNRECORDED_SOURCE_FIELDS = frozenset({"config", "group_id", "state_dir", "follow"})
 FORMAT = 1
 _SHOWN_DIFFERENCES = 3
 _SHOWN_CHARS = 24
@@ -164,3 +183,23 @@ def bind_log(
             store.write_attachment(topic, partition, ATTACHMENT, encoded)
         return dict(current["input"])
     return _check(store, topic, partition, log_end, raw, current, pinned)
+
+
+def replay_fields(source_spec: Mapping[str, Any]) -> dict[str, Any]:
+    """What of a source spec is needed to read its tuples again (see the module doc)."""
+    return {k: v for k, v in source_spec.items() if k not in _UNRECORDED_SOURCE_FIELDS}
+
+
+def record_source(
+    store: QueueStore, topic: str, partition: int, *, log_end: int, source_spec: Mapping[str, Any]
+) -> None:
+    """Keep how the log's input is read (`replay_fields`) as the attachment `source`: when the log starts,
+    or on resuming a log written before cec kept it (the resumed run reads its input this way).
+
+    Called after `bind_log`, by the partition's writer."""
+    raw = store.read_attachment(topic, partition, SOURCE_ATTACHMENT)
+    if raw is not None and log_end > 0:
+        return
+    encoded = json.dumps(canonical(replay_fields(source_spec)), sort_keys=True).encode()
+    if raw != encoded:
+        store.write_attachment(topic, partition, SOURCE_ATTACHMENT, encoded)

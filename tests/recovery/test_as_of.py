@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import json
 import random
+import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from cec.config import Checkpointing
+from cec.exceptions import ConfigError
 from cec.policy import make_policy
 from cec.records import AvroCodec
 from operators.job import JobSpec, aggregate_operator, build_operator, run_job
@@ -17,9 +19,11 @@ from operators.runtime import OperatorRuntime
 from operators.sources import CsvSource, PurchaseGenerator
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
-from recovery.as_of import AsOf, state_as_of
+from recovery.as_of import AsOf, _topic_source, state_as_of
+from tests.brokers import Broker
 from tests.conftest import StoreBackend
 from tests.test_cli import cec
+from tests.topic_data import as_json, create_topic, encoded, make_purchases, produce, write_csv
 
 State = dict[tuple[str, int], dict[str, Any]]
 
@@ -192,3 +196,49 @@ def test_generator_input_on_both_stores_through_the_library(
         want = {(w.key, w.seq): codec.decode(operator.encode_state(w.state)) for w in runtime.registry}
         got = {(w.key, w.window): w.state for w in state_as_of(store, topic, AsOf(positions=(k,)))}
         assert got == want and want, k
+
+
+def test_kafka_topic_input_as_of_a_position_equal_a_run_stopped_there(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A `cec run --input-topic` log over a 2-partition JSON topic is replayed from what the log recorded
+    (no --input): instance p reads input partition p, so pos:K is its first K tuples."""
+    purchases = make_purchases(1_200, keys=50, partitions=2, seed=31)
+    topic = f"asof-in-{uuid.uuid4().hex[:10]}"
+    create_topic(kafka_broker.bootstrap, topic, 2)
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    output_topic = f"asof-out-{uuid.uuid4().hex[:10]}"
+    store_dir = tmp_path / "store"
+    kafka = ("--bootstrap-servers", kafka_broker.bootstrap, "--store-dir", str(store_dir))
+    out = cec(
+        "run", "--input-topic", topic, *kafka, "--key", "item", "--value", "price", "--window-count", "6",
+        "--agg", "avg", "--output-topic", output_topic, "--results", str(tmp_path / "r.csv"),
+        "--U", "40", "--ci-ms", "20", "--cp-ms", "40",
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    spec = aggregate_operator("item", "price", "avg", window_count=6)
+    inputs = [write_csv(tmp_path / f"p{p}.csv", [r for r in purchases if r[0] == p]) for p in (0, 1)]
+    assert min(sum(1 for r in purchases if r[0] == p) for p in (0, 1)) > 450
+    for k in (1, 237, 450):
+        want: State = {}
+        for p, data in enumerate(inputs):  # a reference store per partition: each starts an empty log
+            (tmp_path / f"ref{p}").mkdir(exist_ok=True)
+            want.update(_stopped_run_state(tmp_path / f"ref{p}", data, spec, k))
+        got = cec("state", output_topic, "--as-of", f"pos:{k}", *kafka)
+        assert got.returncode == 0, got.stderr
+        windows = json.loads(got.stdout)["windows"]
+        assert {w["partition"] for w in windows} == {0, 1}
+        assert {(w["key"], w["window"]): w["state"] for w in windows} == want and want, k
+
+
+def test_a_topic_log_from_before_the_source_was_kept_names_what_is_missing() -> None:
+    """Logs written before `record_source` existed have only the topic's identity: one clear error."""
+    identity = {
+        "type": "topic",
+        "bootstrap_servers": "b:9092",
+        "topic": "t",
+        "format": "json",
+        "partitions": 2,
+    }
+    with pytest.raises(ConfigError, match=r"out\[1\] was written before .*key/value/time fields"):
+        _topic_source(identity, None, "out[1]")
