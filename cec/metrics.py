@@ -1,11 +1,14 @@
 """Prometheus metrics of running operators: every definition here, and the small interface hosts call.
 
 `cec run --metrics-port PORT` (and `JobSpec.metrics_port`, which the Spark hosts pass through to their
-tasks) serves them over HTTP for Prometheus to scrape. Instance p of a job serves on `PORT + p`, so the
+tasks; `cec_aggregate(metrics_port=...)` on the Spark driver, see `operators.spark.query`) serves them over HTTP for Prometheus to scrape. Instance p of a job serves on `PORT + p`, so the
 instances of a partitioned stage running as separate processes on one host (Spark tasks) never compete
 for one port; instances in one process with the same port share one endpoint (labels tell them apart).
 
-Every series is labelled with the operator instance's output `topic` and `partition`:
+Every series is labelled with the operator instance's output `topic` and `partition` (`all` for the Spark
+driver's query-wide figures). A series appears once its host first reports the figure: the Spark driver
+does not know the input read, the extent in records or the checkpoint duty, and leaves those out rather
+than exporting zeros (its `cec_recovery_phase` stays `idle`: it plans recovery before the query starts).
 
 | name | type | what |
 | --- | --- | --- |
@@ -97,29 +100,26 @@ def serve(port: int, addr: str = "0.0.0.0") -> int:
 class OperatorMetrics:
     """The metrics of one operator instance. The runtime calls `sample` after each input batch (cheap:
     a few gauge sets; rates are recomputed once per second of `clock`), `phase` as recovery moves on,
-    and `trimmed` is for whoever deletes the head of the output log."""
+    and `trimmed` is for whoever deletes the head of the output log. A host that knows only some figures
+    calls `update` instead of `sample`. `partition` is the output partition, or a name for figures that
+    span a whole query (`"all"` on the Spark driver)."""
 
-    def __init__(self, topic: str, partition: int, *, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self, topic: str, partition: int | str, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         labels = {"topic": topic, "partition": str(partition)}
         self.labels = labels
         self._clock = clock
-        self._open_windows = _open_windows.labels(**labels)
-        self._extent = _extent.labels(**labels)
-        self._replay = _replay.labels(**labels)
-        self._gopens = _gopens.labels(**labels)
-        self._gchecks = _gchecks.labels(**labels)
-        self._duty = _duty.labels(**labels)
-        self._inputs = _inputs.labels(**labels)
-        self._appended = _appended.labels(**labels)
-        self._input_rate = _input_rate.labels(**labels)
-        self._append_rate = _append_rate.labels(**labels)
+        # The figures' series are made when first given (`_series`): one a host never reports is absent
+        # from the endpoint, not a made-up 0.
+        self._series: dict[Any, Any] = {}  # metric family -> this instance's child
         self._trimmed = _trimmed.labels(**labels)
         self._phase = _phase.labels(**labels)
         self._phase_seconds = {p: _phase_seconds.labels(**labels, phase=p) for p in PHASES[1:]}
         self._phase.state("idle")
         self._current: tuple[str, float] | None = None
         self._seen = {"inputs": 0, "outputs": 0, "gopens": 0, "gchecks": 0}
-        self._rate_mark: tuple[float, int, int] | None = None
+        self._rate_marks: dict[str, tuple[float, int]] = {}
 
     def sample(
         self,
@@ -134,28 +134,68 @@ class OperatorMetrics:
         duty: float,
     ) -> None:
         """The instance's figures now; `inputs`..`gchecks` are its running totals since it started."""
-        self._open_windows.set(open_windows)
-        self._extent.set(extent)
-        self._replay.set(replay)
-        self._duty.set(duty)
-        for name, counter, total in (
-            ("inputs", self._inputs, inputs),
-            ("outputs", self._appended, outputs),
-            ("gopens", self._gopens, gopens),
-            ("gchecks", self._gchecks, gchecks),
+        self.update(
+            open_windows=open_windows,
+            extent=extent,
+            replay=replay,
+            inputs=inputs,
+            outputs=outputs,
+            gopens=gopens,
+            gchecks=gchecks,
+            duty=duty,
+        )
+
+    def update(
+        self,
+        *,
+        open_windows: int | None = None,
+        extent: int | None = None,
+        replay: int | None = None,
+        inputs: int | None = None,
+        outputs: int | None = None,
+        gopens: int | None = None,
+        gchecks: int | None = None,
+        duty: float | None = None,
+    ) -> None:
+        """`sample` for a host that knows only some of the figures (the Spark driver): those not given
+        are left as they are (a gauge never set is not exported with a made-up value)."""
+        for gauge, value in (
+            (_open_windows, open_windows),
+            (_extent, extent),
+            (_replay, replay),
+            (_duty, duty),
         ):
-            if total > self._seen[name]:
-                counter.inc(total - self._seen[name])
-                self._seen[name] = total
+            if value is not None:
+                self._child(gauge).set(value)
+        for name, counter, total in (
+            ("inputs", _inputs, inputs),
+            ("outputs", _appended, outputs),
+            ("gopens", _gopens, gopens),
+            ("gchecks", _gchecks, gchecks),
+        ):
+            if total is not None:
+                child = self._child(counter)
+                if total > self._seen[name]:
+                    child.inc(total - self._seen[name])
+                    self._seen[name] = total
         now = self._clock()
-        if self._rate_mark is None:
-            self._rate_mark = (now, inputs, outputs)
-            return
-        then, in0, out0 = self._rate_mark
-        if now - then >= _RATE_INTERVAL_S:
-            self._input_rate.set((inputs - in0) / (now - then))
-            self._append_rate.set((outputs - out0) / (now - then))
-            self._rate_mark = (now, inputs, outputs)
+        for name, gauge, total in (("inputs", _input_rate, inputs), ("outputs", _append_rate, outputs)):
+            if total is None:
+                continue
+            mark = self._rate_marks.get(name)
+            if mark is None:  # the rate is reported (0 until a first interval is measured) with its total
+                self._child(gauge)
+                self._rate_marks[name] = (now, total)
+            elif now - mark[0] >= _RATE_INTERVAL_S:
+                self._child(gauge).set((total - mark[1]) / (now - mark[0]))
+                self._rate_marks[name] = (now, total)
+
+    def _child(self, family: Any) -> Any:
+        """This instance's series of `family`, made on first use."""
+        child = self._series.get(family)
+        if child is None:
+            child = self._series[family] = family.labels(**self.labels)
+        return child
 
     def phase(self, name: str) -> None:
         """Recovery entered phase `name` (one of `PHASES`); the previous one ended now."""

@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
+from cec.metrics import OperatorMetrics, serve
 from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
 from operators.formats import FORMATS, load_avro_schema
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
@@ -137,6 +138,7 @@ def cec_aggregate(
     kafka_config: Mapping[str, str] | None = None,
     query_name: str | None = None,
     checkpointing: Checkpointing | Mapping[str, Any] | None = None,
+    metrics_port: int | None = None,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -163,7 +165,15 @@ def cec_aggregate(
       processing-time timer, and is G-checked once the input read since its latest footprint reaches U/2
       (timers fire between micro-batches: the other half is room for one micro-batch), within the
       CI/CP budget of each task (`operators.spark.processor.GCheckSpec`). Q, a recovery target and the
-      cost-benefit policy need measurements the attached operator does not have: they are refused.
+      cost-benefit policy need measurements the attached operator does not have: they are refused;
+    - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
+      `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
+      each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in
+      input tuples), `cec_gopens_total`, `cec_gchecks_total`, `cec_appended_records_total` and
+      `cec_append_rate`. The driver does not see the input tuples, the extent in output records or the
+      processor's checkpoint duty: `cec_input_tuples_total`, `cec_input_rate`, `cec_extent_records` and
+      `cec_checkpoint_duty_ratio` are not exported; `cec_recovery_phase` stays `idle` (recovery is planned
+      before the query starts; its figures are in the progress, `cec.recovery`).
 
     Refused (one clear `ConfigError`): `spark.speculation=true`. The session's shuffle partitions (= P) and
     state store provider (RocksDB, which transformWithState needs) are set for this query only.
@@ -206,6 +216,10 @@ def cec_aggregate(
         raise ConfigError("max_records_per_trigger must be >= 1")
     source_options = _source_options(input_format, input_schema, schema_registry_url, key, value, time)
     check_session(spark, embedded_store=False, what="cec_aggregate")
+    metrics, served_port = None, None
+    if metrics_port is not None:  # before any work: a port in use is one ConfigError
+        served_port = serve(metrics_port)
+        metrics = OperatorMetrics(output_topic, "all")
 
     client = dict(kafka_config or {})
     store = KafkaQueueStore(bootstrap_servers, Path(state_dir), config=client)
@@ -230,7 +244,7 @@ def cec_aggregate(
     except BaseException:
         store.close()
         raise
-    sink = CecSink(outputs, recovery, has_time=time is not None)
+    sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
     gcheck = GCheckSpec.from_checkpointing(checkpointing)
     try:
         query = _start_query(
@@ -258,7 +272,13 @@ def cec_aggregate(
             store.close()
         raise
     return CecAggregateQuery(
-        query, sink, store, recovery, checkpointing, stop_when_drained=available_now and gcheck is not None
+        query,
+        sink,
+        store,
+        recovery,
+        checkpointing,
+        stop_when_drained=available_now and gcheck is not None,
+        metrics_port=served_port,
     )
 
 

@@ -54,11 +54,13 @@ class CecAggregateQuery:
         recovery: AttachRecovery,
         checkpointing: Checkpointing | None = None,
         stop_when_drained: bool = False,
+        metrics_port: int | None = None,
     ):
         self.query = query
         self.recovery = recovery
         self.checkpointing = checkpointing or Checkpointing()
         self._sink = sink
+        self.metrics_port = metrics_port  # where the driver serves cec.metrics (None: not served)
         self._store = store
         self._closed = False
         self._started_wall = time.time()

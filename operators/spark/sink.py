@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -35,6 +35,8 @@ from recovery.contract import PositionStamper
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame
+
+    from cec.metrics import OperatorMetrics
 
 __all__ = ["SINK_FAULT_SITE", "CecSink"]
 
@@ -73,6 +75,7 @@ class CecSink:
         recovery: AttachRecovery,
         has_time: bool,
         keep_batches: int = 200,
+        metrics: OperatorMetrics | None = None,
     ) -> None:
         self.outputs = list(outputs)
         self.cursors = [_Cursor(PositionStamper(e.pos), e.n, e.time) for e in recovery.ends]
@@ -94,6 +97,9 @@ class CecSink:
         self._width = len(recovery.start)
         self.batch_figures: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._keep = keep_batches
+        self.metrics = metrics
+        if metrics is not None:  # the windows carried over by recovery are open before the first batch
+            self._publish(self._figures())
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         table = batch_df.toArrow()
@@ -121,6 +127,20 @@ class CecSink:
             self.batch_figures[batch_id] = figures
             while len(self.batch_figures) > self._keep:
                 self.batch_figures.popitem(last=False)
+            if self.metrics is not None:
+                self._publish(figures)
+
+    def _publish(self, figures: Mapping[str, Any]) -> None:
+        """The figures the driver knows, as cec.metrics: u is the extent in input tuples; the extent in
+        output records, the input read and the checkpoint duty are not known here and left unset."""
+        assert self.metrics is not None
+        self.metrics.update(
+            open_windows=figures["open_windows"],
+            replay=figures["extent_tuples"],
+            outputs=self.records,
+            gopens=figures["gopens"],
+            gchecks=figures["gchecks"],
+        )
 
     def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
         cursor, out = self.cursors[q], self.outputs[q]

@@ -5,7 +5,8 @@ StreamingQuery handle, and G-checks under `Checkpointing(u_target=...)`, on a re
    good ones: the results equal a plain-Python per-key aggregation of the same records, and every bad
    record is one dead letter with its partition, offset and reason;
 2. the returned handle answers like a StreamingQuery and carries CEC's figures in its progress;
-3. with a small U the output log holds G-checks, and after the driver is SIGKILLed in the middle of a sink
+3. `metrics_port`: the driver serves cec.metrics, scraped after the query processed its input;
+4. with a small U the output log holds G-checks, and after the driver is SIGKILLed in the middle of a sink
    write the restart replays at most U/2 + two micro-batches (a G-open-only run of the same input and crash replays far
    more, because a few rare keys keep windows open from the start), and the output is exact.
 """
@@ -13,6 +14,7 @@ StreamingQuery handle, and G-checks under `Checkpointing(u_target=...)`, on a re
 from __future__ import annotations
 
 import json
+import urllib.request
 import uuid
 from collections import Counter
 from dataclasses import dataclass
@@ -20,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from cec.records import Kind
 from operators.runtime import DEAD_LETTER_SCHEMA
@@ -237,6 +240,35 @@ def test_a_running_handle_stops(spark: SparkSession, json_topic: JsonTopic, tmp_
         query.stop()
         assert not query.isActive and query.awaitTermination(10) is True
     _assert_equal(_results(spark, json_topic, output), _reference(json_topic))
+
+
+def test_driver_serves_cec_metrics_after_the_input_is_processed(
+    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
+) -> None:
+    output = f"avg-json-metrics-{uuid.uuid4().hex[:8]}"
+    args = _args(json_topic, tmp_path, output, checkpointing={"u_target": U, "ci_ms": 100, "cp_ms": 100})
+    query = cec_aggregate(spark, available_now=True, metrics_port=0, **args)
+    try:
+        assert query.awaitTermination(300) is True and query.exception() is None
+        assert query.metrics_port
+        with urllib.request.urlopen(f"http://127.0.0.1:{query.metrics_port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        mine = {
+            sample.name: sample.value
+            for family in text_string_to_metric_families(text)
+            for sample in family.samples
+            if sample.labels.get("topic") == output and sample.labels.get("partition") == "all"
+        }
+        cec = query.cec_progress
+    finally:
+        query.close()
+    assert mine["cec_open_windows"] == cec["open_windows"] > 0
+    assert mine["cec_replay_tuples"] == cec["extent_tuples"] > 0
+    assert mine["cec_gopens_total"] == cec["gopens"] > 0
+    assert mine["cec_gchecks_total"] == cec["gchecks"] > 0
+    assert mine["cec_appended_records_total"] == sum(cec["records"].values()) > 0
+    # What the driver cannot know is left unset, not reported as zero.
+    assert not {"cec_checkpoint_duty_ratio", "cec_input_tuples_total", "cec_extent_records"} & mine.keys()
 
 
 def test_gchecks_bound_the_replay_after_a_driver_kill(
