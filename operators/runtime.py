@@ -465,25 +465,44 @@ class OperatorRuntime:
             if output.durable_count < appended:
                 return
             self._trim_pending = None
-            acks = output.store.acknowledged(output.topic, output.partition)
-            bound = min(bound, *acks.values()) if acks else bound
-            if bound > index.start_offset:
-                trimmed = output.writer.trim(bound)
-                index.prune(bound)
-                self.stats.trimmed_offsets += trimmed
-                if self.metrics is not None:
-                    self.metrics.trimmed(trimmed)
-                self.stats.retained_samples.append((self._in_count, index.next_offset - bound))
-                self._acknowledge_input(bound)
+            self._trim_to(bound)
             return
         durable = index.next_offset
         if durable - self._trim_looked < self.trim_every:
             return
         self._trim_looked = durable
+        self._trim_pending = (self._trim_bound(), output.appended)
+
+    def _trim_bound(self) -> int:
+        """The lowest offset recovery still needs: the oldest open window's last footprint (found through
+        the index by its time), and at least the newest record, the crash point."""
+        index = self.output.index
+        durable = index.next_offset
         oldest = self._registry.oldest()
-        # Keep the newest record at least: it is the crash point.
-        bound = durable - 1 if oldest is None else min(durable - 1, index.offset_for_time(oldest.tau2))
-        self._trim_pending = (bound, output.appended)
+        return durable - 1 if oldest is None else min(durable - 1, index.offset_for_time(oldest.tau2))
+
+    def _trim_to(self, bound: int) -> None:
+        """Trim below `bound`, capped by what every registered consumer acknowledged."""
+        output, index = self.output, self.output.index
+        acks = output.store.acknowledged(output.topic, output.partition)
+        bound = min(bound, *acks.values()) if acks else bound
+        if bound > index.start_offset:
+            trimmed = output.writer.trim(bound)
+            index.prune(bound)
+            self.stats.trimmed_offsets += trimmed
+            if self.metrics is not None:
+                self.metrics.trimmed(trimmed)
+            self.stats.retained_samples.append((self._in_count, index.next_offset - bound))
+            self._acknowledge_input(bound)
+
+    def _trim_at_rest(self) -> None:
+        """At the end of a run, with everything appended durable: trim to the bound of now. During a run
+        a bound waits for durability (`_trim`), so under load the writer's pace, not `trim_every`, sets how
+        far behind trimming is; a run that stops leaves its log trimmed to what recovery needs."""
+        if self.trim_every is None or self._plan is not None or not self.footprints:
+            return
+        self._trim_pending = None
+        self._trim_to(self._trim_bound())
 
     def _acknowledge_input(self, bound: int | None) -> None:
         """An input that is a registered consumer's queue (`acknowledge`): everything below the `pos` of
@@ -859,6 +878,7 @@ class OperatorRuntime:
 
     def _finish(self, *, complete: bool) -> None:
         self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
+        self._trim_at_rest()
         if self.metrics is not None:
             self._sample_metrics(self._registry.extent_size(self._out_count))
         self.stats.open_windows = self._registry.n

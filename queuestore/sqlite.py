@@ -305,8 +305,8 @@ class SqlitePartitionWriter(PartitionWriter):
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                     self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
-                    faults.hit("store.before_commit")
                     for _ in range(batches):  # counted per batch handed over, whatever the coalescing
+                        faults.hit("store.before_commit")
                         faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
                     self._conn.execute("COMMIT")
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed

