@@ -1,0 +1,155 @@
+"""`cec run --trim-every N`: the output log is trimmed while the results and dead-letter CSVs are written
+incrementally by a registered consumer; the files equal a non-trimming run's, crashes included."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from queuestore.sqlite import SqliteQueueStore
+from tests.helpers import child_env, wait_for
+from tests.test_cli import _purchases_csv, cec
+
+ROWS = 200_000
+TRIM_EVERY = "5000"
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, bytes, bytes]:
+    """The input and the results + dead letters of a run that never trims."""
+    root = tmp_path_factory.mktemp("plain")
+    data = root / "in.csv"
+    _purchases_csv(data, ROWS)
+    out = cec(*_args(data, root / "plain.csv"))
+    assert out.returncode == 0, out.stderr
+    return data, (root / "plain.csv").read_bytes(), (root / "plain.dead-letters.csv").read_bytes()
+
+
+def _args(data: Path, results: Path, *extra: str) -> list[str]:
+    return ["run", str(data), "--key", "item_id", "--value", "item_price", "--window-count", "5",
+            "--U", "2000", "--results", str(results), *extra]  # fmt: skip
+
+
+def _topic(store: Path) -> str:
+    (topic,) = json.loads((store / "cec-run-topics.json").read_text()).values()
+    return str(topic)
+
+
+def _log_bounds(store: Path) -> tuple[int, int]:
+    out = cec("inspect", _topic(store), "--json", "--store-dir", str(store))
+    assert out.returncode == 0, out.stderr
+    (partition,) = json.loads(out.stdout)["partitions"]
+    return partition["start_offset"], partition["end_offset"]
+
+
+def _assert_same(results: Path, plain: tuple[Path, bytes, bytes]) -> None:
+    _, want, want_dead = plain
+    assert results.read_bytes() == want
+    assert results.with_name(results.stem + ".dead-letters.csv").read_bytes() == want_dead
+
+
+def test_trimmed_run_equals_the_plain_run_and_keeps_the_log_bounded(
+    tmp_path: Path, plain: tuple[Path, bytes, bytes]
+) -> None:
+    store = tmp_path / "store"
+    results = tmp_path / "trim.csv"
+    out = cec(*_args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store)))
+    assert out.returncode == 0, out.stderr
+    _assert_same(results, plain)
+    start, end = _log_bounds(store)
+    assert start > 0, "nothing was trimmed"
+    # What is kept is a few trim intervals (the results writer commits every 10,000 records), not the run:
+    # at the end and at every trim along the run.
+    bound = 2 * int(TRIM_EVERY) + 10_000
+    assert end - start <= bound < end // 4, (start, end)
+    (stats,) = store.glob(".*.stats.json")
+    samples = json.loads(stats.read_text())["retained_samples"]
+    assert len(samples) >= 3 and max(retained for _, retained in samples) <= bound, samples
+    n_results = len(plain[1].splitlines()) - 1
+    assert f"results:      {n_results:,} closed windows" in out.stdout
+
+
+@pytest.mark.parametrize("k", [1, 120_000])
+def test_crash_after_with_trimming_is_exact(tmp_path: Path, plain: tuple[Path, bytes, bytes], k: int) -> None:
+    store = tmp_path / "store"
+    results = tmp_path / "crash.csv"
+    out = cec(*_args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store),
+                     "--crash-after", str(k)))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert f"SIGKILLed after {k:,} input rows" in out.stdout
+    _assert_same(results, plain)
+    assert _log_bounds(store)[0] > 0
+
+
+def test_sigkill_of_a_trimming_run_then_restart_is_exact(
+    tmp_path: Path, plain: tuple[Path, bytes, bytes]
+) -> None:
+    """The whole `cec run` (operator and results writer) SIGKILLed from outside once the log was trimmed;
+    run again with the same store dir, it resumes the log and the results files without a row twice."""
+    store = tmp_path / "store"
+    results = tmp_path / "killed.csv"
+    args = _args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store))
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), *args], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+    def trimmed() -> bool:
+        try:
+            topic = _topic(store)
+        except FileNotFoundError:
+            return False
+        sqlite = SqliteQueueStore(store)
+        if not sqlite.topic_exists(topic):
+            return False
+        with sqlite.reader(topic, 0) as reader:
+            return reader.start_offset() > 0
+
+    try:
+        wait_for(lambda: proc.poll() is not None or trimmed(), timeout=120)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -9, "the run ended before it could be killed"
+    assert len(results.read_bytes()) < len(plain[1])
+    again = cec(*args)
+    assert again.returncode == 0, again.stderr
+    _assert_same(results, plain)
+
+
+def test_rows_written_after_the_last_commit_are_not_kept_twice(
+    tmp_path: Path, plain: tuple[Path, bytes, bytes]
+) -> None:
+    """Rows past the length recorded with the last acknowledgement (a writer killed between its write and
+    its commit) are cut by the next run, which writes from the log only what it had not acknowledged."""
+    store = tmp_path / "store"
+    results = tmp_path / "out.csv"
+    dead = tmp_path / "out.dead-letters.csv"
+    args = _args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store))
+    assert cec(*args).returncode == 0
+    tail = plain[1].splitlines(keepends=True)[-50:]
+    with results.open("ab") as f:
+        f.write(b"".join(tail))  # as if written again but never committed
+    with dead.open("ab") as f:
+        f.write(b"0,1,half a ro")  # a torn row
+    again = cec(*args)
+    assert again.returncode == 0, again.stderr
+    _assert_same(results, plain)
+
+
+def test_results_file_removed_after_a_trimmed_run_is_one_clear_error(
+    tmp_path: Path, plain: tuple[Path, bytes, bytes]
+) -> None:
+    store = tmp_path / "store"
+    results = tmp_path / "out.csv"
+    args = _args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store))
+    assert cec(*args).returncode == 0
+    results.unlink()
+    again = cec(*args)
+    assert again.returncode != 0
+    assert "Traceback" not in again.stderr
+    assert again.stderr.strip().count("\n") == 0 and "use a new --store-dir" in again.stderr
