@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from queuestore.sqlite import SqliteQueueStore
+from tests.brokers import Broker
 from tests.helpers import child_env, wait_for
 from tests.test_cli import _purchases_csv, cec
+from tests.test_cli_topic import PARTITIONS, _new_topic, per_key, topic_run
+from tests.topic_data import as_json, encoded, make_purchases, produce
 
 ROWS = 200_000
 TRIM_EVERY = "5000"
@@ -153,3 +156,26 @@ def test_results_file_removed_after_a_trimmed_run_is_one_clear_error(
     assert again.returncode != 0
     assert "Traceback" not in again.stderr
     assert again.stderr.strip().count("\n") == 0 and "use a new --store-dir" in again.stderr
+
+
+def test_topic_run_with_trimming_on_kafka_keeps_results_exact(tmp_path: Path, kafka_broker: Broker) -> None:
+    """Kafka (Tansu) cannot delete records, so trimming is a logged no-op there; the results, written by
+    the registered consumer of every output partition while the run goes on (crash included), still
+    equal the non-trimming run's per key, in order."""
+    topic = _new_topic(kafka_broker, "purchases-trim")
+    produce(
+        kafka_broker.bootstrap, topic, encoded(make_purchases(3000, keys=40, partitions=PARTITIONS), as_json)
+    )
+    plain_out = topic_run(kafka_broker, topic, tmp_path / "plain.csv")
+    assert plain_out.returncode == 0, plain_out.stderr
+    want = per_key(tmp_path / "plain.csv")
+    assert sum(len(rows) for rows in want.values()) > 100
+    store = tmp_path / "store"
+    out = topic_run(kafka_broker, topic, tmp_path / "trim.csv", "--trim-every", "200", "--crash-after", "400",
+                    "--store-dir", str(store))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert per_key(tmp_path / "trim.csv") == want
+    plain_dead = sorted((tmp_path / "plain.dead-letters.csv").read_text().splitlines())
+    assert sorted((tmp_path / "trim.dead-letters.csv").read_text().splitlines()) == plain_dead
+    (progress,) = store.glob(".*.results-writer.json")
+    assert json.loads(progress.read_text())["n_results"] == sum(len(rows) for rows in want.values())
