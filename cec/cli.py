@@ -36,7 +36,14 @@ from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA
 from operators.job import JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA
-from operators.sinks import RESULT_COLUMNS, count_kinds, iter_payloads, result_formats, write_outputs
+from operators.sinks import (
+    RESULT_COLUMNS,
+    IncrementalOutputs,
+    count_kinds,
+    iter_payloads,
+    result_formats,
+    write_outputs,
+)
 from operators.sources import CsvSource
 from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
@@ -485,6 +492,18 @@ def _run_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
     return topic
 
 
+def _execute(spec: JobSpec, root: Path, crash_after: int | None) -> dict[str, Any]:
+    """Run the job (in this process, or with --crash-after in a worker SIGKILLed after K rows and a second
+    one that recovers); its stats."""
+    if crash_after is None:
+        return run_job(spec).as_dict()
+    rc = _wait(_worker(spec, root / "run.json", faults=f"runtime.after_input:{crash_after}"), "operator")
+    if rc == -signal.SIGKILL:
+        _say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
+    _wait(_worker(spec, root / "run.json"), "operator")
+    return _load_stats(Path(spec.stats_path or ""))
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     if args.input_topic:
         from cec.topic_run import cmd_run_topic
@@ -528,31 +547,49 @@ def cmd_run(args: argparse.Namespace) -> int:
             stats_path=str(root / f".{topic}.stats.json"),
             extra=extra,
             metrics_port=args.metrics_port,
+            trim_every=args.trim_every,
         )
-        if args.crash_after is not None:
-            rc = _wait(
-                _worker(spec, root / "run.json", faults=f"runtime.after_input:{args.crash_after}"), "operator"
-            )
-            if rc == -signal.SIGKILL:
-                _say(f"operator process SIGKILLed after {args.crash_after:,} input rows; recovering")
-            _wait(_worker(spec, root / "run.json"), "operator")
-            run_stats = _load_stats(Path(spec.stats_path or ""))
+        progress_path = root / f".{topic}.results-writer.json"
+        if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+            # Trimming: the results are written while the run goes on, by a registered consumer of the
+            # log (a run that trimmed before is resumed that way too, its log no longer holds everything).
+            store = open_store(store_cfg)
+            try:
+                store.create_topic(topic, spec.output_partitions)  # to register on it before any trim
+                writer = IncrementalOutputs(
+                    store,
+                    topic,
+                    RESULT_SCHEMA,
+                    DEAD_LETTER_SCHEMA,
+                    (results_path, RESULT_COLUMNS),
+                    dead_path,
+                    progress_path,
+                    result_formats(operator),
+                ).open()
+                try:
+                    with writer.running():
+                        run_stats = _execute(spec, root, args.crash_after)
+                finally:
+                    writer.close()
+            finally:
+                store.close()
+            n_results, n_dead, kinds = writer.n_results, writer.n_dead, writer.counts
         else:
-            run_stats = run_job(spec).as_dict()
+            run_stats = _execute(spec, root, args.crash_after)
+            store = open_store(store_cfg)
+            try:
+                n_results, n_dead, kinds = write_outputs(
+                    store,
+                    topic,
+                    RESULT_SCHEMA,
+                    DEAD_LETTER_SCHEMA,
+                    (results_path, RESULT_COLUMNS),
+                    dead_path,
+                    result_formats(operator),
+                )
+            finally:
+                store.close()
         recovery = run_stats.get("recovery")
-        store = open_store(store_cfg)
-        try:
-            n_results, n_dead, kinds = write_outputs(
-                store,
-                topic,
-                RESULT_SCHEMA,
-                DEAD_LETTER_SCHEMA,
-                (results_path, RESULT_COLUMNS),
-                dead_path,
-                result_formats(operator),
-            )
-        finally:
-            store.close()
     _say(f"results:      {n_results:,} closed windows -> {results_path}")
     _say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
     if args.results_topic:
@@ -830,6 +867,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
+    )
+    run.add_argument(
+        "--trim-every",
+        type=_positive_int,
+        metavar="N",
+        help="trim the output log every N records (default: never): the results and dead-letter CSVs are "
+        "then written as the run goes on and acknowledged, so the log keeps only what recovery and the "
+        "unwritten results still need (docs/long-runs.md)",
     )
     run.add_argument(
         "--progress", action="store_true", help="also the operator's own progress messages on stderr"

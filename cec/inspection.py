@@ -82,7 +82,8 @@ def list_topics(store: QueueStore) -> list[tuple[str, int]]:
 
 def start_offset(reader: PartitionReader) -> int:
     """The first offset the partition still holds (0 unless its head was trimmed); its end if empty."""
-    first = reader.read_forward(0, 1)
+    # From the log start: a read below it is refused on a trimmed log.
+    first = reader.read_forward(reader.start_offset(), 1)
     return first[0].offset if first else reader.end_offset()
 
 

@@ -25,7 +25,13 @@ from operators.aggregate import RESULT_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
 from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
-from operators.sinks import RESULT_COLUMNS, RESULTS_TOPIC, result_formats, write_outputs
+from operators.sinks import (
+    RESULT_COLUMNS,
+    RESULTS_TOPIC,
+    IncrementalOutputs,
+    result_formats,
+    write_outputs,
+)
 from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
 from queuestore.factory import open_store, store_spec
 
@@ -153,17 +159,7 @@ def _write_outputs(
 
 
 def cmd_run_topic(args: argparse.Namespace) -> int:
-    from cec.cli import (
-        _load_stats,
-        _policy,
-        _recovery_lines,
-        _say,
-        _store_dir,
-        _wait,
-        _worker,
-        check_not_all_dead,
-        results_paths,
-    )
+    from cec.cli import _policy, _store_dir, check_not_all_dead, results_paths
 
     if args.input:
         raise ConfigError("give either an input CSV file or --input-topic, not both")
@@ -205,6 +201,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             **_policy(args),
             extra=results_topic_extra(args),
             metrics_port=args.metrics_port,
+            trim_every=args.trim_every,
         )
         store = open_store(store_cfg)
         try:
@@ -213,29 +210,106 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
                 store.create_topic(args.results_topic, partitions)
         finally:
             store.close()
-        specs = [instance_spec(template, p) for p in range(partitions)]
-        for p, spec in enumerate(specs):
-            spec.stats_path = str(root / f".{output_topic}.{p}.stats.json")
-        recoveries: list[dict[str, Any] | None] = []
-        if args.crash_after is not None:
-            for p, spec in enumerate(specs):
-                spec_path = root / f"run-{p}.json"
-                rc = _wait(
-                    _worker(spec, spec_path, faults=f"runtime.after_input:{args.crash_after}"), "operator"
-                )
-                if rc == -signal.SIGKILL:
-                    _say(
-                        f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
-                    )
-                _wait(_worker(spec, spec_path), "operator")
-                recoveries.append(_load_stats(Path(spec.stats_path or "")).get("recovery"))
+        specs = specs_of(template, root, output_topic, partitions)
+        progress_path = root / f".{output_topic}.results-writer.json"
+        if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+            recoveries, (n_results, n_dead, kinds) = _run_trimmed(
+                args, specs, root, store_cfg, output_topic, (results_path, dead_path, progress_path), operator
+            )
         else:
-            recoveries = _run_instances(
+            recoveries = _execute(
+                args,
                 specs,
-                args.follow,
+                root,
                 lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path, operator),
             )
-        n_results, n_dead, kinds = _write_outputs(store_cfg, output_topic, results_path, dead_path, operator)
+            n_results, n_dead, kinds = _write_outputs(
+                store_cfg, output_topic, results_path, dead_path, operator
+            )
+    _report(args, partitions, pinned, output_topic, results_path, dead_path, n_results, n_dead, kinds)
+    _report_recoveries(args, recoveries)
+    check_not_all_dead(kinds, dead_path, "records")
+    return 0
+
+
+def specs_of(template: JobSpec, root: Path, output_topic: str, partitions: int) -> list[JobSpec]:
+    specs = [instance_spec(template, p) for p in range(partitions)]
+    for p, spec in enumerate(specs):
+        spec.stats_path = str(root / f".{output_topic}.{p}.stats.json")
+    return specs
+
+
+def _execute(
+    args: argparse.Namespace, specs: list[JobSpec], root: Path, refresh: Callable[[], object]
+) -> list[dict[str, Any] | None]:
+    """Every instance: in this process, or with --crash-after each in a worker SIGKILLed after K records
+    and one that recovers; each instance's recovery."""
+    from cec.cli import _load_stats, _say, _wait, _worker
+
+    if args.crash_after is None:
+        return _run_instances(specs, args.follow, refresh)
+    recoveries: list[dict[str, Any] | None] = []
+    for p, spec in enumerate(specs):
+        spec_path = root / f"run-{p}.json"
+        rc = _wait(_worker(spec, spec_path, faults=f"runtime.after_input:{args.crash_after}"), "operator")
+        if rc == -signal.SIGKILL:
+            _say(
+                f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
+            )
+        _wait(_worker(spec, spec_path), "operator")
+        recoveries.append(_load_stats(Path(spec.stats_path or "")).get("recovery"))
+    return recoveries
+
+
+def _run_trimmed(
+    args: argparse.Namespace,
+    specs: list[JobSpec],
+    root: Path,
+    store_cfg: dict[str, Any],
+    output_topic: str,
+    paths: tuple[Path, Path, Path],
+    operator: dict[str, Any],
+) -> tuple[list[dict[str, Any] | None], tuple[int, int, dict[str, int]]]:
+    """The run with --trim-every (or resuming one that trimmed): the results and dead-letter files are
+    written while it goes on by a registered consumer of every output partition (`IncrementalOutputs`),
+    so the trimmed log never held a result they lack."""
+    results_path, dead_path, progress_path = paths
+    store = open_store(store_cfg)
+    try:
+        writer = IncrementalOutputs(
+            store,
+            output_topic,
+            RESULT_SCHEMA,
+            DEAD_LETTER_SCHEMA,
+            (results_path, RESULT_COLUMNS),
+            dead_path,
+            progress_path,
+            result_formats(operator),
+        ).open()
+        try:
+            with writer.running():
+                # A following run's results file grows as the writer goes: nothing to rewrite each second.
+                recoveries = _execute(args, specs, root, lambda: None)
+        finally:
+            writer.close()
+    finally:
+        store.close()
+    return recoveries, (writer.n_results, writer.n_dead, dict(writer.counts))
+
+
+def _report(
+    args: argparse.Namespace,
+    partitions: int,
+    pinned: dict[str, Any],
+    output_topic: str,
+    results_path: Path,
+    dead_path: Path,
+    n_results: int,
+    n_dead: int,
+    kinds: dict[str, int],
+) -> None:
+    from cec.cli import _say
+
     bounds = "" if args.follow else f", bounded at {pinned.get('end_offsets')}"
     _say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
     _say(
@@ -247,13 +321,16 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         _say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
     _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
     _say("windows still open at the end of the input are not emitted")
+
+
+def _report_recoveries(args: argparse.Namespace, recoveries: list[dict[str, Any] | None]) -> None:
+    from cec.cli import _recovery_lines, _say
+
     for p, rec in enumerate(recoveries):
         if rec or args.crash_after is not None:
             _say(f"partition {p}:")
             for line in _recovery_lines(rec):
                 _say(line)
-    check_not_all_dead(kinds, dead_path, "records")
-    return 0
 
 
 def _run_instances(
