@@ -359,6 +359,7 @@ class OperatorRuntime:
         if self.metrics is not None:
             self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
         if not recovery.needed:
+            self.progress("empty log: nothing to recover, starting from the input's start", force=True)
             self._plan = None
             self.source.seek(self._pos)
             return True

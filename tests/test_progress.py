@@ -202,6 +202,9 @@ def test_log_level_reaches_the_operator_process(tmp_path: Path) -> None:
     loud = subprocess.run([script, "--log-level", "info", *run, "--progress", "--results", str(tmp_path / "b.csv")],
                           capture_output=True, text=True, env=child_env())  # fmt: skip
     assert loud.returncode == 0, loud.stderr
-    # The recovering worker process logs through the level the CLI was given.
-    assert "INFO operators.runtime: [aggregate[0] +" in loud.stderr and "recovered: extent" in loud.stderr
+    # The restarted worker process logs through the level the CLI was given: what it recovered, or that
+    # its log was still empty (the SQLite writer's I/O thread may not have committed anything before the
+    # kill: any prefix is a valid log, the empty one included).
+    assert "INFO operators.runtime: [aggregate[0] +" in loud.stderr, loud.stderr
+    assert loud.stderr.count("recovered: extent") + loud.stderr.count("nothing to recover") == 2, loud.stderr
     assert (tmp_path / "a.csv").read_bytes() == (tmp_path / "b.csv").read_bytes()
