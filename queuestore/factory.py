@@ -24,7 +24,11 @@ def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> d
 def open_store(spec: dict[str, Any]) -> QueueStore:
     kind = spec.get("type")
     if kind == "sqlite":
-        sqlite = SqliteQueueStore(spec["root"], fsync=bool(spec.get("fsync", False)))
+        sqlite = SqliteQueueStore(
+            spec["root"],
+            fsync=bool(spec.get("fsync", False)),
+            **({"max_outstanding": int(spec["max_outstanding"])} if spec.get("max_outstanding") else {}),
+        )
         if spec.get("max_record_bytes"):
             sqlite.max_record_bytes = int(spec["max_record_bytes"])
         return sqlite
@@ -34,7 +38,7 @@ def open_store(spec: dict[str, Any]) -> QueueStore:
         # Optional writer settings: the transactional.id prefix and the commit cadence (see KafkaQueueStore).
         writer_settings: dict[str, Any] = {
             name: spec[name]
-            for name in ("transactional_id_prefix", "commit_interval", "commit_records")
+            for name in ("transactional_id_prefix", "commit_interval", "commit_records", "max_outstanding")
             if spec.get(name) is not None
         }
         kafka = KafkaQueueStore(

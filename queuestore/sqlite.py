@@ -138,7 +138,7 @@ class SqlitePartitionWriter(PartitionWriter):
         *,
         max_record_bytes: int,
         fsync: bool = False,
-        max_outstanding: int = 100_000,
+        max_outstanding: int = 32_768,
         max_batch: int = 4096,
     ) -> None:
         self.topic = topic
@@ -392,12 +392,23 @@ class SqliteQueueStore(QueueStore):
     and `<p>.<name>` per attachment of partition p (written atomically: temporary file, fsync, rename)."""
 
     def __init__(
-        self, root: str | os.PathLike[str], *, fsync: bool = False, max_record_bytes: int = 16 << 20
+        self,
+        root: str | os.PathLike[str],
+        *,
+        fsync: bool = False,
+        max_record_bytes: int = 16 << 20,
+        max_outstanding: int = 32_768,
     ):
+        """`max_outstanding` bounds the records appended but not yet durable: an operator that outruns the
+        disk waits rather than running ahead of it. It is what a crash can lose to replay, and how far
+        trimming (which applies a bound only once everything appended before it is durable) can lag."""
+        if max_outstanding < 1:
+            raise QueueStoreError("max_outstanding must be at least 1")
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.state_dir = self.root
         self.max_record_bytes = max_record_bytes
+        self.max_outstanding = max_outstanding
         self._fsync = fsync
 
     def __repr__(self) -> str:
@@ -454,6 +465,7 @@ class SqliteQueueStore(QueueStore):
             partition,
             max_record_bytes=self.max_record_bytes,
             fsync=self._fsync,
+            max_outstanding=self.max_outstanding,
         )
 
     def reader(self, topic: str, partition: int) -> SqlitePartitionReader:
