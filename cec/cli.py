@@ -770,7 +770,14 @@ def _version() -> str:
 
 
 class _Parser(argparse.ArgumentParser):
-    """A usage mistake is one line (`cec run: error: ...`) and exit code 2, like every other mistake."""
+    """A usage mistake is one line (`cec run: error: ...`) and exit code 2, like every other mistake.
+
+    No abbreviated flags: `--input in.csv` would silently mean `--input-topic in.csv`, and every flag
+    added later could change what an abbreviation in someone's script means."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -60,6 +60,17 @@ def nothing_written(store: Path) -> bool:
     return not store.exists() or not any(p.is_dir() for p in store.iterdir())
 
 
+def test_an_abbreviated_flag_is_refused_not_taken_for_a_longer_one(data: Path, tmp_path: Path) -> None:
+    """`--input in.csv` must not silently mean `--input-topic in.csv` (argparse's abbreviations)."""
+    store = tmp_path / "store"
+    args = run_args(data, tmp_path / "out.csv", "--store-dir", str(store))
+    args.remove(str(data))
+    out = cec(*args, "--input", str(data))
+    assert_one_line_error(out, "unrecognized arguments: --input")
+    assert nothing_written(store)
+    assert_one_line_error(cec(*run_args(data, tmp_path / "out.csv", "--window-c", "3")), "--window-c")
+
+
 # -- output and store paths --------------------------------------------------------------------------------
 def test_results_in_a_missing_directory_is_refused_before_any_work(data: Path, tmp_path: Path) -> None:
     store = tmp_path / "store"
