@@ -1015,15 +1015,7 @@ class KafkaPartitionWriter(PartitionWriter):
         # the caller's thread) when the bound is reached; memory stays bounded when the broker is slow.
         if self._appended - self._served >= self._max_outstanding:
             self._commit_or_stop()
-        if not self._in_transaction:
-            try:
-                producer.begin_transaction()
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                raise self._stop(self._failed(err, "transaction on")) from None
-            self._in_transaction = True
-            self._transaction_started = self._clock()
-            self._transaction_records = 0
+        self._begin_transaction(producer)
         report = self._plain_report if on_durable is None else self._make_report(on_durable)
         record_key, message, headers = encode_message(value, meta)
         while True:
@@ -1048,6 +1040,19 @@ class KafkaPartitionWriter(PartitionWriter):
         self._appended += 1
         self._transaction_records += 1
 
+    def _begin_transaction(self, producer: Producer) -> None:
+        """Open a transaction unless one is open (the first append or side record after a commit)."""
+        if self._in_transaction:
+            return
+        try:
+            producer.begin_transaction()
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            raise self._stop(self._failed(err, "transaction on")) from None
+        self._in_transaction = True
+        self._transaction_started = self._clock()
+        self._transaction_records = 0
+
     def append_side(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         """Add a plain record (no cec headers) for another topic to the open transaction (one is begun if
         none is open), so it commits or aborts with the records appended to this partition: a
@@ -1059,15 +1064,7 @@ class KafkaPartitionWriter(PartitionWriter):
         writer's failure."""
         producer = self._live_producer()
         self._check_failure()
-        if not self._in_transaction:
-            try:
-                producer.begin_transaction()
-            except KafkaException as exc:
-                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-                raise self._stop(self._failed(err, "transaction on")) from None
-            self._in_transaction = True
-            self._transaction_started = self._clock()
-            self._transaction_records = 0
+        self._begin_transaction(producer)
         self._side.append((topic, partition, key, value))
 
     def _produce_side(self, producer: Producer, flush_timeout: float | None) -> None:
