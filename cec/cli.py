@@ -161,6 +161,8 @@ def _checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> li
         f"  checkpoint duty:       {stats.get('checkpoint_duty', 0.0):.1%} of operator time producing G-checks "
         f"(budget {stats.get('checkpoint_budget', 0.0):.1%}; {stats.get('checkpoint_seconds', 0.0) * 1000:,.0f} ms "
         f"in {stats.get('gchecks', 0):,} G-checks after recovery)",
+        f"  duty while wanted:     {stats.get('checkpoint_duty_wanted', 0.0):.1%} of the time the policy wanted "
+        f"G-checks (budget {stats.get('checkpoint_budget', 0.0):.1%})",
         f"  targets in force:      Q={stats.get('q_target')} U={stats.get('u_target')} "
         f"(max u {stats.get('max_replay', 0):,}, max q {stats.get('max_extent', 0):,}); {stats.get('checkpoint_policy', '')}",
     ]

@@ -41,6 +41,8 @@ class CheckpointSchedule:
         self._started: float | None = None
         self.spent_seconds = 0.0  # operator time spent producing G-checks
         self.gchecks = 0
+        self.wanted_seconds = 0.0  # run time during which the policy wanted G-checks
+        self._wanting_since: float | None = None
 
     # -- budget ------------------------------------------------------------------------------------------
     @property
@@ -95,6 +97,23 @@ class CheckpointSchedule:
         """Time spent producing G-checks / run time since the schedule started."""
         active = self.active_seconds()
         return self.spent_seconds / active if active > 0 else 0.0
+
+    def note_wanting(self, wanting: bool) -> None:
+        """What the policy wants as of now (told at every look and when spending stops): the time from
+        a look that wanted G-checks to the next that did not is time the budget was owed to them."""
+        now = self.clock()
+        if self._wanting_since is not None:
+            self.wanted_seconds += max(now - self._wanting_since, 0.0)
+        self._wanting_since = now if wanting else None
+
+    def wanted_duty(self) -> float:
+        """Time spent producing G-checks / run time while the policy wanted them: the figure that the
+        budget promises (the whole-run duty also counts stretches in which the targets held by themselves).
+        Every G-check is produced while the policy wants one, so the numerator is all G-check time."""
+        wanted = self.wanted_seconds
+        if self._wanting_since is not None:
+            wanted += max(self.clock() - self._wanting_since, 0.0)
+        return self.spent_seconds / wanted if wanted > 0 else 0.0
 
     def describe(self) -> str:
         if self.unlimited:

@@ -84,6 +84,7 @@ class RunStats:
     checkpoint_budget: float = 0.0  # the duty allowed at the end (CI/CP, or what the policy picked)
     checkpoint_seconds: float = 0.0  # operator time spent producing G-checks
     checkpoint_duty: float = 0.0  # checkpoint_seconds / run time since G-checks were allowed (after recovery)
+    checkpoint_duty_wanted: float = 0.0  # checkpoint_seconds / run time in which the policy wanted G-checks
     checkpoint_refusal: str | None = None  # why the targets could not be met, if they could not
     q_target: int | None = None  # targets in force at the end (picked by the policy with a recovery target)
     u_target: int | None = None
@@ -640,17 +641,18 @@ class OperatorRuntime:
         if now - self._interval[0] >= _MEASURE_S:
             self._measure(now)
         oldest = self._registry.oldest()
-        if oldest is None:
+        wants = oldest is not None and self.policy.wants_oldest(self._oldest_view(oldest))
+        self.schedule.note_wanting(wants)
+        if not wants:
             return
         credit = self.schedule.credit()
         if credit <= 0:
-            if self.policy.wants_oldest(self._oldest_view(oldest)):
-                self._budget_short = True
+            self._budget_short = True
             return
         started = now
         done = 0
         limit = len(self._registry)
-        while oldest is not None and done < limit and self.policy.wants_oldest(self._oldest_view(oldest)):
+        while oldest is not None and done < limit and wants:
             self._footprint(Kind.GCHECK, oldest)
             done += 1
             if done % 32 == 0:
@@ -660,11 +662,12 @@ class OperatorRuntime:
                 self._budget_short = True  # it may be satisfied now; the next look finds out cheaply
                 break
             oldest = self._registry.oldest()
-        if done:
-            now = clock()
-            self.schedule.spend(now - started, done)
-            self.rates.observe_gchecks(now - started, done)
-            self._last_look = now  # G-check time is not input work
+            wants = oldest is not None and self.policy.wants_oldest(self._oldest_view(oldest))
+        now = clock()
+        self.schedule.spend(now - started, done)
+        self.schedule.note_wanting(wants)  # satisfied (or not) as of the end of this spending
+        self.rates.observe_gchecks(now - started, done)
+        self._last_look = now  # G-check time is not input work
 
     def _start_checkpointing(self) -> None:
         """G-checks become possible (fresh start, or recovery caught up): start the budget and the
@@ -779,6 +782,7 @@ class OperatorRuntime:
         stats.checkpoint_budget = self.schedule.duty if self.policy.checkpoints else 0.0
         stats.checkpoint_seconds = self.schedule.spent_seconds
         stats.checkpoint_duty = self.schedule.real_duty()
+        stats.checkpoint_duty_wanted = self.schedule.wanted_duty()
         stats.q_target, stats.u_target = self.policy.targets()
         stats.rates = self.rates.as_dict()
 
