@@ -129,7 +129,7 @@ def _wait_until(condition: Callable[[], bool], proc: subprocess.Popen[bytes], ti
 
 
 def _checkpointing(args: argparse.Namespace) -> Checkpointing:
-    """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy.
+    """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy/--mtbf.
 
     A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000) apply only without a recovery
     target: with one, the operator picks them, and a Q or U given beside it bounds what it picks."""
@@ -144,6 +144,7 @@ def _checkpointing(args: argparse.Namespace) -> Checkpointing:
         cp_ms=args.cp_ms,
         recovery_target=args.recovery_target,
         policy=args.policy,
+        mtbf=args.mtbf,
     )
 
 
@@ -743,6 +744,12 @@ def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> No
         default="targets",
         help="targets: G-check while q > Q or u > U (or to meet --recovery-target); cost-benefit: only when "
         "the recovery time a G-check saves is worth its cost (default targets)",
+    )
+    p.add_argument(
+        "--mtbf",
+        default="1h",
+        help="mean time between failures the cost-benefit policy plans for, e.g. 10 minutes, 1h (default 1h): "
+        "the shorter, the more G-checks are worth their cost",
     )
     p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
     p.add_argument(

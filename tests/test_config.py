@@ -105,10 +105,19 @@ def test_cli_flags_map_onto_checkpointing() -> None:
     assert _parsed(
         *run, "--Q", "900", "--U", "1000", "--ci-ms", "10", "--cp-ms", "20", "--policy", "cost-benefit"
     ) == Checkpointing(q_target=900, u_target=1000, ci_ms=10, cp_ms=20, policy="cost-benefit")
+    assert _parsed(*run, "--policy", "cost-benefit", "--mtbf", "10 minutes") == Checkpointing(
+        policy="cost-benefit", mtbf=600.0
+    )
 
 
 @pytest.mark.parametrize(
-    "flags", [["--recovery-target", "soon"], ["--ci-ms", "50", "--cp-ms", "10"], ["--ci-ms", "0"]]
+    "flags",
+    [
+        ["--recovery-target", "soon"],
+        ["--ci-ms", "50", "--cp-ms", "10"],
+        ["--ci-ms", "0"],
+        ["--mtbf", "never"],
+    ],
 )
 def test_cli_rejects_bad_checkpointing_in_one_line(
     tmp_path: Path, flags: list[str], capsys: pytest.CaptureFixture[str]
