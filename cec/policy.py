@@ -224,7 +224,8 @@ class CostBenefitPolicy(CheckpointPolicy):
     footprint; the G-check itself adds one record). The saving lasts as long as the window would
     otherwise have kept the front; having kept it for u tuples, it is expected to keep it about as long
     again, u / input_rate seconds, during which a crash comes with probability about that time / MTBF.
-    So: G-check when (u / input_rate) / MTBF * saving > g.
+    So: G-check when (u / input_rate) / MTBF * saving > g, where the gaps count at least their average
+    over the span (u/N, q/N): the front is passed by G-checking its windows one after the other.
 
     With windows spread evenly over the replay span (gap_in ~ u/N) this holds u near
     sqrt(g * N * input_rate * R * MTBF), the replay size that minimises G-check time plus expected
@@ -246,7 +247,14 @@ class CostBenefitPolicy(CheckpointPolicy):
         rates = self.rates
         if rates.input_rate <= 0 or view.replay_size <= 0:
             return False  # nothing measured yet, or nothing to save
-        saving = view.gap_in / rates.replay_rate + (view.gap_out - 1) / rates.ec_build_rate
+        # G-checking the front is a sweep over the oldest windows, one after the other: what the sweep
+        # saves is the whole span, so each G-check is worth at least the average gap (u/N, q/N). Valued
+        # by its own gap only, a dense front (windows opened a tuple apart, as at a job's start) would
+        # never look worth passing, and the sparse gaps behind it would never be reached.
+        n = max(view.open_windows, 1)
+        gap_in = max(view.gap_in, view.replay_size / n)
+        gap_out = max(view.gap_out, view.extent_size / n)
+        saving = gap_in / rates.replay_rate + (gap_out - 1) / rates.ec_build_rate
         horizon = view.replay_size / rates.input_rate
         return horizon / self.mtbf_s * saving > rates.gcheck_seconds
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 
@@ -95,8 +95,9 @@ def test_cost_benefit_checkpoints_only_when_the_expected_saving_beats_the_cost()
     policy = CostBenefitPolicy(3600.0)
     policy.observe(rates(), 10_000)
     # Held the front for 1M tuples (25 s at 40k/s): a crash while the saving lasts has p = 25/3600.
-    cheap_gap = WindowView(extent_size=10**6, replay_size=10**6, open_windows=10_000, gap_in=100, gap_out=1)
-    wide_gap = WindowView(extent_size=10**6, replay_size=10**6, open_windows=10_000, gap_in=200, gap_out=1)
+    # (An extent of one record per window: a G-check saves nothing of it.)
+    cheap_gap = WindowView(extent_size=10_000, replay_size=10**6, open_windows=10_000, gap_in=100, gap_out=1)
+    wide_gap = WindowView(extent_size=10_000, replay_size=10**6, open_windows=10_000, gap_in=200, gap_out=1)
     assert not policy.wants_oldest(cheap_gap)  # saves 2 ms * p = 13.9 us < 20 us
     assert policy.wants_oldest(wide_gap)  # saves 4 ms * p = 27.8 us > 20 us
     dearer = rates(gcheck_seconds=40e-6)
@@ -114,6 +115,19 @@ def test_cost_benefit_settles_at_youngs_replay_size() -> None:
     # (An extent of one record per window: the extent saving is nil, as in Young's model.)
     assert policy.wants_checkpoint(10_000, int(u_star * 1.05))
     assert not policy.wants_checkpoint(10_000, int(u_star * 0.95))
+
+
+def test_cost_benefit_passes_a_dense_front_when_the_span_is_worth_it() -> None:
+    """Windows opened a tuple apart (a job's start): each G-check of the front saves one tuple itself, but
+    the sweep over them saves the span; above Young's replay size the policy must start it."""
+    policy = CostBenefitPolicy(600.0)
+    policy.observe(rates(), 10_000)
+    u_star = policy.balance_replay_size(10_000)
+    dense = WindowView(
+        extent_size=10_000, replay_size=int(u_star * 1.05), open_windows=10_000, gap_in=1, gap_out=1
+    )
+    assert policy.wants_oldest(dense)
+    assert not policy.wants_oldest(replace(dense, replay_size=int(u_star * 0.95)))
 
 
 def test_cost_benefit_does_nothing_before_measuring() -> None:
