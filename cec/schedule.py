@@ -41,7 +41,8 @@ class CheckpointSchedule:
         self._started: float | None = None
         self.spent_seconds = 0.0  # operator time spent producing G-checks
         self.gchecks = 0
-        self.wanted_seconds = 0.0  # run time during which the policy wanted G-checks
+        self._wanted_periods = 0  # CP periods in which the policy wanted G-checks
+        self._last_period = -1  # the last of them counted
         self._wanting_since: float | None = None
 
     # -- budget ------------------------------------------------------------------------------------------
@@ -99,20 +100,42 @@ class CheckpointSchedule:
         return self.spent_seconds / active if active > 0 else 0.0
 
     def note_wanting(self, wanting: bool) -> None:
-        """What the policy wants as of now (told at every look and when spending stops): the time from
-        a look that wanted G-checks to the next that did not is time the budget was owed to them."""
+        """What the policy wants as of now (told at every look and when spending stops). The budget is
+        CI of every CP, so a CP period in which the policy wanted G-checks at all is owed its CI: the
+        time from a look that wanted them to the next that did not is counted in whole CP periods (a
+        burst that spends one saved CI and is satisfied within a period is that period's CI, as in the
+        paper's slots, not a duty of 100%)."""
         now = self.clock()
         if self._wanting_since is not None:
-            self.wanted_seconds += max(now - self._wanting_since, 0.0)
+            self._wanted_periods += self._new_periods(self._wanting_since, now)
+            self._last_period = self._period(now)
+        if wanting:
+            self._wanted_periods += self._new_periods(now, now)
+            self._last_period = max(self._last_period, self._period(now))
         self._wanting_since = now if wanting else None
+
+    def _period(self, t: float) -> int:
+        start = self._started if self._started is not None else t
+        return int((t - start) / self.cp + 1e-9)
+
+    def _new_periods(self, since: float, until: float) -> int:
+        """CP periods touched by [since, until] that are not counted yet."""
+        first = max(self._period(since), self._last_period + 1)
+        return max(self._period(until) - first + 1, 0)
+
+    @property
+    def wanted_seconds(self) -> float:
+        """Run time during which the policy wanted G-checks, in whole CP periods (up to now)."""
+        periods = self._wanted_periods
+        if self._wanting_since is not None:
+            periods += self._new_periods(self._wanting_since, self.clock())
+        return periods * self.cp
 
     def wanted_duty(self) -> float:
         """Time spent producing G-checks / run time while the policy wanted them: the figure that the
         budget promises (the whole-run duty also counts stretches in which the targets held by themselves).
         Every G-check is produced while the policy wants one, so the numerator is all G-check time."""
         wanted = self.wanted_seconds
-        if self._wanting_since is not None:
-            wanted += max(self.clock() - self._wanting_since, 0.0)
         return self.spent_seconds / wanted if wanted > 0 else 0.0
 
     def describe(self) -> str:

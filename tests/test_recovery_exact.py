@@ -157,8 +157,18 @@ def test_a_failed_append_stops_the_operator_and_a_restart_recovers_exactly(
     with one line (no traceback), the log is a gapless prefix of the failure-free log (nothing after the
     failed batch was written), and a restart recovers to exactly the failure-free results."""
     job = {
-        "count": 3000, "keys": 40, "partitions": 1, "window": 5, "timed": False, "agg": "avg",
-        "seed": 3, "q": None, "u": None, "ci": 1.0, "batch": 16, "invalid_every": 40,
+        "count": 3000,
+        "keys": 40,
+        "partitions": 1,
+        "window": 5,
+        "timed": False,
+        "agg": "avg",
+        "seed": 3,
+        "q": None,
+        "u": None,
+        "ci": 1.0,
+        "batch": 16,
+        "invalid_every": 40,
     }  # fmt: skip  (G-open only: the log does not depend on checkpoint-slot timing)
     run_job(_spec(tmp_path / "reference", job))
     reference = SqliteQueueStore(tmp_path / "reference")

@@ -131,25 +131,30 @@ def test_duty_while_the_policy_wants_checkpoints_is_the_budget_after_a_quiet_sta
     assert stats.checkpoint_duty_wanted > stats.checkpoint_duty
 
 
-def test_wanted_time_is_counted_from_a_look_that_wants_to_one_that_does_not() -> None:
+def test_wanted_time_is_counted_in_the_cp_periods_in_which_the_policy_wanted_checkpoints() -> None:
     clock = FakeClock()
-    schedule = CheckpointSchedule(5.0, 100.0, clock=clock)
-    schedule.start()
+    schedule = CheckpointSchedule(50.0, 1000.0, clock=clock)  # CI 50 ms of every CP of 1 s
+    schedule.start()  # period k is [k, k + 1) s after this
+    clock.now += 0.5
     schedule.note_wanting(False)
-    clock.now += 1.0
+    clock.now += 1.0  # 1.5: wanted from here...
     schedule.note_wanting(True)
-    clock.now += 2.0
+    clock.now += 1.0
     schedule.spend(0.1, 10)
     schedule.note_wanting(True)
-    clock.now += 1.0
+    clock.now += 1.0  # ...to 3.5: periods 1, 2 and 3
     schedule.note_wanting(False)
     clock.now += 4.0
     assert schedule.wanted_seconds == pytest.approx(3.0)
     assert schedule.wanted_duty() == pytest.approx(0.1 / 3.0)
-    assert schedule.real_duty() == pytest.approx(0.1 / 8.0)
+    assert schedule.real_duty() == pytest.approx(0.1 / 7.5)
+    schedule.note_wanting(True)  # 7.5: a burst satisfied within period 7 is owed that period's CI
+    schedule.spend(0.05, 5)
+    schedule.note_wanting(False)
+    assert schedule.wanted_seconds == pytest.approx(4.0)
     schedule.note_wanting(True)
-    clock.now += 1.0  # still wanting: counted up to now
-    assert schedule.wanted_duty() == pytest.approx(0.1 / 4.0)
+    clock.now += 1.0  # still wanting at 8.5: periods 7 (counted) and 8
+    assert schedule.wanted_duty() == pytest.approx(0.15 / 5.0)
 
 
 def test_a_budget_too_small_for_the_targets_is_said_once_with_the_duty_that_would_meet_them(
