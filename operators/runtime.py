@@ -439,9 +439,17 @@ class OperatorRuntime:
         if plan is None or self._wm is None or plan.replaying(tup.partition, tup.offset):
             return False
         if plan.caught_up(self._pos):
+            # Every partition reached its crash point without the check at the end of `_apply` running
+            # (the last replayed tuple was skipped): what was held back comes before this tuple.
+            self._catch_up()
             return False
         self._held_back.append(tup)
         return True
+
+    def _catch_up(self) -> None:
+        """Recovery is over: leave replay, then apply the tuples held back, in their order."""
+        self._caught_up()
+        self._release_held_back()
 
     def _release_held_back(self) -> None:
         held, self._held_back = self._held_back, []
@@ -553,6 +561,8 @@ class OperatorRuntime:
                 faults.hit("runtime.replaying")
                 if plan.fate(j, o, key) is TupleFate.SKIP:
                     self.stats.recovery.tuples_skipped += 1
+                    if plan.caught_up(self._pos):
+                        self._catch_up()  # the last replayed tuple: release what was held back now
                     return
                 self._rebuilding = True  # TupleFate.REBUILD: below the crash point, only state
             elif plan.caught_up(self._pos):
@@ -585,8 +595,7 @@ class OperatorRuntime:
         self._release(j, o)
         faults.hit("runtime.after_input")
         if self._held_back and plan is not None and plan.caught_up(self._pos):
-            self._caught_up()
-            self._release_held_back()
+            self._catch_up()
 
     def _caught_up(self) -> None:
         if self.metrics is not None:

@@ -110,11 +110,15 @@ def test_stamped_pos_never_decreases(
 
 
 def _spec(root: Path, job: dict[str, Any]) -> JobSpec:
-    window = (
+    window: dict[str, Any] = (
         {"window_ms": job["window"] * 5, "time_field": "item_time"}
         if job["timed"]
         else {"window_count": job["window"]}
     )
+    if job["timed"] and job["lateness"] is not None:
+        # Event-time watermarks: windows close when every partition is past their end, and tuples past
+        # a partition's crash point are held back until all partitions reached theirs.
+        window["allowed_lateness_ms"] = job["lateness"]
     return JobSpec(
         operator={
             "type": "aggregate",
@@ -168,6 +172,7 @@ jobs = st.fixed_dictionaries(
         "seed": st.integers(0, 10_000),
         "batch": st.sampled_from([1, 3, 16, 64, 128]),
         "interleave": st.none() | st.integers(0, 10_000),  # None: lockstep partitions
+        "lateness": st.none() | st.integers(0, 6),  # watermarks (time windows only)
     }
 )
 
