@@ -310,6 +310,9 @@ def cec_recovery(
         "ec_build_s": rec["ec_build_seconds"],
         "ec_load_s": rec["ec_load_seconds"],
         "extent": rec["extent_records"],
+        "records_read": rec["records_read"],
+        "replay_span": rec["replay_span"],
+        "catch_up_s": rec["catch_up_seconds"],
         "ec_windows": rec["ec_windows"],
         "replayed": rec["tuples_replayed"],
         "checkpoint_duty": stats.get("checkpoint_duty"),
@@ -371,20 +374,22 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
         tput = {s: [r[s] for r in block["throughput"]] for s in SYSTEMS}
         rec = {s: [r[s] for r in block["recovery"]] for s in SYSTEMS}
         s: dict[str, Any] = {
-            "tuples_per_s": {k: _median(v, "tuples_per_s") for k, v in tput.items()},
-            "bytes_per_tuple": {k: _median(v, "bytes_written") / count for k, v in tput.items()},
+            "tuples_per_s": {k: _median(v, "tuples_per_s") for k, v in tput.items() if v},
+            "bytes_per_tuple": {k: _median(v, "bytes_written") / count for k, v in tput.items() if v},
             "recovery_s": {k: _median(v, "recovery_s") for k, v in rec.items() if v},
         }
         # Ratios per repeat (same moment of the machine), then their median.
         s["throughput_ratio"] = {
             q: statistics.median(r["cec"]["tuples_per_s"] / r[q]["tuples_per_s"] for r in block["throughput"])
             for q in GUARANTEE
+            if block["throughput"]
         }
         s["bytes_ratio"] = {
             q: statistics.median(
                 r["cec"]["bytes_written"] / r[q]["bytes_written"] for r in block["throughput"]
             )
             for q in GUARANTEE
+            if block["throughput"]
         }
         s["recovery_ratio"] = {
             q: statistics.median(r["cec"]["recovery_s"] / r[q]["recovery_s"] for r in block["recovery"])
@@ -398,9 +403,10 @@ def summarize(result: dict[str, Any]) -> dict[str, Any]:
 def goals(summary: dict[str, Any]) -> list[tuple[str, str, bool]]:
     out: list[tuple[str, str, bool]] = []
     for keys, s in summary.items():
-        r = s["throughput_ratio"]["quix-alo"]
-        out.append((f"throughput >= 3x Quix ALO, {int(keys):,} keys", f"{r:.2f}x", r >= 3.0))
-    if "1000" in summary:
+        if "quix-alo" in s["throughput_ratio"]:
+            r = s["throughput_ratio"]["quix-alo"]
+            out.append((f"throughput >= 3x Quix ALO, {int(keys):,} keys", f"{r:.2f}x", r >= 3.0))
+    if "1000" in summary and summary["1000"]["bytes_ratio"]:
         b = summary["1000"]["bytes_ratio"]["quix-alo"]
         out.append(("bytes/tuple <= Quix (ALO) at 1,000 keys", f"{b:.2f}x", b <= 1.0))
         b = summary["1000"]["bytes_ratio"]["quix-eos"]
@@ -451,7 +457,14 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def run_keys(
-    bootstrap: str, keys: int, count: int, repeats: int, work: Path, recovery: bool, save_partial: bool
+    bootstrap: str,
+    keys: int,
+    count: int,
+    repeats: int,
+    work: Path,
+    recovery: bool,
+    save_partial: bool,
+    throughput: bool = True,
 ) -> dict[str, Any]:
     input_topic = f"bench-purchases-{keys}-{count}-{os.getpid()}"
     produce_input(bootstrap, input_topic, count, keys)
@@ -460,7 +473,7 @@ def run_keys(
     for rep in range(repeats):
         order = SYSTEMS[rep % 3 :] + SYSTEMS[: rep % 3]  # interleaved, rotating which system goes first
         row: dict[str, Any] = {}
-        for system in order:
+        for system in order if throughput else ():
             tag = f"b{os.getpid()}-{keys}-{rep}-{system}"
             if system == "cec":
                 row[system] = cec_throughput(bootstrap, input_topic, tag, work)
@@ -470,7 +483,8 @@ def run_keys(
                 f"  [{rep}] {system:<9} {row[system]['tuples_per_s']:>9,.0f} tuples/s  "
                 f"{row[system]['bytes_written'] / count:7.1f} bytes/tuple ({row[system]['records_written']:,} records)"
             )
-        block["throughput"].append(row)
+        if row:
+            block["throughput"].append(row)
         if not recovery:
             continue
         rec: dict[str, Any] = {}
@@ -489,7 +503,9 @@ def run_keys(
         )
         block["recovery"].append(rec)
         if save_partial:
-            partial = HERE / "out" / f"quix.partial-{keys}.json"  # what a run cut short still leaves
+            # What a run cut short still leaves (a recovery-only run keeps apart from the full run's).
+            name = "quix" if throughput else "quix-recovery"
+            partial = HERE / "out" / f"{name}.partial-{keys}.json"
             partial.parent.mkdir(exist_ok=True)
             partial.write_text(json.dumps(block, indent=2))
     return block
@@ -567,6 +583,7 @@ def main(argv: list[str] | None = None) -> int:
         help="summarize the repeats a cut-short run left in benchmarks/out/quix.partial-KEYS.json",
     )
     parser.add_argument("--no-recovery", action="store_true", help="throughput and bytes only")
+    parser.add_argument("--no-throughput", action="store_true", help="recovery only")
     parser.add_argument(
         "--quix-python", type=Path, help=f"a Python with {QUIX_REQUIREMENT} (default: {QUIX_VENV})"
     )
@@ -626,8 +643,9 @@ def main(argv: list[str] | None = None) -> int:
             for keys in key_counts:
                 count = small if keys <= 1000 else large
                 result["keys"][str(keys)] = run_keys(
-                    broker.bootstrap, keys, count, repeats, Path(tmp), not args.no_recovery, not args.quick
-                )
+                    broker.bootstrap, keys, count, repeats, Path(tmp), not args.no_recovery, not args.quick,
+                    not args.no_throughput,
+                )  # fmt: skip
     finally:
         broker.stop()
     result["load_average_end"] = os.getloadavg()
@@ -644,14 +662,14 @@ def finish(result: dict[str, Any], args: argparse.Namespace) -> int:
         print(f"{int(keys):,} keys ({result['keys'][keys]['count']:,} tuples), medians:")
         for system in SYSTEMS:
             rec = s["recovery_s"].get(system)
-            print(
-                f"  {system:<9} {s['tuples_per_s'][system]:>9,.0f} tuples/s  {s['bytes_per_tuple'][system]:7.1f} "
-                f"bytes/tuple" + (f"  recovery {rec:.2f} s" if rec is not None else "")
-            )
+            line = f"  {system:<9}"
+            if system in s["tuples_per_s"]:
+                line += f" {s['tuples_per_s'][system]:>9,.0f} tuples/s  {s['bytes_per_tuple'][system]:7.1f} bytes/tuple"
+            print(line + (f"  recovery {rec:.2f} s" if rec is not None else ""))
         for q in GUARANTEE:
-            line = (
-                f"  cec / {q}: throughput {s['throughput_ratio'][q]:.2f}x, bytes {s['bytes_ratio'][q]:.2f}x"
-            )
+            line = f"  cec / {q}:"
+            if q in s["throughput_ratio"]:
+                line += f" throughput {s['throughput_ratio'][q]:.2f}x, bytes {s['bytes_ratio'][q]:.2f}x"
             if q in s["recovery_ratio"]:
                 line += f", recovery {s['recovery_ratio'][q]:.2f}x"
             print(line)

@@ -122,8 +122,6 @@ _MAX_KIND_BYTES = 16
 # consumer sees on top of the produce latency.
 DEFAULT_COMMIT_INTERVAL = 0.1
 DEFAULT_COMMIT_RECORDS = 50_000
-# fetch.wait.max.ms of the bulk reader's consumer (see KafkaPartitionReader._bulk_consumer).
-_BULK_FETCH_WAIT_MS = 2
 # max.partition.fetch.bytes and fetch.max.bytes of the bulk reader's consumer, unless the store's config
 # sets them (below receive.message.max.bytes' default, 100 MB, as librdkafka requires).
 _BULK_FETCH_BYTES = 32 << 20
@@ -1221,14 +1219,19 @@ class KafkaPartitionReader(PartitionReader):
 
     def _bulk_consumer(self) -> Consumer:
         """The consumer of `read_backward_rows`: each of its reads ends unassigned, so it never idles at
-        the live end, and it may ask the broker to hold fetches for less time. Tansu holds every fetch
-        for the full fetch.wait.max.ms even when data is there, and a 90k-record extent takes about ten
-        fetches (measured on Tansu, best of 4 under load: 10 ms -> 2 ms took a bulk read of 84k records
-        from ~300 to ~215 ms)."""
+        the live end.
+
+        It keeps the store's fetch.wait.max.ms (10 ms). Tansu answers a fetch with the record batches it
+        gathers within that wait (at least one), not with everything up to the byte limit, so the wait
+        bounds how much one round trip brings. An operator's log is made of small batches (its writer
+        lingers 5 ms: 30-100 records each at ~20k records/s). With a 2 ms wait, a loaded machine got
+        one batch per fetch: ~1,400 round trips for an 86k-record extent, measured 68 s for the EC build
+        with the client and broker held to 10% of a CPU against 2.3 s with 10 ms (the 44 s EC build of
+        benchmarks/RESULTS.md, "Side by side with Quix Streams", at load ~29). On a quiet machine the
+        shorter wait only saved ~85 ms per 84k-record read of a log of large batches."""
         self._live_consumer()
         if self._bulk is None:
             conf = self._store._consumer_config(f"bulk-{self.topic}-{self.partition}")
-            conf["fetch.wait.max.ms"] = min(int(conf.get("fetch.wait.max.ms", 10)), _BULK_FETCH_WAIT_MS)
             # Fewer, larger fetches: an extent of ~90k small records is a few MB, read in a couple of
             # fetches instead of one per default 1 MB (each held for fetch.wait.max.ms by Tansu).
             conf.setdefault("max.partition.fetch.bytes", _BULK_FETCH_BYTES)
@@ -1508,13 +1511,17 @@ class KafkaPartitionReader(PartitionReader):
 
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
         # read_backward without a StoredRecord per message: one forward read of the whole window
-        # (offsets may have gaps: widen downwards until enough, as read_backward does).
+        # (offsets may have gaps: widen downwards until enough, as read_backward does). Each read is at
+        # least one fetch round trip, so the window starts a little wider than asked: a transaction
+        # marker per commit (and the aborted tail a crash leaves) would otherwise cost a second read of a
+        # few offsets for almost every chunk; the surplus rows, the oldest, are dropped.
         if max_records <= 0 or before_offset <= 0:
             return []
         collected: list[Row] = []
         upper = before_offset
         while len(collected) < max_records and upper > 0:
-            lower = max(0, upper - (max_records - len(collected)))
+            missing = max_records - len(collected)
+            lower = max(0, upper - missing - missing // 64 - 16)
             result = self._read(lower, want=None, stop_before=upper, as_rows=True)
             if result.beyond_end:
                 end = self.end_offset()
