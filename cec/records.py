@@ -573,13 +573,14 @@ class AvroCodec:
         fastavro.schemaless_writer(buf, self.schema, dict(datum))
         return buf.getvalue()
 
-    def decode_tuple(self, data: bytes) -> tuple[Any, ...]:
-        """The record's field values in schema order (EC-load decodes every window state: no dict)."""
+    def decode_tuple(self, data: bytes, start: int = 0) -> tuple[Any, ...]:
+        """The field values, in schema order, of the record at `data[start:]` (EC-load decodes every window
+        state: no dict)."""
         if self._program is not None and native is not None:
-            fields = native.decode_avro(self._program, data, 0)
+            fields = native.decode_avro(self._program, data, start)
             if fields is not None:
                 return tuple(fields)
-        obj = self.decode(data)
+        obj = self.decode(data[start:] if start else data)
         return tuple(obj[name] for name in self._names)
 
     def decode(self, data: bytes) -> dict[str, Any]:
