@@ -75,6 +75,7 @@ FIRST_TUPLE_SCHEMA: dict[str, Any] = {
 def _same_double(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)  # 0.0 and -0.0 differ in the log
 
+
 _FIRST_TUPLE_HEAD = bytes((FIRST_TUPLE_TAG,))
 
 
