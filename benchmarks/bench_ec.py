@@ -21,16 +21,19 @@ shared: wall time includes waiting for a core). The paper's prototype rebuilt ~3
     .venv/bin/python benchmarks/bench_ec.py               # paper scale, SQLite and Kafka: ~3-5 minutes
     .venv/bin/python benchmarks/bench_ec.py --quick       # 100k tuples over 20k keys
     .venv/bin/python benchmarks/bench_ec.py --no-kafka    # SQLite only (--no-sqlite: Kafka only)
-    .venv/bin/python benchmarks/bench_ec.py --bytes       # bytes per input tuple, legacy vs current layout
+    .venv/bin/python benchmarks/bench_ec.py --bytes       # bytes per input tuple, legacy/previous/current
 Writes benchmarks/out/ec.json (`--bytes`: benchmarks/out/bytes.json).
 
-`--bytes` measures what each input tuple costs on Kafka, in one run, for the record layout before this
-change (record version 1 with its metadata in the body, plus the metadata packed in the message key and
-four `cec.*` headers) and the current one (version 2 body, `cec.kind` header, window key as message key,
-kind/time/seq in a small frame): the same records of the paper's aggregate (1,000 keys, count windows of
-10, G-open only, `run_job`) in both layouts, counted two ways: Kafka's record format v2 uncompressed
-(what each record adds to a batch), and the bytes the store's producer (lz4, the store's batching)
-actually sent to the broker for them (librdkafka's `txbytes`), interleaved over the repeats.
+`--bytes` measures what each input tuple costs on Kafka, in one run, for three record layouts: `legacy`
+(record version 1 with its metadata in the body, plus the metadata packed in the message key and four
+`cec.*` headers), `previous` (version 3 body, full window states, `cec.kind` header, window key as message
+key, kind/time/seq in a small frame: main before version 4) and `current` (this tree: the compact version-4
+body and first-tuple states, same frame): the same records of the paper's aggregate (1,000 keys, count
+windows of 10, G-open only, `run_job`) in each layout, counted two ways: Kafka's record format v2
+uncompressed (what each record adds to a batch), and the bytes the store's producer (lz4, the store's
+batching) actually sent to the broker for them (librdkafka's `txbytes`), interleaved over the repeats.
+`--previous-version 3` makes the EC measurement's `previous` tree read version-3 records in the framed
+layout (use it with `--previous main` for main before version 4).
 """
 
 from __future__ import annotations
@@ -117,26 +120,57 @@ def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]
     return info
 
 
-def _legacy_messages(rows: list[Any]) -> list[tuple[Any, bytes, Any]]:
-    """(meta, value, (key, headers)) of the rows re-encoded as the previous implementation wrote them:
-    record version 1, and on Kafka the meta packed in the message key plus four headers."""
+def _previous_codec(version: int) -> Any:
     from cec.records import SCHEMAS, RecordCodec
-    from queuestore.base import RecordMeta
-    from queuestore.kafka import meta_to_headers, meta_to_key
 
-    current, legacy = RecordCodec(), RecordCodec({1: SCHEMAS[1]})
+    return RecordCodec({v: SCHEMAS[v] for v in range(1, version + 1)})
+
+
+def _full_state(record: Any) -> Any:
+    """`record` with its footprint state in STATE_SCHEMA's full form, as releases before the first-tuple
+    form wrote it (and as they can read it)."""
+    import dataclasses
+
+    from operators.aggregate import KeyedAggregate
+
+    if record.state is None:
+        return record
+    op = KeyedAggregate(key_field="item_id", value_field="item_price", window_count=10)
+    return dataclasses.replace(record, state=op.encode_state(op.decode_state(record.state)))
+
+
+def _previous_records(rows: list[Any], version: int = 1) -> list[tuple[Any, bytes]]:
+    """(meta, record) of the rows re-encoded as the previous implementation wrote them: record `version`,
+    full footprint states."""
+    from cec.records import RecordCodec
+    from queuestore.base import RecordMeta
+
+    current, previous = RecordCodec(), _previous_codec(version)
     out = []
     for _, kind, t, key, seq, value in rows:
         meta = RecordMeta(kind, t, key, seq)
-        out.append(
-            (meta, legacy.encode(current.decode(value, meta)), (meta_to_key(meta), meta_to_headers(meta)))
-        )
+        out.append((meta, previous.encode(_full_state(current.decode(value, meta)))))
     return out
 
 
-def _legacy_sqlite(sqlite_root: Path, dest: Path) -> None:
-    """The log re-encoded as the previous implementation wrote it (record version 1), cached in `dest`:
-    what `previous` reads (it cannot read version 2)."""
+def _legacy_messages(rows: list[Any], version: int = 1) -> list[tuple[Any, bytes, Any]]:
+    """(meta, message value, (message key, headers)) of `_previous_records` on Kafka: for version 1 the
+    meta packed in the message key plus four headers, else the framed layout."""
+    from queuestore.kafka import encode_message, meta_to_headers, meta_to_key
+
+    out = []
+    for meta, data in _previous_records(rows, version):
+        if version == 1:
+            out.append((meta, data, (meta_to_key(meta), meta_to_headers(meta))))
+        else:
+            mkey, mvalue, headers = encode_message(data, meta)
+            out.append((meta, mvalue, (mkey, headers)))
+    return out
+
+
+def _legacy_sqlite(sqlite_root: Path, dest: Path, version: int = 1) -> None:
+    """The log re-encoded as the previous implementation wrote it (record `version`, full states), cached
+    in `dest`: what `previous` reads."""
     sys.path.insert(0, str(REPO))
     from queuestore.sqlite import SqliteQueueStore
 
@@ -148,7 +182,7 @@ def _legacy_sqlite(sqlite_root: Path, dest: Path) -> None:
     try:
         store.create_topic("agg", 1)
         with store.writer("agg", 0) as writer:
-            for meta, value, _ in _legacy_messages(rows):
+            for meta, value in _previous_records(rows, version):
                 writer.append(value, meta)
             writer.flush()
     finally:
@@ -156,7 +190,7 @@ def _legacy_sqlite(sqlite_root: Path, dest: Path) -> None:
     (dest / "done").write_text("")
 
 
-def _copy_to_kafka_legacy(sqlite_root: Path, bootstrap: str, topic: str) -> int:
+def _copy_to_kafka_legacy(sqlite_root: Path, bootstrap: str, topic: str, version: int = 1) -> int:
     """The log in the previous implementation's Kafka layout, into `topic` (what `previous` reads)."""
     sys.path.insert(0, str(REPO))
     from confluent_kafka import Producer
@@ -176,7 +210,7 @@ def _copy_to_kafka_legacy(sqlite_root: Path, bootstrap: str, topic: str) -> int:
             "compression.type": "lz4",
         }
     )
-    for _, value, (key, headers) in _legacy_messages(rows):
+    for _, value, (key, headers) in _legacy_messages(rows, version):
         while True:
             try:
                 producer.produce(topic, value, key, partition=0, headers=headers)
@@ -235,18 +269,22 @@ def _kafka_record_bytes(key: bytes | None, value: bytes, headers: list[tuple[str
 
 
 def _layouts(rows: list[Any]) -> dict[str, list[tuple[bytes | None, bytes, list[Any]]]]:
-    """The Kafka messages (key, value, headers) of the log's records in each layout."""
-    from cec.records import SCHEMAS, RecordCodec
+    """The Kafka messages (key, value, headers) of the log's records in each layout: `legacy` (record
+    version 1, meta in the message key and four headers), `previous` (version 3 in the framed layout, full
+    states: main before version 4), `current` (this tree: version 4, first-tuple states)."""
+    from cec.records import RecordCodec
     from queuestore.base import RecordMeta
-    from queuestore.kafka import encode_message, meta_to_headers, meta_to_key
+    from queuestore.kafka import encode_message
 
-    current, legacy = RecordCodec(), RecordCodec({1: SCHEMAS[1]})
-    out: dict[str, list[tuple[bytes | None, bytes, list[Any]]]] = {"legacy": [], "current": []}
+    current = RecordCodec()
+    out: dict[str, list[tuple[bytes | None, bytes, list[Any]]]] = {
+        "legacy": [(key, value, headers) for _, value, (key, headers) in _legacy_messages(rows, 1)],
+        "previous": [(key, value, headers) for _, value, (key, headers) in _legacy_messages(rows, 3)],
+        "current": [],
+    }
     for _, kind, t, key, seq, value in rows:
         meta = RecordMeta(kind, t, key, seq)
-        record = current.decode(value, meta)
-        out["current"].append(encode_message(current.encode(record), meta))
-        out["legacy"].append((meta_to_key(meta), legacy.encode(record), meta_to_headers(meta)))
+        out["current"].append(encode_message(current.encode(current.decode(value, meta)), meta))
     return out
 
 
@@ -343,7 +381,7 @@ def _bytes_per_tuple(args: argparse.Namespace) -> int:
     broker = start_broker()
     try:
         for _ in range(args.repeats):
-            for name in ("legacy", "current"):
+            for name in layouts:
                 sent = _produced_bytes(broker.bootstrap, layouts[name])
                 result[name]["sent_bytes_per_tuple"].append(sent / count)
                 _say(
@@ -351,28 +389,29 @@ def _bytes_per_tuple(args: argparse.Namespace) -> int:
                 )
     finally:
         broker.stop()
-    cur, old = result["current"], result["legacy"]
-    cur_sent, old_sent = (
-        statistics.median(cur["sent_bytes_per_tuple"]),
-        statistics.median(old["sent_bytes_per_tuple"]),
-    )
-    result["ratio_record_bytes"] = cur["record_bytes_per_tuple"] / old["record_bytes_per_tuple"]
-    result["ratio_sent_bytes"] = cur_sent / old_sent
-    print(
-        "\n".join(
-            [
-                f"{count:,} input tuples, {keys:,} keys, window {args.window}, G-open only: {len(rows):,} records",
-                f"  per record beside the value: legacy {old['beside_bytes_per_record']:.1f} B, "
-                f"current {cur['beside_bytes_per_record']:.1f} B",
-                f"  value per record:            legacy {old['value_bytes_per_record']:.1f} B, "
-                f"current {cur['value_bytes_per_record']:.1f} B",
-                f"  Kafka record bytes per input tuple (uncompressed): legacy {old['record_bytes_per_tuple']:.1f}, "
-                f"current {cur['record_bytes_per_tuple']:.1f}, current/legacy {result['ratio_record_bytes']:.2f}",
-                f"  bytes sent to the broker per input tuple (lz4, median of {args.repeats}): legacy {old_sent:.1f}, "
-                f"current {cur_sent:.1f}, current/legacy {result['ratio_sent_bytes']:.2f}",
-            ]
+    lines = [
+        f"{count:,} input tuples, {keys:,} keys, window {args.window}, G-open only: {len(rows):,} records"
+    ]
+    for name in layouts:
+        r = result[name]
+        r["sent_bytes_per_tuple_median"] = statistics.median(r["sent_bytes_per_tuple"])
+        lines.append(
+            f"  {name:<8}: beside the value {r['beside_bytes_per_record']:.1f} B/record, value "
+            f"{r['value_bytes_per_record']:.1f} B/record, record bytes {r['record_bytes_per_tuple']:.2f} B/tuple "
+            f"(uncompressed), sent {r['sent_bytes_per_tuple_median']:.2f} B/tuple (lz4, median of {args.repeats})"
         )
-    )
+    for old in ("legacy", "previous"):
+        result[f"ratio_record_bytes_current_{old}"] = (
+            result["current"]["record_bytes_per_tuple"] / result[old]["record_bytes_per_tuple"]
+        )
+        result[f"ratio_sent_bytes_current_{old}"] = (
+            result["current"]["sent_bytes_per_tuple_median"] / result[old]["sent_bytes_per_tuple_median"]
+        )
+        lines.append(
+            f"  current/{old}: record bytes {result[f'ratio_record_bytes_current_{old}']:.2f}, "
+            f"sent {result[f'ratio_sent_bytes_current_{old}']:.2f}"
+        )
+    print("\n".join(lines))
     out = (
         Path(args.out).with_name("bytes.json")
         if args.out == str(HERE / "out" / "ec.json")
@@ -647,6 +686,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--no-kafka", action="store_true")
     p.add_argument("--no-sqlite", action="store_true")
     p.add_argument("--previous", default=PREVIOUS, help="git ref of the implementation to compare with")
+    p.add_argument(
+        "--previous-version",
+        type=int,
+        default=1,
+        help="record version the previous implementation reads (1: 017c9d9; 3: main before version 4)",
+    )
     p.add_argument("--cache", help="where the log is kept between runs (default: under the temp dir)")
     p.add_argument("--out", default=str(HERE / "out" / "ec.json"))
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -686,8 +731,9 @@ def main(argv: list[str] | None = None) -> int:
         previous_tree = _export_previous(args.previous, Path(tmp) / "previous")
         sqlite_spec: dict[str, Any] = {"type": "sqlite", "root": str(cache / "store"), "end": info["records"]}
         if previous_tree is not None:
-            _legacy_sqlite(cache / "store", cache / "store-legacy")
-            sqlite_spec["previous"] = {**sqlite_spec, "root": str(cache / "store-legacy")}
+            legacy = cache / f"store-legacy-v{args.previous_version}"
+            _legacy_sqlite(cache / "store", legacy, args.previous_version)
+            sqlite_spec["previous"] = {**sqlite_spec, "root": str(legacy)}
         if not args.no_sqlite:
             _say("SQLite:")
             result["sqlite"] = _measure("sqlite", sqlite_spec, args.repeats, previous_tree)
@@ -707,7 +753,9 @@ def main(argv: list[str] | None = None) -> int:
                     "end": copied,
                 }
                 if previous_tree is not None:
-                    _copy_to_kafka_legacy(cache / "store", broker.bootstrap, "agg-legacy")
+                    _copy_to_kafka_legacy(
+                        cache / "store", broker.bootstrap, "agg-legacy", args.previous_version
+                    )
                     kafka_spec["previous"] = {**kafka_spec, "topic": "agg-legacy"}
                 result["kafka"] = _measure("kafka", kafka_spec, args.repeats, previous_tree)
                 result["broker"] = broker.kind

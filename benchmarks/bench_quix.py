@@ -331,9 +331,11 @@ def quix_throughput(
     seconds = marks["last"] - marks["first"]
     topics = [f"{tag}-out"] + [t for t in list_topics(bootstrap) if t.startswith(f"changelog__{tag}--")]
     records = size = 0
+    by_topic: dict[str, list[int]] = {}  # topic -> [records, bytes]: output vs changelog
     for topic in topics:
         r, s = topic_bytes(bootstrap, topic)
         records, size = records + r, size + s
+        by_topic[topic] = [r, s]
     return {
         "tuples_per_s": count / seconds,
         "seconds": seconds,
@@ -341,6 +343,7 @@ def quix_throughput(
         "records_written": records,
         "bytes_written": size,
         "topics": topics,
+        "by_topic": by_topic,
     }
 
 

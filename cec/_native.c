@@ -668,6 +668,167 @@ static PyObject *py_decode_avro(PyObject *self, PyObject *args) {
     return r;
 }
 
+/* ---- compact record bodies (cec.records, version 4) -------------------------------------------------- */
+/* The C twin of cec.records._decode_compact, which defines the layout and has the final word: anything
+ * unusual here is declined (None) and decoded there, which reports the error. */
+enum { F_STATE = 0x01, F_PAYLOAD = 0x02, F_MARKS = 0x04, F_PAYLOAD_KEYED = 0x08, F_POS_FROM_TIME = 0x10, F_ALL = 0x1F };
+
+static int put_zigzag(unsigned char *out, long long v) {
+    unsigned long long z = ((unsigned long long)v << 1) ^ (unsigned long long)(v >> 63);
+    int n = 0;
+    while (z >= 0x80) { out[n++] = (unsigned char)((z & 0x7F) | 0x80); z >>= 7; }
+    out[n++] = (unsigned char)z;
+    return n;
+}
+
+static int as_long_long(PyObject *o, long long *out) {
+    if (!PyLong_Check(o)) return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(o, &overflow);
+    if (overflow || (*out == -1 && PyErr_Occurred())) { PyErr_Clear(); return 0; }
+    return 1;
+}
+
+/* A tuple of `count` longs read from c (the first plus `base`); NULL (no exception) when malformed. */
+static PyObject *read_longs(cursor *c, long long count, long long base) {
+    PyObject *t = PyTuple_New((Py_ssize_t)count);
+    if (t == NULL) return NULL;
+    for (long long k = 0; k < count; k++) {
+        long long v;
+        PyObject *o;
+        if (!read_long(c, &v) || (k == 0 && __builtin_add_overflow(v, base, &v)) ||
+            (o = PyLong_FromLongLong(v)) == NULL) {
+            PyErr_Clear();
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, (Py_ssize_t)k, o);
+    }
+    return t;
+}
+
+/* The record of the version-4 body at data[start:] whose metadata is head (kind, time, key, seq), as an
+ * instance of cls with its nine slots `descrs` set: a new reference, Py_None when declined, NULL with an
+ * exception on a real error. */
+static PyObject *compact_one(const unsigned char *data, Py_ssize_t len, Py_ssize_t start, PyObject *const *head,
+                             PyObject *cls, PyObject *descrs) {
+    if (PyTuple_GET_SIZE(descrs) != 9) { PyErr_SetString(PyExc_ValueError, "nine slot descriptors"); return NULL; }
+    if (start < 0 || start >= len) Py_RETURN_NONE;
+    unsigned flags = data[start];
+    if (flags & ~F_ALL) Py_RETURN_NONE;
+    cursor c = {data + start + 1, data + len};
+    PyObject *pos = NULL, *n_obj = NULL, *state = NULL, *payload = NULL, *marks = NULL, *obj = NULL;
+    long long count, n, size, time = 0;
+    if (!read_long(&c, &count) || count < 0 || count > c.end - c.p) goto done;
+    if ((flags & F_POS_FROM_TIME) && (count == 0 || !as_long_long(head[1], &time))) goto done;
+    if ((pos = read_longs(&c, count, time)) == NULL) goto done;
+    if (!read_long(&c, &n)) goto done;
+    if ((n_obj = PyLong_FromLongLong(n)) == NULL) goto error;
+    if (flags & F_STATE) {
+        if (!read_long(&c, &size) || size < 0 || size > c.end - c.p) goto done;
+        if ((state = PyBytes_FromStringAndSize((const char *)c.p, (Py_ssize_t)size)) == NULL) goto error;
+        c.p += size;
+    } else {
+        state = Py_NewRef(Py_None);
+    }
+    if (flags & F_PAYLOAD) {
+        if (!read_long(&c, &size) || size < 0 || size > c.end - c.p) goto done;
+        if (flags & F_PAYLOAD_KEYED) {  /* the Avro (string key, long seq) put back in front */
+            long long seq;
+            Py_ssize_t key_len;
+            if (!PyUnicode_Check(head[2]) || !as_long_long(head[3], &seq)) goto done;
+            const char *key = PyUnicode_AsUTF8AndSize(head[2], &key_len);
+            if (key == NULL) { PyErr_Clear(); goto done; }
+            unsigned char len_bytes[10], seq_bytes[10];
+            int a = put_zigzag(len_bytes, (long long)key_len), b = put_zigzag(seq_bytes, seq);
+            if ((payload = PyBytes_FromStringAndSize(NULL, a + key_len + b + (Py_ssize_t)size)) == NULL) goto error;
+            char *out = PyBytes_AS_STRING(payload);
+            memcpy(out, len_bytes, (size_t)a);
+            memcpy(out + a, key, (size_t)key_len);
+            memcpy(out + a + key_len, seq_bytes, (size_t)b);
+            memcpy(out + a + key_len + b, c.p, (size_t)size);
+        } else if ((payload = PyBytes_FromStringAndSize((const char *)c.p, (Py_ssize_t)size)) == NULL) {
+            goto error;
+        }
+        c.p += size;
+    } else {
+        if (flags & F_PAYLOAD_KEYED) goto done;
+        payload = Py_NewRef(Py_None);
+    }
+    if (flags & F_MARKS) {
+        if (!read_long(&c, &count) || count <= 0 || count > c.end - c.p) goto done;
+        if ((marks = read_longs(&c, count, 0)) == NULL) goto done;
+    } else if ((marks = PyTuple_New(0)) == NULL) {
+        goto error;
+    }
+    if (c.p != c.end) goto done;
+    PyObject *values[9] = {head[0], head[1], head[2], head[3], pos, n_obj, state, payload, marks};
+    obj = new_slots(cls, descrs, values);
+    goto out;
+done:
+    obj = Py_NewRef(Py_None);
+    goto out;
+error:
+    obj = NULL;
+out:
+    Py_XDECREF(pos);
+    Py_XDECREF(n_obj);
+    Py_XDECREF(state);
+    Py_XDECREF(payload);
+    Py_XDECREF(marks);
+    return obj;
+}
+
+/* decode_compact(data, start, head, cls, descrs) -> an instance of cls, or None (declined). */
+static PyObject *py_decode_compact(PyObject *self, PyObject *args) {
+    PyObject *head, *cls, *descrs;
+    Py_buffer buf;
+    Py_ssize_t start;
+    if (!PyArg_ParseTuple(args, "y*nO!OO!", &buf, &start, &PyTuple_Type, &head, &cls, &PyTuple_Type, &descrs))
+        return NULL;
+    PyObject *r;
+    if (PyTuple_GET_SIZE(head) != 4) {
+        PyErr_SetString(PyExc_ValueError, "head is (kind, time, key, seq)");
+        r = NULL;
+    } else {
+        r = compact_one(buf.buf, buf.len, start, &PyTuple_GET_ITEM(head, 0), cls, descrs);
+    }
+    PyBuffer_Release(&buf);
+    return r;
+}
+
+/* decode_compact_rows(rows, start, cls, descrs, kinds, version) -> list, one entry per row (offset, kind,
+ * time, key, seq, value): the record (kind mapped through `kinds`), or None (declined: another version, an
+ * unknown kind, a malformed body). */
+static PyObject *py_decode_compact_rows(PyObject *self, PyObject *args) {
+    PyObject *rows, *cls, *descrs, *kinds;
+    Py_ssize_t start;
+    int version;
+    if (!PyArg_ParseTuple(args, "O!nOO!O!i", &PyList_Type, &rows, &start, &cls, &PyTuple_Type, &descrs,
+                          &PyDict_Type, &kinds, &version))
+        return NULL;
+    Py_ssize_t count = PyList_GET_SIZE(rows);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *row = PyList_GET_ITEM(rows, i), *r = NULL;
+        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6) {
+            PyObject *v = PyTuple_GET_ITEM(row, 5);
+            PyObject *kind = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(row, 1));
+            if (kind == NULL && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
+            if (kind != NULL && PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) > start && start >= 2 &&
+                (unsigned char)PyBytes_AS_STRING(v)[1] == version) {
+                PyObject *head[4] = {kind, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 3), PyTuple_GET_ITEM(row, 4)};
+                r = compact_one((const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, head, cls, descrs);
+                if (r == NULL) { Py_DECREF(out); return NULL; }
+                if (r == Py_None) { Py_DECREF(r); r = NULL; }
+            }
+        }
+        PyList_SET_ITEM(out, i, r == NULL ? Py_NewRef(Py_None) : r);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
@@ -677,6 +838,8 @@ static PyMethodDef methods[] = {
     {"decode_avro_many", py_decode_avro_many, METH_VARARGS, "decode_avro of every bytes in a list."},
     {"decode_avro", py_decode_avro, METH_VARARGS, "Decode a flat Avro record with a compiled program."},
     {"decode_avro_rows", py_decode_avro_rows, METH_VARARGS, "Decode rows' values with their metadata first."},
+    {"decode_compact", py_decode_compact, METH_VARARGS, "Decode a compact (version-4) record body."},
+    {"decode_compact_rows", py_decode_compact_rows, METH_VARARGS, "decode_compact of rows with their metadata."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -695,6 +858,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     PyObject *m = PyModule_Create(&module);
     /* cec.native loads this module only when its ABI is the one the Python code calls (a stale build
      * left by an older checkout would be called with other arguments). */
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 2) < 0) { Py_DECREF(m); return NULL; }
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 3) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

@@ -10,15 +10,20 @@ Every record an operator writes to its output queue is an `OutputRecord`:
 Each carries the operator's logical time, `pos` (for every input partition, the next offset it would
 read: everything below has been applied), and N, the number of open windows when it was produced.
 
-Wire format: `MAGIC | version | CRC32C(meta + body) | Avro body` (fastavro schemaless). The version
-selects the body's schema. The CRC covers the record's metadata (kind, time, window key, seq: what a
-store keeps beside the value, SQLite columns or Kafka key/header/frame) as well as the body.
+Wire format: `MAGIC | version | CRC32C(meta + body) | body`. The version selects the body's layout. The
+CRC covers the record's metadata (kind, time, window key, seq: what a store keeps beside the value, SQLite
+columns or Kafka key/header/frame) as well as the body.
 
-- Version 1 repeats the metadata inside the body, so a value decodes on its own.
-- Version 2 (the newest) carries it only once, beside the value: the body holds `pos`, N, state and
-  payload, and decoding takes the metadata the store kept (`decode(value, meta)`). With the Kafka
-  layout that goes with it, a record of the paper's aggregate is ~40% smaller (benchmarks/RESULTS.md,
-  "Bytes per input tuple").
+- Version 1 (Avro, fastavro schemaless) repeats the metadata inside the body, so a value decodes on its own.
+- Versions 2 and 3 (Avro) carry it only once, beside the value: the body holds `pos`, N, state and
+  payload (3: and `marks`), and decoding takes the metadata the store kept (`decode(value, meta)`).
+- Version 4 (the newest, "compact") has the same fields as version 3 in a hand-made layout that carries
+  nothing the metadata beside it already says (`_encode_compact`): a flags byte saying which optional
+  fields follow (no union or empty-array bytes), `pos[0]` as a difference from the record's time when that
+  is shorter (without event time the operator's time is the sum of `pos`: one byte instead of three), and
+  a payload whose Avro encoding starts with the window key and seq (an aggregate's result: `key`,
+  `window`) stored without that prefix, which decoding puts back from the metadata: every reader gets the
+  payload bytes that were written (benchmarks/RESULTS.md, "Bytes per input tuple").
 
 A record's fields come from its body where the body has them, else from the metadata beside it, else
 from `OutputRecord`'s defaults: a newer release still loads checkpoints written by an older one.
@@ -112,9 +117,10 @@ _KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too
 _KIND_OF = {k.value: k for k in Kind}
 
 # Version 1: the first release. Version 2: the metadata only beside the value. Version 3: `marks`
-# (per-partition event-time maxima, for watermarks). Never edit a published
-# schema: add version N+1 and make it the newest (fields of OutputRecord it lacks come from the metadata
-# beside the value, or from OutputRecord's defaults).
+# (per-partition event-time maxima, for watermarks). Version 4: version 3's fields in the compact layout
+# (`COMPACT_LAYOUT`: not Avro, see `_encode_compact`). Never edit a published layout: add version N+1 and
+# make it the newest (fields of OutputRecord it lacks come from the metadata beside the value, or from
+# OutputRecord's defaults).
 SCHEMAS: dict[int, dict[str, Any]] = {
     1: {
         "type": "record",
@@ -155,6 +161,168 @@ SCHEMAS: dict[int, dict[str, Any]] = {
         ],
     },
 }
+# The compact body (version 4) is no Avro schema: this marks its entry in SCHEMAS, and `fields` names what
+# it holds (in `_encode_compact`'s order) for readers of the table.
+COMPACT_LAYOUT: dict[str, Any] = {
+    "cec.layout": "compact",
+    "fields": [{"name": name} for name in ("pos", "n", "state", "payload", "marks")],
+}
+SCHEMAS[4] = COMPACT_LAYOUT
+
+# Flags of the compact body: which optional fields follow, and how two of them are shortened.
+_F_STATE = 0x01
+_F_PAYLOAD = 0x02
+_F_MARKS = 0x04
+_F_PAYLOAD_KEYED = 0x08  # the payload's leading Avro (key, seq) left out: the metadata has them
+_F_POS_FROM_TIME = 0x10  # pos[0] is stored as pos[0] - time
+_F_ALL = 0x1F
+_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
+_SMALL_BYTES = tuple(bytes((i,)) for i in range(256))
+_SMALL_LONGS = tuple(bytes((((n << 1) ^ (n >> 63)) & 0xFF,)) for n in range(64))  # 0..63: one byte
+
+
+def _long(n: int) -> bytes:
+    """`n` as Avro writes a long (zigzag varint)."""
+    if 0 <= n < 64:
+        return _SMALL_LONGS[n]
+    if not _LONG_MIN <= n <= _LONG_MAX:
+        raise ValueError(f"{n} does not fit in a 64-bit long")
+    z = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
+    out = bytearray()
+    while z >= 0x80:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
+
+
+def _read_long(data: bytes, at: int) -> tuple[int, int]:
+    """The Avro long at `data[at:]` and the index after it; CodecError when malformed."""
+    z = shift = 0
+    end = len(data)
+    while True:
+        if at >= end or shift > 63:
+            raise CodecError("malformed record body (long)")
+        b = data[at]
+        at += 1
+        z |= (b & 0x7F) << shift
+        if not b & 0x80:
+            break
+        shift += 7
+    if z >> 64:
+        raise CodecError("malformed record body (long out of range)")
+    return (z >> 1) ^ -(z & 1), at
+
+
+def _payload_prefix(key: str, seq: int) -> bytes | None:
+    """What an Avro record starting with fields (string key, long seq) starts with (an aggregate's result:
+    `key`, `window`); None for a key that is not valid text or a seq beyond a long (never left out)."""
+    try:
+        raw = key.encode()
+        return _long(len(raw)) + raw + _long(seq)
+    except (UnicodeEncodeError, ValueError):
+        return None
+
+
+def _encode_compact(record: OutputRecord) -> bytes:
+    """The version-4 body: `flags | pos | n | [state] | [payload] | [marks]`, every integer an Avro long,
+    `pos` and `marks` as a count then the items, state and payload as a length then the bytes; the
+    bracketed fields only when their flag is set (module docstring)."""
+    flags = 0
+    pos = record.pos
+    parts = [b"", _long(len(pos))]
+    if pos:
+        first = pos[0]
+        rel = first - record.time
+        if abs(rel) < abs(first):
+            flags |= _F_POS_FROM_TIME
+            first = rel
+        parts.append(_long(first))
+        parts.extend(_long(p) for p in pos[1:])
+    parts.append(_long(record.n))
+    state = record.state
+    if state is not None:
+        flags |= _F_STATE
+        parts.append(_long(len(state)))
+        parts.append(state)
+    payload = record.payload
+    if payload is not None:
+        flags |= _F_PAYLOAD
+        if record.key is not None:
+            prefix = _payload_prefix(record.key, record.seq)
+            if prefix is not None and payload.startswith(prefix):
+                flags |= _F_PAYLOAD_KEYED
+                payload = payload[len(prefix) :]
+        parts.append(_long(len(payload)))
+        parts.append(payload)
+    marks = record.marks
+    if marks:
+        flags |= _F_MARKS
+        parts.append(_long(len(marks)))
+        parts.extend(_long(m) for m in marks)
+    parts[0] = _SMALL_BYTES[flags]
+    return b"".join(parts)
+
+
+def _decode_compact(data: bytes, at: int, head: tuple[Any, ...]) -> OutputRecord:
+    """The record of a version-4 body at `data[at:]` with its metadata `head` (kind, time, key, seq);
+    CodecError when malformed. The pure-Python twin of `_native.decode_compact`."""
+    kind, time, key, seq = head
+    end = len(data)
+    if at >= end:
+        raise CodecError("malformed record body (empty)")
+    flags = data[at]
+    at += 1
+    if flags & ~_F_ALL:
+        raise CodecError(f"malformed record body (flags 0x{flags:02x})")
+    count, at = _read_long(data, at)
+    if count < 0 or count > end - at:
+        raise CodecError("malformed record body (pos)")
+    items = []
+    for _ in range(count):
+        value, at = _read_long(data, at)
+        items.append(value)
+    if flags & _F_POS_FROM_TIME:
+        if not items:
+            raise CodecError("malformed record body (pos relative to an empty pos)")
+        items[0] += time
+        if not _LONG_MIN <= items[0] <= _LONG_MAX:
+            raise CodecError("malformed record body (pos out of range)")
+    n, at = _read_long(data, at)
+    state = payload = None
+    if flags & _F_STATE:
+        size, at = _read_long(data, at)
+        if size < 0 or size > end - at:
+            raise CodecError("malformed record body (state)")
+        state = data[at : at + size]
+        at += size
+    if flags & _F_PAYLOAD:
+        size, at = _read_long(data, at)
+        if size < 0 or size > end - at:
+            raise CodecError("malformed record body (payload)")
+        payload = data[at : at + size]
+        at += size
+        if flags & _F_PAYLOAD_KEYED:
+            prefix = None if key is None else _payload_prefix(key, seq)
+            if prefix is None:
+                raise CodecError("malformed record body (a keyed payload without a usable key)")
+            payload = prefix + payload
+    elif flags & _F_PAYLOAD_KEYED:
+        raise CodecError("malformed record body (a keyed payload without a payload)")
+    marks: tuple[int, ...] = ()
+    if flags & _F_MARKS:
+        count, at = _read_long(data, at)
+        if count <= 0 or count > end - at:
+            raise CodecError("malformed record body (marks)")
+        values = []
+        for _ in range(count):
+            value, at = _read_long(data, at)
+            values.append(value)
+        marks = tuple(values)
+    if at != end:
+        raise CodecError("trailing bytes after record body")
+    return OutputRecord(kind, time, tuple(items), n, key, seq, state, payload, marks)
+
 
 # The fields a store keeps beside every value (RecordMeta), in RecordMeta's order.
 _META_FIELDS = ("kind", "time", "key", "seq")
@@ -177,8 +345,14 @@ class _Layout:
     slots: tuple[Any, ...] | None
 
 
+def _is_compact(schema: Mapping[str, Any]) -> bool:
+    return schema.get("cec.layout") == "compact"
+
+
 def _layout(parsed: Any) -> _Layout:
     body = tuple(f["name"] for f in parsed.get("fields", ()))
+    if _is_compact(parsed):
+        return _Layout(body, True, None, tuple(_FIELD_SLOTS[name] for name in (*_META_FIELDS, *body)))
     beside = not set(_META_FIELDS) <= set(body)
     program = compile_avro(parsed, {"cec.Kind": tuple(Kind)}, arrays=True)
     order = (*_META_FIELDS, *body) if beside else body
@@ -201,15 +375,23 @@ class RecordCodec:
             raise ValueError("at least one schema version is needed")
         self.version = max(schemas)
         self.max_bytes = max_bytes
-        self._parsed = {v: fastavro.parse_schema(dict(s)) for v, s in schemas.items()}
+        self._parsed = {
+            v: dict(s) if _is_compact(s) else fastavro.parse_schema(dict(s)) for v, s in schemas.items()
+        }
+        self._compact = {v for v, s in schemas.items() if _is_compact(s)}
         self._writer_schema = self._parsed[self.version]
+        self._writes_compact = self.version in self._compact
         self._layouts = {v: _layout(p) for v, p in self._parsed.items()}
         self._writes_meta = not self._layouts[self.version].beside
         self._known_versions = bytes(1 if v in self._parsed else 0 for v in range(256))
 
     def encode(self, record: OutputRecord) -> bytes:
-        buf = io.BytesIO()
         kind = _KIND_VALUE[record.kind]
+        if self._writes_compact:
+            body = _encode_compact(record)
+            crc = _checksum(self.version, kind, record.time, record.key, record.seq, body)
+            return _HEADER.pack(MAGIC, self.version, crc) + body
+        buf = io.BytesIO()
         datum: dict[str, Any] = {"pos": list(record.pos), "n": record.n, "state": record.state}
         datum["payload"] = record.payload
         datum["marks"] = list(record.marks)  # ignored by a writer schema without it (versions 1, 2)
@@ -286,6 +468,15 @@ class RecordCodec:
         if verified:
             version = self.version
             layout = self._layouts[version]
+            if version in self._compact and layout.slots is not None:
+                compact: list[OutputRecord | None] = native.decode_compact_rows(
+                    rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
+                )
+                for r, row in zip(compact, rows, strict=True):
+                    out.append(
+                        r if r is not None else self.decode(row[5], RecordMeta(*row[1:5]), verified=True)
+                    )
+                return out
             if layout.program is not None and layout.slots is not None and layout.beside:
                 fast: list[OutputRecord | None] = native.decode_avro_rows(
                     layout.program, rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
@@ -325,7 +516,12 @@ class RecordCodec:
                 raise CodecError(f"unknown record kind {meta[0]!r}")
             head = (kind, meta[1], meta[2], meta[3])
         record: OutputRecord | None = None
-        if layout.program is not None and layout.slots is not None and native is not None:
+        if version in self._compact:
+            if native is not None and layout.slots is not None:
+                record = native.decode_compact(data, _HEADER.size, head, OutputRecord, layout.slots)
+            if record is None:  # no accelerator, or it declined: the Python twin says precisely why
+                record = _decode_compact(data, _HEADER.size, head)
+        elif layout.program is not None and layout.slots is not None and native is not None:
             fields = native.decode_avro(layout.program, data, _HEADER.size)
             if fields is not None:
                 record = native.make(OutputRecord, layout.slots, head + fields)
@@ -377,13 +573,14 @@ class AvroCodec:
         fastavro.schemaless_writer(buf, self.schema, dict(datum))
         return buf.getvalue()
 
-    def decode_tuple(self, data: bytes) -> tuple[Any, ...]:
-        """The record's field values in schema order (EC-load decodes every window state: no dict)."""
+    def decode_tuple(self, data: bytes, start: int = 0) -> tuple[Any, ...]:
+        """The field values, in schema order, of the record at `data[start:]` (EC-load decodes every window
+        state: no dict)."""
         if self._program is not None and native is not None:
-            fields = native.decode_avro(self._program, data, 0)
+            fields = native.decode_avro(self._program, data, start)
             if fields is not None:
                 return tuple(fields)
-        obj = self.decode(data)
+        obj = self.decode(data[start:] if start else data)
         return tuple(obj[name] for name in self._names)
 
     def decode(self, data: bytes) -> dict[str, Any]:

@@ -96,7 +96,13 @@ class Operator(abc.ABC):
         raise NotImplementedError(f"{self.name} is stateless")
 
     def decode_state(self, data: bytes) -> Any:
+        """The state of `encode_state`'s or `encode_footprint`'s bytes (footprints in the log hold either)."""
         raise NotImplementedError(f"{self.name} is stateless")
+
+    def encode_footprint(self, state: Any) -> bytes:
+        """The state bytes a footprint (G-open, G-check) carries: `encode_state`'s, unless the operator has a
+        shorter form for some states (which `decode_state` must then read as well)."""
+        return self.encode_state(state)
 
     def describe(self) -> str:
         return self.name

@@ -308,7 +308,7 @@ class OperatorRuntime:
         self._registry.footprint(
             window.key, time=self._time, out_mark=self._out_count, in_mark=self._in_count
         )
-        self._emit(kind, window.key, window.seq, self.operator.encode_state(window.state), None)
+        self._emit(kind, window.key, window.seq, self.operator.encode_footprint(window.state), None)
         if kind is Kind.GOPEN:
             self.stats.gopens += 1
         else:

@@ -328,26 +328,44 @@ def test_a_log_written_in_the_legacy_layout_still_reads(
     kafka_broker: Broker, store: KafkaQueueStore, topic: str
 ) -> None:
     """Records of the first release (version-1 bodies; meta packed in the message key and four headers),
-    then records of this one appended to the same partition: every reader reads both, and recovery
-    rebuilds the checkpoint across the two."""
-    from cec.records import SCHEMAS, Kind, OutputRecord
+    then version-3 records in the framed layout (the release before the compact body), then records of
+    this one (version 4) appended to the same partition: every reader reads all three, and recovery
+    rebuilds the checkpoint across them."""
+    from cec.records import SCHEMAS, AvroCodec, Kind, OutputRecord
+    from operators.aggregate import RESULT_SCHEMA
     from queuestore.kafka import meta_to_key
     from recovery.eventual import EventualCheckpointBuilder
 
-    legacy, codec = RecordCodec({1: SCHEMAS[1]}), RecordCodec()
-    old = [OutputRecord(Kind.GOPEN, 10 + i, (i + 1,), i + 1, f"k{i}", 0, b"s%d" % i, None) for i in range(6)]
-    old.append(OutputRecord(Kind.R, 20, (7,), 5, "k0", 0, None, b"r"))
+    legacy, v3, codec = (
+        RecordCodec({1: SCHEMAS[1]}),
+        RecordCodec({v: SCHEMAS[v] for v in (1, 2, 3)}),
+        RecordCodec(),
+    )
+    results = AvroCodec(RESULT_SCHEMA)
+
+    def result(key: str) -> bytes:
+        return results.encode({"key": key, "window": 0, "value": 1.5, "count": 2, "start": 1, "end": 9})
+
+    old = [OutputRecord(Kind.GOPEN, 10 + i, (i + 1,), i + 1, f"k{i}", 0, b"s%d" % i, None) for i in range(7)]
+    old.append(OutputRecord(Kind.R, 20, (7,), 6, "k0", 0, None, b"r"))
     producer = Producer({"bootstrap.servers": kafka_broker.bootstrap, "enable.idempotence": True})
     for r in old:
         producer.produce(
             topic, legacy.encode(r), meta_to_key(r.meta()), partition=0, headers=meta_to_headers(r.meta())
         )
     assert producer.flush(DEADLINE) == 0
+    middle = [
+        OutputRecord(Kind.GCHECK, 25, (8,), 6, "k2", 0, b"m", None),
+        OutputRecord(Kind.R, 26, (8,), 5, "k3", 0, None, result("k3")),
+    ]
     new = [
         OutputRecord(Kind.GCHECK, 30, (8,), 5, "k1", 0, b"t", None),
-        OutputRecord(Kind.GOPEN, 31, (9,), 6, "k6", 0, b"u", None),
+        OutputRecord(Kind.GOPEN, 31, (9,), 6, "k7", 0, b"u", None),
+        OutputRecord(Kind.R, 32, (10,), 5, "k4", 0, None, result("k4")),
     ]
     with store.writer(topic, 0) as w:
+        for r in middle:
+            w.append(v3.encode(r), r.meta())
         for r in new:
             w.append(codec.encode(r), r.meta())
         w.flush(DEADLINE)
@@ -355,17 +373,22 @@ def test_a_log_written_in_the_legacy_layout_still_reads(
         stored = list(reader.scan_forward(0))
         rows = reader.read_backward_rows(reader.end_offset(), 100)[::-1]
         ec = EventualCheckpointBuilder(reader, codec).build()
-    assert [s.meta for s in stored] == [r.meta() for r in old + new]
+    assert [s.value[1] for s in stored[-5:]] == [3, 3, 4, 4, 4]  # record versions as written
+    assert [s.meta for s in stored] == [r.meta() for r in old + middle + new]
     for s in stored:
         codec.verify(s.value, s.meta)
-    assert [codec.decode(s.value, s.meta) for s in stored] == old + new
+    assert [codec.decode(s.value, s.meta) for s in stored] == old + middle + new
     assert [(s.offset, *s.meta, s.value) for s in stored] == rows
     assert codec.failing_rows(rows) == []
-    # Open at the end: k1 (its G-check, new layout), k2..k5 (legacy G-opens), k6 (new); k0 closed.
+    assert codec.decode_rows(rows, verified=True) == old + middle + new
+    # Open at the end: k1 (its G-check, version 4), k2 (its G-check, version 3), k5, k6 (legacy G-opens),
+    # k7 (version 4); k0, k3, k4 closed.
     assert {k: fp.record for k, fp in ec.windows.items()} == {
         "k1": new[0],
-        **{f"k{i}": old[i] for i in range(2, 6)},
-        "k6": new[1],
+        "k2": middle[0],
+        "k5": old[5],
+        "k6": old[6],
+        "k7": new[1],
     }
 
 

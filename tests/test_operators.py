@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -199,3 +201,105 @@ def test_integer_times_are_exact_beyond_double_precision_and_checked_against_64_
     dead = results(timed, "out", Kind.DEAD)
     assert [d["offset"] for d in dead] == [2, 3]
     assert all("beyond the 64-bit range less the window (100 ms)" in d["reason"] for d in dead)
+
+
+def test_a_footprint_carries_a_first_tuple_state_once() -> None:
+    """A G-open's state (count 1, total = lo = hi) is written as the value once with start and span;
+    `decode_state` reads it and the full form (what older releases wrote, and every state of more than one
+    tuple); `encode_state` keeps STATE_SCHEMA's encoding (what `cec state` decodes)."""
+    from cec.records import AvroCodec
+    from operators.aggregate import FIRST_TUPLE_TAG, STATE_SCHEMA, AggState, KeyedAggregate
+
+    op = KeyedAggregate(key_field="k", value_field="v", window_count=10)
+    full = AvroCodec(STATE_SCHEMA)
+    for state, compact in (
+        (AggState(1, 12.5, 12.5, 12.5, 91_000, 91_000), True),  # a count window's G-open
+        (AggState(1, -0.0, -0.0, -0.0, -(2**62), 2**62 - 1), True),  # a time window's: start, later tuple
+        (AggState(1, 1.0, 1.0, 1.0, -(2**62), 2**62), False),  # last - start beyond a long: the full form
+        (AggState(1, 3.0, 3.0, 4.0, 5, 5), False),  # count 1 but hi != total: the full form
+        (AggState(1, 0.0, -0.0, 0.0, 5, 5), False),  # 0.0 and -0.0 are different values in the log
+        (AggState(4, 10.0, 1.0, 4.0, 5, 9), False),
+    ):
+        data = op.encode_footprint(state)
+        assert (data[0] == FIRST_TUPLE_TAG) == compact
+        assert op.decode_state(data) == state
+        assert str(op.decode_state(data)) == str(state)  # signs of zeros included
+        assert op.decode_state(op.encode_state(state)) == state
+        assert full.decode(op.encode_state(state)) == dataclasses.asdict(state)
+    assert len(op.encode_footprint(AggState(1, 12.5, 12.5, 12.5, 91_000, 91_000))) == 13
+    assert len(op.encode_state(AggState(1, 12.5, 12.5, 12.5, 91_000, 91_000))) == 31
+
+
+def _generated_spec(root: Path, **checkpointing: Any) -> JobSpec:
+    from cec.config import Checkpointing
+
+    return JobSpec(
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "avg",
+            "window_count": 10,
+        },
+        source={"type": "generator", "count": 6_000, "keys": 200, "seed": 3},
+        store={"type": "sqlite", "root": str(root)},
+        output_topic="agg",
+        checkpointing=Checkpointing(**checkpointing),
+        batch_size=64,
+    )
+
+
+def _log_bytes(store: SqliteQueueStore, topic: str) -> int:
+    with store.reader(topic, 0) as reader:
+        return sum(len(r.value) for r in reader.scan_forward(0))
+
+
+def test_results_are_identical_across_record_versions_and_recover_across_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compact records (version 4, first-tuple states) against the previous release's (version 3, full
+    states): the same results and the same records, field by field; and a log the previous release wrote up
+    to a crash, resumed by this one, ends with the failure-free results."""
+    import operators.runtime
+    from cec.records import SCHEMAS, RecordCodec
+    from operators.aggregate import KeyedAggregate
+
+    def previous_release() -> contextlib.AbstractContextManager[None]:
+        stack = contextlib.ExitStack()
+        patch = stack.enter_context(pytest.MonkeyPatch.context())
+        patch.setattr(
+            operators.runtime, "RecordCodec", lambda: RecordCodec({v: SCHEMAS[v] for v in (1, 2, 3)})
+        )
+        patch.setattr(KeyedAggregate, "encode_footprint", KeyedAggregate.encode_state)
+        return stack
+
+    op = KeyedAggregate(key_field="item_id", value_field="item_price", window_count=10)
+    run_job(_generated_spec(tmp_path / "new"))
+    with previous_release():
+        run_job(_generated_spec(tmp_path / "old"))
+    new, old = SqliteQueueStore(tmp_path / "new"), SqliteQueueStore(tmp_path / "old")
+    want = results(old, "agg")
+    assert len(want) > 500 and results(new, "agg") == want
+
+    def comparable(records: list[Any]) -> list[Any]:
+        return [
+            dataclasses.replace(r, state=None if r.state is None else op.decode_state(r.state))
+            for r in records
+        ]
+
+    new_log, old_log = log_records(new, "agg"), log_records(old, "agg")
+    assert comparable(new_log) == comparable(old_log)
+    with new.reader("agg", 0) as reader:
+        assert {r.value[1] for r in reader.scan_forward(0)} == {4}
+    assert _log_bytes(new, "agg") < 0.75 * _log_bytes(old, "agg")
+
+    # Upgrade in the middle: the previous release crashes half-way (G-checks too), this one recovers.
+    mixed = tmp_path / "mixed"
+    with previous_release():
+        run_job(_generated_spec(mixed, u_target=200, ci_ms=50.0, cp_ms=100.0), max_inputs=3_000)
+    run_job(_generated_spec(mixed, u_target=200, ci_ms=50.0, cp_ms=100.0))
+    store = SqliteQueueStore(mixed)
+    with store.reader("agg", 0) as reader:
+        versions = [r.value[1] for r in reader.scan_forward(0) if r.meta.kind != "PART"]
+    assert versions[0] == 3 and versions[-1] == 4
+    assert results(store, "agg") == want
