@@ -55,10 +55,12 @@ from operators.spark.generations import Generation, generation_topic, list_gener
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
+    GROUP_COLUMN,
     INIT_SCHEMA,
     AggregateSpec,
     CecAggregateProcessor,
     GCheckSpec,
+    partition_groups,
 )
 from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
@@ -390,15 +392,23 @@ def _start_query(
             columns.append(F.col(spec.time).alias("cec_time"))
     else:
         columns += [F.col("cec_v"), F.col("cec_time"), F.col("cec_error")]
-    rows = source.select(*columns).withColumn("cec_qs", qs)
-    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck)
+    # One group per output partition q of the current generation (the processor keeps a partition's keys
+    # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
+    groups = partition_groups(recovery.current.partitions)
+    group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
+        F.pmod(F.hash(F.col("cec_key")), F.lit(recovery.current.partitions))
+    ]
+    rows = source.select(*columns).withColumn("cec_qs", qs).withColumn(GROUP_COLUMN, group_of)
+    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
     initial = _initial_state(spark, recovery)
-    transformed = rows.groupBy("cec_key").transformWithStateInPandas(
+    if initial is not None:
+        initial = initial.withColumn(GROUP_COLUMN, group_of)
+    transformed = rows.groupBy(GROUP_COLUMN).transformWithStateInPandas(
         statefulProcessor=processor,
         outputStructType=EMIT_SCHEMA,
         outputMode="Append",
         timeMode="None" if gcheck is None else "ProcessingTime",
-        initialState=initial.groupBy("cec_key") if initial is not None else None,
+        initialState=initial.groupBy(GROUP_COLUMN) if initial is not None else None,
     )
     writer = transformed.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
     if query_name:
