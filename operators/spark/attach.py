@@ -17,8 +17,9 @@ writes instead
 
 Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/csv topic, read by
 `operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
-Kafka partition j, rows carrying j and offset o -> `groupBy(key).transformWithStateInPandas(CEC
-processor)` -> a CEC sink (foreachBatch) on the driver.
+Kafka partition j, rows carrying j and offset o -> `groupBy(output partition of the key)
+.transformWithStateInPandas(CEC processor)` (one group and one state value per output partition) -> a
+CEC sink (foreachBatch) on the driver.
 
 cec must be importable on every executor (an installed package, or `--py-files`/`--archives` of a venv):
 the processor and the data sources run there. The Kafka store is the only store here (an embedded
@@ -27,7 +28,8 @@ SQLite log would live on one executor's disk); `spark.speculation=true` is refus
 Responsibilities, one module each:
 - `operators.spark.generations`: output topic generations (restart with another partition count);
 - `operators.spark.planning`: recovery planning on the driver (EC, crash points, replay start);
-- `operators.spark.processor`: the StatefulProcessor that runs the aggregate per key (executors);
+- `operators.spark.processor`: the StatefulProcessor that runs the aggregate per output partition
+  (executors), all of a partition's keys in one state value;
 - `operators.spark.sink`: ordering, pos/N/time stamping and durable appends of the output records;
 - `operators.spark.query`: the handle `cec_aggregate` returns;
 - this module: the entry points `cec_aggregate` and `read_results`, and the query's wiring.
