@@ -1501,9 +1501,9 @@ def plot_attached(paths: list[Path], out: Path) -> None:
     runs = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: (r["keys"], r.get("label", "")))
     if not runs:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(13, 5))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(17, 6))
     # A run's "label" (added by hand to a copied JSON, e.g. the code before a change) tells runs apart.
-    labels = [f"{r.get('label', 'attached')}\n{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs]
+    labels = [f"{r.get('label', 'attached')}\n{r['keys']:,} keys\n{r['tuples']:,} tuples" for r in runs]
     ratios = [r["throughput_ratio_attached_to_native"] for r in runs]
     bars = left.bar(labels, ratios, color="#3b75af")
     left.bar_label(bars, fmt="%.2fx")
