@@ -17,8 +17,9 @@ writes instead
 
 Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/csv topic, read by
 `operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
-Kafka partition j, rows carrying j and offset o -> `groupBy(key).transformWithStateInPandas(CEC
-processor)` -> a CEC sink (foreachBatch) on the driver.
+Kafka partition j, rows carrying j and offset o -> `groupBy(output partition of the key)
+.transformWithStateInPandas(CEC processor)` (one group and one state value per output partition) -> a
+CEC sink (foreachBatch) on the driver.
 
 cec must be importable on every executor (an installed package, or `--py-files`/`--archives` of a venv):
 the processor and the data sources run there. The Kafka store is the only store here (an embedded
@@ -27,7 +28,8 @@ SQLite log would live on one executor's disk); `spark.speculation=true` is refus
 Responsibilities, one module each:
 - `operators.spark.generations`: output topic generations (restart with another partition count);
 - `operators.spark.planning`: recovery planning on the driver (EC, crash points, replay start);
-- `operators.spark.processor`: the StatefulProcessor that runs the aggregate per key (executors);
+- `operators.spark.processor`: the StatefulProcessor that runs the aggregate per output partition
+  (executors), all of a partition's keys in one state value;
 - `operators.spark.sink`: ordering, pos/N/time stamping and durable appends of the output records;
 - `operators.spark.query`: the handle `cec_aggregate` returns;
 - this module: the entry points `cec_aggregate` and `read_results`, and the query's wiring.
@@ -55,10 +57,12 @@ from operators.spark.generations import Generation, generation_topic, list_gener
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
+    GROUP_COLUMN,
     INIT_SCHEMA,
     AggregateSpec,
     CecAggregateProcessor,
     GCheckSpec,
+    partition_groups,
 )
 from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
@@ -390,15 +394,23 @@ def _start_query(
             columns.append(F.col(spec.time).alias("cec_time"))
     else:
         columns += [F.col("cec_v"), F.col("cec_time"), F.col("cec_error")]
-    rows = source.select(*columns).withColumn("cec_qs", qs)
-    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck)
+    # One group per output partition q of the current generation (the processor keeps a partition's keys
+    # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
+    groups = partition_groups(recovery.current.partitions)
+    group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
+        F.pmod(F.hash(F.col("cec_key")), F.lit(recovery.current.partitions))
+    ]
+    rows = source.select(*columns).withColumn("cec_qs", qs).withColumn(GROUP_COLUMN, group_of)
+    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
     initial = _initial_state(spark, recovery)
-    transformed = rows.groupBy("cec_key").transformWithStateInPandas(
+    if initial is not None:
+        initial = initial.withColumn(GROUP_COLUMN, group_of)
+    transformed = rows.groupBy(GROUP_COLUMN).transformWithStateInPandas(
         statefulProcessor=processor,
         outputStructType=EMIT_SCHEMA,
         outputMode="Append",
         timeMode="None" if gcheck is None else "ProcessingTime",
-        initialState=initial.groupBy("cec_key") if initial is not None else None,
+        initialState=initial.groupBy(GROUP_COLUMN) if initial is not None else None,
     )
     writer = transformed.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
     if query_name:

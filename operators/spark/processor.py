@@ -1,13 +1,20 @@
 """The CEC operator of an attached aggregation, on the executors (`operators.spark.attach`).
 
-`CecAggregateProcessor` runs under `groupBy(key).transformWithStateInPandas`. It drives
-`operators.aggregate.KeyedAggregate` itself, one key at a time, through a one-window `OperatorContext`
-(`_KeyContext`), so the aggregation math and the state codec are the operator's. Window state lives in a
-ValueState per key. It emits rows for R, G-open and DEAD, each with (j, o, emission index, kind, key, seq,
+`CecAggregateProcessor` runs under `groupBy(cec_group).transformWithStateInPandas`, where the grouping
+value stands for one output partition q of the current generation (`partition_groups`: a value that Spark's
+shuffle hash sends to state partition q). So each task calls the processor once per micro-batch with all
+the rows of its partition, and the partition's window state is one ValueState holding every key's state
+(`_PartitionState`, pickled): one state get and one update per partition and micro-batch, instead of
+exists/get/update per key (each a round trip to the JVM's state server) and a pandas frame per key. Spark
+still versions that state per micro-batch, so task retries and the exactly-once of the sink are as before.
+Within a call the processor drives `operators.aggregate.KeyedAggregate` over the whole partition through
+`_PartitionContext` (an `OperatorContext`), so the aggregation math and the state codec are the
+operator's. It emits rows for R, G-open and DEAD, each with (j, o, emission index, kind, key, seq,
 state/payload bytes, event time, N delta); the sink (`operators.spark.sink`) turns them into records.
 
-Per-key order: Spark does not order a group's rows, so the processor sorts each key's rows by (j, o). As in
-DESIGN-NOTES section 2, exactness needs each key to live in one input partition.
+Per-key order: Spark does not order a group's rows, so the processor sorts the partition's rows by (j, o),
+which orders every key's rows. As in DESIGN-NOTES section 2, exactness needs each key to live in one input
+partition.
 
 Replay: the processor applies the replay contract (`recovery.contract.tuple_fate`) per key, with the key's
 own crash point C_k (`operators.spark.planning`): with an EC window, apply a tuple only if o >= pos_w[j];
@@ -22,21 +29,23 @@ G-checks (`GCheckSpec`, from `Checkpointing(u_target=U, ci_ms, cp_ms)`; timeMode
 - each task measures the input with `seen`: per input partition, the next offset after the rows it got
   in this micro-batch (timers fire after a micro-batch's input rows, in the same task and processor);
 - a window records `fp_clock`, that vector when its latest footprint was made (`pos_w` for a window
-  loaded from the EC), and has one processing-time timer while open, firing every CP ms at most;
-- when it fires, the window is G-checked if the input read since its footprint, sum(seen - fp_clock),
-  reached U/2 and the task's budget (`cec.schedule.CheckpointSchedule`, CI of every CP) has credit;
+  loaded from the EC); its partition has one processing-time timer while it holds a live open window,
+  firing every CP ms at most;
+- when it fires, the partition's live windows are taken oldest footprint first (smallest sum of
+  `fp_clock`), and each is G-checked if the input read since its footprint, sum(seen - fp_clock), reached
+  U/2 and the task's budget (`cec.schedule.CheckpointSchedule`, CI of every CP) has credit;
 - only a *live* window is G-checked: one whose key had a tuple past its crash point C_k. Before that a
   loaded window may still miss tuples of its key below C_k that later micro-batches replay, and a
   footprint written now would claim them.
 The G-check row carries the key's last applied tuple (j, o); its state holds that tuple and all before.
-Not done: the paper's oldest-first order across windows (each key's timer acts on its own window) and
-Q, recovery targets and the cost-benefit policy (refused by `cec_aggregate`).
+Not done: Q, recovery targets and the cost-benefit policy (refused by `cec_aggregate`).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import pickle
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -67,16 +76,24 @@ __all__ = [
     "EMIT_COLUMNS",
     "EMIT_SCHEMA",
     "GCHECK_ORDER",
+    "GROUP_COLUMN",
     "INIT_SCHEMA",
+    "PARTITION_STATE_SCHEMA",
     "STATE_SCHEMA",
     "AggregateSpec",
     "CecAggregateProcessor",
     "GCheckSpec",
+    "partition_groups",
+    "spark_hash_long",
 ]
 
-STATE_NAME = "cec_window"
+STATE_NAME = "cec_partition"
+# The grouping column: one value per output partition of the current generation (`partition_groups`).
+GROUP_COLUMN = "cec_group"
+# What the processor keeps per state partition: `_PartitionState`, pickled (see the module doc).
+PARTITION_STATE_SCHEMA = StructType([StructField("blob", BinaryType(), False)])
 
-# What the processor keeps per key (one open window at most: tumbling windows).
+# What the initial state gives per key (one open window at most: tumbling windows).
 STATE_SCHEMA = StructType(
     [
         StructField("seq", LongType(), False),  # the open window's seq, or the next seq when none is open
@@ -169,53 +186,157 @@ class GCheckSpec:
 
 _Emission = tuple[str, str | None, int, bytes | None, bytes | None, int]  # kind, key, seq, state, payload, dN
 
+_MASK32 = 0xFFFFFFFF
 
-class _KeyContext:
-    """`OperatorContext` of one key for one call of handleInputRows: the key's single window.
 
-    KeyedAggregate drives it exactly as it drives `OperatorRuntime`; this class only records what the
-    runtime would emit (R on close, G-open once the tuple is done if its window is still open) and the
-    per-key recovery facts (footprint generation, pos_w, G-check bookkeeping).
-    """
+def _rotl32(x: int, r: int) -> int:
+    return ((x << r) | (x >> (32 - r))) & _MASK32
 
-    def __init__(
-        self,
-        operator: KeyedAggregate,
-        key: str | None,
-        saved: tuple[Any, ...] | None,
-        generation: int,
-    ) -> None:
+
+def _mix_k1(k: int) -> int:
+    return (_rotl32((k * 0xCC9E2D51) & _MASK32, 15) * 0x1B873593) & _MASK32
+
+
+def _mix_h1(h: int, k: int) -> int:
+    return (_rotl32(h ^ k, 13) * 5 + 0xE6546B64) & _MASK32
+
+
+def spark_hash_long(value: int, seed: int = 42) -> int:
+    """Spark's `hash()` of a LongType value (Murmur3_x86_32.hashLong with the seed 42 of `hash` and of
+    HashPartitioning), as a signed 32-bit int."""
+    h = _mix_h1(_mix_h1(seed & _MASK32, _mix_k1(value & _MASK32)), _mix_k1((value >> 32) & _MASK32))
+    h ^= 8
+    h ^= h >> 16
+    h = (h * 0x85EBCA6B) & _MASK32
+    h ^= h >> 13
+    h = (h * 0xC2B2AE35) & _MASK32
+    h ^= h >> 16
+    return h - (1 << 32) if h & 0x80000000 else h
+
+
+def partition_groups(partitions: int) -> list[int]:
+    """For each output partition q, the smallest long g >= 0 with pmod(hash(g), P) == q: grouping by g puts
+    partition q's group on Spark's state partition q (shuffle partitions = P), one group per task."""
+    groups: dict[int, int] = {}
+    g = 0
+    while len(groups) < partitions:
+        groups.setdefault(spark_hash_long(g) % partitions, g)
+        g += 1
+    return [groups[q] for q in range(partitions)]
+
+
+class _Key:
+    """One key's facts in a state partition: its open window (if any) and the recovery and G-check facts.
+
+    `fp_gen`: generation whose log holds the open window's latest footprint (-1: none); `pos_w`: for a
+    window loaded from the EC, the input below which it holds every tuple; `live`: its last tuple was
+    processed past the key's crash point (G-checks allowed); `fp_clock`: the task's input position when
+    its latest footprint was made; (`last_j`, `last_o`): the key's last applied tuple."""
+
+    __slots__ = ("fp_clock", "fp_gen", "last_j", "last_o", "live", "next_seq", "pos_w", "window")
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.window: OpenWindow | None = None
+        self.fp_gen = -1
+        self.pos_w: tuple[int, ...] | None = None
+        self.live = False
+        self.fp_clock: tuple[int, ...] | None = None
+        self.last_j = self.last_o = -1
+
+
+# A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
+# pos_w, live, fp_clock, last_j, last_o). Plain tuples: the pickle of a partition stays one C-level pass.
+_Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int]
+
+
+def _save(k: _Key) -> _Saved:
+    w = k.window
+    if w is None:
+        return (k.next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o)
+    s = w.state
+    return (
+        k.next_seq,
+        w.seq,
+        (s.count, s.total, s.lo, s.hi, s.start, s.last),
+        k.fp_gen,
+        k.pos_w,
+        k.live,
+        k.fp_clock,
+        k.last_j,
+        k.last_o,
+    )
+
+
+def _load(key: str, saved: _Saved) -> _Key:
+    from operators.aggregate import AggState
+
+    k = _Key()
+    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o = saved
+    k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
+    if seq >= 0 and state is not None:
+        k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
+        k.fp_gen, k.pos_w, k.live, k.fp_clock = fp_gen, pos_w, live, fp_clock
+    return k
+
+
+class _PartitionState:
+    """A state partition's keys (as `_Saved` tuples), its output partition q and its timer (-1: none)."""
+
+    __slots__ = ("keys", "q", "timer")
+
+    def __init__(self, q: int, keys: dict[str | None, _Saved] | None = None, timer: int = -1) -> None:
+        self.q = q
+        self.keys: dict[str | None, _Saved] = keys if keys is not None else {}
+        self.timer = timer
+
+    def dump(self) -> tuple[bytes]:
+        return (pickle.dumps((self.q, self.timer, self.keys), protocol=pickle.HIGHEST_PROTOCOL),)
+
+    @classmethod
+    def load(cls, row: Any) -> _PartitionState:
+        q, timer, keys = pickle.loads(bytes(row[0]))
+        return cls(q, keys, timer)
+
+
+class _PartitionContext:
+    """`OperatorContext` of one state partition for one call: KeyedAggregate drives it exactly as it
+    drives `OperatorRuntime`; this class records what the runtime would emit (R on close, G-open once the
+    tuple is done if its window is still open) and the per-key recovery facts (`_Key`). Keys are loaded
+    from the partition's saved state when their first row of the call comes (`touch`)."""
+
+    def __init__(self, operator: KeyedAggregate, saved: _PartitionState, generation: int) -> None:
         self.operator = operator
-        self.key = key
+        self.saved = saved
         self.generation = generation
+        self.keys: dict[str | None, _Key] = {}  # touched in this call
         self._registry = WindowRegistry()
         self._result_codec = AvroCodec(RESULT_SCHEMA)
         self._dead_codec = AvroCodec(DEAD_LETTER_SCHEMA)
         self._time = 0
         self.event_time = -1  # of the tuple last applied; -1 when it has none
-        self.fp_gen = -1
-        self.pos_w: tuple[int, ...] | None = None
-        self.next_seq = 0
-        self.live = False
-        self.fp_clock: list[int] | None = None
-        self.last_j = self.last_o = self.q = self.timer = -1
-        if saved is not None:
-            seq, is_open, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, q, timer = saved
-            self.last_j, self.last_o, self.q, self.timer = int(last_j), int(last_o), int(q), int(timer)
-            if is_open and key is not None:
-                self._registry.open(
-                    OpenWindow(key, int(seq), operator.decode_state(bytes(state)), 0, 0, 0, 0)
-                )
-                self.next_seq = int(seq) + 1
-                self.fp_gen = int(fp_gen)
-                self.pos_w = tuple(int(p) for p in pos_w) if pos_w is not None and len(pos_w) else None
-                self.live = bool(live)
-                self.fp_clock = None if fp_clock is None else [int(c) for c in fp_clock]
-            else:
-                self.next_seq = int(seq)
+        self._key: _Key = _Key()
         self._opened: OpenWindow | None = None
         self._silent = False
         self._out: list[_Emission] = []
+
+    def touch(self, key: str | None) -> _Key:
+        k = self.keys.get(key)
+        if k is None:
+            stored = self.saved.keys.get(key)
+            k = _load(key, stored) if stored is not None and key is not None else _Key()
+            if stored is not None and key is None:
+                k.next_seq = stored[0]
+            self.keys[key] = k
+            if k.window is not None:
+                self._registry.open(k.window)
+        return k
+
+    def store(self) -> None:
+        """Write the touched keys back into the partition's saved state."""
+        keys = self.saved.keys
+        for key, k in self.keys.items():
+            keys[key] = _save(k)
 
     # OperatorContext
     @property
@@ -227,93 +348,89 @@ class _KeyContext:
         return self._time
 
     def open_window(self, key: str, state: Any) -> OpenWindow:
-        window = OpenWindow(key, self.next_seq, state, self._time, self._time, 0, 0)
-        self.next_seq += 1
+        k = self._key
+        window = OpenWindow(key, k.next_seq, state, self._time, self._time, 0, 0)
+        k.next_seq += 1
         self._registry.open(window)
+        k.window = window
         self._opened = window
-        self.fp_gen = -1
-        self.pos_w = None
+        k.fp_gen = -1
+        k.pos_w = None
         return window
 
     def close_window(self, key: str, result: Mapping[str, Any]) -> None:
         window = self._registry.close(key)
+        k = self._key
         if self._silent:
             raise RuntimeError(
                 f"replay below the crash point closed window {window.seq} of {key!r}: the log and the "
                 "replay disagree"
             )
         # N counts the windows whose latest footprint is in this generation's log (operators.spark.generations).
-        dn = -1 if self.fp_gen == self.generation else 0
-        self._out.append((Kind.R.value, key, window.seq, None, self._result_codec.encode(result), dn))
-        self.fp_gen = -1
-        self.pos_w = None
-        self.live = False
-        self.fp_clock = None
+        dn = -1 if k.fp_gen == self.generation else 0
+        self._out.append((_R, key, window.seq, None, self._result_codec.encode(result), dn))
+        k.window = None
+        k.fp_gen = -1
+        k.pos_w = None
+        k.live = False
+        k.fp_clock = None
 
     def emit(self, result: Mapping[str, Any]) -> None:
         raise RuntimeError("a keyed aggregate emits results only by closing windows")
 
     # driving
-    @property
-    def window(self) -> OpenWindow | None:
-        return self._registry.get(self.key) if self.key is not None else None
-
-    def apply(self, tup: InputTuple, silent: bool) -> list[_Emission]:
-        """Apply one tuple; the records it produces (none when `silent`: rebuilding below the crash point)."""
-        self._out = []
+    def apply(self, k: _Key, tup: InputTuple, silent: bool) -> list[_Emission]:
+        """Apply one tuple of key `k`; the records it produces (none when `silent`: rebuilding below the
+        crash point)."""
+        out: list[_Emission] = []
+        self._out = out
+        self._key = k
         self._opened = None
         self._silent = silent
         self.event_time = -1
-        self.last_j, self.last_o = tup.partition, tup.offset
+        k.last_j, k.last_o = tup.partition, tup.offset
         if tup.value is None:  # the source could not decode it (or a field is missing): a dead letter
             if not silent:
                 self._dead(tup, tup.error or "undecodable input", "")
-            return self._out
+            return out
         try:
             event_time = self.operator.event_time(tup.value)
             if event_time is not None:
                 self.event_time = event_time
-                self._time = max(self._time, event_time)
+                if event_time > self._time:
+                    self._time = event_time
             self.operator.process(tup, self)
         except BadTupleError as exc:  # state unchanged (the operator's contract)
             if not silent:
                 self._dead(tup, exc.reason, json.dumps(dict(tup.value), default=str, sort_keys=True))
-            return self._out
+            return out
         opened = self._opened
-        if opened is not None and self._registry.get(opened.key) is opened:  # not opened-and-closed
+        if opened is not None and k.window is opened:  # not opened-and-closed
             if silent:
                 raise RuntimeError(
                     f"replay below the crash point opened window {opened.seq} of {opened.key!r}: the log "
                     "and the replay disagree"
                 )
-            self.fp_gen = self.generation
-            self._out.append(
-                (Kind.GOPEN.value, opened.key, opened.seq, self.operator.encode_state(opened.state), None, 1)
-            )
-        return self._out
+            k.fp_gen = self.generation
+            out.append((_GOPEN, opened.key, opened.seq, self.operator.encode_state(opened.state), None, 1))
+        return out
 
     def _dead(self, tup: InputTuple, reason: str, raw: str) -> None:
         payload = self._dead_codec.encode(
             {"partition": tup.partition, "offset": tup.offset, "reason": reason, "raw": raw}
         )
-        self._out.append((Kind.DEAD.value, None, -1, None, payload, 0))
+        self._out.append((_DEAD, None, -1, None, payload, 0))
 
-    def gcheck(self) -> _Emission:
-        """A G-check of the open window: its state as of the key's last applied tuple."""
-        window = self.window
+    def gcheck(self, k: _Key) -> _Emission:
+        """A G-check of `k`'s open window: its state as of the key's last applied tuple."""
+        window = k.window
         assert window is not None
-        dn = 0 if self.fp_gen == self.generation else 1  # its latest footprint moves into this log
-        self.fp_gen = self.generation
-        return (Kind.GCHECK.value, window.key, window.seq, self.operator.encode_state(window.state), None, dn)
+        dn = 0 if k.fp_gen == self.generation else 1  # its latest footprint moves into this log
+        k.fp_gen = self.generation
+        return (_GCHECK, window.key, window.seq, self.operator.encode_state(window.state), None, dn)
 
-    def saved(self) -> tuple[Any, ...]:
-        window = self.window
-        tail = (self.last_j, self.last_o, self.q, self.timer)
-        if window is None:
-            return (self.next_seq, False, None, -1, None, False, None, *tail)
-        pos_w = list(self.pos_w) if self.pos_w is not None else None
-        state = self.operator.encode_state(window.state)
-        return (window.seq, True, state, self.fp_gen, pos_w, self.live, self.fp_clock, *tail)
+
+_R, _GOPEN, _GCHECK, _DEAD = Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value
 
 
 def _plain(value: Any) -> Any:
@@ -330,7 +447,7 @@ def _from_json(text: Any) -> Any:
 
 
 class CecAggregateProcessor(StatefulProcessor):
-    """The CEC operator of one key at a time under transformWithStateInPandas (see the module doc)."""
+    """The CEC operator of one state partition at a time under transformWithStateInPandas (module doc)."""
 
     def __init__(
         self,
@@ -338,16 +455,20 @@ class CecAggregateProcessor(StatefulProcessor):
         crash_points: list[list[tuple[int, ...]]],
         generation: int,
         gcheck: GCheckSpec | None = None,
+        groups: Sequence[int] | None = None,
     ) -> None:
         self.spec = spec
         self.crash_points = crash_points
         self.generation = generation
         self.gcheck = gcheck
+        # Grouping value -> output partition q of the current generation.
+        partitions = len(crash_points[generation]) if crash_points else 1
+        self.group_q = {g: q for q, g in enumerate(groups or partition_groups(partitions))}
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.operator = self.spec.build()
         self.handle = handle
-        self.window = handle.getValueState(STATE_NAME, STATE_SCHEMA)
+        self.state = handle.getValueState(STATE_NAME, PARTITION_STATE_SCHEMA)
         # One processor per task: the input positions its rows reached in this micro-batch (next offsets),
         # the clock that G-check decisions measure replay with; and the task's G-check budget.
         self.seen = [0] * len(self.crash_points[0][0])
@@ -357,25 +478,30 @@ class CecAggregateProcessor(StatefulProcessor):
         if self.schedule is not None:
             self.schedule.start()
 
+    def _partition(self, group: Any) -> _PartitionState:
+        row = self.state.get()  # None when the partition has no state yet (one round trip, no exists())
+        if row is not None:
+            return _PartitionState.load(row)
+        return _PartitionState(self.group_q[int(group)])
+
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
-        row = initialState.iloc[0]
-        pos_w = row["pos_w"]
-        fp_clock = row["fp_clock"]
-        self.window.update(
-            (
-                int(row["seq"]),
-                bool(row["open"]),
-                row["state"],
-                int(row["fp_gen"]),
-                None if pos_w is None else [int(p) for p in pos_w],
-                bool(row["live"]),
-                None if fp_clock is None else [int(p) for p in fp_clock],
-                int(row["last_j"]),
-                int(row["last_o"]),
-                int(row["q"]),
-                int(row["timer"]),
-            )
-        )
+        """The keys the recovery plan loads into this partition (may come in several chunks)."""
+        part = self._partition(key[0])
+        keys = part.keys
+        columns = [initialState[c].tolist() for c in ("cec_key", "seq", "open", "state", "fp_gen", "pos_w")]
+        decode = self.operator.decode_state
+        for k, seq, is_open, state, fp_gen, pos_w in zip(*columns, strict=True):
+            seq = int(seq)
+            if is_open and k is not None:
+                s = decode(bytes(state))
+                window_pos = tuple(int(p) for p in pos_w)
+                # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
+                # their footprint clock is pos_w.
+                fields = (s.count, s.total, s.lo, s.hi, s.start, s.last)
+                keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1)
+            else:
+                keys[k] = (seq, -1, None, -1, None, False, None, -1, -1)
+        self.state.update(part.dump())
 
     def _crash_point(self, qs: Sequence[int]) -> list[int]:
         """C_k: component-wise max over generations of the crash point of the key's partition there."""
@@ -391,17 +517,9 @@ class CecAggregateProcessor(StatefulProcessor):
         batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         # Spark does not order a group's rows; the operator's per-key order is the input order.
         batch = batch.sort_values(["cec_j", "cec_o"], kind="stable")
-        k: str | None = key[0]
         spec = self.spec
-        if k is not None and self.operator.key_of({spec.key: k}) not in (k, None):
-            # Two group keys would share one window id in the log: never write that.
-            raise RuntimeError(f"group key {k!r} is not in the aggregate's canonical (stripped) form")
-        ctx = _KeyContext(
-            self.operator, k, self.window.get() if self.window.exists() else None, self.generation
-        )
-        qs = [int(q) for q in batch["cec_qs"].iloc[0]]
-        ctx.q = qs[-1]
-        crash = self._crash_point(qs)
+        part = self._partition(key[0])
+        ctx = _PartitionContext(self.operator, part, self.generation)
         n = len(batch)
         if spec.json_values:
             values = [_from_json(v) for v in batch["cec_v"].tolist()]
@@ -411,87 +529,120 @@ class CecAggregateProcessor(StatefulProcessor):
             values = [_plain(v) for v in batch["cec_v"].tolist()]
             times = [_plain(t) for t in batch["cec_time"].tolist()] if spec.time else [None] * n
             errors = [None] * n
+        qs_column = batch["cec_qs"].tolist()
         seen = self.seen
-        out: dict[str, list[Any]] = {c: [] for c in EMIT_COLUMNS}
-        for j, o, v, t, err in zip(
-            batch["cec_j"].tolist(), batch["cec_o"].tolist(), values, times, errors, strict=True
+        q = part.q
+        crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
+        key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
+        out: list[tuple[Any, ...]] = []
+        for idx, (j, o, k, v, t, err) in enumerate(
+            zip(
+                batch["cec_j"].tolist(),
+                batch["cec_o"].tolist(),
+                batch["cec_key"].tolist(),
+                values,
+                times,
+                errors,
+                strict=True,
+            )
         ):
-            j, o = int(j), int(o)
             if o >= seen[j]:
                 seen[j] = o + 1
+            crash = crash_of.get(k)
+            if crash is None:
+                if k is not None and key_of({key_field: k}) not in (k, None):
+                    # Two group keys would share one window id in the log: never write that.
+                    raise RuntimeError(f"group key {k!r} is not in the aggregate's canonical (stripped) form")
+                crash = crash_of[k] = self._crash_point(qs_column[idx])
+            state = ctx.touch(k)
             # The replay contract (recovery.contract), per key: C_k is the key's crash point.
-            fate = tuple_fate(o, crash[j], None if ctx.pos_w is None else ctx.pos_w[j])
+            fate = tuple_fate(o, crash[j], None if state.pos_w is None else state.pos_w[j])
             if fate is TupleFate.SKIP:
                 continue
             silent = fate is TupleFate.REBUILD
             if err is not None:
                 tup = InputTuple(j, o, None, err)
             else:
-                value: dict[str, Any] = {spec.key: k, spec.value: v}
-                if spec.time:
-                    value[spec.time] = t
+                value: dict[str, Any] = {key_field: k, value_field: v}
+                if time_field:
+                    value[time_field] = t
                 tup = InputTuple(j, o, value)
-            emitted = ctx.apply(tup, silent)
-            if not silent and ctx.window is not None:
-                ctx.live = True  # its state now holds every tuple of the key below this one
+            emitted = ctx.apply(state, tup, silent)
+            if not silent and state.window is not None:
+                state.live = True  # its state now holds every tuple of the key below this one
             if not emitted:
                 continue
             event_time = ctx.event_time
-            for i, (kind, rkey, seq, state, payload, dn) in enumerate(emitted):
-                if kind == Kind.GOPEN.value:
-                    ctx.fp_clock = list(seen)
-                for col, item in zip(
-                    EMIT_COLUMNS,
-                    (qs[-1], j, o, i, kind, rkey, seq, state, payload, event_time, dn),
-                    strict=True,
-                ):
-                    out[col].append(item)
-        if self.gcheck is not None:
-            self._arm_timer(ctx, timerValues)
-        self.window.update(ctx.saved())
-        if out["cec_kind"]:
+            for i, (kind, rkey, seq, wstate, payload, dn) in enumerate(emitted):
+                if kind == _GOPEN:
+                    state.fp_clock = tuple(seen)
+                out.append((q, j, o, i, kind, rkey, seq, wstate, payload, event_time, dn))
+        ctx.store()
+        if (
+            self.gcheck is not None
+            and part.timer < 0
+            and any(s.window is not None and s.live for s in ctx.keys.values())
+        ):
+            self._arm_timer(part, timerValues)
+        self.state.update(part.dump())
+        if out:
             yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
-    def _arm_timer(self, ctx: _KeyContext, timerValues: TimerValues) -> None:
-        """One processing-time timer per live open window; none otherwise."""
+    def _arm_timer(self, part: _PartitionState, timerValues: TimerValues) -> None:
         assert self.gcheck is not None
-        if ctx.window is not None and ctx.live:
-            if ctx.timer < 0:
-                ctx.timer = timerValues.getCurrentProcessingTimeInMs() + self.gcheck.interval_ms
-                self.handle.registerTimer(ctx.timer)
-        elif ctx.timer >= 0:
-            self.handle.deleteTimer(ctx.timer)
-            ctx.timer = -1
+        part.timer = timerValues.getCurrentProcessingTimeInMs() + self.gcheck.interval_ms
+        self.handle.registerTimer(part.timer)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Any]:
-        """G-check the key's window if the input read since its latest footprint reached the threshold and
-        the task's budget allows (Spark deletes the expired timer after this returns)."""
+        """G-check the partition's live windows, oldest footprint first, whose input read since their
+        latest footprint reached the threshold, while the task's budget allows; re-arm while a live window
+        is open (Spark deletes the expired timer after this returns)."""
         import pandas as pd
 
-        if self.gcheck is None or not self.window.exists():
+        if self.gcheck is None:
             return
-        ctx = _KeyContext(self.operator, key[0], self.window.get(), self.generation)
-        ctx.timer = -1
-        window = ctx.window
-        if window is None or not ctx.live:
-            self.window.update(ctx.saved())
-            return
-        clock = ctx.fp_clock or [0] * len(self.seen)
-        # Partitions this task read nothing of in this micro-batch add nothing (their position is unknown).
-        u = sum(s - c for s, c in zip(self.seen, clock, strict=True) if s > c)
-        row: tuple[Any, ...] | None = None
-        schedule = self.schedule
-        assert schedule is not None
-        if u >= self.gcheck.threshold and schedule.credit() > 0:
-            started = time.perf_counter()
-            kind, rkey, seq, state, payload, dn = ctx.gcheck()
-            row = (ctx.q, ctx.last_j, ctx.last_o, GCHECK_ORDER, kind, rkey, seq, state, payload, -1, dn)
-            ctx.fp_clock = [max(s, c) for s, c in zip(self.seen, clock, strict=True)]
-            schedule.spend(time.perf_counter() - started, 1)
-        self._arm_timer(ctx, timerValues)
-        self.window.update(ctx.saved())
-        if row is not None:
-            yield pd.DataFrame([row], columns=EMIT_COLUMNS)
+        part = self._partition(key[0])
+        part.timer = -1
+        live = [(sum(saved[6] or ()), k) for k, saved in part.keys.items() if saved[1] >= 0 and saved[5]]
+        rows: list[tuple[Any, ...]] = []
+        if live:
+            schedule = self.schedule
+            assert schedule is not None
+            ctx = _PartitionContext(self.operator, part, self.generation)
+            width = len(self.seen)
+            for _, k in sorted(live, key=lambda c: c[0]):
+                state = ctx.touch(k)
+                clock = state.fp_clock or (0,) * width
+                # Partitions this task read nothing of in this micro-batch add nothing (position unknown).
+                u = sum(s - c for s, c in zip(self.seen, clock, strict=True) if s > c)
+                if u < self.gcheck.threshold:
+                    continue
+                if schedule.credit() <= 0:
+                    break
+                started = time.perf_counter()
+                kind, rkey, seq, wstate, payload, dn = ctx.gcheck(state)
+                rows.append(
+                    (
+                        part.q,
+                        state.last_j,
+                        state.last_o,
+                        GCHECK_ORDER,
+                        kind,
+                        rkey,
+                        seq,
+                        wstate,
+                        payload,
+                        -1,
+                        dn,
+                    )
+                )
+                state.fp_clock = tuple(max(s, c) for s, c in zip(self.seen, clock, strict=True))
+                schedule.spend(time.perf_counter() - started, 1)
+            ctx.store()
+            self._arm_timer(part, timerValues)
+        self.state.update(part.dump())
+        if rows:
+            yield pd.DataFrame(rows, columns=EMIT_COLUMNS)
 
     def close(self) -> None:
         pass
