@@ -1124,19 +1124,30 @@ static PyObject *json_record(PyObject *raw, PyObject *layout, const wanted_field
         Py_ssize_t kn, n;
         int kesc, esc;
         if (c.p >= c.end || *c.p != '"' || !json_string(&c, &k, &kn, &kesc)) goto decline;
-        if (kesc) goto decline;  /* a name spelled with escapes might be a wanted one */
         json_ws(&c);
         if (c.p >= c.end || *c.p != ':') goto decline;
         c.p++;
         json_ws(&c);
+        PyObject *kstr = NULL;
+        if (kesc) {  /* a name spelled with escapes (json.dumps writes non-ASCII so) may be a wanted one */
+            kstr = json_str(k, kn, 1);
+            if (kstr == NULL) {
+                if (PyErr_Occurred()) { Py_DECREF(r); return NULL; }
+                kn = -1;  /* a lone surrogate: no wanted name */
+            } else {
+                k = (const unsigned char *)PyUnicode_AsUTF8AndSize(kstr, &kn);
+                if (k == NULL) { Py_DECREF(kstr); Py_DECREF(r); return NULL; }
+            }
+        }
         Py_ssize_t w = 0;
         while (w < nwant && !(want[w].len == kn && memcmp(want[w].name, k, (size_t)kn) == 0)) w++;
+        Py_XDECREF(kstr);
         if (w == nwant) {
             if (!json_skip(&c, 1)) goto decline;
         } else {  /* a wanted field: its value (a repeated name: the last one, as json.loads) */
             PyObject *v = NULL;
             const unsigned char *at = c.p;
-            int is_int;
+            int is_int, is_null = 0;
             if (c.p >= c.end) goto decline;
             if (*c.p == '"') {
                 if (!json_string(&c, &s, &n, &esc)) goto decline;
@@ -1148,14 +1159,19 @@ static PyObject *json_record(PyObject *raw, PyObject *layout, const wanted_field
                 v = Py_NewRef(Py_True);
             } else if (json_literal(&c, "false", 5)) {
                 v = Py_NewRef(Py_False);
+            } else if (json_literal(&c, "null", 4)) {
+                is_null = 1;
             } else {
-                goto decline;  /* null, an object, an array, or not JSON */
+                goto decline;  /* an object, an array, or not JSON */
             }
-            if (v == NULL) {  /* a lone surrogate, or a number Python will not read (e.g. its digit limit) */
+            if (is_null) {
+                Py_CLEAR(r->items[w]);  /* null, unless a later one of the same name has a value */
+            } else if (v != NULL) {
+                Py_XSETREF(r->items[w], v);
+            } else {  /* a lone surrogate, or a number Python will not read (its digit limit) */
                 PyErr_Clear();
                 goto decline;
             }
-            Py_XSETREF(r->items[w], v);
         }
         json_ws(&c);
         if (c.p >= c.end) goto decline;
@@ -1167,7 +1183,7 @@ static PyObject *json_record(PyObject *raw, PyObject *layout, const wanted_field
     json_ws(&c);
     if (c.p != c.end) goto decline;
     for (Py_ssize_t w = 0; w < nwant; w++) {
-        if (r->items[w] == NULL) goto decline;  /* a later null replaced none: absent */
+        if (r->items[w] == NULL) goto decline;  /* absent, or null */
     }
     return (PyObject *)r;  /* every field atomic: untracked */
 decline:
