@@ -514,7 +514,11 @@ class KafkaTopicSource(InputSource):
             nxt[local_of[p]] = offset + 1
         js = parts if self._identity_partitions else list(map(local_of.__getitem__, parts))
         return list(
-            map(tuple.__new__, repeat(InputTuple, n), zip(js, offsets, decoded, repeat(None, n), raws, strict=True))
+            map(
+                tuple.__new__,
+                repeat(InputTuple, n),
+                zip(js, offsets, decoded, repeat(None, n), raws, strict=True),
+            )
         )
 
     def _slow_batch(self, msgs: list[Message]) -> list[InputTuple]:

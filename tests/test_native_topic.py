@@ -188,7 +188,11 @@ _SCALARS = (
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=12)
 )
-_JSON = st.recursive(_SCALARS, lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3), max_leaves=8)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda kids: st.lists(kids, max_size=3) | st.dictionaries(st.text(max_size=5), kids, max_size=3),
+    max_leaves=8,
+)
 _RECORDS = st.dictionaries(st.sampled_from(["item", "price", "ts", "x", "ité"]), _JSON, max_size=5)
 
 
@@ -237,13 +241,20 @@ def test_avro_records_equal_fastavro_and_hold_every_field() -> None:
     for i in (0, 4):
         ref = fastavro.schemaless_reader(io.BytesIO(raws[i]), parsed, None)
         value = out[i].value
-        assert value == ref and {k: value[k] for k in value} == ref and list(value.items()) == list(ref.items())
+        assert (
+            value == ref and {k: value[k] for k in value} == ref and list(value.items()) == list(ref.items())
+        )
         assert value == decoder.decode_many([raws[i]])[0]
         assert len(value) == 6 and "ts" in value and "nope" not in value
     # a wanted field the schema lacks: no C path (every record is decoded one by one for its reason)
     assert decoder.native_spec(["item", "missing"]) is None
     # a schema the C decoder does not take (an array): no C path either
-    assert AvroDecoder({**AVSC, "fields": [*AVSC["fields"], {"name": "a", "type": {"type": "array", "items": "int"}}]}).native_spec(["item"]) is None
+    assert (
+        AvroDecoder(
+            {**AVSC, "fields": [*AVSC["fields"], {"name": "a", "type": {"type": "array", "items": "int"}}]}
+        ).native_spec(["item"])
+        is None
+    )
 
 
 def test_batch_refused_whole_without_changing_positions() -> None:
@@ -251,7 +262,7 @@ def test_batch_refused_whole_without_changing_positions() -> None:
     raw = b'{"item": "a", "price": 1}'
     error = Message(topic="t", partition=0, offset=2, error=KafkaError(KafkaError._PARTITION_EOF))
     cases = {
-        "error event": (_msgs([raw, raw]) + [error], [0], [math.inf]),
+        "error event": ([*_msgs([raw, raw]), error], [0], [math.inf]),
         "at the end": (_msgs([raw, raw, raw]), [0], [2]),
         "ended": (_msgs([raw]), [0], [-1]),
         "partition not read": (_msgs([raw], partition=1), [0, -1], [math.inf]),
@@ -268,7 +279,9 @@ def test_batch_positions_and_local_partitions() -> None:
     spec = _json_spec()
     raw = b'{"item": "a", "price": 1}'
     # the source reads global partitions 2 and 0 as local 0 and 1
-    msgs = _msgs([raw, raw], partition=2, first=10) + _msgs([raw], partition=0, first=4) + _msgs([b"x"], 2, 12)
+    msgs = (
+        _msgs([raw, raw], partition=2, first=10) + _msgs([raw], partition=0, first=4) + _msgs([b"x"], 2, 12)
+    )
     nxt = [10, 4]
     out, declined = _batch(msgs, spec, local_of=[1, -1, 0], limits=[13, math.inf], nxt=nxt)
     assert nxt == [13, 5] and declined == 1
@@ -287,7 +300,7 @@ def test_record_is_a_read_only_mapping_equal_to_its_dict() -> None:
     assert "extra" in value and "nope" not in value
     assert list(value.keys()) == list(ref) and list(value.items()) == list(ref.items())
     assert list(value.values()) == list(ref.values()) and repr(value) == repr(ref)
-    assert value == ref and ref == value and not (value != ref) and value != {**ref, "ts": 8}
+    assert value == ref and ref == value and (value != ref) is False and value != {**ref, "ts": 8}
     assert pickle.loads(pickle.dumps(value)) == ref and copy.deepcopy(value) == ref
     with pytest.raises(TypeError):
         hash(value)
