@@ -8,6 +8,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -1036,8 +1037,64 @@ static int json_number(jcur *c, int *is_int) {
     return 1;
 }
 
+/* A decimal float of at most 15 significant digits... exactly: the digits as an integer m <= 2^53 and a
+ * power of ten 10^k with |k| <= 22 are both exact doubles, so one IEEE multiplication or division gives
+ * the correctly rounded value, as float() does (Clinger's fast path; strtod takes it too, after more
+ * work). 0 when the number is not that simple. */
+static int json_fast_double(const unsigned char *s, Py_ssize_t n, double *out) {
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+    static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    Py_ssize_t i = 0;
+    int neg = s[0] == '-', digits = 0;
+    unsigned long long m = 0;
+    long e = 0;
+    if (neg) i++;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (m || s[i] != '0') digits++;
+        if (digits > 15) return 0;
+        m = m * 10 + (unsigned long long)(s[i] - '0');
+    }
+    if (i < n && s[i] == '.') {
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (m || s[i] != '0') digits++;
+            if (digits > 15) return 0;
+            m = m * 10 + (unsigned long long)(s[i] - '0');
+            e--;
+        }
+    }
+    if (i < n) {  /* the exponent (the scanner checked its syntax) */
+        int eneg = 0;
+        long x = 0;
+        i++;
+        if (s[i] == '+' || s[i] == '-') eneg = s[i++] == '-';
+        for (; i < n; i++) {
+            if (x > 1000) return 0;
+            x = x * 10 + (s[i] - '0');
+        }
+        e += eneg ? -x : x;
+    }
+    double d = (double)m;  /* exact: m < 10^15 < 2^53 */
+    if (m == 0) {
+        d = 0.0;
+    } else if (e >= 0 && e <= 22) {
+        d *= pow10[e];
+    } else if (e < 0 && e >= -22) {
+        d /= pow10[-e];
+    } else {
+        return 0;
+    }
+    *out = neg ? -d : d;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 /* The int or float of a scanned number (as int() / float() read it, like json.loads). */
 static PyObject *json_number_value(const unsigned char *s, Py_ssize_t n, int is_int) {
+    double fast;
+    if (!is_int && json_fast_double(s, n, &fast)) return PyFloat_FromDouble(fast);
     if (is_int && n <= 18) {
         long long v = 0;
         Py_ssize_t i = s[0] == '-';
