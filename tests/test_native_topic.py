@@ -314,8 +314,19 @@ def test_short_decimal_floats_are_read_as_float_reads_them() -> None:
     """Floats of up to 15 significant digits take a fast path (one exact multiplication or division):
     bit for bit what float() gives, at the edges of that path and past them."""
     rng = random.Random(11)
-    texts = "0.0 -0.0 0e0 1e22 1e23 1e-22 1e-23 123456789012345.0 1234567890123456.0 9007199254740993.0".split()
-    texts += "0.1 0.3 2.2250738585072014e-308 1.7976931348623157e308 5e-324 1e400".split()
+    texts = [
+        "0.0",
+        "-0.0",
+        "0e0",
+        "1e22",
+        "1e23",
+        "1e-22",
+        "1e-23",
+        "123456789012345.0",
+        "1234567890123456.0",
+        "9007199254740993.0",
+    ]
+    texts += ["0.1", "0.3", "2.2250738585072014e-308", "1.7976931348623157e308", "5e-324", "1e400"]
     for _ in range(3000):
         digits = str(rng.randrange(1, 10 ** rng.randrange(1, 18)))
         cut = rng.randrange(0, len(digits) + 1)
