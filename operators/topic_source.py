@@ -4,7 +4,9 @@
 `cec` format, a cec queue, goes through `QueueSource` instead, see `open_topic_source`). Each record's
 value is decoded into fields; the key, value and time fields the operator uses must be present and not
 null. A record that cannot be decoded or lacks one of them becomes an error tuple, which the runtime
-dead-letters with its partition, offset and reason; the run goes on.
+dead-letters with its partition, offset and reason; the run goes on. A tuple's value is a read-only
+mapping equal to the decoded record: a dict, or (JSON and flat Avro, with the C accelerator) a
+`cec._native.Record` that holds the key, value and time fields and loads the rest only if asked.
 
 Two pseudo-fields come from the Kafka record instead of its value: `@timestamp` (the record timestamp in
 ms, e.g. as the time field) and `@key` (the message key as UTF-8 text).
@@ -428,7 +430,8 @@ class KafkaTopicSource(InputSource):
         """The batch's tuples when it is plain (the common case): no error event, every record below its
         partition's end, no value absent, every value decoded with the fields the operator needs. Every
         per-record step runs in C (`map` over the message accessors, one batch decode, `map` building
-        the tuples); None, having changed nothing, when the batch needs the per-record path."""
+        the tuples); None, having changed nothing, when the batch needs the per-record path. With the C
+        accelerator, all of it is one call (`_native_batch`)."""
         if self._native_spec is not None:
             return self._native_batch(msgs)
         if self._inject_ts or self._inject_key:
