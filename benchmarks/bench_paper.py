@@ -270,9 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         sweep("q", [(m, f"Q={m}x ({int(m * openwins):,})", Checkpointing(q_target=int(m * openwins)))
                     for m in (1, 1.25, 1.5, 2)])  # fmt: skip
 
-    _say(
-        f"done in {result['seconds']:.0f} s: benchmarks/out/{figures}.json, benchmarks/paper_*{suffix}.png"
-    )
+    _say(f"done in {result['seconds']:.0f} s: benchmarks/out/{figures}.json, benchmarks/paper_*{suffix}.png")
     return 0
 
 

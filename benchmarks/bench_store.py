@@ -264,8 +264,13 @@ def store_tail(store: QueueStore, topic: str, n: int) -> int:
 
 def ec_job(store_cfg: dict[str, Any], topic: str, tuples: int, keys: int) -> JobSpec:
     return JobSpec(
-        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
-                  "window_count": 10},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "avg",
+            "window_count": 10,
+        },
         source={"type": "generator", "count": tuples, "keys": keys, "seed": 1, "partitions": 1},
         store=store_cfg,
         output_topic=topic,
@@ -310,8 +315,10 @@ def run_ec(store_cfg: dict[str, Any], label: str, tuples: int, keys: int, repeat
     stats = run_job(ec_job(store_cfg, topic, tuples, keys))
     say(f"[{label}]   job: {stats.outputs:,} records in {time.perf_counter() - t0:.1f} s")
     row = ec_build(store_cfg, topic, repeats)
-    say(f"[{label}]   EC build: {row['records_read']:,} records read (extent {row['extent_records']:,}, "
-        f"N={row['open_windows']:,}) in {row['seconds'] * 1000:.0f} ms = {row['rate']:,.0f} records/s")
+    say(
+        f"[{label}]   EC build: {row['records_read']:,} records read (extent {row['extent_records']:,}, "
+        f"N={row['open_windows']:,}) in {row['seconds'] * 1000:.0f} ms = {row['rate']:,.0f} records/s"
+    )
     return row
 
 
@@ -356,8 +363,15 @@ def raw_sqlite_select(path: Path) -> int:
 # -- main -----------------------------------------------------------------------------------------------
 
 
-def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta]], n: int,
-                ec_tuples: int, ec_keys: int, repeats: int) -> dict[str, Any]:
+def bench_kafka(
+    bootstrap: str,
+    tmp: Path,
+    samples: list[tuple[bytes, RecordMeta]],
+    n: int,
+    ec_tuples: int,
+    ec_keys: int,
+    repeats: int,
+) -> dict[str, Any]:
     rates: dict[str, float] = {}
     store = KafkaQueueStore(bootstrap, tmp / "kafka-state")
     raw_topics = [f"raw-{uuid.uuid4().hex[:8]}" for _ in range(repeats)]
@@ -377,7 +391,10 @@ def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta
         idempotent, transactional, appends = timed_interleaved(
             n,
             [
-                ("raw idempotent produce (delivered)", lambda r: raw_produce(bootstrap, raw_topics[r], samples, n)),
+                (
+                    "raw idempotent produce (delivered)",
+                    lambda r: raw_produce(bootstrap, raw_topics[r], samples, n),
+                ),
                 (
                     f"raw transactional produce ({interval * 1000:.0f} ms)",
                     lambda r: raw_produce(bootstrap, txn_topics[r], samples, n, interval),
@@ -399,7 +416,9 @@ def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta
             "  paired (median of run-by-run ratios): transactional/idempotent "
             f"{paired['raw_produce_txn/raw_produce']:.2f}, store append/idempotent {paired['append/raw_produce']:.2f}"
         )
-        rates["raw_consume"] = timed("raw consume", n, lambda r: raw_consume(bootstrap, raw_topics[-1], n), repeats)
+        rates["raw_consume"] = timed(
+            "raw consume", n, lambda r: raw_consume(bootstrap, raw_topics[-1], n), repeats
+        )
         rates["scan_backward"] = timed(
             "store scan_backward", n, lambda r: store_scan_backward(store, topics[-1]), repeats
         )
@@ -420,8 +439,9 @@ def bench_kafka(bootstrap: str, tmp: Path, samples: list[tuple[bytes, RecordMeta
     return {"rates": rates, "ratios": ratios, "paired_ratios": paired, "commit_interval": interval, "ec": ec}
 
 
-def bench_sqlite(tmp: Path, samples: list[tuple[bytes, RecordMeta]], n: int, ec_tuples: int, ec_keys: int,
-                 repeats: int) -> dict[str, Any]:
+def bench_sqlite(
+    tmp: Path, samples: list[tuple[bytes, RecordMeta]], n: int, ec_tuples: int, ec_keys: int, repeats: int
+) -> dict[str, Any]:
     rates: dict[str, float] = {}
     raw_paths = [tmp / f"raw-{r}.sqlite" for r in range(repeats)]
     say(f"[sqlite] {n:,} records per run, best of {repeats}")
@@ -436,7 +456,9 @@ def bench_sqlite(tmp: Path, samples: list[tuple[bytes, RecordMeta]], n: int, ec_
     rates["append"] = timed(
         "store append (until durable)", n, lambda r: store_append(store, topics[r], samples, n), repeats
     )
-    rates["scan_backward"] = timed("store scan_backward", n, lambda r: store_scan_backward(store, topics[-1]), repeats)
+    rates["scan_backward"] = timed(
+        "store scan_backward", n, lambda r: store_scan_backward(store, topics[-1]), repeats
+    )
     rates["tail"] = timed("store tail", n, lambda r: store_tail(store, topics[-1], n), repeats)
     ec = run_ec({"type": "sqlite", "root": str(tmp / "sqlite-ec")}, "sqlite", ec_tuples, ec_keys, repeats)
     rates["ec_build"] = ec["rate"]
@@ -464,8 +486,13 @@ def plot(results: dict[str, Any], path: Path) -> None:
         colors = [("#d62728" if k == "ec_build" else c) for k, c in zip(names, colors, strict=True)]
         bars = ax.bar(names, values, color=colors)
         for bar, value in zip(bars, values, strict=True):
-            ax.annotate(f"{value:,.0f}k", (bar.get_x() + bar.get_width() / 2, bar.get_height()),
-                        ha="center", va="bottom", fontsize=8)
+            ax.annotate(
+                f"{value:,.0f}k",
+                (bar.get_x() + bar.get_width() / 2, bar.get_height()),
+                ha="center",
+                va="bottom",
+                fontsize=8,
+            )
         ax.set_title(f"{backend}: records/s (thousands); raw client in grey")
         ax.tick_params(axis="x", rotation=30, labelsize=8)
         ax.set_ylabel("k records/s")
@@ -473,9 +500,11 @@ def plot(results: dict[str, Any], path: Path) -> None:
         ax.axhline(500, color="#d62728", linestyle="--", linewidth=0.8)
         ax.annotate("EC target 500k/s", (0, 500), fontsize=7, color="#d62728", va="bottom")
     meta = results["meta"]
-    fig.suptitle(f"Queue store vs raw client ({meta['records']:,} records: ~{meta['value_bytes']:.0f} B value "
-                 f"+ ~{meta['header_bytes']:.0f} B meta; broker {meta['broker']}; best of {meta['repeats']})",
-                 fontsize=10)
+    fig.suptitle(
+        f"Queue store vs raw client ({meta['records']:,} records: ~{meta['value_bytes']:.0f} B value "
+        f"+ ~{meta['header_bytes']:.0f} B meta; broker {meta['broker']}; best of {meta['repeats']})",
+        fontsize=10,
+    )
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
@@ -500,8 +529,10 @@ def main(argv: list[str] | None = None) -> int:
     samples = sample_records()
     value_bytes = sum(len(v) for v, _ in samples) / len(samples)
     meta_bytes = sum(header_bytes(m) for _, m in samples) / len(samples)
-    say(f"records: {len(samples)} representative R/G-open tuples, value {value_bytes:.0f} B on average "
-        f"(+{meta_bytes:.0f} B of cec.* headers on Kafka)")
+    say(
+        f"records: {len(samples)} representative R/G-open tuples, value {value_bytes:.0f} B on average "
+        f"(+{meta_bytes:.0f} B of cec.* headers on Kafka)"
+    )
 
     from tests.brokers import start_broker
 
@@ -523,7 +554,9 @@ def main(argv: list[str] | None = None) -> int:
     }
     try:
         with tempfile.TemporaryDirectory(prefix="bench-store-") as tmp:
-            results["kafka"] = bench_kafka(broker.bootstrap, Path(tmp), samples, n, ec_tuples, ec_keys, repeats)
+            results["kafka"] = bench_kafka(
+                broker.bootstrap, Path(tmp), samples, n, ec_tuples, ec_keys, repeats
+            )
             results["sqlite"] = bench_sqlite(Path(tmp), samples, n, ec_tuples, ec_keys, repeats)
     finally:
         broker.stop()

@@ -13,7 +13,9 @@ and includes the assign / seek (the source's seek asks for the log starts: its r
 The ratio source / raw is the figure the issue targets (>= 0.7); source / (raw + decode) shows what the
 source adds over decoding itself. Medians of the repeats.
 
-    .venv/bin/python benchmarks/bench_topic_source.py [--records 300000] [--repeat 3]
+    .venv/bin/python benchmarks/bench_topic_source.py [--records 300000] [--repeat 3] [--profile]
+
+`--profile`: after the repeats, one more source run per format under cProfile (top 12 by own time).
 
 Writes benchmarks/out/topic_source.json.
 """
@@ -124,6 +126,7 @@ def main() -> int:
     )
     parser.add_argument("--records", type=int, default=300_000)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="profile one more source run per format")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING)
     broker = start_broker()
@@ -160,6 +163,13 @@ def main() -> int:
                 "source_over_raw": med["source"] / med["raw"],
                 "source_over_raw_decode": med["source"] / med["raw_decode"],
             }
+            if args.profile:
+                import cProfile
+                import pstats
+
+                profiler = cProfile.Profile()
+                profiler.runcall(source_consume, broker.bootstrap, topic, fmt, bounds)
+                pstats.Stats(profiler).sort_stats("tottime").print_stats(12)
             print(
                 f"{fmt}: raw {med['raw']:,.0f}/s, raw+decode {med['raw_decode']:,.0f}/s, source "
                 f"{med['source']:,.0f}/s -> source/raw {med['source'] / med['raw']:.2f}, "

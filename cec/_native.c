@@ -8,6 +8,8 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <float.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -829,6 +831,764 @@ static PyObject *py_decode_compact_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- the Kafka topic source's batches (operators.topic_source) --------------------------------------- */
+/* A decoded input record as a read-only mapping: the fields the operator reads (key, value, time) held
+ * directly, no dict per record. A layout, shared by every record of a source, is the tuple
+ * (names, index, loader): `names` the held fields in order, `index` {name: position}, `loader` None when
+ * the held fields are the whole record (flat Avro), else a callable that decodes the whole record from
+ * `raw` (JSON: json.loads) the first time a field that is not held, the length, the keys... are asked
+ * for. Either way the mapping equals the record the per-record decoder gives. */
+typedef struct {
+    PyObject_VAR_HEAD
+    PyObject *layout;
+    PyObject *raw;   /* the bytes the record was decoded from (NULL for Avro) */
+    PyObject *full;  /* the whole record as a dict, once asked for */
+    PyObject *items[1];
+} RecordObject;
+
+static PyTypeObject Record_Type;
+
+static int record_traverse(RecordObject *self, visitproc visit, void *arg) {
+    Py_VISIT(self->layout);
+    Py_VISIT(self->raw);
+    Py_VISIT(self->full);
+    for (Py_ssize_t i = 0; i < Py_SIZE(self); i++) Py_VISIT(self->items[i]);
+    return 0;
+}
+
+/* Only the loaded dict can hold mutable values (a cycle through it); the held fields stay. */
+static int record_clear(RecordObject *self) {
+    Py_CLEAR(self->full);
+    return 0;
+}
+
+static void record_dealloc(RecordObject *self) {
+    PyObject_GC_UnTrack(self);
+    Py_XDECREF(self->layout);
+    Py_XDECREF(self->raw);
+    Py_XDECREF(self->full);
+    for (Py_ssize_t i = 0; i < Py_SIZE(self); i++) Py_XDECREF(self->items[i]);
+    PyObject_GC_Del(self);
+}
+
+/* The whole record as a dict (borrowed), loaded and kept on first use; NULL with an exception. */
+static PyObject *record_full(RecordObject *self) {
+    if (self->full != NULL) return self->full;
+    PyObject *names = PyTuple_GET_ITEM(self->layout, 0), *loader = PyTuple_GET_ITEM(self->layout, 2);
+    PyObject *d;
+    if (loader == Py_None) {
+        d = PyDict_New();
+        if (d == NULL) return NULL;
+        for (Py_ssize_t i = 0; i < Py_SIZE(self); i++) {
+            if (PyDict_SetItem(d, PyTuple_GET_ITEM(names, i), self->items[i]) < 0) { Py_DECREF(d); return NULL; }
+        }
+    } else {
+        d = PyObject_CallOneArg(loader, self->raw);
+        if (d == NULL) return NULL;
+        if (!PyDict_Check(d)) {
+            Py_DECREF(d);
+            PyErr_SetString(PyExc_TypeError, "a record loader must return a dict");
+            return NULL;
+        }
+    }
+    self->full = d;
+    if (!PyObject_GC_IsTracked((PyObject *)self)) PyObject_GC_Track(self);  /* the dict may hold anything */
+    return d;
+}
+
+/* The value of `key` (borrowed), NULL with no exception when absent, NULL with one on an error. */
+static PyObject *record_lookup(RecordObject *self, PyObject *key) {
+    PyObject *pos = PyDict_GetItemWithError(PyTuple_GET_ITEM(self->layout, 1), key);
+    if (pos != NULL) return self->items[PyLong_AsSsize_t(pos)];
+    if (PyErr_Occurred() || PyTuple_GET_ITEM(self->layout, 2) == Py_None) return NULL;
+    PyObject *full = record_full(self);
+    return full == NULL ? NULL : PyDict_GetItemWithError(full, key);
+}
+
+static PyObject *record_subscript(RecordObject *self, PyObject *key) {
+    PyObject *v = record_lookup(self, key);
+    if (v == NULL) {
+        if (!PyErr_Occurred()) PyErr_SetObject(PyExc_KeyError, key);
+        return NULL;
+    }
+    return Py_NewRef(v);
+}
+
+static Py_ssize_t record_length(RecordObject *self) {
+    if (PyTuple_GET_ITEM(self->layout, 2) == Py_None) return Py_SIZE(self);
+    PyObject *full = record_full(self);
+    return full == NULL ? -1 : PyDict_GET_SIZE(full);
+}
+
+static int record_contains(RecordObject *self, PyObject *key) {
+    PyObject *v = record_lookup(self, key);
+    return v != NULL ? 1 : PyErr_Occurred() ? -1 : 0;
+}
+
+static PyObject *record_get(RecordObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs < 1 || nargs > 2) {
+        PyErr_SetString(PyExc_TypeError, "get(key, default=None)");
+        return NULL;
+    }
+    PyObject *v = record_lookup(self, args[0]);
+    if (v == NULL) {
+        if (PyErr_Occurred()) return NULL;
+        v = nargs == 2 ? args[1] : Py_None;
+    }
+    return Py_NewRef(v);
+}
+
+static PyObject *record_delegate(RecordObject *self, const char *name) {
+    PyObject *full = record_full(self);
+    return full == NULL ? NULL : PyObject_CallMethod(full, name, NULL);
+}
+
+static PyObject *record_keys(RecordObject *self, PyObject *unused) { return record_delegate(self, "keys"); }
+static PyObject *record_values(RecordObject *self, PyObject *unused) { return record_delegate(self, "values"); }
+static PyObject *record_items(RecordObject *self, PyObject *unused) { return record_delegate(self, "items"); }
+
+/* Pickled and copied as the dict it equals. */
+static PyObject *record_reduce(RecordObject *self, PyObject *unused) {
+    PyObject *full = record_full(self);
+    return full == NULL ? NULL : Py_BuildValue("(O(O))", (PyObject *)&PyDict_Type, full);
+}
+
+static PyObject *record_iter(RecordObject *self) {
+    PyObject *full = record_full(self);
+    return full == NULL ? NULL : PyObject_GetIter(full);
+}
+
+static PyObject *record_repr(RecordObject *self) {
+    PyObject *full = record_full(self);
+    return full == NULL ? NULL : PyObject_Repr(full);
+}
+
+static PyObject *record_richcompare(RecordObject *self, PyObject *other, int op) {
+    if ((op != Py_EQ && op != Py_NE) || !(PyDict_Check(other) || Py_IS_TYPE(other, &Record_Type)))
+        Py_RETURN_NOTIMPLEMENTED;
+    PyObject *mine = record_full(self);
+    if (mine == NULL) return NULL;
+    PyObject *theirs = other;
+    if (Py_IS_TYPE(other, &Record_Type)) {
+        theirs = record_full((RecordObject *)other);
+        if (theirs == NULL) return NULL;
+    }
+    return PyObject_RichCompare(mine, theirs, op);
+}
+
+static PyMethodDef record_methods[] = {
+    {"get", (PyCFunction)(void (*)(void))record_get, METH_FASTCALL, "get(key, default=None)"},
+    {"keys", (PyCFunction)record_keys, METH_NOARGS, NULL},
+    {"values", (PyCFunction)record_values, METH_NOARGS, NULL},
+    {"items", (PyCFunction)record_items, METH_NOARGS, NULL},
+    {"__reduce__", (PyCFunction)record_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMappingMethods record_as_mapping = {(lenfunc)record_length, (binaryfunc)record_subscript, NULL};
+static PySequenceMethods record_as_sequence = {.sq_contains = (objobjproc)record_contains};
+
+static PyTypeObject Record_Type = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "cec._native.Record",
+    .tp_doc = "A decoded input record: a read-only mapping equal to the record's dict.",
+    .tp_basicsize = offsetof(RecordObject, items),
+    .tp_itemsize = sizeof(PyObject *),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_MAPPING,
+    .tp_dealloc = (destructor)record_dealloc,
+    .tp_traverse = (traverseproc)record_traverse,
+    .tp_clear = (inquiry)record_clear,
+    .tp_repr = (reprfunc)record_repr,
+    .tp_hash = PyObject_HashNotImplemented,
+    .tp_as_mapping = &record_as_mapping,
+    .tp_as_sequence = &record_as_sequence,
+    .tp_iter = (getiterfunc)record_iter,
+    .tp_richcompare = (richcmpfunc)record_richcompare,
+    .tp_methods = record_methods,
+};
+
+/* Objects that cannot refer to anything: a record or tuple holding only these needs no GC tracking. */
+static int atomic(PyObject *o) {
+    return o == Py_None || PyUnicode_CheckExact(o) || PyLong_CheckExact(o) || PyFloat_CheckExact(o) ||
+           PyBool_Check(o) || PyBytes_CheckExact(o);
+}
+
+/* A new record of `n` fields of `layout` with no fields set yet (untracked: see record_finish). */
+static RecordObject *record_new(PyObject *layout, Py_ssize_t n, PyObject *raw) {
+    RecordObject *r = PyObject_GC_NewVar(RecordObject, &Record_Type, n);
+    if (r == NULL) return NULL;
+    r->layout = Py_NewRef(layout);
+    r->raw = raw == NULL ? NULL : Py_NewRef(raw);
+    r->full = NULL;
+    for (Py_ssize_t i = 0; i < n; i++) r->items[i] = NULL;
+    return r;
+}
+
+/* Tracked by the cyclic GC only if a field could be part of a cycle (a batch allocates one per record). */
+static void record_finish(RecordObject *r) {
+    for (Py_ssize_t i = 0; i < Py_SIZE(r); i++) {
+        if (!atomic(r->items[i])) { PyObject_GC_Track(r); return; }
+    }
+}
+
+/* -- JSON: a strict scanner that holds the wanted top-level fields and checks the rest ----------------- */
+/* It accepts a subset of what json.loads accepts, with the same values: one object, RFC 8259 syntax,
+ * strict UTF-8 (json.loads would pass encoded surrogates), no NaN / Infinity, strings without control
+ * characters, nesting up to JSON_DEPTH, numbers of at most JSON_DIGITS characters. Anything else, and a
+ * record whose wanted field is missing, null or not a string / number / boolean, is declined: the
+ * caller decodes that one with json.loads, which gives its value or its reason. */
+#define JSON_DEPTH 64
+#define JSON_DIGITS 600  /* below the least int_max_str_digits Python allows (640) */
+
+typedef struct {
+    const unsigned char *p, *end;
+} jcur;
+
+static void json_ws(jcur *c) {
+    while (c->p < c->end && (*c->p == ' ' || *c->p == '\t' || *c->p == '\n' || *c->p == '\r')) c->p++;
+}
+
+static int hex4(const unsigned char *p, unsigned int *out) {
+    unsigned int v = 0;
+    for (int i = 0; i < 4; i++) {
+        unsigned char ch = p[i];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9') v |= ch - '0';
+        else if (ch >= 'a' && ch <= 'f') v |= ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F') v |= ch - 'A' + 10;
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+/* Length of the valid UTF-8 sequence (2-4 bytes, no overlongs, no surrogates, <= U+10FFFF) at p, or 0. */
+static int utf8_seq(const unsigned char *p, const unsigned char *end) {
+    unsigned char b = p[0];
+    Py_ssize_t left = end - p;
+#define CONT(i) (left > (i) && (p[i] & 0xC0) == 0x80)
+    if (b >= 0xC2 && b <= 0xDF) return CONT(1) ? 2 : 0;
+    if (b >= 0xE0 && b <= 0xEF) {
+        if (!CONT(1) || !CONT(2)) return 0;
+        if (b == 0xE0 && p[1] < 0xA0) return 0;
+        if (b == 0xED && p[1] > 0x9F) return 0;
+        return 3;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        if (!CONT(1) || !CONT(2) || !CONT(3)) return 0;
+        if (b == 0xF0 && p[1] < 0x90) return 0;
+        if (b == 0xF4 && p[1] > 0x8F) return 0;
+        return 4;
+    }
+#undef CONT
+    return 0;
+}
+
+/* A string at c->p (its opening quote): 1 with c->p past the closing quote, [*s, *s + *n) its contents
+ * as written and *escaped whether they hold a backslash; 0 when it is not a valid string. */
+static int json_string(jcur *c, const unsigned char **s, Py_ssize_t *n, int *escaped) {
+    const unsigned char *p = c->p + 1, *end = c->end;
+    *escaped = 0;
+    while (p < end) {
+        unsigned char b = *p;
+        if (b == '"') {
+            *s = c->p + 1;
+            *n = p - *s;
+            c->p = p + 1;
+            return 1;
+        }
+        if (b < 0x20) return 0;
+        if (b == '\\') {
+            *escaped = 1;
+            if (end - p < 2) return 0;
+            unsigned char e = p[1];
+            if (e == 'u') {
+                unsigned int u;
+                if (end - p < 6 || !hex4(p + 2, &u)) return 0;
+                p += 6;
+            } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
+                p += 2;
+            } else {
+                return 0;
+            }
+        } else if (b < 0x80) {
+            p++;
+        } else {
+            int k = utf8_seq(p, end);
+            if (k == 0) return 0;
+            p += k;
+        }
+    }
+    return 0;
+}
+
+static Py_ssize_t put_utf8(unsigned char *out, unsigned int cp) {
+    if (cp < 0x80) { out[0] = (unsigned char)cp; return 1; }
+    if (cp < 0x800) { out[0] = 0xC0 | (cp >> 6); out[1] = 0x80 | (cp & 0x3F); return 2; }
+    if (cp < 0x10000) {
+        out[0] = 0xE0 | (cp >> 12); out[1] = 0x80 | ((cp >> 6) & 0x3F); out[2] = 0x80 | (cp & 0x3F);
+        return 3;
+    }
+    out[0] = 0xF0 | (cp >> 18); out[1] = 0x80 | ((cp >> 12) & 0x3F);
+    out[2] = 0x80 | ((cp >> 6) & 0x3F); out[3] = 0x80 | (cp & 0x3F);
+    return 4;
+}
+
+/* The str of a scanned string's contents; NULL without an exception to decline (a lone surrogate,
+ * which json.loads keeps but UTF-8 cannot hold), NULL with one on a memory error. */
+static PyObject *json_str(const unsigned char *s, Py_ssize_t n, int escaped) {
+    if (!escaped) return PyUnicode_DecodeUTF8((const char *)s, n, NULL);
+    unsigned char *buf = PyMem_Malloc(n > 0 ? (size_t)n : 1);  /* unescaping never lengthens */
+    if (buf == NULL) return PyErr_NoMemory();
+    Py_ssize_t k = 0;
+    for (Py_ssize_t i = 0; i < n;) {
+        if (s[i] != '\\') { buf[k++] = s[i++]; continue; }
+        unsigned char e = s[i + 1];
+        if (e != 'u') {
+            buf[k++] = e == 'b' ? '\b' : e == 'f' ? '\f' : e == 'n' ? '\n' : e == 'r' ? '\r' : e == 't' ? '\t' : e;
+            i += 2;
+            continue;
+        }
+        unsigned int u, lo;
+        hex4(s + i + 2, &u);
+        i += 6;
+        if (u >= 0xD800 && u <= 0xDBFF && i + 6 <= n && s[i] == '\\' && s[i + 1] == 'u' && hex4(s + i + 2, &lo) &&
+            lo >= 0xDC00 && lo <= 0xDFFF) {
+            u = 0x10000 + ((u - 0xD800) << 10) + (lo - 0xDC00);
+            i += 6;
+        } else if (u >= 0xD800 && u <= 0xDFFF) {
+            PyMem_Free(buf);
+            return NULL;
+        }
+        k += put_utf8(buf + k, u);
+    }
+    PyObject *out = PyUnicode_DecodeUTF8((const char *)buf, k, NULL);
+    PyMem_Free(buf);
+    return out;
+}
+
+/* A number at c->p: 1 with c->p past it and *is_int set; 0 when it is not one (or too long). */
+static int json_number(jcur *c, int *is_int) {
+    const unsigned char *p = c->p, *end = c->end, *start = c->p;
+    *is_int = 1;
+    if (p < end && *p == '-') p++;
+    if (p >= end) return 0;
+    if (*p == '0') {
+        p++;
+    } else if (*p >= '1' && *p <= '9') {
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    } else {
+        return 0;
+    }
+    if (p < end && *p == '.') {
+        *is_int = 0;
+        p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p < end && (*p == 'e' || *p == 'E')) {
+        *is_int = 0;
+        p++;
+        if (p < end && (*p == '+' || *p == '-')) p++;
+        if (p >= end || *p < '0' || *p > '9') return 0;
+        while (p < end && *p >= '0' && *p <= '9') p++;
+    }
+    if (p - start > JSON_DIGITS) return 0;
+    c->p = p;
+    return 1;
+}
+
+/* A decimal float of at most 15 significant digits... exactly: the digits as an integer m <= 2^53 and a
+ * power of ten 10^k with |k| <= 22 are both exact doubles, so one IEEE multiplication or division gives
+ * the correctly rounded value, as float() does (Clinger's fast path; strtod takes it too, after more
+ * work). 0 when the number is not that simple. */
+static int json_fast_double(const unsigned char *s, Py_ssize_t n, double *out) {
+#if defined(FLT_EVAL_METHOD) && FLT_EVAL_METHOD == 0
+    static const double pow10[] = {1e0,  1e1,  1e2,  1e3,  1e4,  1e5,  1e6,  1e7,  1e8,  1e9,  1e10, 1e11,
+                                   1e12, 1e13, 1e14, 1e15, 1e16, 1e17, 1e18, 1e19, 1e20, 1e21, 1e22};
+    Py_ssize_t i = 0;
+    int neg = s[0] == '-', digits = 0;
+    unsigned long long m = 0;
+    long e = 0;
+    if (neg) i++;
+    for (; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+        if (m || s[i] != '0') digits++;
+        if (digits > 15) return 0;
+        m = m * 10 + (unsigned long long)(s[i] - '0');
+    }
+    if (i < n && s[i] == '.') {
+        for (i++; i < n && s[i] >= '0' && s[i] <= '9'; i++) {
+            if (m || s[i] != '0') digits++;
+            if (digits > 15) return 0;
+            m = m * 10 + (unsigned long long)(s[i] - '0');
+            e--;
+        }
+    }
+    if (i < n) {  /* the exponent (the scanner checked its syntax) */
+        int eneg = 0;
+        long x = 0;
+        i++;
+        if (s[i] == '+' || s[i] == '-') eneg = s[i++] == '-';
+        for (; i < n; i++) {
+            if (x > 1000) return 0;
+            x = x * 10 + (s[i] - '0');
+        }
+        e += eneg ? -x : x;
+    }
+    double d = (double)m;  /* exact: m < 10^15 < 2^53 */
+    if (m == 0) {
+        d = 0.0;
+    } else if (e >= 0 && e <= 22) {
+        d *= pow10[e];
+    } else if (e < 0 && e >= -22) {
+        d /= pow10[-e];
+    } else {
+        return 0;
+    }
+    *out = neg ? -d : d;
+    return 1;
+#else
+    return 0;
+#endif
+}
+
+/* The int or float of a scanned number (as int() / float() read it, like json.loads). */
+static PyObject *json_number_value(const unsigned char *s, Py_ssize_t n, int is_int) {
+    double fast;
+    if (!is_int && json_fast_double(s, n, &fast)) return PyFloat_FromDouble(fast);
+    if (is_int && n <= 18) {
+        long long v = 0;
+        Py_ssize_t i = s[0] == '-';
+        for (; i < n; i++) v = v * 10 + (s[i] - '0');
+        return PyLong_FromLongLong(s[0] == '-' ? -v : v);
+    }
+    char small[64];
+    char *buf = n < (Py_ssize_t)sizeof(small) ? small : PyMem_Malloc((size_t)n + 1);
+    if (buf == NULL) return PyErr_NoMemory();
+    memcpy(buf, s, (size_t)n);
+    buf[n] = 0;
+    PyObject *out;
+    if (is_int) {
+        out = PyLong_FromString(buf, NULL, 10);
+    } else {
+        double d = PyOS_string_to_double(buf, NULL, NULL);
+        out = d == -1.0 && PyErr_Occurred() ? NULL : PyFloat_FromDouble(d);
+    }
+    if (buf != small) PyMem_Free(buf);
+    return out;
+}
+
+static int json_literal(jcur *c, const char *word, Py_ssize_t n) {
+    if (c->end - c->p < n || memcmp(c->p, word, (size_t)n) != 0) return 0;
+    c->p += n;
+    return 1;
+}
+
+/* Skip one value (checking it); 0 when invalid or nested deeper than JSON_DEPTH. */
+static int json_skip(jcur *c, int depth) {
+    if (c->p >= c->end) return 0;
+    unsigned char b = *c->p;
+    const unsigned char *s;
+    Py_ssize_t n;
+    int flag;
+    if (b == '"') return json_string(c, &s, &n, &flag);
+    if (b == '-' || (b >= '0' && b <= '9')) return json_number(c, &flag);
+    if (b == 't') return json_literal(c, "true", 4);
+    if (b == 'f') return json_literal(c, "false", 5);
+    if (b == 'n') return json_literal(c, "null", 4);
+    if (b != '{' && b != '[') return 0;
+    if (depth >= JSON_DEPTH) return 0;
+    unsigned char close = b == '{' ? '}' : ']';
+    c->p++;
+    json_ws(c);
+    if (c->p < c->end && *c->p == close) { c->p++; return 1; }
+    for (;;) {
+        if (b == '{') {
+            if (c->p >= c->end || *c->p != '"' || !json_string(c, &s, &n, &flag)) return 0;
+            json_ws(c);
+            if (c->p >= c->end || *c->p != ':') return 0;
+            c->p++;
+            json_ws(c);
+        }
+        if (!json_skip(c, depth + 1)) return 0;
+        json_ws(c);
+        if (c->p >= c->end) return 0;
+        if (*c->p == close) { c->p++; return 1; }
+        if (*c->p != ',') return 0;
+        c->p++;
+        json_ws(c);
+    }
+}
+
+typedef struct {
+    const char *name;
+    Py_ssize_t len;
+} wanted_field;
+
+/* The record of one JSON value with the wanted fields held: a new reference, Py_None when declined,
+ * NULL with an exception on a real error. */
+static PyObject *json_record(PyObject *raw, PyObject *layout, const wanted_field *want, Py_ssize_t nwant) {
+    jcur c = {(const unsigned char *)PyBytes_AS_STRING(raw),
+              (const unsigned char *)PyBytes_AS_STRING(raw) + PyBytes_GET_SIZE(raw)};
+    RecordObject *r = record_new(layout, nwant, raw);
+    if (r == NULL) return NULL;
+    json_ws(&c);
+    if (c.p >= c.end || *c.p != '{') goto decline;
+    c.p++;
+    json_ws(&c);
+    if (c.p < c.end && *c.p == '}') goto decline;  /* {}: no wanted field */
+    for (;;) {
+        const unsigned char *k, *s;
+        Py_ssize_t kn, n;
+        int kesc, esc;
+        if (c.p >= c.end || *c.p != '"' || !json_string(&c, &k, &kn, &kesc)) goto decline;
+        json_ws(&c);
+        if (c.p >= c.end || *c.p != ':') goto decline;
+        c.p++;
+        json_ws(&c);
+        PyObject *kstr = NULL;
+        if (kesc) {  /* a name spelled with escapes (json.dumps writes non-ASCII so) may be a wanted one */
+            kstr = json_str(k, kn, 1);
+            if (kstr == NULL) {
+                if (PyErr_Occurred()) { Py_DECREF(r); return NULL; }
+                kn = -1;  /* a lone surrogate: no wanted name */
+            } else {
+                k = (const unsigned char *)PyUnicode_AsUTF8AndSize(kstr, &kn);
+                if (k == NULL) { Py_DECREF(kstr); Py_DECREF(r); return NULL; }
+            }
+        }
+        Py_ssize_t w = 0;
+        while (w < nwant && !(want[w].len == kn && memcmp(want[w].name, k, (size_t)kn) == 0)) w++;
+        Py_XDECREF(kstr);
+        if (w == nwant) {
+            if (!json_skip(&c, 1)) goto decline;
+        } else {  /* a wanted field: its value (a repeated name: the last one, as json.loads) */
+            PyObject *v = NULL;
+            const unsigned char *at = c.p;
+            int is_int, is_null = 0;
+            if (c.p >= c.end) goto decline;
+            if (*c.p == '"') {
+                if (!json_string(&c, &s, &n, &esc)) goto decline;
+                v = json_str(s, n, esc);
+            } else if (*c.p == '-' || (*c.p >= '0' && *c.p <= '9')) {
+                if (!json_number(&c, &is_int)) goto decline;
+                v = json_number_value(at, c.p - at, is_int);
+            } else if (json_literal(&c, "true", 4)) {
+                v = Py_NewRef(Py_True);
+            } else if (json_literal(&c, "false", 5)) {
+                v = Py_NewRef(Py_False);
+            } else if (json_literal(&c, "null", 4)) {
+                is_null = 1;
+            } else {
+                goto decline;  /* an object, an array, or not JSON */
+            }
+            if (is_null) {
+                Py_CLEAR(r->items[w]);  /* null, unless a later one of the same name has a value */
+            } else if (v != NULL) {
+                Py_XSETREF(r->items[w], v);
+            } else {  /* a lone surrogate, or a number Python will not read (its digit limit) */
+                PyErr_Clear();
+                goto decline;
+            }
+        }
+        json_ws(&c);
+        if (c.p >= c.end) goto decline;
+        if (*c.p == '}') { c.p++; break; }
+        if (*c.p != ',') goto decline;
+        c.p++;
+        json_ws(&c);
+    }
+    json_ws(&c);
+    if (c.p != c.end) goto decline;
+    for (Py_ssize_t w = 0; w < nwant; w++) {
+        if (r->items[w] == NULL) goto decline;  /* absent, or null */
+    }
+    return (PyObject *)r;  /* every field atomic: untracked */
+decline:
+    Py_DECREF(r);
+    Py_RETURN_NONE;
+}
+
+/* -- Avro: the flat-record program of decode_avro, each record one Record of all its fields ------------ */
+static PyObject *avro_record(PyObject *raw, PyObject *layout, PyObject *program, const Py_ssize_t *required,
+                             Py_ssize_t nrequired) {
+    Py_ssize_t fields = PyTuple_GET_SIZE(program);
+    cursor c = {(const unsigned char *)PyBytes_AS_STRING(raw),
+                (const unsigned char *)PyBytes_AS_STRING(raw) + PyBytes_GET_SIZE(raw)};
+    RecordObject *r = record_new(layout, fields, NULL);
+    if (r == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < fields; i++) {
+        PyObject *v = read_op(&c, PyTuple_GET_ITEM(program, i));
+        if (v == NULL) {
+            Py_DECREF(r);
+            if (PyErr_Occurred()) return NULL;
+            Py_RETURN_NONE;
+        }
+        r->items[i] = v;
+    }
+    int bad = c.p != c.end;
+    for (Py_ssize_t i = 0; i < nrequired && !bad; i++) bad = r->items[required[i]] == Py_None;
+    if (bad) {
+        Py_DECREF(r);
+        Py_RETURN_NONE;
+    }
+    record_finish(r);
+    return (PyObject *)r;
+}
+
+/* topic_batch(msgs, accessors, cls, local_of, limits, nxt, decoder) -> (list, declined) or None
+ *
+ * The tuples `cls(j, offset, record, None, raw)` (cls: a tuple subclass of 5 fields, InputTuple) of a
+ * batch of confluent-kafka messages, when the batch is plain: no error event, every partition one this
+ * source reads (`local_of[partition]` its local index j, -1 if not read), every offset below its
+ * partition's limit (`limits[j]`: an int, -1 once ended, or a float for none). Otherwise None, having
+ * changed nothing. `accessors` are (Message.error, Message.partition, Message.offset, Message.value).
+ * A record this decoder declines (a tombstone, malformed, a wanted field missing or null...) is None in
+ * the list, for the caller to decode on its own; its position is consumed all the same. Returns
+ * (list, number of None in it). On success, `nxt[j]` becomes the last offset read from j + 1.
+ * `decoder`: ("json", layout) with layout's names the wanted fields, or ("avro", layout, program,
+ * required positions) with layout's names all the schema's fields. */
+static PyObject *py_topic_batch(PyObject *self, PyObject *args) {
+    PyObject *msgs, *accessors, *clsobj, *local_of, *limits, *nxt, *decoder;
+    if (!PyArg_ParseTuple(args, "O!O!OO!O!O!O!", &PyList_Type, &msgs, &PyTuple_Type, &accessors, &clsobj,
+                          &PyList_Type, &local_of, &PyList_Type, &limits, &PyList_Type, &nxt, &PyTuple_Type,
+                          &decoder))
+        return NULL;
+    if (!PyType_Check(clsobj) || !PyType_IsSubtype((PyTypeObject *)clsobj, &PyTuple_Type) ||
+        ((PyTypeObject *)clsobj)->tp_basicsize != PyTuple_Type.tp_basicsize || PyTuple_GET_SIZE(accessors) != 4 ||
+        PyTuple_GET_SIZE(decoder) < 2 || !PyUnicode_Check(PyTuple_GET_ITEM(decoder, 0)) ||
+        !PyTuple_Check(PyTuple_GET_ITEM(decoder, 1)) || PyTuple_GET_SIZE(PyTuple_GET_ITEM(decoder, 1)) != 3 ||
+        PyList_GET_SIZE(limits) != PyList_GET_SIZE(nxt)) {
+        PyErr_SetString(PyExc_TypeError, "topic_batch: unexpected arguments");
+        return NULL;
+    }
+    PyTypeObject *cls = (PyTypeObject *)clsobj;
+    PyObject *layout = PyTuple_GET_ITEM(decoder, 1);
+    PyObject *names = PyTuple_GET_ITEM(layout, 0);
+    int is_json = PyUnicode_CompareWithASCIIString(PyTuple_GET_ITEM(decoder, 0), "json") == 0;
+    PyObject *program = NULL;
+    Py_ssize_t required[8], nrequired = 0;
+    wanted_field want[8];
+    Py_ssize_t nwant = 0;
+    if (!PyTuple_Check(names)) goto bad_args;
+    if (is_json) {
+        nwant = PyTuple_GET_SIZE(names);
+        if (nwant < 1 || nwant > 8) goto bad_args;
+        for (Py_ssize_t w = 0; w < nwant; w++) {
+            want[w].name = PyUnicode_AsUTF8AndSize(PyTuple_GET_ITEM(names, w), &want[w].len);
+            if (want[w].name == NULL) return NULL;
+        }
+    } else {
+        if (PyTuple_GET_SIZE(decoder) != 4) goto bad_args;
+        program = PyTuple_GET_ITEM(decoder, 2);
+        PyObject *req = PyTuple_GET_ITEM(decoder, 3);
+        if (!PyTuple_Check(program) || PyTuple_GET_SIZE(program) != PyTuple_GET_SIZE(names) || !PyTuple_Check(req) ||
+            PyTuple_GET_SIZE(req) > 8)
+            goto bad_args;
+        nrequired = PyTuple_GET_SIZE(req);
+        for (Py_ssize_t i = 0; i < nrequired; i++) {
+            required[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(req, i));
+            if (required[i] < 0 || required[i] >= PyTuple_GET_SIZE(program)) {
+                if (!PyErr_Occurred()) goto bad_args;
+                return NULL;
+            }
+        }
+    }
+    PyObject *f_error = PyTuple_GET_ITEM(accessors, 0), *f_partition = PyTuple_GET_ITEM(accessors, 1);
+    PyObject *f_offset = PyTuple_GET_ITEM(accessors, 2), *f_value = PyTuple_GET_ITEM(accessors, 3);
+    Py_ssize_t count = PyList_GET_SIZE(msgs), parts = PyList_GET_SIZE(limits), nlocal = PyList_GET_SIZE(local_of);
+    /* Pass 1: is the batch plain? Nothing is built or changed until it is known. */
+    long long *limit = PyMem_Malloc(sizeof(long long) * (size_t)(parts + 1));
+    long long *last = PyMem_Malloc(sizeof(long long) * (size_t)(parts + 1));
+    Py_ssize_t *js = PyMem_Malloc(sizeof(Py_ssize_t) * (size_t)(count + 1));
+    PyObject **offsets = PyMem_Calloc((size_t)(count + 1), sizeof(PyObject *));
+    PyObject *out = NULL;
+    Py_ssize_t declined = 0;
+    int plain = 1;
+    if (limit == NULL || last == NULL || js == NULL || offsets == NULL) { PyErr_NoMemory(); goto done; }
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        PyObject *l = PyList_GET_ITEM(limits, j);
+        limit[j] = PyLong_Check(l) ? PyLong_AsLongLong(l) : LLONG_MAX;
+        if (limit[j] == -1 && PyErr_Occurred()) goto done;
+        last[j] = -1;
+    }
+    for (Py_ssize_t i = 0; i < count && plain; i++) {
+        PyObject *msg = PyList_GET_ITEM(msgs, i);
+        PyObject *err = PyObject_Vectorcall(f_error, &msg, 1, NULL);
+        if (err == NULL) goto done;
+        /* Identity, not comparison: KafkaError's comparison with None raises (confluent-kafka). */
+        plain = err == Py_None;
+        Py_DECREF(err);
+        if (!plain) break;
+        PyObject *p = PyObject_Vectorcall(f_partition, &msg, 1, NULL);
+        if (p == NULL) goto done;
+        long g = PyLong_Check(p) ? PyLong_AsLong(p) : -1;
+        Py_DECREF(p);
+        if (g == -1 && PyErr_Occurred()) goto done;
+        PyObject *jobj = g >= 0 && g < nlocal ? PyList_GET_ITEM(local_of, g) : NULL;
+        Py_ssize_t j = jobj != NULL && PyLong_Check(jobj) ? PyLong_AsSsize_t(jobj) : -1;
+        if (j < 0 || j >= parts) { PyErr_Clear(); plain = 0; break; }
+        PyObject *o = PyObject_Vectorcall(f_offset, &msg, 1, NULL);
+        if (o == NULL) goto done;
+        offsets[i] = o;
+        long long off = PyLong_Check(o) ? PyLong_AsLongLong(o) : -1;
+        if (off == -1 && PyErr_Occurred()) goto done;
+        if (off < 0 || off >= limit[j] || off <= last[j]) { plain = 0; break; }
+        js[i] = j;
+        last[j] = off;
+    }
+    if (!plain) { out = Py_NewRef(Py_None); goto done; }
+    /* Pass 2: the tuples. */
+    out = PyList_New(count);
+    if (out == NULL) goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *msg = PyList_GET_ITEM(msgs, i);
+        PyObject *raw = PyObject_Vectorcall(f_value, &msg, 1, NULL);
+        if (raw == NULL) { Py_CLEAR(out); goto done; }
+        PyObject *rec = !PyBytes_CheckExact(raw) ? Py_NewRef(Py_None)
+                        : is_json ? json_record(raw, layout, want, nwant)
+                                  : avro_record(raw, layout, program, required, nrequired);
+        if (rec == NULL) { Py_DECREF(raw); Py_CLEAR(out); goto done; }
+        if (rec == Py_None) {
+            declined++;
+            Py_DECREF(rec);
+            Py_DECREF(raw);
+            PyList_SET_ITEM(out, i, Py_NewRef(Py_None));
+            continue;
+        }
+        PyObject *t = cls->tp_alloc(cls, 5);
+        PyObject *jobj = PyLong_FromSsize_t(js[i]);
+        if (t == NULL || jobj == NULL) { Py_XDECREF(t); Py_XDECREF(jobj); Py_DECREF(rec); Py_DECREF(raw); Py_CLEAR(out); goto done; }
+        int track = PyObject_GC_IsTracked(rec);
+        PyTuple_SET_ITEM(t, 0, jobj);
+        PyTuple_SET_ITEM(t, 1, offsets[i]);
+        offsets[i] = NULL;
+        PyTuple_SET_ITEM(t, 2, rec);
+        PyTuple_SET_ITEM(t, 3, Py_NewRef(Py_None));
+        PyTuple_SET_ITEM(t, 4, raw);
+        if (!track) PyObject_GC_UnTrack(t);  /* holds nothing that can be part of a cycle */
+        PyList_SET_ITEM(out, i, t);
+    }
+    for (Py_ssize_t j = 0; j < parts; j++) {
+        if (last[j] < 0) continue;
+        PyObject *n = PyLong_FromLongLong(last[j] + 1);
+        if (n == NULL || PyList_SetItem(nxt, j, n) < 0) { Py_CLEAR(out); goto done; }
+    }
+    Py_SETREF(out, Py_BuildValue("(On)", out, declined));
+done:
+    if (offsets != NULL) {
+        for (Py_ssize_t i = 0; i < count; i++) Py_XDECREF(offsets[i]);
+    }
+    PyMem_Free(limit);
+    PyMem_Free(last);
+    PyMem_Free(js);
+    PyMem_Free(offsets);
+    return out;
+bad_args:
+    PyErr_SetString(PyExc_TypeError, "topic_batch: unexpected decoder");
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
@@ -840,6 +1600,7 @@ static PyMethodDef methods[] = {
     {"decode_avro_rows", py_decode_avro_rows, METH_VARARGS, "Decode rows' values with their metadata first."},
     {"decode_compact", py_decode_compact, METH_VARARGS, "Decode a compact (version-4) record body."},
     {"decode_compact_rows", py_decode_compact_rows, METH_VARARGS, "decode_compact of rows with their metadata."},
+    {"topic_batch", py_topic_batch, METH_VARARGS, "The input tuples of a plain batch of Kafka topic messages."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -855,9 +1616,11 @@ PyMODINIT_FUNC PyInit__native(void) {
     s_part = PyUnicode_InternFromString("PART");
     s_r = PyUnicode_InternFromString("R");
     if (!s_part || !s_r || !s_error || !s_offset || !s_key || !s_value || !empty_bytes) return NULL;
+    if (PyType_Ready(&Record_Type) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
+    if (m != NULL && PyModule_AddObjectRef(m, "Record", (PyObject *)&Record_Type) < 0) { Py_DECREF(m); return NULL; }
     /* cec.native loads this module only when its ABI is the one the Python code calls (a stale build
      * left by an older checkout would be called with other arguments). */
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 3) < 0) { Py_DECREF(m); return NULL; }
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 4) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

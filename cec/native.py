@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections.abc import Mapping
 from types import ModuleType
 from typing import Any
 
 __all__ = ["ABI", "compile_avro", "native"]
 
 # The version of the C module's functions and arguments this code calls (`ABI` in _native.c).
-ABI = 3
+ABI = 4
 
 
 def _load() -> ModuleType | None:
@@ -38,6 +39,8 @@ def _load() -> ModuleType | None:
 
 
 native: ModuleType | None = _load()
+if native is not None:  # a topic source's decoded records (`_native.topic_batch`) are read-only mappings
+    Mapping.register(native.Record)
 
 
 # Op codes of `_native.decode_avro` programs (the enum in _native.c).

@@ -20,7 +20,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import re
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,7 +31,10 @@ from cec.exceptions import ConfigError
 from cec.native import compile_avro, native
 from operators.exceptions import DecodeError, TopicSourceError
 
-_LONG_DIGITS = re.compile(rb"[0-9]{19}")
+# Every digit read as "0": a run of 19 zeros in the result is an integer of 19+ digits (C-speed translate
+# and substring search; a regex over the batch cost more than decoding it).
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_RUN = b"0" * 19
 _batch_loads: Any
 try:  # about 6x faster than json.loads on a batch of small objects (benchmarks/bench_topic_source.py)
     from orjson import loads as _batch_loads
@@ -105,7 +107,21 @@ def _not_an_object(obj: Any) -> str:
     return f"JSON value is a {type(obj).__name__}, not an object"
 
 
+def _layout(names: tuple[str, ...], loader: Any) -> tuple[tuple[str, ...], dict[str, int], Any]:
+    """A `cec._native.Record` layout: the held fields, their positions, what loads the whole record."""
+    return (names, {name: i for i, name in enumerate(names)}, loader)
+
+
 class JsonDecoder:
+    def native_spec(self, wanted: Sequence[str]) -> tuple[Any, ...] | None:
+        """What `cec._native.topic_batch` decodes this format with, holding the `wanted` fields (each must
+        be present, not null, and a string, number or boolean: anything else is declined and decoded by
+        `decode`); the rest of a record is loaded by json.loads when asked for. None without the C
+        accelerator."""
+        if native is None or not wanted or len(set(wanted)) > 8:
+            return None
+        return ("json", _layout(tuple(dict.fromkeys(wanted)), json.loads))
+
     def decode(self, raw: bytes) -> Mapping[str, Any]:
         try:
             obj = json.loads(raw)
@@ -129,7 +145,8 @@ class JsonDecoder:
                 # decoded value by value with json below, and the results never differ from json's.
                 batch = b"[" + b",".join(raws) + b"]"
                 # orjson reads an integer past 64 bits as a float; json keeps it exact.
-                objs = (json.loads if _LONG_DIGITS.search(batch) else _batch_loads)(batch)
+                long_ints = _LONG_RUN in batch.translate(_DIGITS_AS_ZERO)
+                objs = (json.loads if long_ints else _batch_loads)(batch)
             except (UnicodeDecodeError, ValueError):
                 objs = None
             if objs is not None and len(objs) == len(raws):
@@ -153,6 +170,18 @@ class AvroDecoder:
         # fastavro per record; anything else, or a body the C decoder declines, goes through fastavro.
         self._program = compile_avro(self._parsed)
         self._as_dict = _dict_maker([f["name"] for f in self._parsed["fields"]]) if self._program else None
+
+    def native_spec(self, wanted: Sequence[str]) -> tuple[Any, ...] | None:
+        """What `cec._native.topic_batch` decodes this format with: every field held (the record is
+        flat), the `wanted` ones required not null; None where `decode_many` has no C path, or a wanted
+        field is not in the schema (every record then lacks it: decoded one by one for the reason)."""
+        if self._program is None or native is None:
+            return None
+        names = tuple(f["name"] for f in self._parsed["fields"])
+        wanted = list(dict.fromkeys(wanted))
+        if not wanted or len(wanted) > 8 or any(w not in names for w in wanted):
+            return None
+        return ("avro", _layout(names, None), self._program, tuple(names.index(w) for w in wanted))
 
     def decode(self, raw: bytes) -> Mapping[str, Any]:
         return _read_avro(self._parsed, raw)

@@ -12,6 +12,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from cec.native import native
 from operators.base import InputTuple
 from operators.exceptions import RetentionError
 from operators.topic_source import KafkaTopicSource, resolve_bounds
@@ -151,6 +152,53 @@ def test_bad_records_are_error_tuples_with_reasons_and_good_ones_are_exact(kafka
     assert reasons[3] is not None and reasons[3].startswith("null field 'item'")
     assert reasons[4] == "null value (tombstone)"
     assert reasons[5] == "JSON value is a list, not an object"
+
+
+@pytest.mark.skipif(native is None, reason="the C accelerator is not built")
+@pytest.mark.parametrize("fmt", ["json", "avro"])
+def test_the_c_batch_path_gives_exactly_the_python_paths_tuples(kafka_broker: Broker, fmt: str) -> None:
+    """Plain records and every kind of bad one, mixed in the same batches, over 2 partitions: the source
+    with `cec._native.topic_batch` and the source without it (the Python batch and per-record paths)
+    deliver the same tuples, reasons and raw values; the records the C path holds are its mappings."""
+    topic = _topic(f"parity-{fmt}")
+    create_topic(kafka_broker.bootstrap, topic, 2)
+    encode = as_json if fmt == "json" else avro_body
+    good = [{"item": f"k{i}", "price": i / 4, "ts": i} for i in range(40)]
+    bad: list[bytes | None] = [None, b"{not json", b"\x02\xff", encode({"item": None, "price": 1.0, "ts": 1})]
+    if fmt == "json":
+        bad += [
+            as_json({"item": "a", "ts": 2}),
+            b"[1, 2]",
+            b'{"item": {"nested": 1}, "price": 1}',
+            b'{"item": "\\ud800", "price": 1}',
+            b'{"item": "a", "price": NaN}',
+            b'{"it\\u0065m": "escaped", "price": 1e400, "extra": [1]}',
+            b'{"item": "caf\xc3\xa9", "price": 123456789012345678901234567890}',
+        ]
+    records = [(i % 2, b"k", encode(r)) for i, r in enumerate(good)]
+    records += [(i % 2, b"k", raw) for i, raw in enumerate(bad)]
+    records += [(i % 2, b"k", encode(r)) for i, r in enumerate(good)]
+    produce(kafka_broker.bootstrap, topic, records)
+    got = []
+    for c_path in (True, False):
+        source = _source(kafka_broker, topic, fmt=fmt, schema=PURCHASE_AVSC)
+        try:
+            assert source._native_spec is not None
+            if not c_path:
+                source._native_spec = None
+            source.seek([0, 0])
+            got.append(drain(source))
+        finally:
+            source.close()
+    c_tuples, py_tuples = got
+    assert len(c_tuples) == len(records)
+    assert [(t.partition, t.offset, t.error, t.raw) for t in c_tuples] == [
+        (t.partition, t.offset, t.error, t.raw) for t in py_tuples
+    ]
+    for c_tup, py_tup in zip(c_tuples, py_tuples, strict=True):
+        assert c_tup.value == py_tup.value and (c_tup.value is None) == (py_tup.value is None)
+    held = [t for t in c_tuples if isinstance(t.value, native.Record)]
+    assert len(held) >= 2 * len(good)  # the plain ones, at least
 
 
 def test_avro_topic_wrong_bodies_are_error_tuples(kafka_broker: Broker) -> None:
