@@ -98,10 +98,13 @@ _MS = timedelta(milliseconds=1)
 
 def parse_time_ms(value: Any) -> int:
     """An event time in integer milliseconds since the epoch, from an integer (or its text), a number
-    (truncated), or an ISO-8601 / "YYYY-MM-DD HH:MM:SS" text (UTC when it has no zone). Raises ValueError
+    (truncated), a datetime, or an ISO-8601 / "YYYY-MM-DD HH:MM:SS" text (UTC when it has no zone). Raises ValueError
     (with the reason) for anything else."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
+    if isinstance(value, datetime):  # a timestamp column (Spark's TimestampType, pandas): UTC if naive
+        moment = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
+        return (moment - _EPOCH) // _MS
     if isinstance(value, str):
         text = value.strip()
         if not text:

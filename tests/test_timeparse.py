@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
+
 import pytest
 
 from cec.config import Checkpointing
@@ -71,6 +73,8 @@ def test_spark_attach_reads_durations_with_the_same_parser() -> None:
         ("2024-05-01T12:00:00", 1714564800000),
         ("2024-05-01", 1714521600000),
         ("1969-12-31T23:59:59.999Z", -1),
+        (datetime(2024, 5, 1, 12, 0, 0, 250_000), 1714564800250),  # a timestamp column's value: UTC
+        (datetime(2024, 5, 1, 14, 0, tzinfo=timezone(timedelta(hours=2))), 1714564800000),
     ],
 )
 def test_event_times_as_integers_iso_8601_and_sql_style(given: object, ms: int) -> None:

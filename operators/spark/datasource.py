@@ -81,6 +81,7 @@ from pyspark.sql.types import (
 
 from cec.exceptions import ConfigError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
+from cec.timeparse import parse_time_ms
 from cec.verified import LogVerifier
 from operators.job import SCHEMAS
 from queuestore import faults
@@ -491,6 +492,15 @@ def _write(opts: _Options, rows: Iterator[Row], write_id: str) -> SinkCommit:
     return write_rows(opts, rows, sink_id=write_id, batch_id=0, task=task)
 
 
+def _row_time(value: Any, column: str) -> int:
+    """A result row's time in ms: integer milliseconds, a timestamp column, or ISO-8601 text (the forms
+    the rest of cec accepts); anything else is the user's mistake, said in one line."""
+    try:
+        return parse_time_ms(value)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"timeField {column!r}: {value!r} is not a time ({exc})") from None
+
+
 def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: int, task: int) -> SinkCommit:
     """Write `rows` as R records in one Kafka transaction, exactly once per (sink, batch, task).
 
@@ -556,7 +566,7 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
             for row in rows:
                 values = row.asDict() if hasattr(row, "asDict") else dict(row)
                 payload = payload_codec.encode({n: values.get(n) for n in names})
-                t = int(values[opts.time_field]) if opts.time_field else 0
+                t = _row_time(values[opts.time_field], opts.time_field) if opts.time_field else 0
                 record = OutputRecord(Kind.R, t, (), 0, None, -1, None, payload)
                 key = None
                 if opts.key_field:
