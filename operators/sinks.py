@@ -496,7 +496,7 @@ class ResultsTopicOutput(OutputQueue):
         from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
         # The store's own consumer settings (security, read_committed, partition EOF events).
-        consumer = Consumer(self.store._consumer_config("results"))  # type: ignore[attr-defined]
+        consumer = Consumer(self.store.consumer_config("results"))  # type: ignore[attr-defined]
         timeout = float(getattr(self.store, "request_timeout", 30.0))
         try:
             consumer.assign([TopicPartition(self.results_topic, self.partition, OFFSET_BEGINNING)])

@@ -512,6 +512,11 @@ class KafkaQueueStore(QueueStore):
         )
         return conf
 
+    def consumer_config(self, purpose: str) -> dict[str, Any]:
+        """The settings of the store's own consumers (connection and security, read_committed, partition
+        EOF events) for a consumer of another topic of the same cluster, e.g. a results topic."""
+        return self._consumer_config(purpose)
+
     def _consumer_config(self, purpose: str) -> dict[str, Any]:
         conf: dict[str, Any] = {
             # Tansu holds every fetch for the full fetch.wait.max.ms, even when data is available, so every
