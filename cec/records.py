@@ -54,6 +54,8 @@ __all__ = [
     "OutputRecord",
     "RecordCodec",
     "crc32c",
+    "read_zigzag",
+    "zigzag",
 ]
 
 MAGIC = 0xCE
@@ -212,6 +214,11 @@ def _read_long(data: bytes, at: int) -> tuple[int, int]:
     if z >> 64:
         raise CodecError("malformed record body (long out of range)")
     return (z >> 1) ^ -(z & 1), at
+
+
+# The varint both record bodies and the Kafka value frame (queuestore.kafka) use.
+zigzag = _long
+read_zigzag = _read_long
 
 
 def _payload_prefix(key: str, seq: int) -> bytes | None:

@@ -54,7 +54,9 @@ from typing import IO, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from cec.exceptions import CodecError
 from cec.native import native
+from cec.records import read_zigzag, zigzag
 from queuestore import faults
 from queuestore.base import (
     ATTACHMENT_NAME,
@@ -188,37 +190,6 @@ FRAME_KINDS = ("", "R", "GOPEN", "GCHECK", "DEAD", "EOS", "PART", "META")
 _FRAME_CODE = {kind: code for code, kind in enumerate(FRAME_KINDS) if kind}
 _FRAME_HEADS = {kind: bytes((FRAME_MAGIC, code)) for kind, code in _FRAME_CODE.items()}
 _KIND_HEADERS = {kind: [(HEADER_KIND, kind.encode())] for kind in _FRAME_CODE}
-_MASK64 = (1 << 64) - 1
-
-
-def _varint(n: int) -> bytes:
-    """`n` as a zigzag varint (Avro's encoding of a long)."""
-    z = ((n << 1) ^ (n >> 63)) & _MASK64
-    if z < 0x80:
-        return bytes((z,))
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-def _read_varint(data: bytes, at: int) -> tuple[int, int]:
-    """The zigzag varint at `data[at:]` and the index after it; ValueError when malformed."""
-    z = shift = 0
-    while True:
-        if at >= len(data) or shift > 63:
-            raise ValueError("malformed varint")
-        b = data[at]
-        at += 1
-        z |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    if z > _MASK64:
-        raise ValueError("varint out of range")
-    return (z >> 1) ^ -(z & 1), at
 
 
 def encode_message(
@@ -234,7 +205,7 @@ def encode_message(
             raise QueueStoreError(f"record kind {kind[:40]!r} is longer than {_MAX_KIND_BYTES} bytes")
         head = bytes((FRAME_MAGIC, 0, len(spelled))) + spelled
         headers = [(HEADER_KIND, spelled)]
-    frame = head + _varint(meta.time) + _varint(meta.seq)
+    frame = head + zigzag(meta.time) + zigzag(meta.seq)
     return (None if meta.key is None else meta.key.encode()), frame + value, list(headers)
 
 
@@ -253,12 +224,12 @@ def _unframe(value: bytes, raw_key: object) -> tuple[RecordMeta, bytes] | None:
             at = 3 + size
         else:
             kind = FRAME_KINDS[code]
-        t, at = _read_varint(value, at)
-        seq, at = _read_varint(value, at)
+        t, at = read_zigzag(value, at)
+        seq, at = read_zigzag(value, at)
         key = None if raw_key is None else raw_key.decode() if isinstance(raw_key, bytes) else None
         if raw_key is not None and key is None:
             raise ValueError("message key is not bytes")
-    except (ValueError, IndexError):  # UnicodeDecodeError is a ValueError
+    except (ValueError, IndexError, CodecError):  # UnicodeDecodeError is a ValueError
         return _NO_META, value
     return RecordMeta(kind, t, key, seq), value[at:]
 
