@@ -11,6 +11,7 @@ broker, without Spark (what one write task does to its output partition):
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from pathlib import Path
 from typing import Any
@@ -82,7 +83,8 @@ def test_a_duplicate_attempt_adds_nothing(kafka_broker: Broker, store: KafkaQueu
     with store.reader(topic, 0) as reader:
         records = [codec.decode(r.value, r.meta) for r in reader.scan_forward(0)]
     assert len(records) == len(rows) + nxt.written
-    assert all(a.pos <= b.pos and a.time <= b.time for a, b in zip(records, records[1:], strict=False))
+    for a, b in itertools.pairwise(records):
+        assert all(x <= y for x, y in zip(a.pos, b.pos, strict=True)) and a.time <= b.time
     # N counts the open windows along the log (sorted by (j, o): two keys per input partition); every
     # window of these batches closes inside its batch.
     assert max(r.n for r in records) == 2 and records[-1].n == nxt.cursor.n == 0
@@ -125,7 +127,9 @@ def test_a_retry_after_a_killed_attempt_appends_only_the_rest(
         zombie_store.close()
 
 
-def test_records_the_batch_did_not_produce_are_a_conflict(kafka_broker: Broker, store: KafkaQueueStore) -> None:
+def test_records_the_batch_did_not_produce_are_a_conflict(
+    kafka_broker: Broker, store: KafkaQueueStore
+) -> None:
     topic = _topic(store)
     first = write_partition(kafka_broker.bootstrap, {}, topic, 0, ZERO, _batch(0), has_time=True)
     before = _log(store, topic)
