@@ -1,6 +1,10 @@
 """The sink of an attached aggregation (`operators.spark.attach`): the processor's rows -> CEC records.
 
-The sink runs on the driver, which owns the single writer (`OutputQueue` on a `KafkaQueueStore`, so the
+Two sinks share the ordering and stamping rules below (`_ordered`, `stamped`): `CecSink`, the driver-side
+one described here (`cec_aggregate(writers="driver")`), and `operators.spark.writer.ExecutorSink` (the
+default), whose tasks apply the same rules to their own partition on the executors.
+
+`CecSink` runs on the driver, which owns the single writer (`OutputQueue` on a `KafkaQueueStore`, so the
 stream index is maintained) of every output partition q, held across micro-batches: one writer per log,
 no zombie writer from a retried task, and the indexes sit where recovery reads them. A row goes to
 q = pmod(hash(key), P), Spark's own shuffle hash, so q is also the state partition when
