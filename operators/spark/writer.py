@@ -79,8 +79,8 @@ __all__ = [
 # the task, and the retry must add only the other half.
 WRITER_KILL_SITE = "attach.writer.kill_task"
 # CEC_FAULTS="attach.sink.mid_batch:n" under writers="executors": the first write task of the n-th
-# micro-batch to reach the middle of its records (first half committed) SIGKILLs its whole process group:
-# in local mode the driver, its JVM and every Python worker, i.e. the driver dies mid-write. (A pass
+# micro-batch to reach the middle of its records (first half committed) SIGKILLs the driver's process
+# group (`_kill_driver`): in local mode the driver and its JVM, i.e. the driver dies mid-write. (A pass
 # counter as in the driver sink would restart in every forked Python worker.)
 
 _R, _GCHECK, _DEAD = Kind.R.value, Kind.GCHECK.value, Kind.DEAD.value
@@ -214,6 +214,14 @@ def write_partition(
     return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, footprints)
 
 
+def _kill_driver() -> None:
+    """SIGKILL the driver from a local-mode Python worker: PySpark's daemon puts its workers in process
+    groups of their own, but not in a session of their own, so the session's leader is the driver (the
+    tests start it with a session of its own); its group holds the driver and its JVM."""
+    os.killpg(os.getsid(0), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
 class BatchWriter:
     """The `mapInArrow` function of one micro-batch (picklable: shipped to the executors)."""
 
@@ -237,7 +245,7 @@ class BatchWriter:
         from pyspark import TaskContext
 
         if faults.planned(SINK_FAULT_SITE) == self.batch_number:
-            return lambda: os.killpg(os.getpgrp(), signal.SIGKILL)
+            return _kill_driver
         ctx = TaskContext.get()
         if (
             faults.planned(WRITER_KILL_SITE) == self.batch_number

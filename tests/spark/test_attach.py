@@ -458,6 +458,8 @@ def test_cec_aggregate_validates_its_configuration_before_touching_kafka(
         cec_aggregate(spark, checkpointing=Checkpointing(recovery_target="3s"), **common)
     with pytest.raises(ConfigError, match="input_format"):
         cec_aggregate(spark, input_format="xml", **common)
+    with pytest.raises(ConfigError, match="writers must be one of executors, driver"):
+        cec_aggregate(spark, writers="everywhere", **common)
     with pytest.raises(ConfigError, match="input_schema"):
         cec_aggregate(spark, input_format="avro", **common)
     with pytest.raises(ConfigError, match="schema_registry_url"):
