@@ -137,6 +137,7 @@ class Workload:
     work: Path  # scratch: Kafka store state (indexes, locks), Spark checkpoints, child logs
     input_topic: str
     repeats: int = 1  # failure-free runs per system (best taken) and kill runs of the CEC host
+    attached_writers: str = "executors"  # cec_aggregate(writers=...): who writes the attached output logs
 
     @property
     def master(self) -> str:
@@ -484,7 +485,7 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         input_topic=spec["topic"], bootstrap_servers=spec["bootstrap"], output_topic=spec["output"],
         key="item_id", value="item_price", agg="avg", window_count=spec["window"],
         state_dir=spec["state_dir"], checkpoint_location=spec["checkpoint"], partitions=spec["partitions"],
-        available_now=True,
+        available_now=True, writers=spec.get("writers", "executors"),
     )  # fmt: skip
     if spec["batch_rows"]:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
@@ -745,6 +746,7 @@ def _attached_spec(w: Workload, name: str, output: str | None = None) -> dict[st
         "partitions": w.partitions,
         "checkpoint": str(w.work / "checkpoints" / output),
         "state_dir": str(w.work / f"attached-{output}"),
+        "writers": w.attached_writers,
     }
 
 
@@ -1316,6 +1318,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="with --focus attached: failure-free throughput only (no driver-kill recovery runs)",
     )
+    parser.add_argument(
+        "--attached-writers",
+        choices=("executors", "driver"),
+        default="executors",
+        help="cec_aggregate(writers=...): each output partition's task writes its log (executors, the "
+        "default) or every record goes to the driver, which writes them (driver, the earlier path); with "
+        "driver, --focus attached writes spark-attached-<keys>-driver-writers.json, labelled so",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1353,7 +1363,9 @@ def main(argv: list[str] | None = None) -> int:
             work,
             f"purchases-{uuid.uuid4().hex[:6]}",
             repeats,
+            args.attached_writers,
         )
+        result["attached_writers"] = args.attached_writers
         say(f"broker: {broker.kind} at {broker.bootstrap}; scratch {work}")
         say(f"input: {tuples:,} purchases over {keys:,} items, P={w.partitions}, count windows of {WINDOW}")
         result["input"] = write_input(w)
@@ -1474,6 +1486,9 @@ def _attached_focus(
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
     path = OUT_JSON.parent / ATTACHED_JSON.format(keys=w.keys)
+    if w.attached_writers != "executors":
+        result.setdefault("label", f"writers={w.attached_writers}")
+        path = path.with_name(f"{path.stem}-{w.attached_writers}-writers{path.suffix}")
     path.write_text(json.dumps(result, indent=2))
     plot_attached(sorted(OUT_JSON.parent.glob(ATTACHED_JSON.format(keys="*"))), ATTACHED_PNG)
     recovered = result["recovery"]

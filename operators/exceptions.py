@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from cec.exceptions import CecError
 
-__all__ = ["DecodeError", "RetentionError", "SourceError", "TopicSourceError"]
+__all__ = ["DecodeError", "OutputConflictError", "RetentionError", "SourceError", "TopicSourceError"]
 
 
 class SourceError(CecError):
@@ -25,3 +25,9 @@ class TopicSourceError(SourceError):
 
 class RetentionError(TopicSourceError):
     """A replay needs input offsets the broker no longer keeps (below a partition's log start)."""
+
+
+class OutputConflictError(CecError):
+    """An output partition's writer found records in its log that it did not produce (a second writer, or
+    a retried micro-batch that differs from its killed attempt): it writes nothing, and the query must be
+    restarted, which recovers from the log."""

@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import Callable
 
-__all__ = ["fail", "hit", "reset"]
+__all__ = ["fail", "hit", "planned", "reset"]
 
 _counters: dict[str, int] = {}
 
@@ -43,6 +43,13 @@ def _due(site: str) -> bool:
     n = _counters.get(site, 0) + 1
     _counters[site] = n
     return n == _plan[site]
+
+
+def planned(site: str) -> int | None:
+    """The n given for `site` in CEC_FAULTS (None when not planned), for a site that decides itself when
+    to fire: e.g. one hit in processes that Spark forks anew for each task, where a per-process pass
+    counter would restart from zero."""
+    return _plan.get(site)
 
 
 def hit(site: str) -> None:

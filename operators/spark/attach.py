@@ -19,7 +19,9 @@ Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/c
 `operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
 Kafka partition j, rows carrying j and offset o -> `groupBy(output partition of the key)
 .transformWithStateInPandas(CEC processor)` (one group and one state value per output partition) -> a
-CEC sink (foreachBatch) on the driver.
+CEC sink (foreachBatch) whose write tasks run on the executors, one per output partition, each through its
+own fenced transactional writer (`operators.spark.writer`; `writers="driver"` collects the records to the
+driver and writes them there instead, `operators.spark.sink`).
 
 cec must be importable on every executor (an installed package, or `--py-files`/`--archives` of a venv):
 the processor and the data sources run there. The Kafka store is the only store here (an embedded
@@ -31,6 +33,7 @@ Responsibilities, one module each:
 - `operators.spark.processor`: the StatefulProcessor that runs the aggregate per output partition
   (executors), all of a partition's keys in one state value;
 - `operators.spark.sink`: ordering, pos/N/time stamping and durable appends of the output records;
+- `operators.spark.writer`: the same, in each output partition's task on the executors;
 - `operators.spark.query`: the handle `cec_aggregate` returns;
 - this module: the entry points `cec_aggregate` and `read_results`, and the query's wiring.
 The replay and stamping rules come from `recovery.contract` (tuple_fate, ReplayContract, PositionStamper).
@@ -68,6 +71,7 @@ from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
 from operators.spark.sink import SINK_FAULT_SITE, CecSink
 from operators.spark.topic_reader import TOPIC_FORMAT, register_topic_source
+from operators.spark.writer import WRITER_KILL_SITE, ExecutorSink
 from operators.topic_source import broker_compat
 from queuestore.output import OutputQueue
 
@@ -80,6 +84,8 @@ if TYPE_CHECKING:
 __all__ = [
     "RESULT_COLUMNS",
     "SINK_FAULT_SITE",
+    "WRITERS",
+    "WRITER_KILL_SITE",
     "AttachRecovery",
     "CecAggregateProcessor",
     "CecAggregateQuery",
@@ -94,6 +100,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 RESULT_COLUMNS = [f["name"] for f in RESULT_SCHEMA["fields"]]
+WRITERS = ("executors", "driver")  # cec_aggregate(writers=...): who writes the output logs
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 _STRIP_PATTERN = r"(?U)^[\s\x1c-\x1f]+|[\s\x1c-\x1f]+$"
 
@@ -143,6 +150,7 @@ def cec_aggregate(
     query_name: str | None = None,
     checkpointing: Checkpointing | Mapping[str, Any] | None = None,
     metrics_port: int | None = None,
+    writers: str = "executors",
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -179,6 +187,12 @@ def cec_aggregate(
       `cec_checkpoint_duty_ratio` are not exported; `cec_recovery_phase` stays `idle` (recovery is planned
       before the query starts; its figures are in the progress, `cec.recovery`).
 
+    - `writers`: where the output records are written. `"executors"` (default): each state partition's
+      task writes its own output partition through a transactional writer fenced by its
+      `transactional.id`, and the driver only learns cursors and counts (`operators.spark.writer`);
+      `"driver"`: every record is collected to the driver, which writes all partitions
+      (`operators.spark.sink.CecSink`; the earlier path, kept as a fallback).
+
     Refused (one clear `ConfigError`): `spark.speculation=true`. The session's shuffle partitions (= P) and
     state store provider (RocksDB, which transformWithState needs) are set for this query only.
     """
@@ -205,6 +219,8 @@ def cec_aggregate(
         raise ConfigError(
             f"cec_aggregate acts on u_target (U) and CI/CP only, not on {', '.join(unsupported)}: give U"
         )
+    if writers not in WRITERS:
+        raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
     if input_format not in FORMATS:
         raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
     if key in (value, time) or (time is not None and time == value):
@@ -248,7 +264,18 @@ def cec_aggregate(
     except BaseException:
         store.close()
         raise
-    sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
+    sink: CecSink
+    if writers == "executors":
+        sink = ExecutorSink(
+            outputs,
+            recovery,
+            has_time=time is not None,
+            bootstrap_servers=bootstrap_servers,
+            client=client,
+            metrics=metrics,
+        )
+    else:
+        sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
     gcheck = GCheckSpec.from_checkpointing(checkpointing)
     try:
         query = _start_query(

@@ -44,6 +44,7 @@ class LogEnd:
     pos: tuple[int, ...]
     n: int
     time: int
+    offset: int = 0  # the log's end offset (where the next record goes; transaction markers included)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,7 @@ def plan_recovery(
         for q in range(gen.partitions):
             with store.reader(gen.topic, q) as reader:
                 ec = EventualCheckpointBuilder(reader).build()
+                end_offset = reader.end_offset() if gen is current else 0
             plan.records_read += ec.records_read
             if ec.crash_pos is not None:
                 plan.resumed = True
@@ -101,7 +103,7 @@ def plan_recovery(
                 raise ConfigError(f"{gen.topic}[{q}]: {exc}") from None
             crash.append(contract.crash_pos)
             if gen is current:
-                plan.ends.append(LogEnd(contract.crash_pos, ec.n, ec.time))
+                plan.ends.append(LogEnd(contract.crash_pos, ec.n, ec.time, end_offset))
             for key, fp in ec.windows.items():
                 record = fp.record
                 have = open_found.get(key)

@@ -43,8 +43,8 @@ __all__ = ["CecAggregateQuery"]
 
 
 class CecAggregateQuery:
-    """A running CEC aggregation: the StreamingQuery, the driver-side writers of its output logs, and CEC's
-    figures in its progress (see the module doc)."""
+    """A running CEC aggregation: the StreamingQuery, its sink (the output logs' writer locks, and their
+    writers with `writers="driver"`), and CEC's figures in its progress (see the module doc)."""
 
     def __init__(
         self,

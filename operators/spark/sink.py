@@ -1,6 +1,10 @@
 """The sink of an attached aggregation (`operators.spark.attach`): the processor's rows -> CEC records.
 
-The sink runs on the driver, which owns the single writer (`OutputQueue` on a `KafkaQueueStore`, so the
+Two sinks share the ordering and stamping rules below (`_ordered`, `stamped`): `CecSink`, the driver-side
+one described here (`cec_aggregate(writers="driver")`), and `operators.spark.writer.ExecutorSink` (the
+default), whose tasks apply the same rules to their own partition on the executors.
+
+`CecSink` runs on the driver, which owns the single writer (`OutputQueue` on a `KafkaQueueStore`, so the
 stream index is maintained) of every output partition q, held across micro-batches: one writer per log,
 no zombie writer from a retried task, and the indexes sit where recovery reads them. A row goes to
 q = pmod(hash(key), P), Spark's own shuffle hash, so q is also the state partition when
@@ -22,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter, OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -63,6 +67,24 @@ def _ordered(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     produced.sort(key=lambda r: (r[1], r[2], r[3]))
     produced.extend(r for r in rows if r[4] == _GCHECK)
     return produced
+
+
+def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Iterator[OutputRecord]:
+    """The records of one partition's batch (rows in `_ordered` order), with pos/N/time continuing from
+    `cursor` (advanced as they are made): the one stamping rule of both sinks (driver and executors)."""
+    for idx, (_, j, o, _i, kind, key, seq, state, payload, t, dn) in enumerate(rows):
+        # A tuple claims itself on its last record (recovery.contract). A G-check (at the end, see
+        # _ordered) claims the key's last applied tuple (j, o): its state holds it.
+        nxt = rows[idx + 1] if idx + 1 < len(rows) else None
+        last_of_tuple = kind == _GCHECK or nxt is None or nxt[1:3] != (j, o)
+        pos = cursor.stamper.stamp(None, j, o, claims=last_of_tuple)
+        cursor.n += dn
+        if has_time:
+            if t >= 0:
+                cursor.time = max(cursor.time, t)
+        else:
+            cursor.time = max(cursor.time, sum(pos))
+        yield OutputRecord(Kind(kind), cursor.time, pos, cursor.n, key, seq, state, payload)
 
 
 class CecSink:
@@ -143,33 +165,22 @@ class CecSink:
         )
 
     def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
-        cursor, out = self.cursors[q], self.outputs[q]
+        out = self.outputs[q]
         half = len(rows) // 2
         footprints, kinds = self.footprints, self.kinds
-        for idx, (_, j, o, _i, kind, key, seq, state, payload, t, dn) in enumerate(rows):
-            # A tuple claims itself on its last record (recovery.contract). A G-check (at the end, see
-            # _ordered) claims the key's last applied tuple (j, o): its state holds it.
-            nxt = rows[idx + 1] if idx + 1 < len(rows) else None
-            last_of_tuple = kind == _GCHECK or nxt is None or nxt[1:3] != (j, o)
-            pos = cursor.stamper.stamp(None, j, o, claims=last_of_tuple)
-            cursor.n += dn
-            if self.has_time:
-                if t >= 0:
-                    cursor.time = max(cursor.time, t)
-            else:
-                cursor.time = max(cursor.time, sum(pos))
-            record = OutputRecord(Kind(kind), cursor.time, pos, cursor.n, key, seq, state, payload)
+        for idx, record in enumerate(stamped(rows, self.cursors[q], self.has_time)):
             if idx == half and half:
                 # Durable first half, then the fault site: a crash injected here cuts the log mid-batch.
                 out.flush()
                 faults.hit(SINK_FAULT_SITE)
             out.append(self.codec.encode(record), record.meta())
             self.records += 1
+            kind = record.kind.value
             kinds[kind] += 1
             if kind == _R:
-                footprints.pop(key, None)
+                footprints.pop(record.key, None)
             elif kind != _DEAD:
-                footprints[key] = pos
+                footprints[record.key] = record.pos
 
     def extent(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(replay start T, newest crash point) a recovery would use if the driver died now: the planning

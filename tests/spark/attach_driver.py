@@ -1,5 +1,6 @@
 """A Spark driver that runs `cec_aggregate` with Trigger.AvailableNow to the end of its input: the process the
-attach kill tests SIGKILL (through CEC_FAULTS=attach.sink.mid_batch:n in its environment).
+attach kill tests SIGKILL (through CEC_FAULTS=attach.sink.mid_batch:n in its environment), or whose write
+tasks are killed (CEC_FAULTS=attach.writer.kill_task:n).
 
 `python -m tests.spark.attach_driver ARGS.json`; ARGS holds the keyword arguments of `cec_aggregate` that
 are plain data, plus `done`: a file written (atomically) with the run's summary once the query finished.
@@ -22,7 +23,16 @@ def main(argv: list[str]) -> int:
     query = cec_aggregate(spark, available_now=True, **args)
     query.awaitTermination()
     tmp = done.with_name(done.name + ".tmp")
-    summary = {"batches": query.batches, "resumed": query.recovery.resumed, "cec": query.cec_progress}
+    sink = query._sink
+    summary = {
+        "batches": query.batches,
+        "resumed": query.recovery.resumed,
+        "cec": query.cec_progress,
+        # The executor path: messages a retried write task found already written by its killed attempt,
+        # and records the driver appended itself (none: the write tasks did).
+        "found": getattr(sink, "found", None),
+        "driver_appends": sum(out.appended for out in sink.outputs),
+    }
     tmp.write_text(json.dumps(summary))
     tmp.replace(done)
     spark.stop()

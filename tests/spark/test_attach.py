@@ -32,12 +32,14 @@ from operators.sources import PurchaseGenerator
 from operators.spark.attach import (
     RESULT_COLUMNS,
     SINK_FAULT_SITE,
+    WRITER_KILL_SITE,
     CecAggregateQuery,
     cec_aggregate,
     list_generations,
     read_results,
 )
 from operators.spark.datasource import FORMAT
+from operators.spark.writer import ExecutorSink
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import child_env, log_records, process_group_gone, wait_for
@@ -156,6 +158,7 @@ class Reference:
     output: str
     results: PerKey
     store_dir: Path
+    sink: Any = None  # the run's foreachBatch sink (its counters)
 
 
 @pytest.fixture(scope="module")
@@ -167,7 +170,18 @@ def reference(
     output = f"avg-ref-{uuid.uuid4().hex[:8]}"
     query = _run(spark, _args(purchases, root, output))
     assert not query.recovery.resumed and query.batches >= COUNT // TRIGGER_ROWS
-    return Reference(output, _results(spark, purchases, output), root / "state")
+    return Reference(output, _results(spark, purchases, output), root / "state", query._sink)
+
+
+def test_no_output_record_passes_through_the_driver(purchases: Purchases, reference: Reference) -> None:
+    """The write tasks wrote every record; the driver appended none and got back only a summary per
+    partition and per key touched in each batch: fewer rows than the records written."""
+    sink = reference.sink
+    assert isinstance(sink, ExecutorSink)
+    assert sum(out.appended for out in sink.outputs) == 0
+    logged = sum(_kinds(purchases, reference.store_dir.parent, reference.output)[0].values())
+    assert sink.records == logged > 0
+    assert 0 < sink.summary_rows <= sink.batches * (2 + KEYS) < logged
 
 
 def test_count_windows_equal_sparks_own_aggregation(
@@ -319,8 +333,16 @@ def test_exact_after_a_log_cut_between_two_records_of_one_tuple(
 
 
 def _killed_driver(args: dict[str, Any], work: Path, hit: int) -> None:
-    """Run the driver script in a child process that SIGKILLs itself at the `hit`-th pass of the sink's
-    mid-batch fault site, i.e. with half of one partition's micro-batch durable in its log."""
+    """Run the driver script in a child process that is SIGKILLed with half of one partition's micro-batch
+    durable in its log: with writers="driver", the sink's `hit`-th pass of its mid-batch fault site; with
+    the executors' writers, the first write task of the `hit`-th micro-batch kills the driver's whole
+    process group (driver, JVM, Python workers) half way through its partition."""
+    _driver_child(args, work, f"{SINK_FAULT_SITE}:{hit}", expect=-signal.SIGKILL)
+    assert not (work / "done.json").exists()
+
+
+def _driver_child(args: dict[str, Any], work: Path, faults: str, *, expect: int) -> tuple[int, bytes]:
+    """Run the driver script with CEC_FAULTS=`faults`; it must exit with `expect`."""
     work.mkdir(parents=True, exist_ok=True)
     done = work / "done.json"
     spec = work / "args.json"
@@ -328,23 +350,21 @@ def _killed_driver(args: dict[str, Any], work: Path, hit: int) -> None:
     # Its own session (process group): the driver's JVM and Python workers are its descendants.
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.spark.attach_driver", str(spec)],
-        env=child_env(f"{SINK_FAULT_SITE}:{hit}"),
+        env=child_env(faults),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,
     )
     try:
         _, err = child.communicate(timeout=900)
-        assert child.returncode == -signal.SIGKILL, (
-            f"driver exited {child.returncode}:\n{err.decode()[-3000:]}"
-        )
-        assert not done.exists()
+        assert child.returncode == expect, f"driver exited {child.returncode}:\n{err.decode()[-3000:]}"
         # The JVM exits when its stdin (the dead driver) closes, and takes its Python workers with it.
         wait_for(process_group_gone(child.pid), timeout=300, interval=0.05)
     finally:
         if child.poll() is None or not process_group_gone(child.pid)():
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
+    return child.returncode, err
 
 
 def _kinds(purchases: Purchases, root: Path, output: str) -> list[Counter[str]]:
@@ -356,12 +376,17 @@ def _kinds(purchases: Purchases, root: Path, output: str) -> list[Counter[str]]:
         store.close()
 
 
+@pytest.mark.parametrize(
+    ("writers", "hit"),
+    # The third micro-batch: the driver sink passes its site twice per batch (once per partition).
+    [("executors", 3), ("driver", 5)],
+)
 def test_exact_after_driver_sigkill_mid_sink_write(
-    spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path
+    spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path, writers: str, hit: int
 ) -> None:
     output = f"avg-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(purchases, tmp_path, output, partitions=2)
-    _killed_driver(args, tmp_path / "driver", hit=5)  # two sink passes per batch: the third micro-batch
+    args = _args(purchases, tmp_path, output, partitions=2, writers=writers)
+    _killed_driver(args, tmp_path / "driver", hit=hit)
     partial = _kinds(purchases, tmp_path, output)[0]
     total = sum(len(v) for v in reference.results.values())
     assert 0 < partial["R"] < total, (partial, total)
@@ -372,6 +397,22 @@ def test_exact_after_driver_sigkill_mid_sink_write(
     assert 0 < sum(rec.start) < COUNT  # replay starts inside the input, not from its beginning
     assert _results(spark, purchases, output) == reference.results
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead  # none lost, none repeated
+
+
+def test_a_write_task_killed_mid_write_is_retried_and_writes_nothing_twice(
+    spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path
+) -> None:
+    """Every write task of the second micro-batch SIGKILLs its Python worker on its first attempt, half of
+    its partition committed; Spark retries it, the retry fences the dead attempt's writer, finds the half
+    and appends only the rest: the run ends normally with exactly the failure-free output."""
+    output = f"avg-retry-{uuid.uuid4().hex[:8]}"
+    args = _args(purchases, tmp_path, output, partitions=2)
+    _driver_child(args, tmp_path / "driver", f"{WRITER_KILL_SITE}:2", expect=0)
+    summary = json.loads((tmp_path / "driver" / "done.json").read_text())
+    assert summary["found"] > 0  # the retries met their killed attempts' records ...
+    assert summary["driver_appends"] == 0
+    assert _results(spark, purchases, output) == reference.results  # ... and did not write them again
+    assert _kinds(purchases, tmp_path, output) == _kinds(purchases, tmp_path, reference.output)
 
 
 def test_exact_after_restarts_with_other_partition_counts(
@@ -417,6 +458,8 @@ def test_cec_aggregate_validates_its_configuration_before_touching_kafka(
         cec_aggregate(spark, checkpointing=Checkpointing(recovery_target="3s"), **common)
     with pytest.raises(ConfigError, match="input_format"):
         cec_aggregate(spark, input_format="xml", **common)
+    with pytest.raises(ConfigError, match="writers must be one of executors, driver"):
+        cec_aggregate(spark, writers="everywhere", **common)
     with pytest.raises(ConfigError, match="input_schema"):
         cec_aggregate(spark, input_format="avro", **common)
     with pytest.raises(ConfigError, match="schema_registry_url"):
