@@ -142,15 +142,19 @@ class CecSink:
                     raise RuntimeError(
                         f"{len(out.failures)} appends to {out.topic}[{q}] failed: {out.failures[0]!r}"
                     )
-            self.batches += 1
-            figures = self._figures()
-            figures["batch"] = batch_id
-            figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
-            self.batch_figures[batch_id] = figures
-            while len(self.batch_figures) > self._keep:
-                self.batch_figures.popitem(last=False)
-            if self.metrics is not None:
-                self._publish(figures)
+            self._batch_done(batch_id, before)
+
+    def _batch_done(self, batch_id: int, before: Counter[str]) -> None:
+        """Count a written micro-batch and keep (and publish) its figures; under the sink's lock."""
+        self.batches += 1
+        figures = self._figures()
+        figures["batch"] = batch_id
+        figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
+        self.batch_figures[batch_id] = figures
+        while len(self.batch_figures) > self._keep:
+            self.batch_figures.popitem(last=False)
+        if self.metrics is not None:
+            self._publish(figures)
 
     def _publish(self, figures: Mapping[str, Any]) -> None:
         """The figures the driver knows, as cec.metrics: u is the extent in input tuples; the extent in

@@ -378,12 +378,4 @@ class ExecutorSink(CecSink):
                     else:
                         self.footprints[row["key"]] = tuple(row["pos"])
             self.summary_rows += len(rows)
-            self.batches += 1
-            figures = self._figures()
-            figures["batch"] = batch_id
-            figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
-            self.batch_figures[batch_id] = figures
-            while len(self.batch_figures) > self._keep:
-                self.batch_figures.popitem(last=False)
-            if self.metrics is not None:
-                self._publish(figures)
+            self._batch_done(batch_id, before)
