@@ -23,6 +23,7 @@ from operators.spark.datasource import FORMAT, SinkCommit, _Options, admit, writ
 from queuestore.exceptions import QueueStoreError
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
+from tests.helpers import wait_for
 from tests.spark.pipelines import AGGREGATED, FILTERED, filter_aggregate, run_reference
 
 if TYPE_CHECKING:
@@ -221,6 +222,9 @@ def test_sink_and_stream_restart_from_checkpoint(
     write(first)
     store = KafkaQueueStore(bootstrap, tmp_path / "state")
     try:
+        # Each task's transaction is committed when the write returns, but a read_committed reader sees
+        # it once the broker has written the commit markers, which it does after answering the commit.
+        wait_for(lambda: len(list(iter_payloads(store, topic, PURCHASE_SCHEMA))) >= len(first), 60)
         assert sorted(map(_key, iter_payloads(store, topic, PURCHASE_SCHEMA))) == sorted(map(_key, first))
         # keyField: each item lives in one partition (what keeps a downstream operator's per-key order).
         homes: dict[int, set[int]] = {}
@@ -264,6 +268,7 @@ def test_sink_and_stream_restart_from_checkpoint(
     assert query.exception() is None, query.exception()
     store = KafkaQueueStore(bootstrap, tmp_path / "state")
     try:
+        wait_for(lambda: len(list(iter_payloads(store, copy, PURCHASE_SCHEMA))) >= len(first + second), 60)
         copied = sorted(map(_key, iter_payloads(store, copy, PURCHASE_SCHEMA)))
     finally:
         store.close()
