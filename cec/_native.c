@@ -627,6 +627,26 @@ static PyObject *py_decode_avro_many(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* A stored row (offset, kind, time, key, seq, value) that a rows decoder takes: `head` set to (kinds[kind],
+ * time, key, seq) (borrowed) and `*value` to its value. 1 taken, 0 declined (not such a row, an unknown
+ * kind, a value too short or of another version), -1 error. */
+static int row_head(PyObject *row, PyObject *kinds, Py_ssize_t start, int version, PyObject *head[4],
+                    PyObject **value) {
+    if (!PyTuple_Check(row) || PyTuple_GET_SIZE(row) != 6) return 0;
+    PyObject *v = PyTuple_GET_ITEM(row, 5);
+    PyObject *kind = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(row, 1));
+    if (kind == NULL) return PyErr_Occurred() ? -1 : 0;
+    if (!PyBytes_CheckExact(v) || PyBytes_GET_SIZE(v) <= start || start < 2 ||
+        (unsigned char)PyBytes_AS_STRING(v)[1] != version)
+        return 0;
+    head[0] = kind;
+    head[1] = PyTuple_GET_ITEM(row, 2);
+    head[2] = PyTuple_GET_ITEM(row, 3);
+    head[3] = PyTuple_GET_ITEM(row, 4);
+    *value = v;
+    return 1;
+}
+
 /* decode_avro_rows(program, rows, start, cls, descrs, kinds, version) -> list, one entry per row
  * (offset, kind, time, key, seq, value): cls with slots `descrs` set to (kinds[kind], time, key, seq) and
  * then the fields of value[start:], or None (declined: another version, an unknown kind, a malformed body;
@@ -642,18 +662,13 @@ static PyObject *py_decode_avro_rows(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(count);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i), *r = NULL;
-        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6) {
-            PyObject *v = PyTuple_GET_ITEM(row, 5);
-            PyObject *kind = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(row, 1));
-            if (kind == NULL && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
-            if (kind != NULL && PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) > start && start >= 2 &&
-                (unsigned char)PyBytes_AS_STRING(v)[1] == version) {
-                PyObject *head[4] = {kind, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 3), PyTuple_GET_ITEM(row, 4)};
-                r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls,
-                               descrs, head, 4);
-                if (r == NULL) { Py_DECREF(out); return NULL; }
-            }
+        PyObject *head[4], *v, *r = NULL;
+        int taken = row_head(PyList_GET_ITEM(rows, i), kinds, start, version, head, &v);
+        if (taken < 0) { Py_DECREF(out); return NULL; }
+        if (taken) {
+            r = decode_one(program, (const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, cls,
+                           descrs, head, 4);
+            if (r == NULL) { Py_DECREF(out); return NULL; }
         }
         PyList_SET_ITEM(out, i, r == NULL ? Py_NewRef(Py_None) : r);
     }
@@ -813,18 +828,13 @@ static PyObject *py_decode_compact_rows(PyObject *self, PyObject *args) {
     PyObject *out = PyList_New(count);
     if (out == NULL) return NULL;
     for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *row = PyList_GET_ITEM(rows, i), *r = NULL;
-        if (PyTuple_Check(row) && PyTuple_GET_SIZE(row) == 6) {
-            PyObject *v = PyTuple_GET_ITEM(row, 5);
-            PyObject *kind = PyDict_GetItemWithError(kinds, PyTuple_GET_ITEM(row, 1));
-            if (kind == NULL && PyErr_Occurred()) { Py_DECREF(out); return NULL; }
-            if (kind != NULL && PyBytes_CheckExact(v) && PyBytes_GET_SIZE(v) > start && start >= 2 &&
-                (unsigned char)PyBytes_AS_STRING(v)[1] == version) {
-                PyObject *head[4] = {kind, PyTuple_GET_ITEM(row, 2), PyTuple_GET_ITEM(row, 3), PyTuple_GET_ITEM(row, 4)};
-                r = compact_one((const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, head, cls, descrs);
-                if (r == NULL) { Py_DECREF(out); return NULL; }
-                if (r == Py_None) { Py_DECREF(r); r = NULL; }
-            }
+        PyObject *head[4], *v, *r = NULL;
+        int taken = row_head(PyList_GET_ITEM(rows, i), kinds, start, version, head, &v);
+        if (taken < 0) { Py_DECREF(out); return NULL; }
+        if (taken) {
+            r = compact_one((const unsigned char *)PyBytes_AS_STRING(v), PyBytes_GET_SIZE(v), start, head, cls, descrs);
+            if (r == NULL) { Py_DECREF(out); return NULL; }
+            if (r == Py_None) { Py_DECREF(r); r = NULL; }
         }
         PyList_SET_ITEM(out, i, r == NULL ? Py_NewRef(Py_None) : r);
     }

@@ -221,6 +221,14 @@ zigzag = _long
 read_zigzag = _read_long
 
 
+def _read_bytes(data: bytes, at: int, what: str) -> tuple[bytes, int]:
+    """Length-prefixed bytes at `data[at:]` and the index after them; CodecError naming `what`."""
+    size, at = _read_long(data, at)
+    if size < 0 or size > len(data) - at:
+        raise CodecError(f"malformed record body ({what})")
+    return data[at : at + size], at + size
+
+
 def _payload_prefix(key: str, seq: int) -> bytes | None:
     """What an Avro record starting with fields (string key, long seq) starts with (an aggregate's result:
     `key`, `window`); None for a key that is not valid text or a seq beyond a long (never left out)."""
@@ -298,17 +306,9 @@ def _decode_compact(data: bytes, at: int, head: tuple[Any, ...]) -> OutputRecord
     n, at = _read_long(data, at)
     state = payload = None
     if flags & _F_STATE:
-        size, at = _read_long(data, at)
-        if size < 0 or size > end - at:
-            raise CodecError("malformed record body (state)")
-        state = data[at : at + size]
-        at += size
+        state, at = _read_bytes(data, at, "state")
     if flags & _F_PAYLOAD:
-        size, at = _read_long(data, at)
-        if size < 0 or size > end - at:
-            raise CodecError("malformed record body (payload)")
-        payload = data[at : at + size]
-        at += size
+        payload, at = _read_bytes(data, at, "payload")
         if flags & _F_PAYLOAD_KEYED:
             prefix = None if key is None else _payload_prefix(key, seq)
             if prefix is None:
