@@ -476,7 +476,8 @@ class OperatorRuntime:
                 return
             self._trim_pending = None
             self._trim_to(bound)
-            return
+            # Take the next bound at once when it is due: waiting for another batch would let the
+            # durable end run further ahead of the log start.
         durable = index.next_offset
         if durable - self._trim_looked < self.trim_every:
             return
