@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -63,12 +64,23 @@ def _say(message: str) -> None:
 # -- the log ------------------------------------------------------------------------------------------
 def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]:
     """The aggregate's log after a crash at half the input (cached under `root`)."""
+    sys.path.insert(0, str(REPO))
+    from cec.records import RecordCodec
+
+    version = RecordCodec().version
     done = root / "log.json"
     if done.exists():
         info: dict[str, Any] = json.loads(done.read_text())
-        _say(f"log: cached in {root} ({info['records']:,} records)")
-        return info
-    sys.path.insert(0, str(REPO))
+        if info.get("record_version") == version:
+            _say(f"log: cached in {root} ({info['records']:,} records, record version {version})")
+            return info
+        # A log cached by an older tree holds that tree's records: measured as "current", this code would
+        # read another layout through its compatibility paths (a cache from before version 4 measured EC
+        # load at 0.13x the previous implementation, which read its own layout). Build it again.
+        _say(f"log: the cache in {root} holds record version {info.get('record_version', '<4')}: rebuilding")
+        for stale in (root / "store", *root.glob("store-legacy-v*")):
+            shutil.rmtree(stale, ignore_errors=True)
+        done.unlink()
     from cec.config import Checkpointing
     from operators.job import JobSpec, run_job
     from queuestore.sqlite import SqliteQueueStore
@@ -114,6 +126,7 @@ def _build_log(root: Path, count: int, keys: int, window: int) -> dict[str, Any]
         "gopens": stats.gopens,
         "gchecks": stats.gchecks,
         "build_seconds": time.monotonic() - started,
+        "record_version": version,
     }
     done.write_text(json.dumps(info))
     _say(f"log: {end:,} records in {info['build_seconds']:.1f} s ({root})")

@@ -117,6 +117,7 @@ class OutputRecord:
 _KIND_SYMBOLS = [k.value for k in Kind]
 _KIND_VALUE = {k: k.value for k in Kind}  # Enum.value is a descriptor call: too slow per record
 _KIND_OF = {k.value: k for k in Kind}
+_VERSION_BYTE = tuple(bytes((v,)) for v in range(256))
 
 # Version 1: the first release. Version 2: the metadata only beside the value. Version 3: `marks`
 # (per-partition event-time maxima, for watermarks). Version 4: version 3's fields in the compact layout
@@ -347,9 +348,12 @@ class _Layout:
     body: tuple[str, ...]  # the body's fields, in order
     beside: bool  # some of kind/time/key/seq are not in the body: decoding needs the stored metadata
     program: Any  # the C decoder of the body (None: fastavro decodes)
-    # Slots for the C decoder: the metadata's four (when beside) then the body's fields; None when the
-    # body and metadata do not cover OutputRecord exactly (fastavro then decodes, defaults fill the rest).
+    # Slots for the C decoder: the metadata's four (when beside) then the body's fields; None when they
+    # name something that is no field of OutputRecord (fastavro then decodes, defaults fill the rest).
     slots: tuple[Any, ...] | None
+    # (slot, default) of the fields of OutputRecord an older layout lacks (versions 1 and 2: `marks`),
+    # set after the C decoder filled `slots`.
+    missing: tuple[tuple[Any, Any], ...] = ()
 
 
 def _is_compact(schema: Mapping[str, Any]) -> bool:
@@ -363,10 +367,18 @@ def _layout(parsed: Any) -> _Layout:
     beside = not set(_META_FIELDS) <= set(body)
     program = compile_avro(parsed, {"cec.Kind": tuple(Kind)}, arrays=True)
     order = (*_META_FIELDS, *body) if beside else body
-    slots = None
-    if sorted(order) == sorted(_FIELD_NAMES) and len(set(order)) == len(order):
-        slots = tuple(_FIELD_SLOTS[name] for name in order)
-    return _Layout(body, beside, program, slots)
+    if not set(order) <= set(_FIELD_NAMES) or len(set(order)) != len(order):
+        return _Layout(body, beside, program, None)
+    missing = tuple((_FIELD_SLOTS[name], _DEFAULTS[name]) for name in _FIELD_NAMES if name not in order)
+    return _Layout(body, beside, program, tuple(_FIELD_SLOTS[name] for name in order), missing)
+
+
+def _fill_missing(record: OutputRecord, missing: tuple[tuple[Any, Any], ...]) -> OutputRecord:
+    """`record`, made by the C decoder from an older layout, with the fields that layout lacks set to
+    their defaults (through the slot descriptors: the dataclass is frozen)."""
+    for slot, default in missing:
+        slot.__set__(record, default)
+    return record
 
 
 class RecordCodec:
@@ -467,33 +479,68 @@ class RecordCodec:
         return failed
 
     def decode_rows(self, rows: list[Row], *, verified: bool = False) -> list[OutputRecord]:
-        """`decode` of each row's value with the metadata kept beside it (one call into the C decoder for
-        the whole list, when it is built): the footprints of the EC at EC-load."""
-        if native is None:
+        """`decode` of each row's value with the metadata kept beside it (one call into the C decoder per
+        record version present, when it is built): the footprints of the EC at EC-load. Rows written by an
+        older release (a log that spans an upgrade) take the C decoder of their own version too."""
+        if native is None or not verified:
             return [self.decode(r[5], RecordMeta(r[1], r[2], r[3], r[4]), verified=verified) for r in rows]
+        # Most logs hold one version: the first row's is tried on all rows at once, then any others.
+        first = rows[0][5] if rows else b""
+        primary = first[1] if isinstance(first, bytes) and len(first) > 1 else self.version
+        decoded = self._native_rows(rows, primary)
+        left = [i for i, r in enumerate(decoded) if r is None]
+        if left:
+            by_version: dict[int, list[int]] = {}
+            for i in left:
+                value = rows[i][5]
+                if isinstance(value, bytes) and len(value) > 1 and value[1] != primary:
+                    by_version.setdefault(value[1], []).append(i)
+            for version, indices in by_version.items():
+                for i, record in zip(
+                    indices, self._native_rows([rows[i] for i in indices], version), strict=True
+                ):
+                    decoded[i] = record
         out: list[OutputRecord] = []
-        if verified:
-            version = self.version
-            layout = self._layouts[version]
-            if version in self._compact and layout.slots is not None:
-                compact: list[OutputRecord | None] = native.decode_compact_rows(
-                    rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
-                )
-                for r, row in zip(compact, rows, strict=True):
-                    out.append(
-                        r if r is not None else self.decode(row[5], RecordMeta(*row[1:5]), verified=True)
-                    )
-                return out
-            if layout.program is not None and layout.slots is not None and layout.beside:
-                fast: list[OutputRecord | None] = native.decode_avro_rows(
-                    layout.program, rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
-                )
-                for r, row in zip(fast, rows, strict=True):
-                    out.append(
-                        r if r is not None else self.decode(row[5], RecordMeta(*row[1:5]), verified=True)
-                    )
-                return out
-        return [self.decode(r[5], RecordMeta(r[1], r[2], r[3], r[4]), verified=verified) for r in rows]
+        for record, row in zip(decoded, rows, strict=True):
+            # Declined by the C decoder (unusual or malformed): the Python path has the final word.
+            out.append(
+                record if record is not None else self.decode(row[5], RecordMeta(*row[1:5]), verified=True)
+            )
+        return out
+
+    def _native_rows(self, rows: list[Row], version: int) -> list[OutputRecord | None]:
+        """The C decoder's records of the version-`version` rows (already verified), None where it
+        declines (another version, anything unusual)."""
+        assert native is not None
+        layout = self._layouts.get(version)
+        if layout is None or layout.slots is None:
+            return [None] * len(rows)
+        decoded: list[OutputRecord | None]
+        if version in self._compact:
+            decoded = native.decode_compact_rows(
+                rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
+            )
+        elif layout.program is None:
+            return [None] * len(rows)
+        elif layout.beside:
+            decoded = native.decode_avro_rows(
+                layout.program, rows, _HEADER.size, OutputRecord, layout.slots, _KIND_OF, version
+            )
+        else:  # version 1: the metadata is in the body (the rows' own is covered by the checksum)
+            decoded = native.decode_avro_many(
+                layout.program,
+                [
+                    r[5] if isinstance(r[5], bytes) and r[5][1:2] == _VERSION_BYTE[version] else None
+                    for r in rows
+                ],
+                _HEADER.size,
+                OutputRecord,
+                layout.slots,
+            )
+        if layout.missing:
+            missing = layout.missing
+            decoded = [None if r is None else _fill_missing(r, missing) for r in decoded]
+        return decoded
 
     def decode_many(
         self, values: list[bytes], metas: list[RecordMeta] | None = None, *, verified: bool = False
@@ -532,6 +579,8 @@ class RecordCodec:
             fields = native.decode_avro(layout.program, data, _HEADER.size)
             if fields is not None:
                 record = native.make(OutputRecord, layout.slots, head + fields)
+                if layout.missing:
+                    record = _fill_missing(record, layout.missing)
             # else: malformed for the fast decoder: fastavro below says precisely why
         if record is None:
             body = memoryview(data)[_HEADER.size :]

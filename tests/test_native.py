@@ -539,3 +539,28 @@ def test_a_stale_build_of_the_accelerator_is_not_used(monkeypatch: pytest.Monkey
         assert loader._load() is None
     stale.ABI = loader.ABI  # type: ignore[attr-defined]
     assert loader._load() is stale
+
+
+@needs_native
+def test_footprints_written_before_an_upgrade_load_through_the_c_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A log that spans an upgrade (records of versions 1-3 below version-4 ones) is loaded in one C call per
+    version, not record by record in Python: that per-record path made EC load of an older log 8x slower
+    than the release that wrote it (measured: 57k against 434k windows/s at 92k windows)."""
+    rng = random.Random(5)
+    codec = RecordCodec()
+    rows: list[Row] = []
+    expected = []
+    for offset in range(400):
+        version = rng.choice((1, 2, 3, 4))
+        record = _record(rng)
+        if version >= 3 and rng.random() < 0.5:
+            record = dataclasses.replace(record, marks=(rng.randrange(-5, 2**40),))
+        writer = RecordCodec({v: cec.records.SCHEMAS[v] for v in range(1, version + 1)})
+        rows.append((offset, *record.meta(), writer.encode(record)))
+        expected.append(record)
+
+    def per_record(*args: Any, **kwargs: Any) -> OutputRecord:
+        raise AssertionError("a plain row was decoded record by record")
+
+    monkeypatch.setattr(RecordCodec, "decode", per_record)
+    assert codec.decode_rows(rows, verified=True) == expected
