@@ -542,7 +542,9 @@ def test_a_stale_build_of_the_accelerator_is_not_used(monkeypatch: pytest.Monkey
 
 
 @needs_native
-def test_footprints_written_before_an_upgrade_load_through_the_c_decoder(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_footprints_written_before_an_upgrade_load_through_the_c_decoder(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """A log that spans an upgrade (records of versions 1-3 below version-4 ones) is loaded in one C call per
     version, not record by record in Python: that per-record path made EC load of an older log 8x slower
     than the release that wrote it (measured: 57k against 434k windows/s at 92k windows)."""
