@@ -177,6 +177,8 @@ def _checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> li
         )
     if stats.get("checkpoint_refusal"):
         lines.append(f"  checkpoint warning:    {stats['checkpoint_refusal']}")
+    if stats.get("checkpoint_note"):
+        lines.append(f"  checkpoint note:       {stats['checkpoint_note']}")
     return lines
 
 

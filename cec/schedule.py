@@ -20,9 +20,10 @@ from collections.abc import Callable
 
 from cec.exceptions import ConfigError
 
-__all__ = ["MAX_DUTY", "CheckpointSchedule"]
+__all__ = ["MAX_DUTY", "RTO_MAX_DUTY", "CheckpointSchedule"]
 
-MAX_DUTY = 0.5  # a policy that picks its own budget never takes more than half the operator's time
+MAX_DUTY = 0.5  # a policy that picks its own budget stays under half the operator's time...
+RTO_MAX_DUTY = 0.9  # ...except a recovery target that needs more: it takes up to this, and says so
 
 
 class CheckpointSchedule:

@@ -89,6 +89,7 @@ class RunStats:
     q_target: int | None = None  # targets in force at the end (picked by the policy with a recovery target)
     u_target: int | None = None
     rates: dict[str, Any] | None = None  # what the policy planned with (cec.rates.MeasuredRates)
+    checkpoint_note: str | None = None  # what the policy said once about its plan (e.g. a budget above 50%)
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -755,6 +756,11 @@ class OperatorRuntime:
         problem = self.policy.problem()
         if problem:
             self._say_once("problem", problem)
+        note = self.policy.note()
+        if note and "note" not in self._said:
+            self._said.add("note")
+            log.warning("%s: %s", self.operator.name, note)
+            self.stats.checkpoint_note = note
         q_target, u_target = self.policy.targets()
         n = self._registry.n
         if q_target is not None and q_target < n:

@@ -7,8 +7,8 @@ from dataclasses import dataclass, replace
 import pytest
 
 from cec.policy import CostBenefitPolicy, RecoveryTimePolicy, WindowView
-from cec.rates import MeasuredRates
-from cec.schedule import MAX_DUTY
+from cec.rates import EC_PER_REPLAY, MeasuredRates
+from cec.schedule import MAX_DUTY, RTO_MAX_DUTY
 
 
 def rates(**overrides: float) -> MeasuredRates:
@@ -70,8 +70,52 @@ def test_rto_bounded_by_u_and_capped_duty() -> None:
     policy = RecoveryTimePolicy(3.0, u_cap=5_000, rates=rates())
     policy.observe(rates(), 10_000)
     assert policy.u_target == 5_000
-    policy.observe(rates(gcheck_seconds=1e-3), 10_000)  # G-checks so dear that holding U takes > MAX_DUTY
-    assert policy.budget() == MAX_DUTY
+    policy.observe(rates(gcheck_seconds=1e-3), 10_000)  # G-checks so dear that holding U takes > RTO_MAX_DUTY
+    assert policy.budget() == RTO_MAX_DUTY
+
+
+def test_rto_takes_more_than_the_usual_cap_when_its_target_needs_it_and_says_so() -> None:
+    # Holding U=5,000 over 10,000 windows at 40k tuples/s: 80,000 G-checks/s. At 8 us each that is 64% of
+    # the operator's time (96% with the 1.5x headroom): above MAX_DUTY, so the budget goes to RTO_MAX_DUTY.
+    policy = RecoveryTimePolicy(3.0, u_cap=5_000, rates=rates())
+    policy.observe(rates(gcheck_seconds=8e-6), 10_000)
+    assert policy.budget() == RTO_MAX_DUTY > MAX_DUTY
+    note = policy.note()
+    assert note is not None and "64% of operator time" in note and "above the 50%" in note
+    # Within the usual cap: no note, the budget is what holding U needs times the headroom.
+    modest = RecoveryTimePolicy(3.0, u_cap=5_000, rates=rates())
+    modest.observe(rates(gcheck_seconds=2e-6), 10_000)
+    assert modest.budget() == pytest.approx(1.5 * 0.16) and modest.note() is None
+    # A caller can keep the usual cap.
+    capped = RecoveryTimePolicy(3.0, u_cap=5_000, max_duty=MAX_DUTY, rates=rates())
+    capped.observe(rates(gcheck_seconds=8e-6), 10_000)
+    assert capped.budget() == MAX_DUTY
+
+
+def test_ec_rates_follow_the_live_rate_until_a_recovery_measures_them() -> None:
+    r = MeasuredRates()
+    r.observe_run(seconds=1.0, busy_seconds=0.5, inputs=40_000, outputs=40_000, gchecks=0)  # 80k tuples/s
+    assert r.replay_rate == 80_000
+    assert r.ec_build_rate == r.ec_load_rate == EC_PER_REPLAY * 80_000
+    slow = MeasuredRates()
+    slow.observe_run(seconds=1.0, busy_seconds=1.0, inputs=1_000, outputs=1_000, gchecks=0)
+    assert (slow.ec_build_rate, slow.ec_load_rate) == (
+        MeasuredRates().ec_build_rate,
+        MeasuredRates().ec_load_rate,
+    )
+
+    @dataclass
+    class Report:
+        records_read: int = 90_000
+        ec_windows: int = 90_000
+        ec_build_seconds: float = 0.3
+        ec_load_seconds: float = 0.45
+        tuples_replayed: int = 50_000
+        catch_up_seconds: float = 1.0
+
+    r.observe_recovery(Report())
+    r.observe_run(seconds=1.0, busy_seconds=0.25, inputs=40_000, outputs=40_000, gchecks=0)
+    assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)  # measured: no longer follows
 
 
 def test_rto_says_when_no_u_can_meet_it() -> None:
