@@ -841,6 +841,222 @@ static PyObject *py_decode_compact_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
+/* ---- encoding: the compact record and flat Avro (the G-check path) ----------------------------------- */
+/* The C twins of cec.records.RecordCodec.encode (version 4) and AvroCodec.encode for flat records of
+ * primitives. Anything unusual (a number beyond a long, a key that is not valid UTF-8, a type the fast
+ * path does not know) is declined (None) and encoded in Python, which raises the precise error. */
+
+/* The metadata prefix of cec.records._meta_bytes into buf (cap bytes); its length, or -1 if it does not fit. */
+static Py_ssize_t format_meta(char *buf, Py_ssize_t cap, int version, const char *kind_s, Py_ssize_t kind_len,
+                              long long t, const char *key_s, Py_ssize_t key_len, long long s) {
+    Py_ssize_t at = put_int(buf, 0, cap, version);
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, kind_s, kind_len);
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_int(buf, at, cap, t);
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
+    if (key_s != NULL) {
+        at = at < 0 ? -1 : put_bytes(buf, at, cap, "k", 1);
+        at = at < 0 ? -1 : put_bytes(buf, at, cap, key_s, key_len);
+    }
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
+    at = at < 0 ? -1 : put_int(buf, at, cap, s);
+    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1e", 1);
+    return at;
+}
+
+/* Appends the zigzag varints of items[from:] (ints); 0 when one is not a long. */
+static int put_longs(unsigned char *out, Py_ssize_t *at, PyObject *items, Py_ssize_t from) {
+    Py_ssize_t count = PyTuple_GET_SIZE(items);
+    for (Py_ssize_t i = from; i < count; i++) {
+        long long v;
+        if (!as_long_long(PyTuple_GET_ITEM(items, i), &v)) return 0;
+        *at += put_zigzag(out + *at, v);
+    }
+    return 1;
+}
+
+/* encode_compact(magic, version, kind, time, key, seq, pos, n, state, payload, marks) -> the whole stored
+ * value (header, CRC32C over the metadata and body, version-4 body), or None (declined). */
+static PyObject *py_encode_compact(PyObject *self, PyObject *args) {
+    int magic, version;
+    PyObject *kind, *time_o, *key, *seq_o, *pos, *n_o, *state, *payload, *marks;
+    if (!PyArg_ParseTuple(args, "iiUOOOO!OOOO!", &magic, &version, &kind, &time_o, &key, &seq_o, &PyTuple_Type,
+                          &pos, &n_o, &state, &payload, &PyTuple_Type, &marks))
+        return NULL;
+    long long t, s, n;
+    if (!as_long_long(time_o, &t) || !as_long_long(seq_o, &s) || !as_long_long(n_o, &n)) Py_RETURN_NONE;
+    if ((key != Py_None && !PyUnicode_Check(key)) || (state != Py_None && !PyBytes_CheckExact(state)) ||
+        (payload != Py_None && !PyBytes_CheckExact(payload)))
+        Py_RETURN_NONE;
+    Py_ssize_t kind_len, key_len = 0;
+    const char *kind_s = PyUnicode_AsUTF8AndSize(kind, &kind_len);
+    if (kind_s == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    const char *key_s = NULL;
+    if (key != Py_None) {
+        key_s = PyUnicode_AsUTF8AndSize(key, &key_len);
+        if (key_s == NULL) { PyErr_Clear(); Py_RETURN_NONE; }  /* not valid text: Python writes it as it can */
+    }
+    Py_ssize_t npos = PyTuple_GET_SIZE(pos), nmarks = PyTuple_GET_SIZE(marks);
+    Py_ssize_t state_len = state == Py_None ? 0 : PyBytes_GET_SIZE(state);
+    Py_ssize_t payload_len = payload == Py_None ? 0 : PyBytes_GET_SIZE(payload);
+    Py_ssize_t bound = 6 + 1 + 10 * (npos + nmarks + 5) + state_len + payload_len;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, bound);
+    if (out == NULL) return NULL;
+    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
+    Py_ssize_t at = 7;  /* header (6) and the flags byte, written last */
+    unsigned flags = 0;
+    at += put_zigzag(b + at, (long long)npos);
+    long long first = 0;
+    if (npos > 0) {
+        long long p0, rel;
+        if (!as_long_long(PyTuple_GET_ITEM(pos, 0), &p0)) goto decline;
+        first = p0;
+        /* pos[0] - time when that is shorter (|rel| < |pos[0]|), as Python decides it on exact integers. */
+        if (p0 == LLONG_MIN) goto decline;  /* |LONG_MIN| is no long: Python compares the exact values */
+        /* A difference beyond a long, or LONG_MIN, is longer than pos[0] itself: pos[0] as it is. */
+        if (!__builtin_sub_overflow(p0, t, &rel) && rel != LLONG_MIN && llabs(rel) < llabs(p0)) {
+            flags |= F_POS_FROM_TIME;
+            first = rel;
+        }
+        at += put_zigzag(b + at, first);
+        if (!put_longs(b, &at, pos, 1)) goto decline;
+    }
+    at += put_zigzag(b + at, n);
+    if (state != Py_None) {
+        flags |= F_STATE;
+        at += put_zigzag(b + at, (long long)state_len);
+        memcpy(b + at, PyBytes_AS_STRING(state), (size_t)state_len);
+        at += state_len;
+    }
+    if (payload != Py_None) {
+        flags |= F_PAYLOAD;
+        const char *p = PyBytes_AS_STRING(payload);
+        Py_ssize_t plen = payload_len;
+        if (key_s != NULL) {  /* the payload's leading Avro (key, seq) is left out when it has it */
+            unsigned char len_bytes[10], seq_bytes[10];
+            int a = put_zigzag(len_bytes, (long long)key_len), c = put_zigzag(seq_bytes, s);
+            Py_ssize_t prefix = a + key_len + c;
+            if (plen >= prefix && memcmp(p, len_bytes, (size_t)a) == 0 && memcmp(p + a, key_s, (size_t)key_len) == 0 &&
+                memcmp(p + a + key_len, seq_bytes, (size_t)c) == 0) {
+                flags |= F_PAYLOAD_KEYED;
+                p += prefix;
+                plen -= prefix;
+            }
+        }
+        at += put_zigzag(b + at, (long long)plen);
+        memcpy(b + at, p, (size_t)plen);
+        at += plen;
+    }
+    if (nmarks > 0) {
+        flags |= F_MARKS;
+        at += put_zigzag(b + at, (long long)nmarks);
+        if (!put_longs(b, &at, marks, 0)) goto decline;
+    }
+    b[6] = (unsigned char)flags;
+    char stack[256];
+    Py_ssize_t cap = 3 + 1 + kind_len + 1 + 20 + 1 + 1 + key_len + 1 + 20 + 1;
+    char *meta = cap <= (Py_ssize_t)sizeof stack ? stack : PyMem_Malloc((size_t)cap);
+    if (meta == NULL) { Py_DECREF(out); return PyErr_NoMemory(); }
+    Py_ssize_t mlen = format_meta(meta, cap, version, kind_s, kind_len, t, key_s, key_len, s);
+    uint32_t crc = mlen < 0 ? 0 : crc_extend(crc_extend(0, (const unsigned char *)meta, mlen), b + 6, at - 6);
+    if (meta != stack) PyMem_Free(meta);
+    if (mlen < 0) goto decline;
+    b[0] = (unsigned char)magic;
+    b[1] = (unsigned char)version;
+    b[2] = (unsigned char)(crc >> 24);
+    b[3] = (unsigned char)(crc >> 16);
+    b[4] = (unsigned char)(crc >> 8);
+    b[5] = (unsigned char)crc;
+    if (_PyBytes_Resize(&out, at) < 0) return NULL;
+    return out;
+decline:
+    Py_DECREF(out);
+    Py_RETURN_NONE;
+}
+
+/* encode_avro(program, values) -> the flat Avro record of `values` (one per field of the decoding program
+ * `program`), or None: declined for anything but exact None/bool/int/float/bytes/str values of the field's
+ * primitive type (unions, enums and arrays, ints for doubles: fastavro encodes those). */
+static PyObject *py_encode_avro(PyObject *self, PyObject *args) {
+    PyObject *program, *values;
+    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &program, &PyTuple_Type, &values)) return NULL;
+    Py_ssize_t count = PyTuple_GET_SIZE(program);
+    if (PyTuple_GET_SIZE(values) != count) Py_RETURN_NONE;
+    unsigned char stack[512];
+    Py_ssize_t cap = sizeof stack, at = 0;
+    unsigned char *buf = stack;
+    PyObject *result = NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *op = PyTuple_GET_ITEM(program, i), *v = PyTuple_GET_ITEM(values, i);
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+        const char *data = NULL;
+        Py_ssize_t len = 0;
+        if (code == OP_BYTES) {
+            if (!PyBytes_CheckExact(v)) goto decline;
+            data = PyBytes_AS_STRING(v);
+            len = PyBytes_GET_SIZE(v);
+        } else if (code == OP_STRING) {
+            if (!PyUnicode_CheckExact(v)) goto decline;
+            data = PyUnicode_AsUTF8AndSize(v, &len);
+            if (data == NULL) { PyErr_Clear(); goto decline; }
+        }
+        if (at + 10 + len > cap) {  /* grow: a large bytes or string field */
+            Py_ssize_t need = (at + 10 + len) * 2;
+            unsigned char *bigger = PyMem_Malloc((size_t)need);
+            if (bigger == NULL) { PyErr_NoMemory(); goto out; }
+            memcpy(bigger, buf, (size_t)at);
+            if (buf != stack) PyMem_Free(buf);
+            buf = bigger;
+            cap = need;
+        }
+        switch (code) {
+        case OP_NULL:
+            if (v != Py_None) goto decline;
+            break;
+        case OP_BOOL:
+            if (!PyBool_Check(v)) goto decline;
+            buf[at++] = v == Py_True;
+            break;
+        case OP_LONG: {
+            long long n;
+            if (!PyLong_CheckExact(v) || !as_long_long(v, &n)) goto decline;
+            at += put_zigzag(buf + at, n);
+            break;
+        }
+        case OP_FLOAT: {
+            if (!PyFloat_CheckExact(v)) goto decline;
+            float f = (float)PyFloat_AS_DOUBLE(v);
+            memcpy(buf + at, &f, 4);
+            at += 4;
+            break;
+        }
+        case OP_DOUBLE: {
+            if (!PyFloat_CheckExact(v)) goto decline;
+            double d = PyFloat_AS_DOUBLE(v);
+            memcpy(buf + at, &d, 8);
+            at += 8;
+            break;
+        }
+        case OP_BYTES:
+        case OP_STRING:
+            at += put_zigzag(buf + at, (long long)len);
+            memcpy(buf + at, data, (size_t)len);
+            at += len;
+            break;
+        default:
+            goto decline;
+        }
+    }
+    result = PyBytes_FromStringAndSize((const char *)buf, at);
+    goto out;
+decline:
+    result = Py_NewRef(Py_None);
+out:
+    if (buf != stack) PyMem_Free(buf);
+    return result;
+}
+
 /* ---- the Kafka topic source's batches (operators.topic_source) --------------------------------------- */
 /* A decoded input record as a read-only mapping: the fields the operator reads (key, value, time) held
  * directly, no dict per record. A layout, shared by every record of a source, is the tuple
@@ -1610,6 +1826,8 @@ static PyMethodDef methods[] = {
     {"decode_avro_rows", py_decode_avro_rows, METH_VARARGS, "Decode rows' values with their metadata first."},
     {"decode_compact", py_decode_compact, METH_VARARGS, "Decode a compact (version-4) record body."},
     {"decode_compact_rows", py_decode_compact_rows, METH_VARARGS, "decode_compact of rows with their metadata."},
+    {"encode_compact", py_encode_compact, METH_VARARGS, "The stored value of a compact (version-4) record."},
+    {"encode_avro", py_encode_avro, METH_VARARGS, "Encode a flat Avro record of primitives with a program."},
     {"topic_batch", py_topic_batch, METH_VARARGS, "The input tuples of a plain batch of Kafka topic messages."},
     {NULL, NULL, 0, NULL},
 };
@@ -1631,6 +1849,6 @@ PyMODINIT_FUNC PyInit__native(void) {
     if (m != NULL && PyModule_AddObjectRef(m, "Record", (PyObject *)&Record_Type) < 0) { Py_DECREF(m); return NULL; }
     /* cec.native loads this module only when its ABI is the one the Python code calls (a stale build
      * left by an older checkout would be called with other arguments). */
-    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 4) < 0) { Py_DECREF(m); return NULL; }
+    if (m != NULL && PyModule_AddIntConstant(m, "ABI", 5) < 0) { Py_DECREF(m); return NULL; }
     return m;
 }

@@ -16,7 +16,7 @@ from typing import Any
 __all__ = ["ABI", "compile_avro", "native"]
 
 # The version of the C module's functions and arguments this code calls (`ABI` in _native.c).
-ABI = 4
+ABI = 5
 
 
 def _load() -> ModuleType | None:

@@ -407,6 +407,29 @@ class RecordCodec:
     def encode(self, record: OutputRecord) -> bytes:
         kind = _KIND_VALUE[record.kind]
         if self._writes_compact:
+            if native is not None:  # every record an operator writes (G-checks included): one C call
+                value: bytes | None = native.encode_compact(
+                    MAGIC,
+                    self.version,
+                    kind,
+                    record.time,
+                    record.key,
+                    record.seq,
+                    record.pos,
+                    record.n,
+                    record.state,
+                    record.payload,
+                    record.marks,
+                )
+                if value is not None:
+                    return value
+            return self.encode_python(record)
+        return self.encode_python(record)
+
+    def encode_python(self, record: OutputRecord) -> bytes:
+        """`encode` without the C accelerator (its definition, and what it falls back to)."""
+        kind = _KIND_VALUE[record.kind]
+        if self._writes_compact:
             body = _encode_compact(record)
             crc = _checksum(self.version, kind, record.time, record.key, record.seq, body)
             return _HEADER.pack(MAGIC, self.version, crc) + body
@@ -628,6 +651,15 @@ class AvroCodec:
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, self.schema, dict(datum))
         return buf.getvalue()
+
+    def encode_tuple(self, values: tuple[Any, ...]) -> bytes:
+        """`encode` of the record whose fields, in schema order, are `values` (a window state at every
+        G-check: one C call for a flat record of primitives, else fastavro)."""
+        if self._program is not None and native is not None:
+            data: bytes | None = native.encode_avro(self._program, values)
+            if data is not None:
+                return data
+        return self.encode(dict(zip(self._names, values, strict=True)))
 
     def decode_tuple(self, data: bytes, start: int = 0) -> tuple[Any, ...]:
         """The field values, in schema order, of the record at `data[start:]` (EC-load decodes every window

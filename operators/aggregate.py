@@ -281,24 +281,16 @@ class KeyedAggregate(Operator):
         }
 
     def encode_state(self, state: AggState) -> bytes:
-        return self._state_codec.encode(
-            {
-                "count": state.count,
-                "total": state.total,
-                "lo": state.lo,
-                "hi": state.hi,
-                "start": state.start,
-                "last": state.last,
-            }
+        # Field order of STATE_SCHEMA is AggState's (as decode_state relies on).
+        return self._state_codec.encode_tuple(
+            (state.count, state.total, state.lo, state.hi, state.start, state.last)
         )
 
     def encode_footprint(self, state: AggState) -> bytes:
         if state.count == 1 and _same_double(state.total, state.lo) and _same_double(state.total, state.hi):
             span = state.last - state.start
             if LONG_MIN <= span <= LONG_MAX:
-                return _FIRST_TUPLE_HEAD + self._first_codec.encode(
-                    {"value": state.total, "start": state.start, "span": span}
-                )
+                return _FIRST_TUPLE_HEAD + self._first_codec.encode_tuple((state.total, state.start, span))
         return self.encode_state(state)
 
     def decode_state(self, data: bytes) -> AggState:
