@@ -166,3 +166,30 @@ def test_chunked_values_are_joined_across_read_batches(tmp_path: Path) -> None:
         verifier.seek(part + 1)  # inside a value's parts: its manifest fetches the ones before
         tail = [v.record for v in verifier.check(reader.read_forward(part + 1, end))]
         assert tail == written[-len(tail) :] and tail
+
+
+def test_batches_are_checked_in_one_pass_and_give_what_record_by_record_gives(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of plain records (a queue source's read, replay after a crash included) is verified and
+    decoded in C, with exactly the result of the record-by-record path; damage in a batch still makes the
+    batch go record by record, which names the first damaged offset (the tests above)."""
+    import cec.verified
+
+    store, records = _aggregate_log(tmp_path)
+    with store.reader(TOPIC, 0) as reader:
+        stored = reader.read_forward(0, len(records))
+        by_record = LogVerifier(reader, decode={Kind.R.value})
+        by_record.seek(0)
+        one_by_one = [v for s in stored for v in by_record.check(iter([s]))]
+        if cec.verified.native is None:
+            pytest.skip("the C accelerator is not built")
+
+        def per_record(*args: object, **kwargs: object) -> OutputRecord:
+            raise AssertionError("a plain batch was decoded record by record")
+
+        monkeypatch.setattr(RecordCodec, "decode", per_record)
+        batched = LogVerifier(reader, decode={Kind.R.value})
+        batched.seek(0)
+        assert list(batched.check(stored)) == one_by_one
+        assert len(one_by_one) == len(records)
