@@ -1599,6 +1599,244 @@ bad_args:
     return NULL;
 }
 
+/* ---- the operator's write path: records encoded in one call ------------------------------------------ */
+/* Appends the zigzag varint of v to a growing buffer (cap checked by the caller's sizing). */
+static Py_ssize_t enc_long(unsigned char *out, Py_ssize_t at, long long v) { return at + put_zigzag(out + at, v); }
+
+/* Sums the bytes a sequence of longs takes (10 each at most); -1 when an item is not a 64-bit int. */
+static int longs_of(PyObject *seq, PyObject ***items, Py_ssize_t *n) {
+    if (PyTuple_CheckExact(seq)) { *items = &PyTuple_GET_ITEM(seq, 0); *n = PyTuple_GET_SIZE(seq); return 1; }
+    if (PyList_CheckExact(seq)) { *items = ((PyListObject *)seq)->ob_item; *n = PyList_GET_SIZE(seq); return 1; }
+    return 0;
+}
+
+/* encode_compact(version, kind, time, key, seq, pos, n, state, payload, marks): the whole version-4 record
+ * (MAGIC | version | CRC32C(meta + body) | body) exactly as `cec.records.RecordCodec.encode` writes it;
+ * None for anything unusual (a key that is not UTF-8 text, an int beyond 64 bits, pos[0] - time beyond
+ * them...), which the caller then encodes in Python (and which raises there). */
+static PyObject *py_encode_compact(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "encode_compact takes 10 arguments"); return NULL; }
+    long long version, time, seq, n;
+    if (!as_long_long(args[0], &version) || version < 0 || version > 255) Py_RETURN_NONE;
+    if (!PyUnicode_Check(args[1])) Py_RETURN_NONE;
+    Py_ssize_t kind_len;
+    const char *kind = PyUnicode_AsUTF8AndSize(args[1], &kind_len);
+    if (kind == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (!as_long_long(args[2], &time) || !as_long_long(args[4], &seq) || !as_long_long(args[6], &n)) Py_RETURN_NONE;
+    const char *key = NULL;
+    Py_ssize_t key_len = 0;
+    if (args[3] != Py_None) {
+        if (!PyUnicode_Check(args[3])) Py_RETURN_NONE;
+        key = PyUnicode_AsUTF8AndSize(args[3], &key_len);
+        if (key == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    PyObject **pos, **marks;
+    Py_ssize_t npos, nmarks;
+    if (!longs_of(args[5], &pos, &npos) || !longs_of(args[9], &marks, &nmarks)) Py_RETURN_NONE;
+    PyObject *state = args[7], *payload = args[8];
+    if ((state != Py_None && !PyBytes_CheckExact(state)) || (payload != Py_None && !PyBytes_CheckExact(payload)))
+        Py_RETURN_NONE;
+    Py_ssize_t state_len = state == Py_None ? 0 : PyBytes_GET_SIZE(state);
+    Py_ssize_t payload_len = payload == Py_None ? 0 : PyBytes_GET_SIZE(payload);
+    /* header 6, flags 1, counts and longs 10 each, lengths 10 each */
+    Py_ssize_t cap = 6 + 1 + 10 * (npos + nmarks + 5) + state_len + payload_len;
+    unsigned char small[512];
+    unsigned char *out = cap <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)cap);
+    if (out == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int flags = 0;
+    Py_ssize_t at = 7;
+    at = enc_long(out, at, (long long)npos);
+    for (Py_ssize_t i = 0; i < npos; i++) {
+        long long v;
+        if (!as_long_long(pos[i], &v)) goto decline;
+        if (i == 0) {
+            /* pos[0] - time when that is shorter (|rel| < |v|), computed without overflow */
+            if (!((time > 0 && v < LLONG_MIN + time) || (time < 0 && v > LLONG_MAX + time))) {
+                long long rel = v - time;
+                unsigned long long arel = rel < 0 ? 0ull - (unsigned long long)rel : (unsigned long long)rel;
+                unsigned long long av = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+                if (arel < av) { flags |= F_POS_FROM_TIME; v = rel; }
+            }
+        }
+        at = enc_long(out, at, v);
+    }
+    at = enc_long(out, at, n);
+    if (state != Py_None) {
+        flags |= F_STATE;
+        at = enc_long(out, at, (long long)state_len);
+        memcpy(out + at, PyBytes_AS_STRING(state), (size_t)state_len);
+        at += state_len;
+    }
+    if (payload != Py_None) {
+        flags |= F_PAYLOAD;
+        const char *p = PyBytes_AS_STRING(payload);
+        Py_ssize_t plen = payload_len;
+        if (key != NULL) {
+            unsigned char prefix[32];
+            int pl = put_zigzag(prefix, (long long)key_len);
+            if (plen >= pl + key_len && memcmp(p, prefix, (size_t)pl) == 0 && memcmp(p + pl, key, (size_t)key_len) == 0) {
+                int sl = put_zigzag(prefix, seq);
+                if (plen >= pl + key_len + sl && memcmp(p + pl + key_len, prefix, (size_t)sl) == 0) {
+                    flags |= F_PAYLOAD_KEYED;
+                    p += pl + key_len + sl;
+                    plen -= pl + key_len + sl;
+                }
+            }
+        }
+        at = enc_long(out, at, (long long)plen);
+        memcpy(out + at, p, (size_t)plen);
+        at += plen;
+    }
+    if (nmarks > 0) {
+        flags |= F_MARKS;
+        at = enc_long(out, at, (long long)nmarks);
+        for (Py_ssize_t i = 0; i < nmarks; i++) {
+            long long v;
+            if (!as_long_long(marks[i], &v)) goto decline;
+            at = enc_long(out, at, v);
+        }
+    }
+    out[6] = (unsigned char)flags;
+    {
+        /* the checksum's metadata: "{version}\x1f{kind}\x1f{time}\x1f{'' | 'k' + key}\x1f{seq}\x1e" */
+        char small_meta[256];
+        Py_ssize_t mcap = 4 + 3 + kind_len + 20 + 2 + key_len + 20 + 2;
+        char *meta = mcap <= (Py_ssize_t)sizeof small_meta ? small_meta : PyMem_Malloc((size_t)mcap);
+        if (meta == NULL) { PyErr_NoMemory(); goto done; }
+        Py_ssize_t m = put_int(meta, 0, mcap, version);
+        meta[m++] = '\x1f';
+        m = put_bytes(meta, m, mcap, kind, kind_len);
+        meta[m++] = '\x1f';
+        m = put_int(meta, m, mcap, time);
+        meta[m++] = '\x1f';
+        if (key != NULL) { meta[m++] = 'k'; m = put_bytes(meta, m, mcap, key, key_len); }
+        meta[m++] = '\x1f';
+        m = put_int(meta, m, mcap, seq);
+        meta[m++] = '\x1e';
+        uint32_t crc = crc_extend(crc_extend(0, (const unsigned char *)meta, m), out + 6, at - 6);
+        if (meta != small_meta) PyMem_Free(meta);
+        out[0] = 0xCE;
+        out[1] = (unsigned char)version;
+        out[2] = (unsigned char)(crc >> 24); out[3] = (unsigned char)(crc >> 16);
+        out[4] = (unsigned char)(crc >> 8); out[5] = (unsigned char)crc;
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, at);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (out != small) PyMem_Free(out);
+    return result;
+}
+
+/* kafka_frame(head, time, seq, value): head + zigzag(time) + zigzag(seq) + value in one allocation (the
+ * value frame of `queuestore.kafka.encode_message`); None when time or seq is not a 64-bit int. */
+static PyObject *py_kafka_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "kafka_frame(head: bytes, time: int, seq: int, value: bytes)");
+        return NULL;
+    }
+    long long time, seq;
+    if (!as_long_long(args[1], &time) || !as_long_long(args[2], &seq)) Py_RETURN_NONE;
+    Py_ssize_t hl = PyBytes_GET_SIZE(args[0]), vl = PyBytes_GET_SIZE(args[3]);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, hl + 20 + vl);
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)hl);
+    Py_ssize_t at = hl;
+    at = enc_long(p, at, time);
+    at = enc_long(p, at, seq);
+    memcpy(p + at, PyBytes_AS_STRING(args[3]), (size_t)vl);
+    at += vl;
+    if (_PyBytes_Resize(&out, at) < 0) return NULL;
+    return out;
+}
+
+/* encode_avro(program, values): the schemaless Avro encoding of a flat record whose field values are
+ * `values` (a list or tuple, in the program's field order; a `compile_avro` program); None when a field's
+ * type is not a plain null, boolean, long, double, string or bytes, or a value is not exactly of that
+ * type (an int for a double, a long beyond 64 bits...): the caller then encodes with fastavro, which
+ * converts or raises as it always did. */
+static PyObject *py_encode_avro(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "encode_avro(program: tuple, values: list | tuple)");
+        return NULL;
+    }
+    PyObject *program = args[0];
+    PyObject **values;
+    Py_ssize_t n;
+    if (!longs_of(args[1], &values, &n) || n != PyTuple_GET_SIZE(program)) Py_RETURN_NONE;
+    Py_ssize_t cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = values[i];
+        cap += 10;
+        if (PyBytes_CheckExact(v)) cap += PyBytes_GET_SIZE(v);
+        else if (PyUnicode_Check(v)) cap += 4 * PyUnicode_GET_LENGTH(v);
+    }
+    unsigned char small[512];
+    unsigned char *out = cap <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)cap);
+    if (out == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyTuple_GET_ITEM(program, i), *v = values[i];
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) goto decline;
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+        if (code == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
+        switch (code) {
+        case 0: /* null */
+            if (v != Py_None) goto decline;
+            break;
+        case 1: /* boolean */
+            if (!PyBool_Check(v)) goto decline;
+            out[at++] = v == Py_True ? 1 : 0;
+            break;
+        case 2: { /* int, long */
+            long long x;
+            if (PyBool_Check(v) || !as_long_long(v, &x)) goto decline;
+            at = enc_long(out, at, x);
+            break;
+        }
+        case 4: { /* double, little-endian IEEE 754 */
+            if (!PyFloat_CheckExact(v)) goto decline;
+            double d = PyFloat_AS_DOUBLE(v);
+            if (PyFloat_Pack8(d, (char *)out + at, 1) < 0) { PyErr_Clear(); goto decline; }
+            at += 8;
+            break;
+        }
+        case 5: { /* bytes */
+            if (!PyBytes_CheckExact(v)) goto decline;
+            Py_ssize_t len = PyBytes_GET_SIZE(v);
+            at = enc_long(out, at, (long long)len);
+            memcpy(out + at, PyBytes_AS_STRING(v), (size_t)len);
+            at += len;
+            break;
+        }
+        case 6: { /* string */
+            if (!PyUnicode_CheckExact(v)) goto decline;
+            Py_ssize_t len;
+            const char *u = PyUnicode_AsUTF8AndSize(v, &len);
+            if (u == NULL) { PyErr_Clear(); goto decline; }
+            if (at + 10 + len > cap) goto decline; /* not expected: 4 bytes per code point at most */
+            at = enc_long(out, at, (long long)len);
+            memcpy(out + at, u, (size_t)len);
+            at += len;
+            break;
+        }
+        default:
+            goto decline;
+        }
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, at);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (out != small) PyMem_Free(out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
@@ -1611,6 +1849,12 @@ static PyMethodDef methods[] = {
     {"decode_compact", py_decode_compact, METH_VARARGS, "Decode a compact (version-4) record body."},
     {"decode_compact_rows", py_decode_compact_rows, METH_VARARGS, "decode_compact of rows with their metadata."},
     {"topic_batch", py_topic_batch, METH_VARARGS, "The input tuples of a plain batch of Kafka topic messages."},
+    {"encode_compact", (PyCFunction)(void (*)(void))py_encode_compact, METH_FASTCALL,
+     "A whole version-4 record from its fields, or None (encode it in Python)."},
+    {"kafka_frame", (PyCFunction)(void (*)(void))py_kafka_frame, METH_FASTCALL,
+     "The framed Kafka value: head + zigzag(time) + zigzag(seq) + value."},
+    {"encode_avro", (PyCFunction)(void (*)(void))py_encode_avro, METH_FASTCALL,
+     "Schemaless Avro of a flat record's field values, or None (encode it with fastavro)."},
     {NULL, NULL, 0, NULL},
 };
 
