@@ -841,221 +841,6 @@ static PyObject *py_decode_compact_rows(PyObject *self, PyObject *args) {
     return out;
 }
 
-/* ---- encoding: the compact record and flat Avro (the G-check path) ----------------------------------- */
-/* The C twins of cec.records.RecordCodec.encode (version 4) and AvroCodec.encode for flat records of
- * primitives. Anything unusual (a number beyond a long, a key that is not valid UTF-8, a type the fast
- * path does not know) is declined (None) and encoded in Python, which raises the precise error. */
-
-/* The metadata prefix of cec.records._meta_bytes into buf (cap bytes); its length, or -1 if it does not fit. */
-static Py_ssize_t format_meta(char *buf, Py_ssize_t cap, int version, const char *kind_s, Py_ssize_t kind_len,
-                              long long t, const char *key_s, Py_ssize_t key_len, long long s) {
-    Py_ssize_t at = put_int(buf, 0, cap, version);
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, kind_s, kind_len);
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
-    at = at < 0 ? -1 : put_int(buf, at, cap, t);
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
-    if (key_s != NULL) {
-        at = at < 0 ? -1 : put_bytes(buf, at, cap, "k", 1);
-        at = at < 0 ? -1 : put_bytes(buf, at, cap, key_s, key_len);
-    }
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1f", 1);
-    at = at < 0 ? -1 : put_int(buf, at, cap, s);
-    at = at < 0 ? -1 : put_bytes(buf, at, cap, "\x1e", 1);
-    return at;
-}
-
-/* Appends the zigzag varints of items[from:] (ints); 0 when one is not a long. */
-static int put_longs(unsigned char *out, Py_ssize_t *at, PyObject *items, Py_ssize_t from) {
-    Py_ssize_t count = PyTuple_GET_SIZE(items);
-    for (Py_ssize_t i = from; i < count; i++) {
-        long long v;
-        if (!as_long_long(PyTuple_GET_ITEM(items, i), &v)) return 0;
-        *at += put_zigzag(out + *at, v);
-    }
-    return 1;
-}
-
-/* encode_compact(magic, version, kind, time, key, seq, pos, n, state, payload, marks) -> the whole stored
- * value (header, CRC32C over the metadata and body, version-4 body), or None (declined). */
-static PyObject *py_encode_compact(PyObject *self, PyObject *args) {
-    int magic, version;
-    PyObject *kind, *time_o, *key, *seq_o, *pos, *n_o, *state, *payload, *marks;
-    if (!PyArg_ParseTuple(args, "iiUOOOO!OOOO!", &magic, &version, &kind, &time_o, &key, &seq_o, &PyTuple_Type,
-                          &pos, &n_o, &state, &payload, &PyTuple_Type, &marks))
-        return NULL;
-    long long t, s, n;
-    if (!as_long_long(time_o, &t) || !as_long_long(seq_o, &s) || !as_long_long(n_o, &n)) Py_RETURN_NONE;
-    if ((key != Py_None && !PyUnicode_Check(key)) || (state != Py_None && !PyBytes_CheckExact(state)) ||
-        (payload != Py_None && !PyBytes_CheckExact(payload)))
-        Py_RETURN_NONE;
-    Py_ssize_t kind_len, key_len = 0;
-    const char *kind_s = PyUnicode_AsUTF8AndSize(kind, &kind_len);
-    if (kind_s == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
-    const char *key_s = NULL;
-    if (key != Py_None) {
-        key_s = PyUnicode_AsUTF8AndSize(key, &key_len);
-        if (key_s == NULL) { PyErr_Clear(); Py_RETURN_NONE; }  /* not valid text: Python writes it as it can */
-    }
-    Py_ssize_t npos = PyTuple_GET_SIZE(pos), nmarks = PyTuple_GET_SIZE(marks);
-    Py_ssize_t state_len = state == Py_None ? 0 : PyBytes_GET_SIZE(state);
-    Py_ssize_t payload_len = payload == Py_None ? 0 : PyBytes_GET_SIZE(payload);
-    Py_ssize_t bound = 6 + 1 + 10 * (npos + nmarks + 5) + state_len + payload_len;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, bound);
-    if (out == NULL) return NULL;
-    unsigned char *b = (unsigned char *)PyBytes_AS_STRING(out);
-    Py_ssize_t at = 7;  /* header (6) and the flags byte, written last */
-    unsigned flags = 0;
-    at += put_zigzag(b + at, (long long)npos);
-    long long first = 0;
-    if (npos > 0) {
-        long long p0, rel;
-        if (!as_long_long(PyTuple_GET_ITEM(pos, 0), &p0)) goto decline;
-        first = p0;
-        /* pos[0] - time when that is shorter (|rel| < |pos[0]|), as Python decides it on exact integers. */
-        if (p0 == LLONG_MIN) goto decline;  /* |LONG_MIN| is no long: Python compares the exact values */
-        /* A difference beyond a long, or LONG_MIN, is longer than pos[0] itself: pos[0] as it is. */
-        if (!__builtin_sub_overflow(p0, t, &rel) && rel != LLONG_MIN && llabs(rel) < llabs(p0)) {
-            flags |= F_POS_FROM_TIME;
-            first = rel;
-        }
-        at += put_zigzag(b + at, first);
-        if (!put_longs(b, &at, pos, 1)) goto decline;
-    }
-    at += put_zigzag(b + at, n);
-    if (state != Py_None) {
-        flags |= F_STATE;
-        at += put_zigzag(b + at, (long long)state_len);
-        memcpy(b + at, PyBytes_AS_STRING(state), (size_t)state_len);
-        at += state_len;
-    }
-    if (payload != Py_None) {
-        flags |= F_PAYLOAD;
-        const char *p = PyBytes_AS_STRING(payload);
-        Py_ssize_t plen = payload_len;
-        if (key_s != NULL) {  /* the payload's leading Avro (key, seq) is left out when it has it */
-            unsigned char len_bytes[10], seq_bytes[10];
-            int a = put_zigzag(len_bytes, (long long)key_len), c = put_zigzag(seq_bytes, s);
-            Py_ssize_t prefix = a + key_len + c;
-            if (plen >= prefix && memcmp(p, len_bytes, (size_t)a) == 0 && memcmp(p + a, key_s, (size_t)key_len) == 0 &&
-                memcmp(p + a + key_len, seq_bytes, (size_t)c) == 0) {
-                flags |= F_PAYLOAD_KEYED;
-                p += prefix;
-                plen -= prefix;
-            }
-        }
-        at += put_zigzag(b + at, (long long)plen);
-        memcpy(b + at, p, (size_t)plen);
-        at += plen;
-    }
-    if (nmarks > 0) {
-        flags |= F_MARKS;
-        at += put_zigzag(b + at, (long long)nmarks);
-        if (!put_longs(b, &at, marks, 0)) goto decline;
-    }
-    b[6] = (unsigned char)flags;
-    char stack[256];
-    Py_ssize_t cap = 3 + 1 + kind_len + 1 + 20 + 1 + 1 + key_len + 1 + 20 + 1;
-    char *meta = cap <= (Py_ssize_t)sizeof stack ? stack : PyMem_Malloc((size_t)cap);
-    if (meta == NULL) { Py_DECREF(out); return PyErr_NoMemory(); }
-    Py_ssize_t mlen = format_meta(meta, cap, version, kind_s, kind_len, t, key_s, key_len, s);
-    uint32_t crc = mlen < 0 ? 0 : crc_extend(crc_extend(0, (const unsigned char *)meta, mlen), b + 6, at - 6);
-    if (meta != stack) PyMem_Free(meta);
-    if (mlen < 0) goto decline;
-    b[0] = (unsigned char)magic;
-    b[1] = (unsigned char)version;
-    b[2] = (unsigned char)(crc >> 24);
-    b[3] = (unsigned char)(crc >> 16);
-    b[4] = (unsigned char)(crc >> 8);
-    b[5] = (unsigned char)crc;
-    if (_PyBytes_Resize(&out, at) < 0) return NULL;
-    return out;
-decline:
-    Py_DECREF(out);
-    Py_RETURN_NONE;
-}
-
-/* encode_avro(program, values) -> the flat Avro record of `values` (one per field of the decoding program
- * `program`), or None: declined for anything but exact None/bool/int/float/bytes/str values of the field's
- * primitive type (unions, enums and arrays, ints for doubles: fastavro encodes those). */
-static PyObject *py_encode_avro(PyObject *self, PyObject *args) {
-    PyObject *program, *values;
-    if (!PyArg_ParseTuple(args, "O!O!", &PyTuple_Type, &program, &PyTuple_Type, &values)) return NULL;
-    Py_ssize_t count = PyTuple_GET_SIZE(program);
-    if (PyTuple_GET_SIZE(values) != count) Py_RETURN_NONE;
-    unsigned char stack[512];
-    Py_ssize_t cap = sizeof stack, at = 0;
-    unsigned char *buf = stack;
-    PyObject *result = NULL;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *op = PyTuple_GET_ITEM(program, i), *v = PyTuple_GET_ITEM(values, i);
-        long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
-        const char *data = NULL;
-        Py_ssize_t len = 0;
-        if (code == OP_BYTES) {
-            if (!PyBytes_CheckExact(v)) goto decline;
-            data = PyBytes_AS_STRING(v);
-            len = PyBytes_GET_SIZE(v);
-        } else if (code == OP_STRING) {
-            if (!PyUnicode_CheckExact(v)) goto decline;
-            data = PyUnicode_AsUTF8AndSize(v, &len);
-            if (data == NULL) { PyErr_Clear(); goto decline; }
-        }
-        if (at + 10 + len > cap) {  /* grow: a large bytes or string field */
-            Py_ssize_t need = (at + 10 + len) * 2;
-            unsigned char *bigger = PyMem_Malloc((size_t)need);
-            if (bigger == NULL) { PyErr_NoMemory(); goto out; }
-            memcpy(bigger, buf, (size_t)at);
-            if (buf != stack) PyMem_Free(buf);
-            buf = bigger;
-            cap = need;
-        }
-        switch (code) {
-        case OP_NULL:
-            if (v != Py_None) goto decline;
-            break;
-        case OP_BOOL:
-            if (!PyBool_Check(v)) goto decline;
-            buf[at++] = v == Py_True;
-            break;
-        case OP_LONG: {
-            long long n;
-            if (!PyLong_CheckExact(v) || !as_long_long(v, &n)) goto decline;
-            at += put_zigzag(buf + at, n);
-            break;
-        }
-        case OP_FLOAT: {
-            if (!PyFloat_CheckExact(v)) goto decline;
-            float f = (float)PyFloat_AS_DOUBLE(v);
-            memcpy(buf + at, &f, 4);
-            at += 4;
-            break;
-        }
-        case OP_DOUBLE: {
-            if (!PyFloat_CheckExact(v)) goto decline;
-            double d = PyFloat_AS_DOUBLE(v);
-            memcpy(buf + at, &d, 8);
-            at += 8;
-            break;
-        }
-        case OP_BYTES:
-        case OP_STRING:
-            at += put_zigzag(buf + at, (long long)len);
-            memcpy(buf + at, data, (size_t)len);
-            at += len;
-            break;
-        default:
-            goto decline;
-        }
-    }
-    result = PyBytes_FromStringAndSize((const char *)buf, at);
-    goto out;
-decline:
-    result = Py_NewRef(Py_None);
-out:
-    if (buf != stack) PyMem_Free(buf);
-    return result;
-}
 
 /* ---- the Kafka topic source's batches (operators.topic_source) --------------------------------------- */
 /* A decoded input record as a read-only mapping: the fields the operator reads (key, value, time) held
@@ -1815,6 +1600,244 @@ bad_args:
     return NULL;
 }
 
+/* ---- the operator's write path: records encoded in one call ------------------------------------------ */
+/* Appends the zigzag varint of v to a growing buffer (cap checked by the caller's sizing). */
+static Py_ssize_t enc_long(unsigned char *out, Py_ssize_t at, long long v) { return at + put_zigzag(out + at, v); }
+
+/* Sums the bytes a sequence of longs takes (10 each at most); -1 when an item is not a 64-bit int. */
+static int longs_of(PyObject *seq, PyObject ***items, Py_ssize_t *n) {
+    if (PyTuple_CheckExact(seq)) { *items = &PyTuple_GET_ITEM(seq, 0); *n = PyTuple_GET_SIZE(seq); return 1; }
+    if (PyList_CheckExact(seq)) { *items = ((PyListObject *)seq)->ob_item; *n = PyList_GET_SIZE(seq); return 1; }
+    return 0;
+}
+
+/* encode_compact(version, kind, time, key, seq, pos, n, state, payload, marks): the whole version-4 record
+ * (MAGIC | version | CRC32C(meta + body) | body) exactly as `cec.records.RecordCodec.encode` writes it;
+ * None for anything unusual (a key that is not UTF-8 text, an int beyond 64 bits, pos[0] - time beyond
+ * them...), which the caller then encodes in Python (and which raises there). */
+static PyObject *py_encode_compact(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 10) { PyErr_SetString(PyExc_TypeError, "encode_compact takes 10 arguments"); return NULL; }
+    long long version, time, seq, n;
+    if (!as_long_long(args[0], &version) || version < 0 || version > 255) Py_RETURN_NONE;
+    if (!PyUnicode_Check(args[1])) Py_RETURN_NONE;
+    Py_ssize_t kind_len;
+    const char *kind = PyUnicode_AsUTF8AndSize(args[1], &kind_len);
+    if (kind == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    if (!as_long_long(args[2], &time) || !as_long_long(args[4], &seq) || !as_long_long(args[6], &n)) Py_RETURN_NONE;
+    const char *key = NULL;
+    Py_ssize_t key_len = 0;
+    if (args[3] != Py_None) {
+        if (!PyUnicode_Check(args[3])) Py_RETURN_NONE;
+        key = PyUnicode_AsUTF8AndSize(args[3], &key_len);
+        if (key == NULL) { PyErr_Clear(); Py_RETURN_NONE; }
+    }
+    PyObject **pos, **marks;
+    Py_ssize_t npos, nmarks;
+    if (!longs_of(args[5], &pos, &npos) || !longs_of(args[9], &marks, &nmarks)) Py_RETURN_NONE;
+    PyObject *state = args[7], *payload = args[8];
+    if ((state != Py_None && !PyBytes_CheckExact(state)) || (payload != Py_None && !PyBytes_CheckExact(payload)))
+        Py_RETURN_NONE;
+    Py_ssize_t state_len = state == Py_None ? 0 : PyBytes_GET_SIZE(state);
+    Py_ssize_t payload_len = payload == Py_None ? 0 : PyBytes_GET_SIZE(payload);
+    /* header 6, flags 1, counts and longs 10 each, lengths 10 each */
+    Py_ssize_t cap = 6 + 1 + 10 * (npos + nmarks + 5) + state_len + payload_len;
+    unsigned char small[512];
+    unsigned char *out = cap <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)cap);
+    if (out == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    int flags = 0;
+    Py_ssize_t at = 7;
+    at = enc_long(out, at, (long long)npos);
+    for (Py_ssize_t i = 0; i < npos; i++) {
+        long long v;
+        if (!as_long_long(pos[i], &v)) goto decline;
+        if (i == 0) {
+            /* pos[0] - time when that is shorter (|rel| < |v|), computed without overflow */
+            if (!((time > 0 && v < LLONG_MIN + time) || (time < 0 && v > LLONG_MAX + time))) {
+                long long rel = v - time;
+                unsigned long long arel = rel < 0 ? 0ull - (unsigned long long)rel : (unsigned long long)rel;
+                unsigned long long av = v < 0 ? 0ull - (unsigned long long)v : (unsigned long long)v;
+                if (arel < av) { flags |= F_POS_FROM_TIME; v = rel; }
+            }
+        }
+        at = enc_long(out, at, v);
+    }
+    at = enc_long(out, at, n);
+    if (state != Py_None) {
+        flags |= F_STATE;
+        at = enc_long(out, at, (long long)state_len);
+        memcpy(out + at, PyBytes_AS_STRING(state), (size_t)state_len);
+        at += state_len;
+    }
+    if (payload != Py_None) {
+        flags |= F_PAYLOAD;
+        const char *p = PyBytes_AS_STRING(payload);
+        Py_ssize_t plen = payload_len;
+        if (key != NULL) {
+            unsigned char prefix[32];
+            int pl = put_zigzag(prefix, (long long)key_len);
+            if (plen >= pl + key_len && memcmp(p, prefix, (size_t)pl) == 0 && memcmp(p + pl, key, (size_t)key_len) == 0) {
+                int sl = put_zigzag(prefix, seq);
+                if (plen >= pl + key_len + sl && memcmp(p + pl + key_len, prefix, (size_t)sl) == 0) {
+                    flags |= F_PAYLOAD_KEYED;
+                    p += pl + key_len + sl;
+                    plen -= pl + key_len + sl;
+                }
+            }
+        }
+        at = enc_long(out, at, (long long)plen);
+        memcpy(out + at, p, (size_t)plen);
+        at += plen;
+    }
+    if (nmarks > 0) {
+        flags |= F_MARKS;
+        at = enc_long(out, at, (long long)nmarks);
+        for (Py_ssize_t i = 0; i < nmarks; i++) {
+            long long v;
+            if (!as_long_long(marks[i], &v)) goto decline;
+            at = enc_long(out, at, v);
+        }
+    }
+    out[6] = (unsigned char)flags;
+    {
+        /* the checksum's metadata: "{version}\x1f{kind}\x1f{time}\x1f{'' | 'k' + key}\x1f{seq}\x1e" */
+        char small_meta[256];
+        Py_ssize_t mcap = 4 + 3 + kind_len + 20 + 2 + key_len + 20 + 2;
+        char *meta = mcap <= (Py_ssize_t)sizeof small_meta ? small_meta : PyMem_Malloc((size_t)mcap);
+        if (meta == NULL) { PyErr_NoMemory(); goto done; }
+        Py_ssize_t m = put_int(meta, 0, mcap, version);
+        meta[m++] = '\x1f';
+        m = put_bytes(meta, m, mcap, kind, kind_len);
+        meta[m++] = '\x1f';
+        m = put_int(meta, m, mcap, time);
+        meta[m++] = '\x1f';
+        if (key != NULL) { meta[m++] = 'k'; m = put_bytes(meta, m, mcap, key, key_len); }
+        meta[m++] = '\x1f';
+        m = put_int(meta, m, mcap, seq);
+        meta[m++] = '\x1e';
+        uint32_t crc = crc_extend(crc_extend(0, (const unsigned char *)meta, m), out + 6, at - 6);
+        if (meta != small_meta) PyMem_Free(meta);
+        out[0] = 0xCE;
+        out[1] = (unsigned char)version;
+        out[2] = (unsigned char)(crc >> 24); out[3] = (unsigned char)(crc >> 16);
+        out[4] = (unsigned char)(crc >> 8); out[5] = (unsigned char)crc;
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, at);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (out != small) PyMem_Free(out);
+    return result;
+}
+
+/* kafka_frame(head, time, seq, value): head + zigzag(time) + zigzag(seq) + value in one allocation (the
+ * value frame of `queuestore.kafka.encode_message`); None when time or seq is not a 64-bit int. */
+static PyObject *py_kafka_frame(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_CheckExact(args[0]) || !PyBytes_CheckExact(args[3])) {
+        PyErr_SetString(PyExc_TypeError, "kafka_frame(head: bytes, time: int, seq: int, value: bytes)");
+        return NULL;
+    }
+    long long time, seq;
+    if (!as_long_long(args[1], &time) || !as_long_long(args[2], &seq)) Py_RETURN_NONE;
+    Py_ssize_t hl = PyBytes_GET_SIZE(args[0]), vl = PyBytes_GET_SIZE(args[3]);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, hl + 20 + vl);
+    if (out == NULL) return NULL;
+    unsigned char *p = (unsigned char *)PyBytes_AS_STRING(out);
+    memcpy(p, PyBytes_AS_STRING(args[0]), (size_t)hl);
+    Py_ssize_t at = hl;
+    at = enc_long(p, at, time);
+    at = enc_long(p, at, seq);
+    memcpy(p + at, PyBytes_AS_STRING(args[3]), (size_t)vl);
+    at += vl;
+    if (_PyBytes_Resize(&out, at) < 0) return NULL;
+    return out;
+}
+
+/* encode_avro(program, values): the schemaless Avro encoding of a flat record whose field values are
+ * `values` (a list or tuple, in the program's field order; a `compile_avro` program); None when a field's
+ * type is not a plain null, boolean, long, double, string or bytes, or a value is not exactly of that
+ * type (an int for a double, a long beyond 64 bits...): the caller then encodes with fastavro, which
+ * converts or raises as it always did. */
+static PyObject *py_encode_avro(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "encode_avro(program: tuple, values: list | tuple)");
+        return NULL;
+    }
+    PyObject *program = args[0];
+    PyObject **values;
+    Py_ssize_t n;
+    if (!longs_of(args[1], &values, &n) || n != PyTuple_GET_SIZE(program)) Py_RETURN_NONE;
+    Py_ssize_t cap = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = values[i];
+        cap += 10;
+        if (PyBytes_CheckExact(v)) cap += PyBytes_GET_SIZE(v);
+        else if (PyUnicode_Check(v)) cap += 4 * PyUnicode_GET_LENGTH(v);
+    }
+    unsigned char small[512];
+    unsigned char *out = cap <= (Py_ssize_t)sizeof small ? small : PyMem_Malloc((size_t)cap);
+    if (out == NULL) return PyErr_NoMemory();
+    PyObject *result = NULL;
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *op = PyTuple_GET_ITEM(program, i), *v = values[i];
+        if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) goto decline;
+        long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
+        if (code == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
+        switch (code) {
+        case 0: /* null */
+            if (v != Py_None) goto decline;
+            break;
+        case 1: /* boolean */
+            if (!PyBool_Check(v)) goto decline;
+            out[at++] = v == Py_True ? 1 : 0;
+            break;
+        case 2: { /* int, long */
+            long long x;
+            if (PyBool_Check(v) || !as_long_long(v, &x)) goto decline;
+            at = enc_long(out, at, x);
+            break;
+        }
+        case 4: { /* double, little-endian IEEE 754 */
+            if (!PyFloat_CheckExact(v)) goto decline;
+            double d = PyFloat_AS_DOUBLE(v);
+            if (PyFloat_Pack8(d, (char *)out + at, 1) < 0) { PyErr_Clear(); goto decline; }
+            at += 8;
+            break;
+        }
+        case 5: { /* bytes */
+            if (!PyBytes_CheckExact(v)) goto decline;
+            Py_ssize_t len = PyBytes_GET_SIZE(v);
+            at = enc_long(out, at, (long long)len);
+            memcpy(out + at, PyBytes_AS_STRING(v), (size_t)len);
+            at += len;
+            break;
+        }
+        case 6: { /* string */
+            if (!PyUnicode_CheckExact(v)) goto decline;
+            Py_ssize_t len;
+            const char *u = PyUnicode_AsUTF8AndSize(v, &len);
+            if (u == NULL) { PyErr_Clear(); goto decline; }
+            if (at + 10 + len > cap) goto decline; /* not expected: 4 bytes per code point at most */
+            at = enc_long(out, at, (long long)len);
+            memcpy(out + at, u, (size_t)len);
+            at += len;
+            break;
+        }
+        default:
+            goto decline;
+        }
+    }
+    result = PyBytes_FromStringAndSize((const char *)out, at);
+    goto done;
+decline:
+    result = Py_NewRef(Py_None);
+done:
+    if (out != small) PyMem_Free(out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
@@ -1826,9 +1849,13 @@ static PyMethodDef methods[] = {
     {"decode_avro_rows", py_decode_avro_rows, METH_VARARGS, "Decode rows' values with their metadata first."},
     {"decode_compact", py_decode_compact, METH_VARARGS, "Decode a compact (version-4) record body."},
     {"decode_compact_rows", py_decode_compact_rows, METH_VARARGS, "decode_compact of rows with their metadata."},
-    {"encode_compact", py_encode_compact, METH_VARARGS, "The stored value of a compact (version-4) record."},
-    {"encode_avro", py_encode_avro, METH_VARARGS, "Encode a flat Avro record of primitives with a program."},
     {"topic_batch", py_topic_batch, METH_VARARGS, "The input tuples of a plain batch of Kafka topic messages."},
+    {"encode_compact", (PyCFunction)(void (*)(void))py_encode_compact, METH_FASTCALL,
+     "A whole version-4 record from its fields, or None (encode it in Python)."},
+    {"kafka_frame", (PyCFunction)(void (*)(void))py_kafka_frame, METH_FASTCALL,
+     "The framed Kafka value: head + zigzag(time) + zigzag(seq) + value."},
+    {"encode_avro", (PyCFunction)(void (*)(void))py_encode_avro, METH_FASTCALL,
+     "Schemaless Avro of a flat record's field values, or None (encode it with fastavro)."},
     {NULL, NULL, 0, NULL},
 };
 

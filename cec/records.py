@@ -335,6 +335,10 @@ def _decode_compact(data: bytes, at: int, head: tuple[Any, ...]) -> OutputRecord
 # The fields a store keeps beside every value (RecordMeta), in RecordMeta's order.
 _META_FIELDS = ("kind", "time", "key", "seq")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OutputRecord))
+# The whole version-4 record in one C call (`_native.encode_compact`), None without the accelerator or
+# with a build older than it; it declines (None) anything unusual, which `_encode_compact` then encodes.
+_native_encode = getattr(native, "encode_compact", None)
+_native_encode_avro = getattr(native, "encode_avro", None)  # the same for operators' payloads and states
 # OutputRecord's slots by field: the C decoder fills them directly (a frozen dataclass's __init__ costs
 # more than the decode itself).
 _FIELD_SLOTS = {f.name: getattr(OutputRecord, f.name) for f in dataclasses.fields(OutputRecord)}
@@ -406,24 +410,14 @@ class RecordCodec:
 
     def encode(self, record: OutputRecord) -> bytes:
         kind = _KIND_VALUE[record.kind]
-        if self._writes_compact:
-            if native is not None:  # every record an operator writes (G-checks included): one C call
-                value: bytes | None = native.encode_compact(
-                    MAGIC,
-                    self.version,
-                    kind,
-                    record.time,
-                    record.key,
-                    record.seq,
-                    record.pos,
-                    record.n,
-                    record.state,
-                    record.payload,
-                    record.marks,
-                )
-                if value is not None:
-                    return value
-            return self.encode_python(record)
+        # Every record an operator writes (G-checks included): one C call.
+        if self._writes_compact and _native_encode is not None:
+            value = _native_encode(
+                self.version, kind, record.time, record.key, record.seq, record.pos, record.n,
+                record.state, record.payload, record.marks,
+            )  # fmt: skip
+            if value is not None:
+                return value
         return self.encode_python(record)
 
     def encode_python(self, record: OutputRecord) -> bytes:
@@ -443,6 +437,28 @@ class RecordCodec:
         body = buf.getvalue()
         crc = _checksum(self.version, kind, record.time, record.key, record.seq, body)
         return _HEADER.pack(MAGIC, self.version, crc) + body
+
+    def encode_fields(
+        self,
+        kind: Kind,
+        time: int,
+        pos: tuple[int, ...] | list[int],
+        n: int,
+        key: str | None,
+        seq: int,
+        state: bytes | None,
+        payload: bytes | None,
+        marks: tuple[int, ...] = (),
+    ) -> bytes:
+        """`encode(OutputRecord(kind, time, pos, n, key, seq, state, payload, marks))` without building
+        the record: the operator's write path, once per output record."""
+        if self._writes_compact and _native_encode is not None:
+            value = _native_encode(
+                self.version, _KIND_VALUE[kind], time, key, seq, pos, n, state, payload, marks
+            )
+            if value is not None:
+                return value
+        return self.encode(OutputRecord(kind, time, tuple(pos), n, key, seq, state, payload, tuple(marks)))
 
     def _header(self, data: bytes) -> tuple[int, int]:
         if len(data) < _HEADER.size + 1:
@@ -648,6 +664,15 @@ class AvroCodec:
         self._program = compile_avro(self.schema)  # None: fastavro decodes
 
     def encode(self, datum: Mapping[str, Any]) -> bytes:
+        if self._program is not None and _native_encode_avro is not None:
+            try:
+                values = [datum[name] for name in self._names]
+            except KeyError:  # a field left to its default: fastavro fills it in
+                values = None
+            if values is not None:
+                encoded = _native_encode_avro(self._program, values)
+                if encoded is not None:
+                    return encoded
         buf = io.BytesIO()
         fastavro.schemaless_writer(buf, self.schema, dict(datum))
         return buf.getvalue()
@@ -655,8 +680,8 @@ class AvroCodec:
     def encode_tuple(self, values: tuple[Any, ...]) -> bytes:
         """`encode` of the record whose fields, in schema order, are `values` (a window state at every
         G-check: one C call for a flat record of primitives, else fastavro)."""
-        if self._program is not None and native is not None:
-            data: bytes | None = native.encode_avro(self._program, values)
+        if self._program is not None and _native_encode_avro is not None:
+            data: bytes | None = _native_encode_avro(self._program, values)
             if data is not None:
                 return data
         return self.encode(dict(zip(self._names, values, strict=True)))

@@ -103,6 +103,7 @@ class AggState:
 # crash loop on the same row at every restart) can come after a window changed.
 LONG_MIN = -(1 << 63)
 LONG_MAX = (1 << 63) - 1
+_EXACT_INT = 1 << 53  # ints up to this convert to a double exactly and cheaply
 
 
 def _number(value: Any, what: str) -> float:
@@ -181,6 +182,9 @@ class KeyedAggregate(Operator):
         self.time_field = time_field
         self._state_codec = AvroCodec(STATE_SCHEMA)
         self._first_codec = AvroCodec(FIRST_TUPLE_SCHEMA)
+        # A count window over input order (no event time, no watermark): `process` takes a shorter path
+        # for the common tuple (a float value, a plain text or integer key); anything else takes the full one.
+        self._plain_count = window_count is not None and time_field is None and allowed_lateness is None
 
     def describe(self) -> str:
         window = f"count={self.window_count}" if self.window_count else f"time={self.window_ms}ms"
@@ -209,6 +213,55 @@ class KeyedAggregate(Operator):
         return _time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.window_ms or 0)
 
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
+        if self._plain_count and self._process_count(tup, ctx):
+            return
+        self._process(tup, ctx)
+
+    def _process_count(self, tup: InputTuple, ctx: OperatorContext) -> bool:
+        """`_process` for a count window over input order when the key is plain ASCII text or an int and
+        the value a finite float or an int: the same checks and effects, fewer steps (the per-tuple path of
+        throughput). False, with nothing changed, for any other tuple: `_process` then decides."""
+        value = tup.value
+        assert value is not None
+        raw = value.get(self.key_field)
+        if type(raw) is str:
+            key = raw.strip()
+            if not key or not key.isascii():
+                return False
+        elif type(raw) is int:
+            key = str(raw)
+        else:
+            return False
+        x = value.get(self.value_field)
+        if type(x) is int:
+            if not -_EXACT_INT <= x <= _EXACT_INT:
+                return False  # _process converts (or refuses) it
+            x = float(x)
+        elif type(x) is not float or x - x != 0.0:  # not a number, or not finite (inf - inf, nan: nan)
+            return False
+        t = tup.offset
+        window = ctx.registry.get(key)
+        if window is None:
+            window = ctx.open_window(key, AggState(1, x, x, x, t, t))
+            state = window.state
+        else:
+            state = window.state
+            total = state.total + x
+            if total - total != 0.0:
+                return False  # _process dead-letters it (the sum would overflow)
+            state.count += 1
+            state.total = total
+            if x < state.lo:
+                state.lo = x
+            if x > state.hi:
+                state.hi = x
+            state.last = t
+        assert self.window_count is not None
+        if state.count >= self.window_count:
+            ctx.close_window(key, self._result(key, window.seq, state))
+        return True
+
+    def _process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         assert tup.value is not None
         key = self.key_of(tup.value)
         if key is None:

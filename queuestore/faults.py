@@ -15,7 +15,7 @@ import os
 import signal
 from collections.abc import Callable
 
-__all__ = ["fail", "hit", "planned", "reset"]
+__all__ = ["armed", "fail", "hit", "planned", "reset"]
 
 _counters: dict[str, int] = {}
 
@@ -35,6 +35,12 @@ def reset(spec: str = "") -> None:
     global _plan
     _plan = _parse(spec)
     _counters.clear()
+
+
+def armed() -> bool:
+    """Whether any fault is planned: hot paths skip their `hit` calls when not (the calls would do
+    nothing; skipping them changes no count, since nothing is counted without a plan)."""
+    return bool(_plan)
 
 
 def _due(site: str) -> bool:
