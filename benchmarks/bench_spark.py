@@ -1570,6 +1570,10 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
             f"{'match' if pair['native_same_results'] and pair['attached_same_results'] else 'DIFFER'}"
         )
         pairs.append(pair)
+        # Written after every pair: a run stopped early (the shared machine, a deadline) keeps its pairs.
+        result["pairs"] = pairs
+        OUT_JSON.parent.mkdir(exist_ok=True)
+        (OUT_JSON.parent / RECOVERY_JSON.format(keys=w.keys)).write_text(json.dumps(result, indent=2))
     result["pairs"] = pairs
     for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
                  "ratio_total_overhead_attached_to_native"):  # fmt: skip
