@@ -107,9 +107,13 @@ class AttachRecovery:
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
 
     def release(self) -> None:
-        """Drop the cached planning rows (once the query no longer needs its initial state)."""
+        """Drop the cached planning rows (once the query no longer needs its initial state). Never raises:
+        it runs on the way out, also after the session has stopped (then there is nothing to drop)."""
         for df in self._cached:
-            df.unpersist()
+            try:
+                df.unpersist()
+            except Exception as exc:  # a stopped session or context: its cache is gone with it
+                log.debug("unpersist of the recovery plan failed: %s", exc)
         self._cached.clear()
 
 
