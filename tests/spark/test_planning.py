@@ -49,27 +49,28 @@ class DriverPulls:
         self.collected: list[list[str]] = []
         self.created = 0
 
-    def spy(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        from pyspark.sql import DataFrame, SparkSession
+    def spy(self, monkeypatch: pytest.MonkeyPatch, spark: SparkSession) -> None:
+        # The classes the session really uses (pyspark 4: pyspark.sql.classic.* override the public ones).
+        frame, session = type(spark.range(0)), type(spark)
 
         def pulling(name: str) -> Callable[..., Any]:
-            original = getattr(DataFrame, name)
+            original = getattr(frame, name)
 
-            def pull(df: DataFrame, *args: Any, **kwargs: Any) -> Any:
+            def pull(df: Any, *args: Any, **kwargs: Any) -> Any:
                 self.collected.append(list(df.columns))
                 return original(df, *args, **kwargs)
 
             return pull
 
         for name in ("collect", "toArrow", "toPandas", "toLocalIterator", "take", "head", "first"):
-            monkeypatch.setattr(DataFrame, name, pulling(name))
-        create = SparkSession.createDataFrame
+            monkeypatch.setattr(frame, name, pulling(name))
+        create = session.createDataFrame
 
-        def created(session: SparkSession, *args: Any, **kwargs: Any) -> Any:
+        def created(spark: Any, *args: Any, **kwargs: Any) -> Any:
             self.created += 1
-            return create(session, *args, **kwargs)
+            return create(spark, *args, **kwargs)
 
-        monkeypatch.setattr(SparkSession, "createDataFrame", created)
+        monkeypatch.setattr(session, "createDataFrame", created)
 
 
 def _driver_side_plan(bootstrap: str, root: Path, topic: str, partitions: int) -> dict[str, tuple[Any, ...]]:
@@ -107,7 +108,7 @@ def test_a_restart_plans_on_the_executors_and_no_window_state_reaches_the_driver
 
     pulls = DriverPulls()
     with monkeypatch.context() as patch:
-        pulls.spy(patch)
+        pulls.spy(patch, spark)
         query = cec_aggregate(spark, **args)
     try:
         rec = query.recovery
