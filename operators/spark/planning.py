@@ -73,6 +73,20 @@ _R = Kind.R.value
 # partition: its summary), "win" (an open window loaded from the EC) or "next" (a key's next window seq).
 _PLAN_EXTRA = ("entry", "plan_g", "plan_q", "crash_pos", "n", "time", "end_offset", "records_read",
                "windows", "nexts", "min_pos", "error")  # fmt: skip
+_INIT_COLUMNS = (
+    "cec_key",
+    "seq",
+    "open",
+    "state",
+    "fp_gen",
+    "pos_w",
+    "live",
+    "fp_clock",
+    "last_j",
+    "last_o",
+    "q",
+    "timer",
+)  # fmt: skip (the processor's INIT_SCHEMA, which imports pyspark)
 
 
 @dataclass(frozen=True)
@@ -267,14 +281,15 @@ class PartitionPlanTask:
         try:
             for i in ids:
                 g, q = self.targets[i]
-                yield pa.RecordBatch.from_pylist(self._rows(store, g, q), schema=schema)
+                yield pa.RecordBatch.from_pydict(self._columns(store, g, q), schema=schema)
         finally:
             store.close()
 
-    def _rows(self, store: KafkaQueueStore, g: int, q: int) -> list[dict[str, Any]]:
+    def _columns(self, store: KafkaQueueStore, g: int, q: int) -> dict[str, list[Any]]:
+        """Partition (g, q)'s rows as columns: its summary ("end"), its windows ("win"), its next seqs."""
         gen = self.generations[g]
         current = g == self.generations[-1].index
-        summary: dict[str, Any] = {"entry": "end", "plan_g": g, "plan_q": q}
+        summary: dict[str, Any] = {}
         try:
             plan = plan_partition(
                 store, gen, q, self.input_partitions, current=current,
@@ -282,33 +297,45 @@ class PartitionPlanTask:
             )  # fmt: skip
         except RecoveryError as exc:
             summary["error"] = str(exc)
-            return [summary]
+            plan = None
+        cols: dict[str, list[Any]] = {name: [summary.get(name)] for name in _PLAN_EXTRA}
+        cols.update({name: [None] for name in _INIT_COLUMNS})
+        cols["entry"], cols["plan_g"], cols["plan_q"] = ["end"], [g], [q]
+        if plan is None:
+            return cols
         pos_ws = [w[2] for w in plan.windows.values()]
-        summary.update(
-            crash_pos=None if plan.crash_pos is None else list(plan.crash_pos),
-            n=plan.n,
-            time=plan.time,
-            end_offset=plan.end_offset,
-            records_read=plan.records_read,
-            windows=len(plan.windows),
-            nexts=len(plan.next_seq),
-            min_pos=[min(p[j] for p in pos_ws) for j in range(len(pos_ws[0]))] if pos_ws else None,
-        )
-        rows = [summary]
+        for name, value in (
+            ("crash_pos", None if plan.crash_pos is None else list(plan.crash_pos)),
+            ("n", plan.n),
+            ("time", plan.time),
+            ("end_offset", plan.end_offset),
+            ("records_read", plan.records_read),
+            ("windows", len(plan.windows)),
+            ("nexts", len(plan.next_seq)),
+            ("min_pos", [min(p[j] for p in pos_ws) for j in range(len(pos_ws[0]))] if pos_ws else None),
+        ):
+            cols[name] = [value]
+        wins, nexts = len(plan.windows), len(plan.next_seq)
+        rest = wins + nexts
+        for name in _PLAN_EXTRA[3:]:
+            cols[name].extend([None] * rest)
+        cols["entry"] += ["win"] * wins + ["next"] * nexts
+        cols["plan_g"] += [g] * rest
+        cols["plan_q"] += [q] * rest
+        cols["cec_key"] += [*plan.windows, *plan.next_seq]
+        cols["seq"] += [w[0] for w in plan.windows.values()] + list(plan.next_seq.values())
+        cols["open"] += [True] * wins + [False] * nexts
+        cols["state"] += [w[1] for w in plan.windows.values()] + [None] * nexts
+        cols["fp_gen"] += [g] * wins + [-1] * nexts
         # Loaded windows are not live: they are G-checked only after a tuple of their key past its crash
         # point. fp_clock starts at pos_w (the input read when the footprint was made).
-        for key, (seq, state, pos_w) in plan.windows.items():
-            rows.append(
-                {"entry": "win", "plan_g": g, "plan_q": q, "cec_key": key, "seq": seq, "open": True,
-                 "state": state, "fp_gen": g, "pos_w": list(pos_w), "live": False, "fp_clock": list(pos_w),
-                 "last_j": -1, "last_o": -1, "q": -1, "timer": -1}
-            )  # fmt: skip
-        for key, seq in plan.next_seq.items():
-            rows.append(
-                {"entry": "next", "plan_g": g, "plan_q": q, "cec_key": key, "seq": seq, "open": False,
-                 "fp_gen": -1, "live": False, "last_j": -1, "last_o": -1, "q": -1, "timer": -1}
-            )  # fmt: skip
-        return rows
+        pos_lists = [list(p) for p in pos_ws]
+        cols["pos_w"] += pos_lists + [None] * nexts
+        cols["fp_clock"] += pos_lists + [None] * nexts
+        cols["live"] += [False] * rest
+        for name in ("last_j", "last_o", "q", "timer"):
+            cols[name] += [-1] * rest
+        return cols
 
 
 def _arrow_schema(schema: StructType) -> pa.Schema:
@@ -389,8 +416,14 @@ def plan_recovery(
     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     plan._cached.append(rows)
     try:
-        summaries = rows.filter(F.col("entry") == "end").select(*_PLAN_EXTRA).collect()
-        plan.driver_rows += len(summaries)
+        # One job: the summaries, and with one generation each loaded window's key and footprint pos.
+        wanted = F.col("entry") == "end"
+        if len(generations) == 1:
+            wanted = wanted | (F.col("entry") == "win")
+        pulled = rows.filter(wanted).select(*_PLAN_EXTRA, "cec_key", "pos_w").toArrow()
+        plan.driver_rows += pulled.num_rows
+        entries = pulled.column("entry").to_pylist()
+        summaries = [r for r, e in zip(pulled.to_pylist(), entries, strict=True) if e == "end"]
         by_target = {(r["plan_g"], r["plan_q"]): r for r in summaries}
         for g, q in task.targets:
             r = by_target[(g, q)]
@@ -431,8 +464,13 @@ def plan_recovery(
         for low in lows:
             start = [min(s, p) for s, p in zip(start, low, strict=True)]
         plan.start = tuple(start)
-        if plan.ec_windows:
-            # The sink's extent figure: each loaded window's key and footprint pos, never its state.
+        # The sink's extent figure: each loaded window's key and footprint pos, never its state.
+        if len(generations) == 1:
+            keys, pos_ws = pulled.column("cec_key").to_pylist(), pulled.column("pos_w").to_pylist()
+            plan.footprints = {
+                k: tuple(p) for k, p, e in zip(keys, pos_ws, entries, strict=True) if e == "win"
+            }
+        elif plan.ec_windows:
             loaded = initial.filter(F.col("open")).select("cec_key", "pos_w").toArrow()
             plan.driver_rows += loaded.num_rows
             plan.footprints = dict(
