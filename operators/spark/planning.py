@@ -403,13 +403,18 @@ def plan_recovery(
     started = time.perf_counter()
     current = generations[-1]
     plan = AttachRecovery(generations, current)
+    ends = _current_ends(store, current, outputs)
+    zeros = (0,) * input_partitions
+    if len(generations) == 1 and not any(ends):
+        # A first start: every log is empty (its end offset is 0), so there is nothing to read back and
+        # no Spark job to run for it.
+        plan.crash_points = [[zeros] * current.partitions]
+        plan.ends = [LogEnd(zeros, 0, 0, 0) for _ in range(current.partitions)]
+        plan.start = zeros
+        plan.seconds = time.perf_counter() - started
+        return plan
     task = PartitionPlanTask(
-        store.bootstrap_servers,
-        dict(client or {}),
-        str(store.state_dir),
-        generations,
-        _current_ends(store, current, outputs),
-        input_partitions,
+        store.bootstrap_servers, dict(client or {}), str(store.state_dir), generations, ends, input_partitions
     )
     count = len(task.targets)
     rows = spark.range(0, count, 1, count).mapInArrow(task, _plan_schema())
@@ -430,7 +435,6 @@ def plan_recovery(
             if r["error"] is not None:
                 raise ConfigError(f"{generations[g].topic}[{q}]: {r['error']}")
         windows = rows.filter(F.col("entry") != "end").select(*[f.name for f in INIT_SCHEMA.fields])
-        zeros = (0,) * input_partitions
         for gen in generations:
             crash = []
             for q in range(gen.partitions):
