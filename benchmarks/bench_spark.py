@@ -505,7 +505,7 @@ def _recovery_summary(attached: Any) -> dict[str, Any]:
     if rec is None:
         return {}
     out: dict[str, Any] = {}
-    for name in ("resumed", "ec_windows", "closed_keys", "records_read", "seconds", "start"):
+    for name in ("resumed", "ec_windows", "closed_keys", "records_read", "seconds", "start", "driver_rows"):
         value = getattr(rec, name, None)
         if value is not None:
             out[name] = list(value) if isinstance(value, tuple) else value
@@ -1326,6 +1326,13 @@ def main(argv: list[str] | None = None) -> int:
         "default) or every record goes to the driver, which writes them (driver, the earlier path); with "
         "driver, --focus attached writes spark-attached-<keys>-driver-writers.json, labelled so",
     )
+    parser.add_argument(
+        "--recovery-only",
+        action="store_true",
+        help="with --focus attached: only the recoveries after a driver kill (one failure-free run of each "
+        "system, their baselines, then both kills), --repeats pairs alternating which system goes first; "
+        "writes benchmarks/out/spark-attached-recovery-<keys>.json",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1374,6 +1381,9 @@ def main(argv: list[str] | None = None) -> int:
             f"  written in {result['input']['seconds']:.2f} s (+ {WARMUP_TUPLES:,} warm-up tuples on their own topic)"
         )
 
+        if args.focus == "attached" and args.recovery_only:
+            _recovery_focus(w, result)
+            return 0
         if args.focus == "attached":
             _attached_focus(w, result, profile=args.profile, recovery=not args.skip_recovery)
             return 0
@@ -1504,6 +1514,83 @@ def _attached_focus(
             else "; recovery not measured (--skip-recovery)"
         )
         + f"; {path}"
+    )
+
+
+RECOVERY_JSON = "spark-attached-recovery-{keys}.json"
+
+
+def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
+    """`--focus attached --recovery-only`: recovery after a driver SIGKILL at half the input, CEC attached vs
+    Spark native, in the same run. Per repeat i: one failure-free run of each system (the baseline its
+    recovery_seconds subtracts), then each system's kill and restart (`measure_native_recovery`,
+    `measure_attached_recovery`); native first on even i, attached first on odd i, so that a drift of the
+    shared machine's load falls on both sides. The ratio is per pair, the median reported."""
+    started = time.perf_counter()
+    say("CEC local engine (the reference results)")
+    result["cec_local"] = local = measure_cec_local(replace(w, repeats=1))
+    pairs: list[dict[str, Any]] = []
+    for i in range(w.repeats):
+        order = ("native", "attached") if i % 2 == 0 else ("attached", "native")
+        pair: dict[str, Any] = {"order": list(order)}
+        for system in order:
+            if system == "native":
+                say(f"repeat {i}: Spark native failure-free, then driver SIGKILLed at half the input")
+                ff = measure_native(replace(w, repeats=1), one_batch=False)["native_plan"]
+                pair["native_failure_free"] = ff
+                pair["native"] = measure_native_recovery(w, ff)
+            else:
+                say(f"repeat {i}: CEC attached failure-free, then driver SIGKILLed at half the input")
+                ff = measure_attached(replace(w, repeats=1))
+                pair["attached_failure_free"] = ff
+                pair["attached"] = measure_attached_recovery(w, ff)
+            say(f"  load {os.getloadavg()[0]:.1f}")
+        for side in ("native", "attached"):
+            pair[f"{side}_same_results"] = _same(pair[side], local) and _same(
+                pair[f"{side}_failure_free"], local
+            )
+        nat, att = pair["native"], pair["attached"]
+        pair["ratio_recovery_attached_to_native"] = (
+            att["recovery_seconds"] / nat["recovery_seconds"] if nat["recovery_seconds"] > 0 else math.nan
+        )
+        pair["ratio_cold_recovery_attached_to_native"] = (
+            att["recovery_with_cold_driver_seconds"] / nat["recovery_with_cold_driver_seconds"]
+        )
+        pair["ratio_total_overhead_attached_to_native"] = (
+            att["total_overhead_seconds"] / nat["total_overhead_seconds"]
+            if nat["total_overhead_seconds"] > 0
+            else math.nan
+        )
+        plan = att.get("restart_plan") or {}
+        say(
+            f"repeat {i}: recovery attached {att['recovery_seconds']:.2f} s (plan {plan.get('seconds', math.nan):.2f}"
+            f" s, {plan.get('ec_windows', '?')} windows, driver rows {plan.get('driver_rows', '?')}) vs native "
+            f"{nat['recovery_seconds']:.2f} s: {pair['ratio_recovery_attached_to_native']:.2f}; with a cold "
+            f"driver {pair['ratio_cold_recovery_attached_to_native']:.2f}; results "
+            f"{'match' if pair['native_same_results'] and pair['attached_same_results'] else 'DIFFER'}"
+        )
+        pairs.append(pair)
+        # Written after every pair: a run stopped early (the shared machine, a deadline) keeps its pairs.
+        result["pairs"] = pairs
+        OUT_JSON.parent.mkdir(exist_ok=True)
+        (OUT_JSON.parent / RECOVERY_JSON.format(keys=w.keys)).write_text(json.dumps(result, indent=2))
+    result["pairs"] = pairs
+    for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
+                 "ratio_total_overhead_attached_to_native"):  # fmt: skip
+        result[f"median_{name}"] = statistics.median(p[name] for p in pairs)
+    result["same_results_as_local_engine"] = all(
+        p["native_same_results"] and p["attached_same_results"] for p in pairs
+    )
+    result["seconds"] = time.perf_counter() - started
+    result["loadavg_end"] = os.getloadavg()
+    OUT_JSON.parent.mkdir(exist_ok=True)
+    path = OUT_JSON.parent / RECOVERY_JSON.format(keys=w.keys)
+    path.write_text(json.dumps(result, indent=2))
+    say(
+        f"recovery after a driver kill, attached / native (median of {len(pairs)}): "
+        f"{result['median_ratio_recovery_attached_to_native']:.2f} (warm driver), "
+        f"{result['median_ratio_cold_recovery_attached_to_native']:.2f} (cold driver); results "
+        f"{'match' if result['same_results_as_local_engine'] else 'DIFFER'}; {path}"
     )
 
 

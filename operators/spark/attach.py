@@ -29,7 +29,8 @@ SQLite log would live on one executor's disk); `spark.speculation=true` is refus
 
 Responsibilities, one module each:
 - `operators.spark.generations`: output topic generations (restart with another partition count);
-- `operators.spark.planning`: recovery planning on the driver (EC, crash points, replay start);
+- `operators.spark.planning`: recovery planning on the executors (EC, crash points, replay start, the
+  initial state as a DataFrame that never passes through the driver);
 - `operators.spark.processor`: the StatefulProcessor that runs the aggregate per output partition
   (executors), all of a partition's keys in one state value;
 - `operators.spark.sink`: ordering, pos/N/time stamping and durable appends of the output records;
@@ -61,7 +62,6 @@ from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
     GROUP_COLUMN,
-    INIT_SCHEMA,
     AggregateSpec,
     CecAggregateProcessor,
     GCheckSpec,
@@ -256,7 +256,7 @@ def cec_aggregate(
         current = generations[-1]
         outputs = _open_outputs(store, current)  # takes the partitions' writer locks before reading the logs
         try:
-            recovery = plan_recovery(store, generations, outputs, input_partitions)
+            recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
         except BaseException:
             for out in outputs:
                 out.close()
@@ -464,17 +464,9 @@ def _start_query(
 
 
 def _initial_state(spark: SparkSession, recovery: AttachRecovery) -> DataFrame | None:
-    # Loaded windows are not live: they are G-checked only after a tuple of their key past its crash point.
-    rows: list[tuple[Any, ...]] = [
-        (k, w.seq, True, w.state, w.generation, list(w.pos_w), False, list(w.pos_w), -1, -1, -1, -1)
-        for k, w in recovery.windows.items()
-    ]
-    rows.extend(
-        (k, s, False, None, -1, None, False, None, -1, -1, -1, -1) for k, s in recovery.next_seq.items()
-    )
-    if not rows:
-        return None
-    return spark.createDataFrame(rows, INIT_SCHEMA)
+    """The fresh query's initialState: the planning job's rows, cached on the executors
+    (`operators.spark.planning`); no window state is built on the driver."""
+    return recovery.initial
 
 
 def register_all(spark: SparkSession) -> None:

@@ -212,6 +212,7 @@ class CecAggregateQuery:
             return
         self._closed = True
         self._done.set()
+        self.recovery.release()  # the initial state cached on the executors for the query's start
         try:
             self._sink.close()
         finally:

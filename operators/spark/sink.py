@@ -110,7 +110,7 @@ class CecSink:
         # Figures: record kinds written since the start; the footprint pos of every open window (carried
         # over ones included), which gives the extent; the crash points of older generations, fixed.
         self.kinds: Counter[str] = Counter()
-        self.footprints: dict[str | None, tuple[int, ...]] = {k: w.pos_w for k, w in recovery.windows.items()}
+        self.footprints: dict[str | None, tuple[int, ...]] = dict(recovery.footprints)
         self._older = [
             c
             for g, c in zip(recovery.generations, recovery.crash_points, strict=True)
