@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING, Any
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
 from operators.spark.planning import AttachRecovery
-from operators.spark.processor import EMIT_COLUMNS
+from operators.spark.processor import EMIT_COLUMNS, PROFILE_ENV
 from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, _ordered, stamped
 from queuestore import faults
 from queuestore.base import RecordMeta, StoredRecord
@@ -102,6 +102,9 @@ WRITER_KILL_SITE = "attach.writer.kill_task"
 # micro-batch to reach the middle of its records (first half committed) SIGKILLs the driver's process
 # group (`_kill_driver`): in local mode the driver and its JVM, i.e. the driver dies mid-write. (A pass
 # counter as in the driver sink would restart in every forked Python worker.)
+
+# CEC_SPARK_PROFILE=DIR (`operators.spark.processor.PROFILE_ENV`): every write task dumps a cProfile of its
+# work to DIR (benchmarks; the variable reaches the Python workers through the environment in local mode).
 
 _R, _GCHECK, _DEAD = Kind.R.value, Kind.GCHECK.value, Kind.DEAD.value
 _KINDS = (Kind.R.value, Kind.GOPEN.value, _GCHECK, _DEAD)
@@ -410,6 +413,23 @@ class BatchWriter:
         return 0 if ctx is None else ctx.attemptNumber()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if not profile_dir:
+            yield from self._write(batches)
+            return
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            out = list(self._write(batches))
+        finally:
+            profile.disable()
+            name = f"writer-b{self.batch_number}-{os.getpid()}-{uuid.uuid4().hex[:6]}.prof"
+            profile.dump_stats(str(Path(profile_dir) / name))
+        yield from out
+
+    def _write(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         rows: list[tuple[Any, ...]] = []
