@@ -522,7 +522,8 @@ class ExecutorSink(CecSink):
         self.topic = recovery.current.topic
         self.next_offsets = [e.offset for e in recovery.ends]
         self.found = 0  # messages a retried task found already written by its killed attempt
-        self.reused = 0  # write tasks that appended through their worker's kept writer
+        self.write_tasks = 0  # tasks that wrote a partition's batch (a partition without rows has none)
+        self.reused = 0  # of them, those that appended through their worker's kept writer
         # One id per run: a kept writer serves only the run that opened it (a new run's driver fenced it).
         self.session = uuid.uuid4().hex
         self.summary_rows = 0  # rows the driver collected from the write tasks (the only data it gets)
@@ -557,6 +558,7 @@ class ExecutorSink(CecSink):
                 self.next_offsets[q] = row["next_offset"]
                 self.found += row["found"]
                 self.reused += row["reused"]
+                self.write_tasks += 1
                 for kind, count in zip(_KINDS, row["kinds"], strict=True):
                     self.kinds[kind] += count
                     self.records += count
