@@ -7,9 +7,9 @@ Per micro-batch the driver's `ExecutorSink` (the foreachBatch function) runs one
 shuffle hash of its key, so task q holds exactly the rows of output partition q). Task q:
 1. orders and stamps its rows as the driver sink does (`operators.spark.sink.stamped`: pos, N, time
    continuing from the partition's cursor, which the driver hands to the task);
-2. opens the partition's transactional writer (or reuses one, see Reuse below) (`queuestore.kafka.KafkaPartitionWriter`: the
-   `transactional.id` is derived from the generation's topic and q, so `init_transactions()` aborts the
-   open transaction of any earlier attempt of this task and fences it if it is still alive: a killed,
+2. opens the partition's transactional writer (or reuses the one kept in this worker: Reuse, below;
+   `queuestore.kafka.KafkaPartitionWriter`: the `transactional.id` is derived from the generation's topic
+   and q, so `init_transactions()` aborts the open transaction of any earlier attempt of this task and fences it if it is still alive: a killed,
    retried or speculative attempt, a zombie executor, or the previous run's writer);
 3. reads the log from the cursor's offset to its end (normally nothing) and compares what it finds with
    the messages it would write: an earlier attempt of this same task wrote a prefix of them (committed,
@@ -180,8 +180,11 @@ class _LiveWriter:
     def open(self) -> KafkaPartitionWriter:
         """A new transactional writer: `init_transactions()` fences every earlier writer of the partition."""
         if self.writer is not None:
-            self.writer.close(_DISCARD_TIMEOUT_S)
-            self.writer = None
+            old, self.writer = self.writer, None
+            try:
+                old.close(_DISCARD_TIMEOUT_S)
+            except Exception as exc:  # fenced or failed: it holds nothing of ours any more
+                log.debug("closing the replaced writer of %s[%d]: %s", self.topic, self.q, exc)
         self.next_offset = None
         self.writer = self.store.writer(self.topic, self.q)
         return self.writer
