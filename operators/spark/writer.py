@@ -9,8 +9,9 @@ shuffle hash of its key, so task q holds exactly the rows of output partition q)
    continuing from the partition's cursor, which the driver hands to the task);
 2. opens the partition's transactional writer (or reuses the one kept in this worker: Reuse, below;
    `queuestore.kafka.KafkaPartitionWriter`: the `transactional.id` is derived from the generation's topic
-   and q, so `init_transactions()` aborts the open transaction of any earlier attempt of this task and fences it if it is still alive: a killed,
-   retried or speculative attempt, a zombie executor, or the previous run's writer);
+   and q, so `init_transactions()` aborts the open transaction of any earlier attempt of this task and
+   fences it if it is still alive: a killed, retried or speculative attempt, a zombie executor, or the
+   previous run's writer);
 3. reads the log from the cursor's offset to its end (normally nothing) and compares what it finds with
    the messages it would write: an earlier attempt of this same task wrote a prefix of them (committed,
    or, on a broker that shows aborted records such as Tansu, left visible when it was killed), so the
