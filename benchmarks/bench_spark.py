@@ -399,6 +399,10 @@ def native_child(args_path: Path) -> int:
         if query.exception() is not None:
             raise RuntimeError(f"query {spec['name']} failed: {query.exception()}")
         if attached is not None:
+            sink = getattr(attached, "_sink", None)
+            if sink is not None and hasattr(sink, "write_tasks"):
+                # Executor writers: how many write tasks appended through their worker's kept writer.
+                extra["write_tasks"] = {"tasks": sink.write_tasks, "reused": sink.reused, "found": sink.found}
             with contextlib.suppress(Exception):
                 attached.stop()  # closes its output writers
         if sink_profile is not None and attached is not None:
@@ -831,13 +835,21 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                     **_native_run_row(w, q, _attached_digest(w, spec)),
                     "start_seconds": q.get("start_seconds"),
                     "recovery_at_start": q.get("recovery"),
+                    "write_tasks": q.get("write_tasks"),
                 }
                 colds[system].append(_query(result, "attached-warmup")["wall_seconds"])
             sessions[system].append(result["session_seconds"])
+            tasks = row[system].get("write_tasks")
             say(
                 f"  repeat {i}: {system:<8} {row[system]['tuples_per_s']:>9,.0f} tuples/s  wall "
                 f"{row[system]['wall_seconds']:7.2f} s ({row[system]['batches']} batches; load "
-                f"{os.getloadavg()[0]:.1f})"
+                f"{os.getloadavg()[0]:.1f}"
+                + (
+                    f"; {tasks['reused']} of {tasks['tasks']} write tasks through a kept writer"
+                    if tasks
+                    else ""
+                )
+                + ")"
             )
         for system in order:
             row[system]["steady_tuples_per_s"] = steady_rate(row[system]["progress"])
@@ -852,7 +864,17 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     for system, rows in (("native", native_rows), ("attached", attached_rows)):
         best = dict(min(rows, key=lambda r: r["wall_seconds"]))
         best["runs"] = [
-            {k: r[k] for k in ("wall_seconds", "progress", "results", "value_sum", "steady_tuples_per_s")}
+            {
+                k: r.get(k)
+                for k in (
+                    "wall_seconds",
+                    "progress",
+                    "results",
+                    "value_sum",
+                    "steady_tuples_per_s",
+                    "write_tasks",
+                )
+            }
             for r in rows
         ]
         best["same_results_every_run"] = all(_same(r, rows[0]) for r in rows)

@@ -45,10 +45,12 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import pickle
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
@@ -88,6 +90,8 @@ __all__ = [
 ]
 
 STATE_NAME = "cec_partition"
+# CEC_SPARK_PROFILE=DIR: every handleInputRows call dumps a cProfile of its work to DIR (benchmarks).
+PROFILE_ENV = "CEC_SPARK_PROFILE"
 # The grouping column: one value per output partition of the current generation (`partition_groups`).
 GROUP_COLUMN = "cec_group"
 # What the processor keeps per state partition: `_PartitionState`, pickled (see the module doc).
@@ -509,6 +513,22 @@ class CecAggregateProcessor(StatefulProcessor):
         return [max(v[j] for v in vectors) for j in range(len(vectors[0]))]
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if not profile_dir:
+            yield from self._input_rows(key, rows, timerValues)
+            return
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            out = list(self._input_rows(key, rows, timerValues))
+        finally:
+            profile.disable()
+            profile.dump_stats(str(Path(profile_dir) / f"processor-{os.getpid()}-{time.time_ns()}.prof"))
+        yield from out
+
+    def _input_rows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
         import pandas as pd
 
         frames = list(rows)

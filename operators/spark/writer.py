@@ -7,10 +7,11 @@ Per micro-batch the driver's `ExecutorSink` (the foreachBatch function) runs one
 shuffle hash of its key, so task q holds exactly the rows of output partition q). Task q:
 1. orders and stamps its rows as the driver sink does (`operators.spark.sink.stamped`: pos, N, time
    continuing from the partition's cursor, which the driver hands to the task);
-2. opens the partition's transactional writer (`queuestore.kafka.KafkaPartitionWriter`: the
-   `transactional.id` is derived from the generation's topic and q, so `init_transactions()` aborts the
-   open transaction of any earlier attempt of this task and fences it if it is still alive: a killed,
-   retried or speculative attempt, a zombie executor, or the previous run's writer);
+2. opens the partition's transactional writer (or reuses the one kept in this worker: Reuse, below;
+   `queuestore.kafka.KafkaPartitionWriter`: the `transactional.id` is derived from the generation's topic
+   and q, so `init_transactions()` aborts the open transaction of any earlier attempt of this task and
+   fences it if it is still alive: a killed, retried or speculative attempt, a zombie executor, or the
+   previous run's writer);
 3. reads the log from the cursor's offset to its end (normally nothing) and compares what it finds with
    the messages it would write: an earlier attempt of this same task wrote a prefix of them (committed,
    or, on a broker that shows aborted records such as Tansu, left visible when it was killed), so the
@@ -22,6 +23,19 @@ shuffle hash of its key, so task q holds exactly the rows of output partition q)
    committed prefix is a valid log), and returns one summary row: the new cursor (pos, N, time, next
    offset), counts per kind, and per key of the batch its latest footprint position (or that its window
    closed) for CEC's figures (the extent). No record, state or payload reaches the driver.
+
+Reuse (`session`): PySpark reuses its Python workers across tasks (`spark.python.worker.reuse`, on by
+default), so a task keeps its partition's writer open in the worker after committing, with the offset the
+log ends at after that commit. The next micro-batch's task for q, if it lands in that worker, is attempt 0
+and is handed exactly that offset as its cursor in the same run, skips steps 2 and 3: no
+`init_transactions()`, no read of the log. That is safe because nothing can have been added to the log
+since that commit without this writer being fenced: every other writer of the partition (another worker's
+task, a retried or speculative attempt, which are never attempt 0 anyway, the driver of a new run) first
+calls `init_transactions()` with the same transactional.id. A fenced kept writer learns it when it appends
+(the broker rejects its records) and the task then falls back to steps 2 and 3 with a new writer, which
+compare with whatever the log holds; a kept writer whose offset differs from the cursor (another worker
+wrote in between, or a stage is re-run) is closed and replaced the same way. A new run (`ExecutorSink`)
+has a new session id: writers kept for an older run are never used.
 
 Correctness does not depend on the processor's output being identical across attempts except for the
 records an earlier attempt managed to write: those are produced rows (ordered by (j, o, emission index),
@@ -37,11 +51,14 @@ previous run's writers.
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import shutil
 import signal
 import tempfile
-from collections import Counter
+import uuid
+from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,11 +67,12 @@ from typing import TYPE_CHECKING, Any
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
 from operators.spark.planning import AttachRecovery
-from operators.spark.processor import EMIT_COLUMNS
+from operators.spark.processor import EMIT_COLUMNS, PROFILE_ENV
 from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, _ordered, stamped
 from queuestore import faults
-from queuestore.base import RecordMeta
+from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
+from queuestore.exceptions import QueueStoreError
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
 
@@ -64,6 +82,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from cec.metrics import OperatorMetrics
+    from queuestore.kafka import KafkaPartitionWriter
 
 __all__ = [
     "WRITER_KILL_SITE",
@@ -74,6 +93,8 @@ __all__ = [
     "write_partition",
 ]
 
+log = logging.getLogger(__name__)
+
 # CEC_FAULTS="attach.writer.kill_task:n": the first attempt of every write task of the n-th micro-batch
 # (1-based) SIGKILLs its own Python worker once the first half of its records is committed; Spark retries
 # the task, and the retry must add only the other half.
@@ -82,6 +103,9 @@ WRITER_KILL_SITE = "attach.writer.kill_task"
 # micro-batch to reach the middle of its records (first half committed) SIGKILLs the driver's process
 # group (`_kill_driver`): in local mode the driver and its JVM, i.e. the driver dies mid-write. (A pass
 # counter as in the driver sink would restart in every forked Python worker.)
+
+# CEC_SPARK_PROFILE=DIR (`operators.spark.processor.PROFILE_ENV`): every write task dumps a cProfile of its
+# work to DIR (benchmarks; the variable reaches the Python workers through the environment in local mode).
 
 _R, _GCHECK, _DEAD = Kind.R.value, Kind.GCHECK.value, Kind.DEAD.value
 _KINDS = (Kind.R.value, Kind.GOPEN.value, _GCHECK, _DEAD)
@@ -108,6 +132,7 @@ class PartitionWrite:
     written: int  # messages this attempt appended
     kinds: Counter[str]
     footprints: dict[str | None, tuple[int, ...] | None]  # per key: latest footprint pos, None: closed
+    reused: bool = False  # appended through this worker's kept writer (no init_transactions, no read)
 
 
 def _result_schema() -> StructType:
@@ -124,10 +149,140 @@ def _result_schema() -> StructType:
             StructField("next_offset", LongType(), True),
             StructField("found", LongType(), True),
             StructField("written", LongType(), True),
+            StructField("reused", LongType(), True),  # 1: through the worker's kept writer
             StructField("kinds", ArrayType(LongType(), False), True),  # counts in _KINDS order
             StructField("key", StringType(), True),
         ]
     )
+
+
+class _LiveWriter:
+    """One output partition's store and transactional writer in this Python worker, and where the log
+    ends after that writer's last commit (`next_offset`; None before its first)."""
+
+    def __init__(
+        self, session: str | None, bootstrap_servers: str, client: Mapping[str, str], topic: str, q: int
+    ):
+        from queuestore.kafka import KafkaQueueStore
+
+        self.session = session
+        self.topic, self.q = topic, q
+        # The writer's locks go to a directory of this worker: on another host the driver's state_dir does
+        # not exist, and on the driver's host its OutputQueue holds the partition's lock (module doc).
+        self.scratch = Path(tempfile.mkdtemp(prefix="cec-writer-"))
+        try:
+            self.store = KafkaQueueStore(bootstrap_servers, self.scratch, config=dict(client))
+        except BaseException:
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            raise
+        self.writer: KafkaPartitionWriter | None = None
+        self.next_offset: int | None = None
+
+    def open(self) -> KafkaPartitionWriter:
+        """A new transactional writer: `init_transactions()` fences every earlier writer of the partition."""
+        if self.writer is not None:
+            old, self.writer = self.writer, None
+            try:
+                old.close(_DISCARD_TIMEOUT_S)
+            except Exception as exc:  # fenced or failed: it holds nothing of ours any more
+                log.debug("closing the replaced writer of %s[%d]: %s", self.topic, self.q, exc)
+        self.next_offset = None
+        self.writer = self.store.writer(self.topic, self.q)
+        return self.writer
+
+    def close(self, timeout: float | None = 60.0) -> None:
+        try:
+            if self.writer is not None:
+                self.writer.close(timeout)
+        finally:
+            self.writer = None
+            self.store.close()
+            shutil.rmtree(self.scratch, ignore_errors=True)
+
+
+# Writers kept alive across micro-batches in this (reused) Python worker, per (bootstrap, topic, q): a write
+# task whose partition's writer here committed the log up to the very cursor the driver hands it, in the
+# same run (`session`), as attempt 0, appends through it without init_transactions() and without reading
+# the log (module doc, "Reuse"). At most _LIVE_MAX, least recently used first out.
+_LIVE: OrderedDict[tuple[str, str, int], _LiveWriter] = OrderedDict()
+_LIVE_MAX = 64
+_DISCARD_TIMEOUT_S = 5.0
+
+
+def _take_live(
+    key: tuple[str, str, int], session: str | None, attempt: int, next_offset: int
+) -> _LiveWriter | None:
+    """The cached writer of `key` if it may append at `next_offset` unchecked, else None (a stale one is
+    closed: another session's, or a writer that is not known to end the log there)."""
+    live = _LIVE.pop(key, None)
+    if live is None:
+        return None
+    usable = (
+        session is not None
+        and live.session == session
+        and attempt == 0
+        and live.writer is not None
+        and live.writer.failure is None
+        and live.next_offset == next_offset
+    )
+    if usable:
+        return live
+    _discard(live)
+    return None
+
+
+def _discard(live: _LiveWriter) -> None:
+    """Close a writer that will not be used again; it may be fenced or failed, which is no error here."""
+    try:
+        live.close(_DISCARD_TIMEOUT_S)
+    except Exception as exc:  # a fenced producer may refuse to close cleanly; nothing of ours is open
+        log.debug("discarding the cached writer of %s[%d]: %s", live.topic, live.q, exc)
+
+
+def _keep_live(key: tuple[str, str, int], live: _LiveWriter) -> None:
+    _LIVE[key] = live
+    while len(_LIVE) > _LIVE_MAX:
+        _discard(_LIVE.popitem(last=False)[1])
+
+
+@atexit.register
+def _close_live() -> None:
+    while _LIVE:
+        _discard(_LIVE.popitem()[1])
+
+
+def _append_all(
+    writer: KafkaPartitionWriter,
+    messages: Sequence[tuple[bytes, RecordMeta]],
+    first: int,
+    last_offset: int,
+    where: str,
+    kill_mid_batch: Any,
+) -> int:
+    """Append messages[first:] and commit; the offset of the last message in the log."""
+    offsets: list[int] = []
+    errors: list[Exception] = []
+
+    def durable(offset: int | None, error: Exception | None) -> None:
+        if error is not None or offset is None:
+            errors.append(error or RuntimeError("no offset"))
+        else:
+            offsets.append(offset)
+
+    half = len(messages) // 2
+    for i in range(first, len(messages)):
+        if kill_mid_batch is not None and i == half and half:
+            writer.flush()
+            kill_mid_batch()
+        value, meta = messages[i]
+        # Only the last message's offset matters (offsets grow along a partition): one callback per batch.
+        writer.append(value, meta, durable if i == len(messages) - 1 else None)
+    writer.flush()
+    if errors:
+        raise QueueStoreError(f"{len(errors)} appends to {where} failed: {errors[0]!r}")
+    if offsets:
+        last_offset = max(last_offset, *offsets)
+    return last_offset
 
 
 def write_partition(
@@ -140,11 +295,14 @@ def write_partition(
     has_time: bool,
     *,
     kill_mid_batch: Any = None,
+    session: str | None = None,
+    attempt: int = 0,
 ) -> PartitionWrite:
     """Write one partition's batch (module doc, steps 1-4); `rows` in EMIT_COLUMNS order, any order.
-    `kill_mid_batch(first_half_committed)` is the fault hook of the tests (None in production)."""
-    from queuestore.kafka import KafkaQueueStore
-
+    `session` (one per run of the query) keeps the partition's writer alive in this process for the next
+    micro-batch, and `attempt` is the task's attempt number (module doc, "Reuse"); without a session the
+    writer is opened and closed here. `kill_mid_batch(first_half_committed)` is the fault hook of the tests
+    (None in production)."""
     state = _Cursor(PositionStamper(cursor.pos), cursor.n, cursor.time)
     records = list(stamped(_ordered(rows), state, has_time))
     codec = RecordCodec()
@@ -157,19 +315,35 @@ def write_partition(
             footprints[record.key] = None
         elif kind != _DEAD:
             footprints[record.key] = record.pos
-    # The writer's locks go to a directory of this task: on another host the driver's state_dir does not
-    # exist, and on the driver's host its OutputQueue holds the partition's lock (module doc).
-    scratch = Path(tempfile.mkdtemp(prefix="cec-writer-"))
-    store = KafkaQueueStore(bootstrap_servers, scratch, config=dict(client))
+    where = f"{topic}[{q}]"
+    key = (bootstrap_servers, topic, q)
+    live = _take_live(key, session, attempt, cursor.next_offset)
+    reused = live is not None
+    if live is None:
+        live = _LiveWriter(session, bootstrap_servers, client, topic, q)
     try:
         messages: list[tuple[bytes, RecordMeta]] = []
+        value_limit = live.store.value_limit
         for record in records:
             value, meta = codec.encode(record), record.meta()
-            limit = store.value_limit(meta)
+            limit = value_limit(meta)
             messages.extend([(value, meta)] if len(value) <= limit else split(value, meta, limit))
-        writer = store.writer(topic, q)  # init_transactions(): every earlier attempt is fenced from here on
-        try:
-            with store.reader(topic, q) as reader:
+        found: list[StoredRecord] = []
+        last_offset = -1
+        if reused:
+            assert live.writer is not None
+            try:
+                last_offset = _append_all(
+                    live.writer, messages, 0, cursor.next_offset - 1, where, kill_mid_batch
+                )
+            except QueueStoreError as exc:
+                # Fenced (a writer elsewhere took the partition over since this one's last commit) or
+                # failed: decide from the log, as a first attempt would, with a new writer.
+                log.info("the kept writer of %s cannot append (%s): taking the partition over", where, exc)
+                reused = False
+        if not reused:
+            writer = live.open()  # init_transactions(): every earlier attempt is fenced from here on
+            with live.store.reader(topic, q) as reader:
                 reader.hint_end(cursor.next_offset)
                 found = list(reader.scan_forward(cursor.next_offset))
             for i, stored in enumerate(found):
@@ -178,40 +352,23 @@ def write_partition(
                     tuple(messages[i][1]),
                 ):
                     raise OutputConflictError(
-                        f"{topic}[{q}] holds records from offset {cursor.next_offset} that this micro-batch "
+                        f"{where} holds records from offset {cursor.next_offset} that this micro-batch "
                         f"did not produce (at offset {stored.offset}): another writer wrote to it, or a "
                         "retried batch made other G-checks than its killed attempt; stop the query and "
                         "start it again, which recovers from the log"
                     )
             last_offset = found[-1].offset if found else cursor.next_offset - 1
-            offsets: list[int] = []
-            errors: list[Exception] = []
-
-            def durable(offset: int | None, error: Exception | None) -> None:
-                if error is not None or offset is None:
-                    errors.append(error or RuntimeError("no offset"))
-                else:
-                    offsets.append(offset)
-
-            half = len(messages) // 2
-            for i in range(len(found), len(messages)):
-                if kill_mid_batch is not None and i == half and half:
-                    writer.flush()
-                    kill_mid_batch()
-                value, meta = messages[i]
-                writer.append(value, meta, durable)
-            writer.flush()
-            if errors:
-                raise RuntimeError(f"{len(errors)} appends to {topic}[{q}] failed: {errors[0]!r}")
-            if offsets:
-                last_offset = max(last_offset, *offsets)
-        finally:
-            writer.close()
-    finally:
-        store.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+            last_offset = _append_all(writer, messages, len(found), last_offset, where, kill_mid_batch)
+    except BaseException:
+        _discard(live)
+        raise
     end = PartitionCursor(state.stamper.last, state.n, state.time, last_offset + 1)
-    return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, footprints)
+    if session is None:
+        live.close()
+    else:
+        live.next_offset = end.next_offset
+        _keep_live(key, live)
+    return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, footprints, reused)
 
 
 def _kill_driver() -> None:
@@ -233,6 +390,7 @@ class BatchWriter:
         cursors: Sequence[PartitionCursor],
         has_time: bool,
         batch_number: int,
+        session: str | None = None,
     ) -> None:
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
@@ -240,22 +398,42 @@ class BatchWriter:
         self.cursors = list(cursors)
         self.has_time = has_time
         self.batch_number = batch_number  # 1-based, for the fault sites
+        self.session = session  # the run's id: a write task may reuse this worker's writer of its run
 
-    def _fault_hook(self) -> Any:
-        from pyspark import TaskContext
-
+    def _fault_hook(self, attempt: int) -> Any:
         if faults.planned(SINK_FAULT_SITE) == self.batch_number:
             return _kill_driver
-        ctx = TaskContext.get()
-        if (
-            faults.planned(WRITER_KILL_SITE) == self.batch_number
-            and ctx is not None
-            and ctx.attemptNumber() == 0
-        ):
+        if faults.planned(WRITER_KILL_SITE) == self.batch_number and attempt == 0:
             return lambda: os.kill(os.getpid(), signal.SIGKILL)
         return None
 
+    @staticmethod
+    def _attempt() -> int:
+        """This task's attempt number (a retried or speculative attempt never appends through a kept
+        writer unchecked; a re-run stage's attempt 0 is covered by the cursor and fencing, module doc)."""
+        from pyspark import TaskContext
+
+        ctx = TaskContext.get()
+        return 0 if ctx is None else ctx.attemptNumber()
+
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        profile_dir = os.environ.get(PROFILE_ENV)
+        if not profile_dir:
+            yield from self._write(batches)
+            return
+        import cProfile
+
+        profile = cProfile.Profile()
+        profile.enable()
+        try:
+            out = list(self._write(batches))
+        finally:
+            profile.disable()
+            name = f"writer-b{self.batch_number}-{os.getpid()}-{uuid.uuid4().hex[:6]}.prof"
+            profile.dump_stats(str(Path(profile_dir) / name))
+        yield from out
+
+    def _write(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
 
         rows: list[tuple[Any, ...]] = []
@@ -269,6 +447,7 @@ class BatchWriter:
             # Two tasks writing one partition would fence each other; never expected (module doc).
             raise RuntimeError(f"a write task got rows of output partitions {sorted(qs)}, expected one")
         q = qs.pop()
+        attempt = self._attempt()
         done = write_partition(
             self.bootstrap_servers,
             self.client,
@@ -277,7 +456,9 @@ class BatchWriter:
             self.cursors[q],
             rows,
             self.has_time,
-            kill_mid_batch=self._fault_hook(),
+            kill_mid_batch=self._fault_hook(attempt),
+            session=self.session,
+            attempt=attempt,
         )
         c = done.cursor
         out: list[dict[str, Any]] = [
@@ -290,6 +471,7 @@ class BatchWriter:
                 "next_offset": c.next_offset,
                 "found": done.found,
                 "written": done.written,
+                "reused": int(done.reused),
                 "kinds": [done.kinds[k] for k in _KINDS],
                 "key": None,
             }
@@ -315,6 +497,7 @@ def _arrow_schema() -> pa.Schema:
             pa.field("next_offset", pa.int64()),
             pa.field("found", pa.int64()),
             pa.field("written", pa.int64()),
+            pa.field("reused", pa.int64()),
             pa.field("kinds", longs),
             pa.field("key", pa.string()),
         ]
@@ -343,6 +526,10 @@ class ExecutorSink(CecSink):
         self.topic = recovery.current.topic
         self.next_offsets = [e.offset for e in recovery.ends]
         self.found = 0  # messages a retried task found already written by its killed attempt
+        self.write_tasks = 0  # tasks that wrote a partition's batch (a partition without rows has none)
+        self.reused = 0  # of them, those that appended through their worker's kept writer
+        # One id per run: a kept writer serves only the run that opened it (a new run's driver fenced it).
+        self.session = uuid.uuid4().hex
         self.summary_rows = 0  # rows the driver collected from the write tasks (the only data it gets)
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
@@ -355,7 +542,13 @@ class ExecutorSink(CecSink):
             ]
             batches = self.batches
         writer = BatchWriter(
-            self.bootstrap_servers, self.client, self.topic, cursors, self.has_time, batches + 1
+            self.bootstrap_servers,
+            self.client,
+            self.topic,
+            cursors,
+            self.has_time,
+            batches + 1,
+            session=self.session,
         )
         table = batch_df.mapInArrow(writer, _result_schema()).toArrow()
         rows = table.to_pylist()
@@ -368,6 +561,8 @@ class ExecutorSink(CecSink):
                 self.cursors[q] = _Cursor(PositionStamper(row["pos"]), row["n"], row["time"])
                 self.next_offsets[q] = row["next_offset"]
                 self.found += row["found"]
+                self.reused += row["reused"]
+                self.write_tasks += 1
                 for kind, count in zip(_KINDS, row["kinds"], strict=True):
                     self.kinds[kind] += count
                     self.records += count

@@ -6,7 +6,12 @@ broker, without Spark (what one write task does to its output partition):
 2. a retry after an attempt that was killed mid-batch (half committed, the rest produced but never
    committed) fences that attempt and appends only what is missing: the log equals a single clean write;
 3. records the batch did not produce (another writer's, or a stale cursor) are a conflict: nothing is
-   written.
+   written;
+4. a writer kept in the worker across micro-batches (`session`) appends the next batch without taking the
+   partition over again only when nothing else can have written since its own commit: another session,
+   a retried attempt or another cursor take the partition over as a first write would, and a kept writer
+   fenced by another writer (another worker's task of the same or of a re-run batch) falls back to it,
+   so the log is the same as with a fresh writer per batch.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import pytest
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
-from operators.spark.writer import PartitionCursor, write_partition
+from operators.spark import writer as writer_module
+from operators.spark.writer import PartitionCursor, PartitionWrite, write_partition
 from queuestore.base import RecordMeta
 from queuestore.exceptions import QueueStoreError
 from queuestore.kafka import KafkaQueueStore
@@ -51,6 +57,12 @@ def _batch(first_offset: int, tuples: int = 60) -> list[tuple[Any, ...]]:
 def _log(store: KafkaQueueStore, topic: str) -> list[tuple[bytes, tuple[Any, ...]]]:
     with store.reader(topic, 0) as reader:
         return [(r.value, tuple(r.meta)) for r in reader.scan_forward(0)]
+
+
+@pytest.fixture(autouse=True)
+def _no_kept_writers() -> Any:
+    yield
+    writer_module._close_live()  # writers a test kept in this process (as a Python worker would)
 
 
 @pytest.fixture
@@ -138,3 +150,75 @@ def test_records_the_batch_did_not_produce_are_a_conflict(
         write_partition(kafka_broker.bootstrap, {}, topic, 0, ZERO, _batch(30), has_time=True)
     assert _log(store, topic) == before
     assert first.cursor.next_offset > len(before) - 1
+
+
+def _write(
+    bootstrap: str, topic: str, cursor: PartitionCursor, first_offset: int, **kw: Any
+) -> PartitionWrite:
+    return write_partition(bootstrap, {}, topic, 0, cursor, _batch(first_offset), has_time=True, **kw)
+
+
+def _reference_log(bootstrap: str, store: KafkaQueueStore, batches: int) -> list[tuple[bytes, Any]]:
+    """The log that a fresh writer per batch makes of `batches` consecutive batches."""
+    topic = _topic(store)
+    cursor = ZERO
+    for b in range(batches):
+        cursor = _write(bootstrap, topic, cursor, 30 * b).cursor
+    return _log(store, topic)
+
+
+def test_a_kept_writer_appends_the_next_batches_itself(kafka_broker: Broker, store: KafkaQueueStore) -> None:
+    want = _reference_log(kafka_broker.bootstrap, store, 3)
+    topic = _topic(store)
+    first = _write(kafka_broker.bootstrap, topic, ZERO, 0, session="run-1")
+    second = _write(kafka_broker.bootstrap, topic, first.cursor, 30, session="run-1")
+    third = _write(kafka_broker.bootstrap, topic, second.cursor, 60, session="run-1")
+    assert (first.reused, second.reused, third.reused) == (False, True, True)
+    assert second.found == third.found == 0 and second.written > 0 and third.written > 0
+    assert second.cursor.next_offset > first.cursor.next_offset
+    assert _log(store, topic) == want
+    # A new run of the query (its driver fenced every earlier writer) never uses the old run's writer.
+    fourth = _write(kafka_broker.bootstrap, topic, third.cursor, 90, session="run-2")
+    assert not fourth.reused and fourth.found == 0
+
+
+def test_a_retried_attempt_or_another_cursor_takes_the_partition_over(
+    kafka_broker: Broker, store: KafkaQueueStore
+) -> None:
+    want = _reference_log(kafka_broker.bootstrap, store, 3)
+    topic = _topic(store)
+    first = _write(kafka_broker.bootstrap, topic, ZERO, 0, session="run")
+    # A retried task (attempt 1) checks the log even when this worker's writer ends it.
+    retried = _write(kafka_broker.bootstrap, topic, first.cursor, 30, session="run", attempt=1)
+    assert not retried.reused and retried.found == 0
+    # Handed an older cursor (a re-run stage of the batch just written): the log is checked and the batch,
+    # already there, is not written twice.
+    rerun = _write(kafka_broker.bootstrap, topic, first.cursor, 30, session="run")
+    assert not rerun.reused and rerun.found == retried.written and rerun.written == 0
+    assert rerun.cursor == retried.cursor
+    third = _write(kafka_broker.bootstrap, topic, rerun.cursor, 60, session="run")
+    assert third.reused
+    assert _log(store, topic) == want
+
+
+def test_a_fenced_kept_writer_checks_the_log_with_a_new_writer(
+    kafka_broker: Broker, store: KafkaQueueStore, tmp_path: Path
+) -> None:
+    want = _reference_log(kafka_broker.bootstrap, store, 3)
+    topic = _topic(store)
+    first = _write(kafka_broker.bootstrap, topic, ZERO, 0, session="run")
+    # Another worker's task writes the next batch: its init_transactions() fences this worker's writer,
+    # which still believes it ends the log at first.cursor.
+    other = _write(kafka_broker.bootstrap, topic, first.cursor, 30)
+    assert not other.reused and other.written > 0
+    # A re-run of that batch lands in this worker with the cursor its kept writer ends at: the writer is
+    # fenced, so the task takes the partition over and finds the batch already written.
+    again = _write(kafka_broker.bootstrap, topic, first.cursor, 30, session="run")
+    assert not again.reused and again.written == 0 and again.found == other.written
+    assert again.cursor == other.cursor
+    # Fenced without anything written since (a writer of another worker that died before appending).
+    with KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "idle") as idle:
+        idle.writer(topic, 0).close()
+    third = _write(kafka_broker.bootstrap, topic, again.cursor, 60, session="run")
+    assert not third.reused and third.found == 0 and third.written > 0
+    assert _log(store, topic) == want
