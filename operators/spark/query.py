@@ -115,13 +115,26 @@ class CecAggregateQuery:
         self.query.explain(extended)
 
     def awaitTermination(self, timeout: int | None = None) -> bool | None:
-        """As StreamingQuery.awaitTermination; the output logs are closed once the query has ended."""
+        """As StreamingQuery.awaitTermination; the output logs are closed once the query has ended.
+
+        "Ended" is Spark's answer here (its termination latch: the query thread has finished), never
+        `isActive`: that turns false as soon as some thread calls `stop()`, while the micro-batch in flight
+        still runs and still writes through the sink (closing it then fails that batch: seen on a loaded
+        cluster run, "the CEC sink is closed")."""
+        ended = False
         try:
-            return (
-                self.query.awaitTermination(timeout) if timeout is not None else self.query.awaitTermination()
-            )
+            if timeout is None:
+                self.query.awaitTermination()
+                ended = True
+                return None
+            ended = bool(self.query.awaitTermination(timeout))
+            return ended
+        except Exception:
+            # awaitTermination raises the query's own failure only once its thread has ended.
+            ended = not self.query.isActive
+            raise
         finally:
-            if not self.query.isActive:
+            if ended:
                 self.close()
 
     def stop(self) -> None:
@@ -222,7 +235,5 @@ class CecAggregateQuery:
         return self
 
     def __exit__(self, *exc: object) -> None:
-        if self.query.isActive:
-            self.stop()
-        else:
-            self.close()
+        # stop() also when inactive: Spark's stop waits for a batch still in flight (see awaitTermination).
+        self.stop()
