@@ -117,25 +117,28 @@ class CecAggregateQuery:
     def awaitTermination(self, timeout: int | None = None) -> bool | None:
         """As StreamingQuery.awaitTermination; the output logs are closed once the query has ended.
 
-        "Ended" is Spark's answer here (its termination latch: the query thread has finished), never
-        `isActive`: that turns false as soon as some thread calls `stop()`, while the micro-batch in flight
-        still runs and still writes through the sink (closing it then fails that batch: seen on a loaded
-        cluster run, "the CEC sink is closed")."""
-        ended = False
-        try:
-            if timeout is None:
+        Ended means the query thread has finished (Spark's termination latch), which the timed wait does not
+        tell: it answers `not isActive`, true as soon as some thread called `stop()`, while the micro-batch
+        in flight still runs and still writes through the sink (closing the logs then failed that batch with
+        "the CEC sink is closed", seen on a loaded cluster run). So a timed wait that sees the query inactive
+        then waits for the thread itself, at most the rest of that batch."""
+        if timeout is None:
+            try:
                 self.query.awaitTermination()
-                ended = True
-                return None
-            ended = bool(self.query.awaitTermination(timeout))
-            return ended
+            finally:
+                self.close()  # the latch was released: the thread ended, failed or not
+            return None
+        try:
+            if not self.query.awaitTermination(timeout):
+                return False
         except Exception:
-            # awaitTermination raises the query's own failure only once its thread has ended.
-            ended = not self.query.isActive
-            raise
-        finally:
-            if ended:
+            # The query's own failure: raised only once the thread has ended. Anything else (a bad timeout,
+            # a broken gateway) says nothing about the batch in flight: the logs stay open.
+            if self.query.exception() is not None:
                 self.close()
+            raise
+        self.awaitTermination()
+        return True
 
     def stop(self) -> None:
         try:
