@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from operator import attrgetter
 from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
@@ -77,6 +78,7 @@ def _same_double(a: float, b: float) -> bool:
 
 
 _FIRST_TUPLE_HEAD = bytes((FIRST_TUPLE_TAG,))
+_STATE_FIELDS = attrgetter("count", "total", "lo", "hi", "start", "last")  # STATE_SCHEMA's order
 
 
 @dataclass(slots=True)
@@ -345,6 +347,16 @@ class KeyedAggregate(Operator):
             if LONG_MIN <= span <= LONG_MAX:
                 return _FIRST_TUPLE_HEAD + self._first_codec.encode_tuple((state.total, state.start, span))
         return self.encode_state(state)
+
+    def encode_footprints(self, states: list[AggState]) -> list[bytes]:
+        """`encode_footprint` of every state, the full-form ones in one C call (a run of G-checks: their
+        windows hold several tuples, so the first-tuple form is the exception)."""
+        rows = list(map(_STATE_FIELDS, states))  # in STATE_SCHEMA's field order
+        out = self._state_codec.encode_tuples(rows)
+        for i, row in enumerate(rows):
+            if row[0] == 1:  # count 1: maybe the first-tuple form
+                out[i] = self.encode_footprint(states[i])
+        return out
 
     def decode_state(self, data: bytes) -> AggState:
         if data[:1] == _FIRST_TUPLE_HEAD:
