@@ -25,6 +25,7 @@ import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from itertools import islice
+from operator import attrgetter
 from typing import Any
 
 from cec import progress as progress_tasks
@@ -52,6 +53,7 @@ _MEASURE_S = 0.25  # measurement interval: rates, the policy's choices, the chec
 _OVER_INTERVALS = 4  # consecutive intervals a target must be missed, budget spent, before saying so
 
 _PLAIN_ENCODE = RecordCodec.encode
+_STATE, _KEY, _SEQ = attrgetter("state"), attrgetter("key"), attrgetter("seq")  # a run of windows' fields
 _KIND_NAME = {kind: kind.value for kind in Kind}  # Enum.value is a descriptor call: too slow per record
 
 DEAD_LETTER_SCHEMA: dict[str, Any] = {
@@ -828,9 +830,9 @@ class OperatorRuntime:
         pos = self._stamper.stamp_current(self._pos)
         marks = () if self._wm is None else self._wm.stamp()
         n = self._registry.n
-        states = self.operator.encode_footprints([w.state for w in windows])
-        keys = [w.key for w in windows]
-        seqs = [w.seq for w in windows]
+        states = self.operator.encode_footprints(list(map(_STATE, windows)))
+        keys = list(map(_KEY, windows))
+        seqs = list(map(_SEQ, windows))
         values = self.codec.encode_run(Kind.GCHECK, time_, pos, n, marks, keys, seqs, states)
         self._registry.footprint_run(keys, time=time_, out_mark=self._out_count, in_mark=self._in_count)
         self._out_count += count
