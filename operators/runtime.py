@@ -834,7 +834,7 @@ class OperatorRuntime:
         keys = list(map(_KEY, windows))
         seqs = list(map(_SEQ, windows))
         values = self.codec.encode_run(Kind.GCHECK, time_, pos, n, marks, keys, seqs, states)
-        self._registry.footprint_run(keys, time=time_, out_mark=self._out_count, in_mark=self._in_count)
+        self._registry.footprint_run(windows, time=time_, out_mark=self._out_count, in_mark=self._in_count)
         self._out_count += count
         self.stats.outputs += count
         self.stats.gchecks += count
