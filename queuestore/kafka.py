@@ -1003,7 +1003,10 @@ class KafkaPartitionWriter(PartitionWriter):
                 f"record of {len(value)} bytes exceeds the {limit} bytes a record with this key may carry "
                 f"(max_record_bytes={self._max_record_bytes}); write it through OutputQueue, which chunks it"
             )
-        if self._committer is not None and not self._reap(block=self.outstanding >= self._max_outstanding):
+        # At most one transaction's worth waits behind a commit (then the append waits for it): the commit
+        # cadence stays one per `commit_records`, and memory stays bounded.
+        full = self.outstanding >= self._max_outstanding or len(self._waiting) >= self._commit_records
+        if self._committer is not None and not self._reap(block=full):
             # The previous transaction is still committing: this record waits for the next one, in order.
             self._waiting.append((value, meta, on_durable))
             self._appended += 1
