@@ -1838,6 +1838,58 @@ done:
     return result;
 }
 
+/* ==== G-check batch (gchecktput) ==== */
+/* encode_gchecks(version, kind, time, pos, n, marks, keys, seqs, states): the records of a run of G-checks
+ * taken at one moment (same time, pos, N and marks; no payload), one list item per window, each exactly
+ * what encode_compact(version, kind, time, keys[i], seqs[i], pos, n, states[i], None, marks) returns;
+ * None when any of them would be None (the caller then encodes them one by one, in Python if need be). */
+static PyObject *py_encode_gchecks(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 9 || !PyList_CheckExact(args[6]) || !PyList_CheckExact(args[7]) || !PyList_CheckExact(args[8])) {
+        PyErr_SetString(PyExc_TypeError,
+                        "encode_gchecks(version, kind, time, pos, n, marks, keys: list, seqs: list, states: list)");
+        return NULL;
+    }
+    PyObject *keys = args[6], *seqs = args[7], *states = args[8];
+    Py_ssize_t count = PyList_GET_SIZE(keys);
+    if (PyList_GET_SIZE(seqs) != count || PyList_GET_SIZE(states) != count) {
+        PyErr_SetString(PyExc_ValueError, "encode_gchecks: keys, seqs and states differ in length");
+        return NULL;
+    }
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    PyObject *one[10] = {args[0], args[1], args[2], NULL, NULL, args[3], args[4], NULL, Py_None, args[5]};
+    for (Py_ssize_t i = 0; i < count; i++) {
+        one[3] = PyList_GET_ITEM(keys, i);
+        one[4] = PyList_GET_ITEM(seqs, i);
+        one[7] = PyList_GET_ITEM(states, i);
+        PyObject *value = py_encode_compact(NULL, one, 10);
+        if (value == NULL) { Py_DECREF(out); return NULL; }
+        if (value == Py_None) { Py_DECREF(value); Py_DECREF(out); Py_RETURN_NONE; }
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
+/* encode_avro_each(program, rows): [encode_avro(program, row) for row in rows] in one call (a run of window
+ * states); None when any of them would be None (the caller then encodes them one by one). */
+static PyObject *py_encode_avro_each(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 2 || !PyTuple_Check(args[0]) || !PyList_CheckExact(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "encode_avro_each(program: tuple, rows: list)");
+        return NULL;
+    }
+    Py_ssize_t count = PyList_GET_SIZE(args[1]);
+    PyObject *out = PyList_New(count);
+    if (out == NULL) return NULL;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *one[2] = {args[0], PyList_GET_ITEM(args[1], i)};
+        PyObject *value = py_encode_avro(NULL, one, 2);
+        if (value == NULL) { Py_DECREF(out); return NULL; }
+        if (value == Py_None) { Py_DECREF(value); Py_DECREF(out); Py_RETURN_NONE; }
+        PyList_SET_ITEM(out, i, value);
+    }
+    return out;
+}
+
 static PyMethodDef methods[] = {
     {"crc32c", py_crc32c, METH_VARARGS, "crc32c(data, crc=0): CRC32C of data, extending crc."},
     {"verify_rows", py_verify_rows, METH_VARARGS, "Indices of the rows that fail the plain checksum check."},
@@ -1856,6 +1908,10 @@ static PyMethodDef methods[] = {
      "The framed Kafka value: head + zigzag(time) + zigzag(seq) + value."},
     {"encode_avro", (PyCFunction)(void (*)(void))py_encode_avro, METH_FASTCALL,
      "Schemaless Avro of a flat record's field values, or None (encode it with fastavro)."},
+    {"encode_gchecks", (PyCFunction)(void (*)(void))py_encode_gchecks, METH_FASTCALL,
+     "The records of a run of G-checks taken at one moment, or None (encode them one by one)."},
+    {"encode_avro_each", (PyCFunction)(void (*)(void))py_encode_avro_each, METH_FASTCALL,
+     "encode_avro of every row in a list, or None (encode them one by one)."},
     {NULL, NULL, 0, NULL},
 };
 

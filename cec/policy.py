@@ -63,6 +63,11 @@ class CheckpointPolicy(abc.ABC):
     def observe(self, rates: MeasuredRates, open_windows: int) -> None:  # noqa: B027 - optional hook
         """New measurements (called every measurement interval)."""
 
+    def thresholds(self) -> tuple[int | None, int | None] | None:
+        """(Q, U) when this policy wants the oldest window exactly while q > Q or u > U (a None is not
+        checked), so the runtime can pick a run of G-checks without a view per window; else None."""
+        return None
+
     def budget(self) -> float | None:
         """The duty this policy wants as checkpoint budget; None keeps the configured CI/CP."""
         return None
@@ -114,6 +119,9 @@ class TargetPolicy(CheckpointPolicy):
         )
 
     def targets(self) -> tuple[int | None, int | None]:
+        return (self.q_target, self.u_target)
+
+    def thresholds(self) -> tuple[int | None, int | None] | None:
         return (self.q_target, self.u_target)
 
     def describe(self) -> str:
@@ -226,6 +234,9 @@ class RecoveryTimePolicy(CheckpointPolicy):
     def wants_checkpoint(self, extent_size: int, replay_size: int) -> bool:
         return replay_size > self.u_target or extent_size > self.q_target
 
+    def thresholds(self) -> tuple[int | None, int | None] | None:
+        return (self.q_target, self.u_target)
+
     def budget(self) -> float | None:
         return self.duty
 
@@ -324,6 +335,15 @@ class AnyOf(CheckpointPolicy):
     def observe(self, rates: MeasuredRates, open_windows: int) -> None:
         for p in self.policies:
             p.observe(rates, open_windows)
+
+    def thresholds(self) -> tuple[int | None, int | None] | None:
+        # Any of "q > Q_i or u > U_i" is "q > min Q_i or u > min U_i".
+        parts = [p.thresholds() for p in self.policies]
+        if not parts or any(t is None for t in parts):
+            return None
+        qs = [t[0] for t in parts if t is not None and t[0] is not None]
+        us = [t[1] for t in parts if t is not None and t[1] is not None]
+        return (min(qs) if qs else None, min(us) if us else None)
 
     def budget(self) -> float | None:
         asked = [b for b in (p.budget() for p in self.policies) if b is not None]

@@ -339,6 +339,7 @@ _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OutputRecord))
 # with a build older than it; it declines (None) anything unusual, which `_encode_compact` then encodes.
 _native_encode = getattr(native, "encode_compact", None)
 _native_encode_avro = getattr(native, "encode_avro", None)  # the same for operators' payloads and states
+_native_encode_gchecks = getattr(native, "encode_gchecks", None)  # a run of G-checks taken at one moment
 # OutputRecord's slots by field: the C decoder fills them directly (a frozen dataclass's __init__ costs
 # more than the decode itself).
 _FIELD_SLOTS = {f.name: getattr(OutputRecord, f.name) for f in dataclasses.fields(OutputRecord)}
@@ -459,6 +460,32 @@ class RecordCodec:
             if value is not None:
                 return value
         return self.encode(OutputRecord(kind, time, tuple(pos), n, key, seq, state, payload, tuple(marks)))
+
+    def encode_run(
+        self,
+        kind: Kind,
+        time: int,
+        pos: tuple[int, ...],
+        n: int,
+        marks: tuple[int, ...],
+        keys: list[str],
+        seqs: list[int],
+        states: list[bytes],
+    ) -> list[bytes]:
+        """The records of footprints of several windows taken at one moment (the runtime's batched
+        G-check), byte for byte `encode_fields(kind, time, pos, n, keys[i], seqs[i], states[i], None,
+        marks)` of each, in one C call when the accelerator takes them all."""
+        if self._writes_compact and _native_encode_gchecks is not None:
+            values: list[bytes] | None = _native_encode_gchecks(
+                self.version, _KIND_VALUE[kind], time, pos, n, marks, keys, seqs, states
+            )
+            if values is not None:
+                return values
+        encode = self.encode_fields
+        return [
+            encode(kind, time, pos, n, key, seq, state, None, marks)
+            for key, seq, state in zip(keys, seqs, states, strict=True)
+        ]
 
     def _header(self, data: bytes) -> tuple[int, int]:
         if len(data) < _HEADER.size + 1:
@@ -685,6 +712,17 @@ class AvroCodec:
             if data is not None:
                 return data
         return self.encode(dict(zip(self._names, values, strict=True)))
+
+    def encode_tuples(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
+        """`[encode_tuple(r) for r in rows]`, in one C call when every row is plain (a run of window
+        states: the batched G-check)."""
+        each = getattr(native, "encode_avro_each", None) if self._program is not None else None
+        if each is not None:
+            data: list[bytes] | None = each(self._program, rows)
+            if data is not None:
+                return data
+        encode = self.encode_tuple
+        return [encode(row) for row in rows]
 
     def decode_tuple(self, data: bytes, start: int = 0) -> tuple[Any, ...]:
         """The field values, in schema order, of the record at `data[start:]` (EC-load decodes every window

@@ -73,6 +73,16 @@ class WindowRegistry:
         window.in_mark = in_mark
         self._windows.move_to_end(key)
 
+    def footprint_run(self, windows: list[OpenWindow], *, time: int, out_mark: int, in_mark: int) -> None:
+        """`footprint` of each of these open windows in turn, the i-th at output count `out_mark + i` (one
+        record each)."""
+        move = self._windows.move_to_end
+        for i, window in enumerate(windows):
+            window.tau2 = time
+            window.out_mark = out_mark + i
+            window.in_mark = in_mark
+            move(window.key)
+
     def close(self, key: str) -> OpenWindow:
         return self._windows.pop(key)
 

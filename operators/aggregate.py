@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from math import copysign
+from operator import attrgetter
 from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
@@ -77,6 +79,7 @@ def _same_double(a: float, b: float) -> bool:
 
 
 _FIRST_TUPLE_HEAD = bytes((FIRST_TUPLE_TAG,))
+_STATE_FIELDS = attrgetter("count", "total", "lo", "hi", "start", "last")  # STATE_SCHEMA's order
 
 
 @dataclass(slots=True)
@@ -345,6 +348,30 @@ class KeyedAggregate(Operator):
             if LONG_MIN <= span <= LONG_MAX:
                 return _FIRST_TUPLE_HEAD + self._first_codec.encode_tuple((state.total, state.start, span))
         return self.encode_state(state)
+
+    def encode_footprints(self, states: list[AggState]) -> list[bytes]:
+        """`encode_footprint` of every state (a run of G-checks): the full forms in one C call, then the
+        first-tuple forms of the states that have one in another."""
+        rows = list(map(_STATE_FIELDS, states))  # in STATE_SCHEMA's field order
+        out = self._state_codec.encode_tuples(rows)
+        at: list[int] = []
+        firsts: list[tuple[float, int, int]] = []
+        for i, (count, total, lo, hi, start, last) in enumerate(rows):
+            # encode_footprint's test, inline: one tuple in, and lo, hi that same double (-0.0 is not 0.0)
+            if (
+                count == 1
+                and total == lo == hi
+                and copysign(1.0, total) == copysign(1.0, lo) == copysign(1.0, hi)
+            ):
+                span = last - start
+                if LONG_MIN <= span <= LONG_MAX:
+                    at.append(i)
+                    firsts.append((total, start, span))
+        if firsts:
+            head = _FIRST_TUPLE_HEAD
+            for i, data in zip(at, self._first_codec.encode_tuples(firsts), strict=True):
+                out[i] = head + data
+        return out
 
     def decode_state(self, data: bytes) -> AggState:
         if data[:1] == _FIRST_TUPLE_HEAD:

@@ -106,5 +106,11 @@ class Operator(abc.ABC):
         shorter form for some states (which `decode_state` must then read as well)."""
         return self.encode_state(state)
 
+    def encode_footprints(self, states: list[Any]) -> list[bytes]:
+        """`[encode_footprint(s) for s in states]`: a run of G-checks taken at one moment (the runtime's
+        batched G-check); operators with a cheaper way to encode many states at once override it."""
+        encode = self.encode_footprint
+        return [encode(state) for state in states]
+
     def describe(self) -> str:
         return self.name

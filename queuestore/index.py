@@ -110,6 +110,25 @@ class StreamIndex:
         self._batch_next = offset + 1
         self._batch_size += 1
 
+    def add_run(self, first: int, kind: str, time: int, keys: list[str], seqs: list[int]) -> None:
+        """`add(first + i, RecordMeta(kind, time, keys[i], seqs[i]))` for each record of a run with
+        consecutive offsets (the batched G-check): the same entries, without a call per record."""
+        end = first + len(keys)
+        start = max(first, self._batch_next)
+        if start >= end:
+            return
+        if kind == "R":  # results name their window in the closed-window directory: one by one
+            for i in range(start - first, len(keys)):
+                self.add(first + i, RecordMeta(kind, time, keys[i], seqs[i]))
+            return
+        entry = max(start, self._last_entry_offset + self.stride)  # add() makes one every stride offsets
+        while entry < end:
+            self._batch.put(_time_key(time, entry), b"")
+            self._last_entry_offset = entry
+            entry += self.stride
+        self._batch_next = end
+        self._batch_size += end - start
+
     def commit(self) -> None:
         if self._batch_size == 0:
             return

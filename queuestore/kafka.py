@@ -12,6 +12,10 @@ polls after each input batch): `poll()` commits once the open transaction is `co
 old or holds `commit_records` records, `flush()` always commits. Durable-completion callbacks fire only
 after the commit, so the stream index never maps a record that a crash could still abort. Any prefix is a
 valid log for recovery, so where a commit falls is a matter of cost and latency, never of correctness.
+The commits `poll()` starts are pipelined: delivery of the transaction's records and its commit run in a
+committer thread while the operator goes on (its appends meanwhile wait in order in the writer, and are
+produced, in a new transaction, once the commit is through); the callbacks still fire only after the
+commit, in the caller's thread, in append order.
 
 Readers consume with `isolation.level=read_committed`. Transaction markers take offsets that are never
 delivered, so offsets are not dense (`dense_offsets = False`): every read path steps by the offsets it is
@@ -854,6 +858,12 @@ class KafkaPartitionWriter(PartitionWriter):
         self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
         self._side: list[tuple[str, int, bytes | None, bytes]] = []  # see append_side
         self.commits = 0
+        # The pipelined commit (module doc): the committer thread, what it left (flush's undelivered count,
+        # the commit's error) and the appends that wait, in order, for the next transaction.
+        self._committer: threading.Thread | None = None
+        self._commit_remaining = 0
+        self._commit_error: KafkaException | None = None
+        self._waiting: list[tuple[bytes, RecordMeta, DurableCallback | None]] = []
         # Bound once: most appends have no callback and must not pay for a closure each.
         self._plain_report = self._make_report(None)
 
@@ -886,7 +896,8 @@ class KafkaPartitionWriter(PartitionWriter):
         failure = self._failure
         self._side.clear()
         delivered, self._delivered = self._delivered, []
-        for on_durable, _ in delivered:
+        waiting, self._waiting = self._waiting, []
+        for on_durable in [d for d, _ in delivered] + [w[2] for w in waiting]:
             self._served += 1
             if on_durable is not None:
                 on_durable(None, failure)
@@ -992,10 +1003,24 @@ class KafkaPartitionWriter(PartitionWriter):
                 f"record of {len(value)} bytes exceeds the {limit} bytes a record with this key may carry "
                 f"(max_record_bytes={self._max_record_bytes}); write it through OutputQueue, which chunks it"
             )
+        # At most one transaction's worth waits behind a commit (then the append waits for it): the commit
+        # cadence stays one per `commit_records`, and memory stays bounded.
+        full = self.outstanding >= self._max_outstanding or len(self._waiting) >= self._commit_records
+        if self._committer is not None and not self._reap(block=full):
+            # The previous transaction is still committing: this record waits for the next one, in order.
+            self._waiting.append((value, meta, on_durable))
+            self._appended += 1
+            return
         # Bounded outstanding: records complete only when committed, so commit (serving callbacks here, in
         # the caller's thread) when the bound is reached; memory stays bounded when the broker is slow.
         if self._appended - self._served >= self._max_outstanding:
             self._commit_or_stop()
+        self._produce(producer, value, meta, on_durable)
+        self._appended += 1
+
+    def _produce(
+        self, producer: Producer, value: bytes, meta: RecordMeta, on_durable: DurableCallback | None
+    ) -> None:
         self._begin_transaction(producer)
         report = self._plain_report if on_durable is None else self._make_report(on_durable)
         record_key, message, headers = encode_message(value, meta)
@@ -1018,8 +1043,72 @@ class KafkaPartitionWriter(PartitionWriter):
                     raise RecordTooLargeError(str(exc)) from exc
                 err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                 raise self._stop(self._failed(err, "append to")) from None
-        self._appended += 1
         self._transaction_records += 1
+
+    # -- the pipelined commit ------------------------------------------------------------------------------
+    def _start_commit(self, producer: Producer) -> None:
+        """Deliver and commit the open transaction in the committer thread; the caller goes on. Only the
+        thread touches the producer until `_reap` joined it (appends wait in `_waiting`)."""
+
+        def commit() -> None:
+            try:
+                # Delivery reports are appended to _delivered/_undelivered here: the caller's thread does
+                # not touch them until it joined this thread.
+                self._commit_remaining = producer.flush(self._timeout)
+                if self._commit_remaining > 0 or self._undelivered:
+                    return
+                faults.hit("kafka.before_commit")
+                producer.commit_transaction(self._timeout)
+                faults.hit("kafka.after_commit")
+            except KafkaException as exc:
+                self._commit_error = exc
+
+        self._commit_remaining = 0
+        self._commit_error = None
+        self._committer = threading.Thread(target=commit, name=f"cec-commit-{self.topic}-{self.partition}")
+        self._committer.daemon = True
+        self._committer.start()
+
+    def _reap(self, *, block: bool, timeout: float | None = None) -> bool:
+        """If the pipelined commit is over (`block`: once it is, or `timeout` passed): settle it (serve its
+        callbacks, or stop the writer if it failed), produce the waiting appends in a new transaction, and
+        return True; False while it is still running."""
+        committer = self._committer
+        if committer is None:
+            return True
+        if block or timeout:
+            committer.join(timeout if not block else None)
+        if committer.is_alive():
+            return False
+        self._committer = None
+        exc = self._commit_error
+        if exc is not None:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            self._settle_undelivered()
+            raise self._stop(self._failure or self._failed(err, "commit of")) from None
+        self._settle_undelivered()
+        if self._failure is not None:
+            raise self._stop(self._failure)
+        if self._commit_remaining > 0:
+            raise self._stop(
+                QueueStoreError(
+                    f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
+                    f"{self._timeout}s: the broker is unreachable or too slow"
+                )
+            )
+        self._in_transaction = False
+        self.commits += 1
+        delivered, self._delivered = self._delivered, []
+        for on_durable, offset in delivered:
+            self._served += 1
+            if on_durable is not None:
+                on_durable(offset, None)
+        waiting, self._waiting = self._waiting, []
+        if waiting:
+            producer = self._live_producer()
+            for value, meta, on_durable in waiting:
+                self._produce(producer, value, meta, on_durable)
+        return True
 
     def _begin_transaction(self, producer: Producer) -> None:
         """Open a transaction unless one is open (the first append or side record after a commit)."""
@@ -1070,14 +1159,20 @@ class KafkaPartitionWriter(PartitionWriter):
             raise self._stop(self._failure)
 
     def poll(self, timeout: float = 0.0) -> int:
-        """Serve delivery reports; commit the open transaction when it is due (module docstring). Raises
-        the writer's failure (fail-stop), `WriterFencedError` when another writer took over."""
+        """Serve delivery reports; start committing the open transaction when it is due (pipelined, see
+        the module doc) and settle a commit that is through. Raises the writer's failure (fail-stop),
+        `WriterFencedError` when another writer took over."""
         producer = self._live_producer()
         before = self._served
-        self._serve(producer.poll, timeout)
+        if self._committer is not None and not self._reap(block=False, timeout=timeout):
+            return self._served - before  # the producer is the committer's until it is through
+        self._serve(producer.poll, timeout if self._served == before else 0.0)
         self._check_failure()
         if self._in_transaction and self._commit_due():
-            self._commit_or_stop()
+            if self._side:
+                self._commit_or_stop()  # side records are produced at commit time: not pipelined
+            else:
+                self._start_commit(producer)
         return self._served - before
 
     def _commit_or_stop(self) -> None:
@@ -1092,6 +1187,7 @@ class KafkaPartitionWriter(PartitionWriter):
         """Commit everything appended; every callback is served when this returns."""
         self._live_producer()
         self._check_failure()
+        self._reap(block=True)
         self._commit(timeout)
         if self.outstanding > 0:
             raise TimeoutError(
@@ -1109,6 +1205,8 @@ class KafkaPartitionWriter(PartitionWriter):
         if self._producer is None:
             return
         producer = self._producer
+        if self._committer is not None and self._failure is not None:
+            self._committer.join()  # the producer is the committer's until it is through
         try:
             if self._failure is None:
                 try:

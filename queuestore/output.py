@@ -75,6 +75,37 @@ class OutputQueue:
             self.appended += 1
             faults.hit("chunks.between_parts")
 
+    def _on_durable_run(
+        self, kind: str, time: int, keys: list[str], seqs: list[int]
+    ) -> Callable[[int | None, Exception | None], None]:
+        def done(last: int | None, error: Exception | None) -> None:
+            if error is not None or last is None:
+                self.failures.append(error or RuntimeError("no offset"))
+                return
+            self.index.add_run(last - len(keys) + 1, kind, time, keys, seqs)
+            self.durable_count += len(keys)
+
+        return done
+
+    def append_run(self, kind: str, time: int, keys: list[str], seqs: list[int], values: list[bytes]) -> None:
+        """`append(values[i], RecordMeta(kind, time, keys[i], seqs[i]))` of each, in order: records of one
+        kind and time (the batched G-check), in one writer call when the writer takes runs (consecutive
+        offsets, one completion for the run) and every value fits in one record; else one by one. Indexed,
+        like any record, only once durable."""
+        if not values:
+            return
+        append_run = getattr(self.writer, "append_run", None)
+        if append_run is not None:
+            # 4 bytes per character at most: a store whose limit depends on the key (Kafka) gets the worst.
+            longest_key = max(map(len, keys))
+            limit = self.store.value_limit(RecordMeta(kind, time, "x" * (4 * longest_key), 0))
+            if max(map(len, values)) <= limit:
+                append_run(kind, time, keys, seqs, values, self._on_durable_run(kind, time, keys, seqs))
+                self.appended += len(values)
+                return
+        for key, seq, value in zip(keys, seqs, values, strict=True):
+            self.append(value, RecordMeta(kind, time, key, seq))
+
     def poll(self, timeout: float = 0.0) -> int:
         served = self.writer.poll(timeout)
         if served:

@@ -28,6 +28,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from itertools import repeat
 from pathlib import Path
 
 from queuestore.base import (
@@ -183,6 +184,41 @@ class SqlitePartitionWriter(PartitionWriter):
         self._pending_callbacks.append(on_durable)
         self._next_offset += 1
         self._outstanding += 1
+        if len(self._pending) >= self._max_batch:
+            self._submit()
+
+    def append_run(
+        self,
+        kind: str,
+        time: int,
+        keys: list[str],
+        seqs: list[int],
+        values: list[bytes],
+        on_durable: DurableCallback | None,
+    ) -> None:
+        """`append(values[i], RecordMeta(kind, time, keys[i], seqs[i]))` of each, in order, in one call
+        (the batched G-check): consecutive offsets, and `on_durable` called once, with the last one's
+        offset, when all of them are durable."""
+        if self._closed:
+            raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
+        self._check_failed()
+        count = len(values)
+        if not count:
+            return
+        longest = max(map(len, values))
+        if longest > self._max_record_bytes:
+            raise RecordTooLargeError(f"{longest} bytes > max_record_bytes={self._max_record_bytes}")
+        while self._outstanding and self._outstanding + count > self._max_outstanding:
+            self.poll(0.05)  # back-pressure, as in append
+        first = self._next_offset
+        self._pending.extend(
+            zip(range(first, first + count), repeat(kind), repeat(time), keys, seqs, values, strict=False)
+        )
+        callbacks = self._pending_callbacks
+        callbacks.extend(repeat(None, count - 1))
+        callbacks.append(on_durable)  # served after the run's earlier records: completions come in order
+        self._next_offset = first + count
+        self._outstanding += count
         if len(self._pending) >= self._max_batch:
             self._submit()
 

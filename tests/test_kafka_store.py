@@ -724,14 +724,64 @@ def test_callbacks_fire_only_for_committed_records(kafka_broker: Broker, tmp_pat
             # Delivered or not, not committed: no callback, nothing a read_committed reader sees.
             assert w.poll(0.5) == 0 and reports == [] and w.outstanding == 20
             assert list(r.scan_forward()) == []
-            clock.now = 10.0  # the transaction is due
-            assert w.poll(0) == 20
+            clock.now = 10.0  # the transaction is due: poll() starts its commit, a later poll settles it
+            served = [w.poll(0)]
+            wait_for(lambda: served.append(w.poll(0.05)) or sum(served) == 20, what="the commit")
             assert reports == list(range(20)) and w.commits == 1
             assert values(r.scan_forward()) == [(value(i), meta(i)) for i in range(20)]
             # Due by size: commit_records appends.
             for i in range(20, 1_020):
                 w.append(value(i), meta(i))
-            assert w.poll(0) == 1_000 and w.commits == 2
+            w.poll(0)
+            wait_for(lambda: w.poll(0.05) >= 0 and w.commits == 2, what="the commit due by size")
+            assert w.outstanding == 0
+    finally:
+        s.close()
+
+
+def test_commits_are_pipelined_appends_go_on_and_callbacks_wait_for_the_commit(
+    kafka_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """poll() hands a due transaction to the committer thread and returns: appends made while it commits
+    wait in order and go into the next transaction; no callback fires, and no reader sees a record, before
+    the commit holding it is through."""
+    import queuestore.kafka as kafka_module
+
+    gate, at_commit = threading.Event(), threading.Event()
+    hit = kafka_module.faults.hit
+
+    def held(site: str) -> None:
+        if site == "kafka.before_commit":
+            at_commit.set()
+            assert gate.wait(DEADLINE)
+        hit(site)
+
+    monkeypatch.setattr(kafka_module.faults, "hit", held)
+    clock = FakeClock()
+    s = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path, commit_interval=10.0, commit_records=1_000, clock=clock
+    )
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s.create_topic(name, 1)
+        reports: list[int | None] = []
+        with s.writer(name, 0) as w, s.reader(name, 0) as r:
+            for i in range(20):
+                w.append(value(i), meta(i), lambda off, err: reports.append(off if err is None else None))
+            clock.now = 10.0
+            assert w.poll(0) == 0  # the commit started in the committer thread; poll did not wait for it
+            assert at_commit.wait(DEADLINE)  # ...which now holds before commit_transaction
+            for i in range(20, 30):  # the operator goes on meanwhile
+                w.append(value(i), meta(i), lambda off, err: reports.append(off if err is None else None))
+            assert w.poll(0) == 0 and reports == [] and w.outstanding == 30
+            assert list(r.scan_forward()) == []
+            gate.set()
+            wait_for(lambda: bool(w.poll(0.05)) or w.commits == 1, what="the first commit")
+            assert w.commits == 1 and len(reports) == 20  # the first transaction's records only
+            w.flush()  # the waiting appends went into the next transaction
+            assert w.commits == 2 and w.outstanding == 0
+            assert len(reports) == 30 and None not in reports and reports == sorted(reports)
+            assert values(r.scan_forward()) == [(value(i), meta(i)) for i in range(30)]
     finally:
         s.close()
 
