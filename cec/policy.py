@@ -186,10 +186,17 @@ class RecoveryTimePolicy(CheckpointPolicy):
         per_u = rates.outputs_per_input / rates.ec_build_rate + 1.0 / rates.replay_rate
         if fixed >= allowed:
             known = {"ec_build_rate", "ec_load_rate"} <= rates.measured
+            basis = (
+                "measured"
+                if known
+                else "calibrated (at startup, until a recovery measures them)"
+                if rates.calibrated
+                else "assumed (until a recovery measures them)"
+            )
             self._problem = (
                 f"recovery target {self.target_s:g} s cannot be met: rebuilding and loading the "
                 f"{n:,} open windows alone takes about {fixed:.2f} s at the "
-                f"{'measured' if known else 'assumed (until a recovery measures them)'} rates "
+                f"{basis} rates "
                 f"({rates.ec_build_rate:,.0f} records/s EC build, {rates.ec_load_rate:,.0f} windows/s EC load)"
             )
             # Best effort: the fixed part cannot shrink, so keep what replay adds to it small (the share

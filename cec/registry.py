@@ -100,3 +100,16 @@ class WindowRegistry:
         """u: input tuples processed since the oldest footprint (what replay re-reads after a crash)."""
         oldest = self.oldest()
         return 0 if oldest is None else in_count - oldest.in_mark
+
+    def load(self, windows: list[OpenWindow]) -> None:
+        """`open` of each window in turn, in one call (recovery installs the whole EC at once)."""
+        registry = self._windows
+        before = len(registry)
+        registry.update([(window.key, window) for window in windows])
+        if len(registry) != before + len(windows):
+            seen: set[str] = set()
+            for window in windows:
+                if window.key in seen:
+                    raise KeyError(f"key {window.key!r} loaded twice")
+                seen.add(window.key)
+            raise KeyError("a loaded window's key already has an open window")

@@ -394,6 +394,9 @@ class PurchaseGenerator(InputSource):
         return out
 
 
+_R, _EOS = Kind.R.value, Kind.EOS.value
+
+
 class QueueSource(InputSource):
     """An upstream operator's output queue. Yields its R tuples; control tuples are skipped by their kind
     (kept beside the value) without decoding state, and an upstream EOS ends a partition. Every record is
@@ -462,18 +465,18 @@ class QueueSource(InputSource):
         for j, reader in enumerate(self._readers):
             if self._ended[j]:
                 continue
-            records = reader.read_forward(self._next[j], share)
-            if not records:
+            # Flat rows, checked in a batch (`LogVerifier.check_rows`): no objects per record but the tuple.
+            rows = reader.read_forward_rows(self._next[j], share)
+            if not rows:
                 continue
-            self._next[j] = records[-1].offset + 1
-            for verified in self._verifiers[j].check(records):
-                kind = verified.meta.kind
-                if kind == Kind.R.value:
-                    assert verified.record is not None
-                    out.append(self._tuple(j, verified.offset, verified.record))
-                elif kind == Kind.EOS.value:
+            self._next[j] = rows[-1][0] + 1
+            for offset, kind, record in self._verifiers[j].check_rows(rows):
+                if kind == _R:
+                    assert record is not None
+                    out.append(self._tuple(j, offset, record))
+                elif kind == _EOS:
                     self._ended[j] = True
-                    self._next[j] = verified.offset + 1
+                    self._next[j] = offset + 1
                     break
         if not out and all(self._ended):
             return None

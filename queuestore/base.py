@@ -192,6 +192,14 @@ class PartitionReader(abc.ABC):
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
         """Up to `max_records` records with offset < `before_offset`, newest first."""
 
+    def read_forward_rows(self, from_offset: int, max_records: int) -> list[Row]:
+        """`read_forward` as flat rows (see `Row`): the same records, oldest first. Backends override it
+        to skip building objects per record (a queue source reads every record of its input, replay too)."""
+        return [
+            (r.offset, r.meta.kind, r.meta.time, r.meta.key, r.meta.seq, r.value)
+            for r in self.read_forward(from_offset, max_records)
+        ]
+
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
         """`read_backward` as flat rows (see `Row`): the same records, newest first. Backends override it
         to skip building objects per record (recovery scans read every record of the extent)."""

@@ -372,7 +372,11 @@ class SqlitePartitionReader(PartitionReader):
         return _log_start(self._conn)
 
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
-        rows = self._conn.execute(
+        return [_row_to_record(r) for r in self.read_forward_rows(from_offset, max_records)]
+
+    def read_forward_rows(self, from_offset: int, max_records: int) -> list[Row]:
+        # Rows straight from sqlite3: the column order is the Row layout.
+        rows: list[Row] = self._conn.execute(
             f"SELECT {_COLUMNS} FROM log WHERE offset >= ? ORDER BY offset LIMIT ?",
             (from_offset, max_records),
         ).fetchall()
@@ -380,7 +384,7 @@ class SqlitePartitionReader(PartitionReader):
         # past the end or lost (the caller's dense check says which)?
         if (not rows or rows[0][0] != from_offset) and from_offset < self.start_offset():
             raise self.trimmed(from_offset)
-        return [_row_to_record(r) for r in rows]
+        return rows
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
         rows = self._conn.execute(

@@ -77,6 +77,8 @@ class Recovery:
 
 
 _OFFSET = operator.attrgetter("offset")
+_KEY = operator.attrgetter("key")
+_POS = operator.attrgetter("pos")
 _LOADED_SLOTS = tuple(getattr(LoadedWindow, f.name) for f in dataclasses.fields(LoadedWindow))
 
 
@@ -120,13 +122,14 @@ class RecoveryManager:
         # already, which sorted() then confirms in one pass.
         footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
         with gc_paused():
+            records = footprint_records(footprints, self.codec)
             windows = [
                 _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
-                for fp, record in zip(footprints, footprint_records(footprints, self.codec), strict=True)
+                for fp, record in zip(footprints, records, strict=True)
             ]
         load_seconds = time.perf_counter() - load_started
         plan = ReplayContract.build(
-            ec.crash_pos, {w.key: w.footprint.record.pos for w in windows}, input_partitions
+            ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
         )
         report = RecoveryReport(
             log_end=ec.end_offset,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import pytest
 
@@ -179,3 +180,82 @@ def test_cost_benefit_passes_a_dense_front_when_the_span_is_worth_it() -> None:
 
 def test_cost_benefit_does_nothing_before_measuring() -> None:
     assert not CostBenefitPolicy(1.0).wants_oldest(WindowView(10**6, 10**6, 10, 10**5, 10**5))
+
+
+def test_calibrated_ec_rates_are_planned_with_until_a_recovery_measures_them() -> None:
+    r = MeasuredRates()
+    r.calibrate(400_000.0, 350_000.0)
+    assert r.calibrated and (r.ec_build_rate, r.ec_load_rate) == (400_000.0, 350_000.0)
+    # The live rate no longer drags them (80k tuples/s would have put both at EC_PER_REPLAY * 80k).
+    r.observe_run(seconds=1.0, busy_seconds=0.5, inputs=40_000, outputs=40_000, gchecks=0)
+    assert (r.ec_build_rate, r.ec_load_rate) == (400_000.0, 350_000.0)
+    # The controller plans with them, and says which rates it used when they cannot meet the target.
+    policy = RecoveryTimePolicy(3.0, rates=r)
+    policy.observe(r, 92_000)
+    assert policy.problem() is None
+    fixed = 92_000 / 400_000 + 92_000 / 350_000
+    per_u = r.outputs_per_input / 400_000 + 1 / r.replay_rate
+    assert policy.u_target == int((0.8 * 3.0 - fixed) / per_u)
+    slow = MeasuredRates()
+    slow.calibrate(60_000.0, 60_000.0)
+    late = RecoveryTimePolicy(3.0, rates=slow)
+    late.observe(slow, 92_000)
+    problem = late.problem()
+    assert problem is not None and "calibrated (at startup" in problem
+
+    @dataclass
+    class Report:
+        records_read: int = 90_000
+        ec_windows: int = 90_000
+        ec_build_seconds: float = 0.3
+        ec_load_seconds: float = 0.45
+        tuples_replayed: int = 50_000
+        catch_up_seconds: float = 1.0
+
+    r.observe_recovery(Report())  # a real recovery's figures replace the calibration...
+    assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)
+    r.calibrate(900_000.0, 900_000.0)  # ...and a later calibration does not replace them
+    assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)
+    r.calibrate(0.0, 5.0)  # nothing measured: ignored
+    assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)
+
+
+def test_calibration_runs_the_real_ec_code_over_a_synthetic_extent(monkeypatch: pytest.MonkeyPatch) -> None:
+    from recovery import calibrate as calibration
+    from recovery.manager import RecoveryManager
+
+    rows = calibration.synthetic_extent(500)
+    seen: list[tuple[int, int]] = []
+    recover = RecoveryManager.recover
+
+    def spy(self: RecoveryManager, partitions: int) -> object:
+        result = recover(self, partitions)
+        seen.append((result.report.records_read, result.report.ec_windows))
+        return result
+
+    monkeypatch.setattr(RecoveryManager, "recover", spy)
+    build, load = calibration.calibrate_ec_rates(rows=rows, backend="sqlite", repeats=2)
+    # A warm-up pass over a short extent, then two passes finding every window of the synthetic one.
+    assert seen == [(256, 256), (500, 500), (500, 500)]
+    assert build > 0 and load > 0
+
+
+def test_a_fresh_start_with_a_recovery_target_calibrates_its_ec_rates(tmp_path: Path) -> None:
+    from cec.config import Checkpointing
+    from operators.job import JobSpec, run_job
+
+    def spec(name: str, checkpointing: Checkpointing) -> JobSpec:
+        return JobSpec(
+            operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
+                      "window_count": 5},
+            source={"type": "generator", "count": 300, "keys": 20, "seed": 1},
+            store={"type": "sqlite", "root": str(tmp_path / name)},
+            output_topic="agg",
+            checkpointing=checkpointing,
+        )  # fmt: skip
+
+    rto = run_job(spec("rto", Checkpointing(recovery_target="3s")))
+    assert rto.rates["calibrated"] is True
+    assert rto.rates["ec_build_rate"] > 0 and rto.rates["ec_load_rate"] > 0
+    plain = run_job(spec("plain", Checkpointing()))  # G-open only: nothing plans with the rates
+    assert plain.rates == {} or plain.rates.get("calibrated") is False

@@ -193,3 +193,31 @@ def test_batches_are_checked_in_one_pass_and_give_what_record_by_record_gives(
         batched.seek(0)
         assert list(batched.check(stored)) == one_by_one
         assert len(one_by_one) == len(records)
+
+
+def test_rows_are_checked_as_records_are(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`check_rows` (a queue source's reads: flat rows, no object per record) gives, for a plain batch
+    in two C calls, exactly the (offset, kind, record) that `check` gives; a batch with parts or damage
+    goes through `check` (the damage tests above read through the queue source, hence through here)."""
+    import cec.verified
+
+    store, records = _aggregate_log(tmp_path)
+    with store.reader(TOPIC, 0) as reader:
+        stored = reader.read_forward(0, len(records))
+        rows = reader.read_forward_rows(0, len(records))
+        assert rows == [(s.offset, *s.meta, s.value) for s in stored]
+        by_record = LogVerifier(reader, decode={Kind.R.value})
+        by_record.seek(0)
+        want = [(v.offset, v.meta.kind, v.record) for v in by_record.check(stored)]
+        assert len(want) == len(records) and any(r is not None for _, _, r in want)
+        if cec.verified.native is not None:
+
+            def per_record(*args: object, **kwargs: object) -> OutputRecord:
+                raise AssertionError("a plain batch was decoded record by record")
+
+            monkeypatch.setattr(RecordCodec, "decode", per_record)
+        verifier = LogVerifier(reader, decode={Kind.R.value})
+        verifier.seek(0)
+        assert list(verifier.check_rows(rows)) == want
+        # The next batch must start where this one ended (dense store): a gap is not plain.
+        assert verifier._plain_rows(rows[2:4]) is None

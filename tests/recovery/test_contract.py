@@ -217,3 +217,21 @@ def test_every_prefix_of_a_recovering_runs_log_recovers_exactly(
         store.close()
     full.close()
     ref.close()
+
+
+def test_the_plan_of_many_windows_takes_each_partition_minimum_and_finds_a_bad_window_anywhere() -> None:
+    """`build` plans column by column over the windows (EC-load at the paper's scale plans ~92k): the
+    same start as the definition, and a footprint past the crash point is named wherever it is."""
+    import random
+
+    rng = random.Random(3)
+    crash = (5_000, 7_000, 6_000)
+    windows = {f"k{i}": tuple(rng.randint(0, c) for c in crash) for i in range(2_000)}
+    contract = ReplayContract.build(crash, windows, 3)
+    assert contract.start == tuple(min(pos[j] for pos in windows.values()) for j in range(3))
+    assert contract.window_pos == windows
+    listed = ReplayContract.build(crash, {k: list(v) for k, v in windows.items()}, 3)
+    assert listed.window_pos == windows and all(type(v) is tuple for v in listed.window_pos.values())
+    for bad in ((1, 7_001, 0), (1, 2)):
+        with pytest.raises(RecoveryError, match="'k1234' has pos"):
+            ReplayContract.build(crash, {**windows, "k1234": bad}, 3)
