@@ -73,7 +73,12 @@ def _run(
 
 
 def test_u_target_checks_the_front_oldest_first_with_the_lookahead() -> None:
-    windows = [WindowMark("b", 50, 5), WindowMark("a", 400, 40), WindowMark("c", 250, 20), WindowMark("d", 10, 1)]
+    windows = [
+        WindowMark("b", 50, 5),
+        WindowMark("a", 400, 40),
+        WindowMark("c", 250, 20),
+        WindowMark("d", 10, 1),
+    ]
     unlimited = Checkpointing(u_target=200, ci_ms=100, cp_ms=100)
     done, control = _run(unlimited, windows)
     assert done == ["a", "c"]  # u > 200; "b" (50) is within U and so is everything after it
@@ -96,9 +101,7 @@ def test_the_budget_caps_gchecks_per_timer() -> None:
     schedule.start()
     clock.now += 1.0  # a second of run time: the credit is one CI
     windows = [WindowMark(i, 1000 - i, 0) for i in range(20)]
-    done, control = _run(
-        Checkpointing(u_target=100), windows, cost=0.002, clock=clock, schedule=schedule
-    )
+    done, control = _run(Checkpointing(u_target=100), windows, cost=0.002, clock=clock, schedule=schedule)
     # 2 ms per G-check against 5 ms of credit: three (the third overshoots; the debt is paid next time).
     assert done == [0, 1, 2]
     assert control.rates.gcheck_seconds == pytest.approx(0.002)
@@ -216,7 +219,9 @@ class _Timers:
 def _frame(tuples: list[tuple[int, int, str, float]]) -> pd.DataFrame:
     j, o, k, v = zip(*tuples, strict=True)
     n = len(tuples)
-    return pd.DataFrame({"cec_j": j, "cec_o": o, "cec_key": k, "cec_v": v, "cec_qs": [[0]] * n, "cec_group": 0})
+    return pd.DataFrame(
+        {"cec_j": j, "cec_o": o, "cec_key": k, "cec_v": v, "cec_qs": [[0]] * n, "cec_group": 0}
+    )
 
 
 def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> None:
