@@ -183,10 +183,16 @@ def choose_gchecks(
     gcheck: Callable[[Any], None],
     clock: Callable[[], float],
     partition: int,
+    lookahead: bool = True,
 ) -> int:
     """G-check the partition's live windows oldest footprint first while the policy wants the front one,
     within the schedule's credit; `gcheck(key)` makes one. Re-plans first with the partition's rates and
-    says once what the policy cannot do. Returns the number of G-checks made."""
+    says once what the policy cannot do. Returns the number of G-checks made.
+
+    `lookahead`: the micro-batch that fired the timer read input, so the next one probably will too (a
+    no-data micro-batch, e.g. the ones a processing-time timer makes Spark plan, looks at the windows as
+    they are). A window with no input since its footprint (u = 0) is never G-checked: its state is its
+    footprint's, and the replay it holds back is none."""
     policy.observe(control.rates, open_windows)
     duty = policy.budget()
     if duty is not None:
@@ -207,8 +213,9 @@ def choose_gchecks(
             "footprint of every open window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)",
             partition,
         )
-    ordered = sorted(windows, key=lambda w: w.u, reverse=True)  # oldest footprint: most input since
-    ahead_in, ahead_out = control.lookahead_in, control.lookahead_out
+    # Oldest footprint first: the most input since.
+    ordered = sorted((w for w in windows if w.u > 0), key=lambda w: w.u, reverse=True)
+    ahead_in, ahead_out = (control.lookahead_in, control.lookahead_out) if lookahead else (0, 0)
     done = 0
     spent = 0.0
     for i, w in enumerate(ordered):

@@ -548,6 +548,9 @@ class CecAggregateProcessor(StatefulProcessor):
         seen = self.seen
         q = part.q
         out_base = part.control.out
+        # The partition's input position before this micro-batch: a footprint made now holds at least it
+        # on the input partitions this task has not read yet.
+        before = part.control.seen or (0,) * len(seen)
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
         key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
         out: list[tuple[Any, ...]] = []
@@ -591,7 +594,7 @@ class CecAggregateProcessor(StatefulProcessor):
             event_time = ctx.event_time
             for i, (kind, rkey, seq, wstate, payload, dn) in enumerate(emitted):
                 if kind == _GOPEN:
-                    state.fp_clock = tuple(seen)
+                    state.fp_clock = tuple(max(s, b) for s, b in zip(seen, before, strict=True))
                     state.fp_out = out_base + len(out) + 1
                 out.append((q, j, o, i, kind, rkey, seq, wstate, payload, event_time, dn))
         ctx.store()
@@ -631,12 +634,13 @@ class CecAggregateProcessor(StatefulProcessor):
             assert schedule is not None
             control = part.control
             ctx = _PartitionContext(self.operator, part, self.generation)
-            seen = self.seen
+            # The partition's input position (this micro-batch's merged with the earlier ones': a no-data
+            # micro-batch's timer measures u from where the input stands, not from zero).
+            seen = control.seen or (0,) * len(self.seen)
             width = len(seen)
             marks = []
             for k in live:
                 clock = saved_keys[k][6] or (0,) * width
-                # Partitions this task read nothing of in this micro-batch add nothing (position unknown).
                 u = sum(s - c for s, c in zip(seen, clock, strict=True) if s > c)
                 marks.append(WindowMark(k, u, max(control.out - saved_keys[k][9], 0)))
             open_windows = sum(1 for saved in saved_keys.values() if saved[1] >= 0)
@@ -664,7 +668,10 @@ class CecAggregateProcessor(StatefulProcessor):
                 state.fp_out = out_base + len(rows)
 
             policy = self.gcheck.policy(control.rates)
-            choose_gchecks(control, policy, schedule, marks, open_windows, gcheck, self.clock, part.q)
+            read_input = any(self.seen)
+            choose_gchecks(
+                control, policy, schedule, marks, open_windows, gcheck, self.clock, part.q, read_input
+            )
             ctx.store()
             self._arm_timer(part, timerValues)
         self.state.update(part.dump())

@@ -226,7 +226,7 @@ def _frame(tuples: list[tuple[int, int, str, float]]) -> pd.DataFrame:
 
 def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> None:
     spec = AggregateSpec("item", "price", "avg", 100, None, None)  # windows of 100: all stay open
-    gcheck = GCheckSpec.from_checkpointing(Checkpointing(q_target=5, ci_ms=100, cp_ms=100))
+    gcheck = GCheckSpec.from_checkpointing(Checkpointing(q_target=10, ci_ms=100, cp_ms=100))
     groups = partition_groups(1)
     processor = CecAggregateProcessor(spec, [[(0,)]], 0, gcheck, groups)
     clock, wall = FakeClock(), FakeClock()
@@ -240,12 +240,17 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     assert handle.timers, "a live open window arms the partition's timer"
     fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]
     gchecks = fired[0]
-    # q of k_i's window = records after its G-open = 9 - i; look-ahead: the last batch emitted 10. So every
-    # window wants one (q + 10 > 5) and the budget is unlimited: oldest first, all ten, once each.
-    assert list(gchecks["cec_key"]) == [f"k{i}" for i in range(10)]
+    # q of k_i's window = records after its G-open = 9 - i; look-ahead: the last batch emitted 10. So k0..k8
+    # want one (q + 10 > 10) and the budget is unlimited: oldest first, once each. k9 had no input since
+    # its G-open (u = 0): a G-check would only repeat it.
+    assert list(gchecks["cec_key"]) == [f"k{i}" for i in range(9)]
     assert set(gchecks["cec_kind"]) == {Kind.GCHECK.value}
     part = _PartitionState.load(handle.state.value)
     control = part.control
-    assert control.gchecks == 10 and control.out == 20 and control.targets == (5, None)
-    # Each G-checked window's footprint moved to its G-check: k0 first (record 11) ... k9 last (record 20).
-    assert [part.keys[f"k{i}"][9] for i in range(10)] == list(range(11, 21))
+    assert control.gchecks == 9 and control.out == 19 and control.targets == (10, None) and not control.said
+    # Each G-checked window's footprint moved to its G-check: k0 first (record 11) ... k8 last (record 19);
+    # k9's is still its G-open (record 10).
+    assert [part.keys[f"k{i}"][9] for i in range(10)] == [*range(11, 20), 10]
+    # A no-data micro-batch's timer (nothing read: no look-ahead, u = 0 everywhere) G-checks nothing.
+    processor.init(handle)  # type: ignore[arg-type]
+    assert list(processor.handleExpiredTimer((groups[0],), _Timers(), None)) == []  # type: ignore[arg-type]
