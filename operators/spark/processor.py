@@ -669,8 +669,21 @@ class CecAggregateProcessor(StatefulProcessor):
 
             policy = self.gcheck.policy(control.rates)
             read_input = any(self.seen)
+            now = self.wall()
+            since = control.last_timer_wall
+            elapsed = now - since if since is not None else self.clock() - self.task_started
+            control.last_timer_wall = now
             choose_gchecks(
-                control, policy, schedule, marks, open_windows, gcheck, self.clock, part.q, read_input
+                control,
+                policy,
+                schedule,
+                marks,
+                open_windows,
+                gcheck,
+                self.clock,
+                part.q,
+                read_input,
+                elapsed,
             )
             ctx.store()
             self._arm_timer(part, timerValues)

@@ -107,6 +107,30 @@ def test_the_budget_caps_gchecks_per_timer() -> None:
     assert control.rates.gcheck_seconds == pytest.approx(0.002)
 
 
+def test_the_allowance_is_the_budgets_share_of_the_time_since_the_last_timer() -> None:
+    """A partition's timer looks once per micro-batch: 1 s since the last one at CI/CP = 5/100 allows 50 ms of
+    G-checks (17 of 3 ms: spending may overshoot by one), not the one CI (5 ms) a look every few tuples
+    would get; the overshoot is a debt the next timer pays first."""
+    spec = GCheckSpec.from_checkpointing(Checkpointing(u_target=100))
+    assert spec is not None
+    clock = FakeClock()
+    control = PartitionControl()
+    windows = [WindowMark(i, 1000 - i, 0) for i in range(100)]
+    done: list[Any] = []
+
+    def gcheck(key: Any) -> None:
+        done.append(key)
+        clock.now += 0.003
+
+    schedule = spec.schedule(clock)
+    choose_gchecks(control, spec.policy(control.rates), schedule, windows, 100, gcheck, clock, 0, True, 1.0)
+    assert len(done) == 17 and control.debt == pytest.approx(0.001)
+    # 0.101 s later: 5.05 ms - 1 ms of debt allowed -> 2 G-checks (6 ms), 1.95 ms of debt for the next timer.
+    done.clear()
+    choose_gchecks(control, spec.policy(control.rates), schedule, windows, 100, gcheck, clock, 0, True, 0.101)
+    assert len(done) == 2 and control.debt == pytest.approx(0.00195)
+
+
 def test_recovery_target_picks_the_policys_targets_for_the_partitions_rates() -> None:
     rates = MeasuredRates(replay_rate=10_000.0, ec_build_rate=100_000.0, ec_load_rate=50_000.0)
     control = PartitionControl(rates=rates)
