@@ -138,6 +138,7 @@ class Workload:
     input_topic: str
     repeats: int = 1  # failure-free runs per system (best taken) and kill runs of the CEC host
     attached_writers: str = "executors"  # cec_aggregate(writers=...): who writes the attached output logs
+    recovery_target: str | None = None  # cec_aggregate(checkpointing=Checkpointing(recovery_target=...))
 
     @property
     def master(self) -> str:
@@ -399,6 +400,10 @@ def native_child(args_path: Path) -> int:
         if query.exception() is not None:
             raise RuntimeError(f"query {spec['name']} failed: {query.exception()}")
         if attached is not None:
+            with contextlib.suppress(Exception):  # older handles have no cec_progress
+                # What the start replayed and its G-checks (the progress's CEC figures), for the report.
+                extra["cec_recovery"] = attached.cec_progress["recovery"]
+                extra["cec_gchecks"] = attached.cec_progress["gchecks"]
             sink = getattr(attached, "_sink", None)
             if sink is not None and hasattr(sink, "write_tasks"):
                 # Executor writers: how many write tasks appended through their worker's kept writer.
@@ -491,6 +496,10 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         state_dir=spec["state_dir"], checkpoint_location=spec["checkpoint"], partitions=spec["partitions"],
         available_now=True, writers=spec.get("writers", "executors"),
     )  # fmt: skip
+    if spec.get("recovery_target"):
+        from cec.config import Checkpointing
+
+        kwargs["checkpointing"] = Checkpointing(recovery_target=spec["recovery_target"])
     if spec["batch_rows"]:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
     return cec_aggregate(spark, **kwargs)
@@ -751,6 +760,7 @@ def _attached_spec(w: Workload, name: str, output: str | None = None) -> dict[st
         "checkpoint": str(w.work / "checkpoints" / output),
         "state_dir": str(w.work / f"attached-{output}"),
         "writers": w.attached_writers,
+        "recovery_target": w.recovery_target,
     }
 
 
@@ -920,6 +930,7 @@ def measure_attached_recovery(w: Workload, failure_free: dict[str, Any]) -> dict
         "restart_wall_seconds": q["wall_seconds"],
         "restart_start_seconds": q.get("start_seconds"),
         "restart_plan": q.get("recovery"),
+        "restart_cec_recovery": q.get("cec_recovery"),
         "restart_progress": q["progress"],
         "failure_free_remaining_seconds": ff_remaining,
         "recovery_seconds": recovery,
@@ -1355,6 +1366,12 @@ def main(argv: list[str] | None = None) -> int:
         "system, their baselines, then both kills), --repeats pairs alternating which system goes first; "
         "writes benchmarks/out/spark-attached-recovery-<keys>.json",
     )
+    parser.add_argument(
+        "--recovery-target",
+        default=None,
+        help="with --focus attached: cec_aggregate(checkpointing=Checkpointing(recovery_target=...)), e.g. "
+        "'2s'; output files get a -rto-<target> suffix",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1393,7 +1410,9 @@ def main(argv: list[str] | None = None) -> int:
             f"purchases-{uuid.uuid4().hex[:6]}",
             repeats,
             args.attached_writers,
+            args.recovery_target,
         )
+        result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
         say(f"broker: {broker.kind} at {broker.bootstrap}; scratch {work}")
         say(f"input: {tuples:,} purchases over {keys:,} items, P={w.partitions}, count windows of {WINDOW}")
@@ -1542,6 +1561,11 @@ def _attached_focus(
 RECOVERY_JSON = "spark-attached-recovery-{keys}.json"
 
 
+def _recovery_json(w: Workload) -> str:
+    name = RECOVERY_JSON.format(keys=w.keys)
+    return name if w.recovery_target is None else name.replace(".json", f"-rto-{w.recovery_target}.json")
+
+
 def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     """`--focus attached --recovery-only`: recovery after a driver SIGKILL at half the input, CEC attached vs
     Spark native, in the same run. Per repeat i: one failure-free run of each system (the baseline its
@@ -1595,7 +1619,7 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
         # Written after every pair: a run stopped early (the shared machine, a deadline) keeps its pairs.
         result["pairs"] = pairs
         OUT_JSON.parent.mkdir(exist_ok=True)
-        (OUT_JSON.parent / RECOVERY_JSON.format(keys=w.keys)).write_text(json.dumps(result, indent=2))
+        (OUT_JSON.parent / _recovery_json(w)).write_text(json.dumps(result, indent=2))
     result["pairs"] = pairs
     for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
                  "ratio_total_overhead_attached_to_native"):  # fmt: skip
@@ -1606,7 +1630,7 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
-    path = OUT_JSON.parent / RECOVERY_JSON.format(keys=w.keys)
+    path = OUT_JSON.parent / _recovery_json(w)
     path.write_text(json.dumps(result, indent=2))
     say(
         f"recovery after a driver kill, attached / native (median of {len(pairs)}): "

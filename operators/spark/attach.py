@@ -56,6 +56,7 @@ from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
 from operators.formats import FORMATS, load_avro_schema
+from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.planning import AttachRecovery, plan_recovery
@@ -64,7 +65,6 @@ from operators.spark.processor import (
     GROUP_COLUMN,
     AggregateSpec,
     CecAggregateProcessor,
-    GCheckSpec,
     partition_groups,
 )
 from operators.spark.query import CecAggregateQuery
@@ -173,11 +173,13 @@ def cec_aggregate(
       checkpoint is made under it at every start, because recovery comes from the output logs;
     - trigger: `available_now=True` (run to the current end of the input, then stop), else
       `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible);
-    - `checkpointing`: a `cec.Checkpointing` (or its dict). With `u_target` U, each open window has a
-      processing-time timer, and is G-checked once the input read since its latest footprint reaches U/2
-      (timers fire between micro-batches: the other half is room for one micro-batch), within the
-      CI/CP budget of each task (`operators.spark.processor.GCheckSpec`). Q, a recovery target and the
-      cost-benefit policy need measurements the attached operator does not have: they are refused;
+    - `checkpointing`: a `cec.Checkpointing` (or its dict), as for the local runtime: Q/U targets, a
+      recovery target, the cost-benefit policy, CI/CP. Each state partition with a live open window has a
+      processing-time timer (every CP ms at most) that G-checks its oldest windows while the policy
+      wants them, within the task's budget, planning with the partition's own measured rates and the EC
+      build rate of this start's recovery planning (`operators.spark.checkpointing`). What a policy
+      cannot meet is logged once per state partition, and `CecAggregateQuery.checkpoint_controls()`
+      reads back what each partition planned, measured and said;
     - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
       `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
       each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in
@@ -206,19 +208,6 @@ def cec_aggregate(
         checkpointing = Checkpointing.from_dict(dict(checkpointing))
     elif not isinstance(checkpointing, Checkpointing):
         raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
-    unsupported = [
-        name
-        for name, given in (
-            ("q_target", checkpointing.q_target is not None),
-            ("recovery_target", checkpointing.recovery_target is not None),
-            ("policy='cost-benefit'", checkpointing.policy == "cost-benefit"),
-        )
-        if given
-    ]
-    if unsupported:
-        raise ConfigError(
-            f"cec_aggregate acts on u_target (U) and CI/CP only, not on {', '.join(unsupported)}: give U"
-        )
     if writers not in WRITERS:
         raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
     if input_format not in FORMATS:
@@ -276,7 +265,11 @@ def cec_aggregate(
         )
     else:
         sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
-    gcheck = GCheckSpec.from_checkpointing(checkpointing)
+    planned = PlannedRecovery(
+        records_read=recovery.records_read, ec_windows=recovery.ec_windows, ec_build_seconds=recovery.seconds
+    )
+    gcheck = GCheckSpec.from_checkpointing(checkpointing, planned)
+    checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"
     try:
         query = _start_query(
             spark,
@@ -288,7 +281,7 @@ def cec_aggregate(
             source_options=source_options,
             gcheck=gcheck,
             state_dir=Path(state_dir),
-            checkpoint=Path(checkpoint_location) / f"run-{_run_id()}",
+            checkpoint=checkpoint,
             client=client,
             available_now=available_now,
             processing_time=processing_time,
@@ -310,6 +303,7 @@ def cec_aggregate(
         checkpointing,
         stop_when_drained=available_now and gcheck is not None,
         metrics_port=served_port,
+        checkpoint=checkpoint,
     )
 
 

@@ -25,20 +25,22 @@ Input: rows of the cec-kafka source (typed value and time columns) or of the cec
 (`AggregateSpec.json_values`: value and time as JSON text, and `cec_error`, the reason a record could not
 be read, which becomes a DEAD record with its partition and offset).
 
-G-checks (`GCheckSpec`, from `Checkpointing(u_target=U, ci_ms, cp_ms)`; timeMode "ProcessingTime"):
+G-checks (`operators.spark.checkpointing`: the user's `Checkpointing` under the local runtime's policies,
+Q/U targets, a recovery target, cost-benefit; timeMode "ProcessingTime"):
 - each task measures the input with `seen`: per input partition, the next offset after the rows it got
   in this micro-batch (timers fire after a micro-batch's input rows, in the same task and processor);
 - a window records `fp_clock`, that vector when its latest footprint was made (`pos_w` for a window
-  loaded from the EC); its partition has one processing-time timer while it holds a live open window,
-  firing every CP ms at most;
-- when it fires, the partition's live windows are taken oldest footprint first (smallest sum of
-  `fp_clock`), and each is G-checked if the input read since its footprint, sum(seen - fp_clock), reached
-  U/2 and the task's budget (`cec.schedule.CheckpointSchedule`, CI of every CP) has credit;
+  loaded from the EC), and `fp_out`, the partition's records emitted in this run then; its partition has
+  one processing-time timer while it holds a live open window, firing every CP ms at most;
+- when it fires, the partition's live windows are taken oldest footprint first, and G-checked while the
+  policy wants the front one (`choose_gchecks`: u and q of the window plus one micro-batch of look-ahead)
+  and the task's budget (`cec.schedule.CheckpointSchedule`, CI of every CP, or what a recovery target
+  picked) has credit; the rates the policy plans with are the partition's own (`PartitionControl`, kept
+  in the partition's state);
 - only a *live* window is G-checked: one whose key had a tuple past its crash point C_k. Before that a
   loaded window may still miss tuples of its key below C_k that later micro-batches replay, and a
   footprint written now would claim them.
 The G-check row carries the key's last applied tuple (j, o); its state holds that tuple and all before.
-Not done: Q, recovery targets and the cost-benefit policy (refused by `cec_aggregate`).
 """
 
 from __future__ import annotations
@@ -64,14 +66,13 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cec.config import Checkpointing
 from cec.exceptions import BadTupleError
 from cec.records import AvroCodec, Kind
 from cec.registry import OpenWindow, WindowRegistry
-from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
 from operators.base import InputTuple
 from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMark, choose_gchecks
 from recovery.contract import TupleFate, tuple_fate
 
 __all__ = [
@@ -162,32 +163,6 @@ class AggregateSpec:
         )
 
 
-@dataclass(frozen=True)
-class GCheckSpec:
-    """When the processor G-checks a window (from `cec.Checkpointing`; see the module doc).
-
-    `threshold`: G-check an open window once the input read since its latest footprint reaches this many
-    tuples (U/2: timers fire only between micro-batches, so half of U is left for the input one
-    micro-batch adds); `interval_ms`: how often each open window's timer looks (CP); `ci_ms`/`cp_ms`: the
-    budget of G-check work per task (`cec.schedule.CheckpointSchedule`)."""
-
-    threshold: int
-    interval_ms: int
-    ci_ms: float
-    cp_ms: float
-
-    @classmethod
-    def from_checkpointing(cls, checkpointing: Checkpointing) -> GCheckSpec | None:
-        if checkpointing.u_target is None:
-            return None
-        return cls(
-            threshold=max(1, checkpointing.u_target // 2),
-            interval_ms=max(1, int(checkpointing.cp_ms)),
-            ci_ms=checkpointing.ci_ms,
-            cp_ms=checkpointing.cp_ms,
-        )
-
-
 _Emission = tuple[str, str | None, int, bytes | None, bytes | None, int]  # kind, key, seq, state, payload, dN
 
 _MASK32 = 0xFFFFFFFF
@@ -237,7 +212,7 @@ class _Key:
     processed past the key's crash point (G-checks allowed); `fp_clock`: the task's input position when
     its latest footprint was made; (`last_j`, `last_o`): the key's last applied tuple."""
 
-    __slots__ = ("fp_clock", "fp_gen", "last_j", "last_o", "live", "next_seq", "pos_w", "window")
+    __slots__ = ("fp_clock", "fp_gen", "fp_out", "last_j", "last_o", "live", "next_seq", "pos_w", "window")
 
     def __init__(self) -> None:
         self.next_seq = 0
@@ -246,18 +221,20 @@ class _Key:
         self.pos_w: tuple[int, ...] | None = None
         self.live = False
         self.fp_clock: tuple[int, ...] | None = None
+        self.fp_out = 0  # the partition's records emitted in this run when its latest footprint was made
         self.last_j = self.last_o = -1
 
 
 # A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
-# pos_w, live, fp_clock, last_j, last_o). Plain tuples: the pickle of a partition stays one C-level pass.
-_Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int]
+# pos_w, live, fp_clock, last_j, last_o, fp_out). Plain tuples: the pickle of a partition stays one C-level
+# pass.
+_Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int]
 
 
 def _save(k: _Key) -> _Saved:
     w = k.window
     if w is None:
-        return (k.next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o)
+        return (k.next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0)
     s = w.state
     return (
         k.next_seq,
@@ -269,6 +246,7 @@ def _save(k: _Key) -> _Saved:
         k.fp_clock,
         k.last_j,
         k.last_o,
+        k.fp_out,
     )
 
 
@@ -276,31 +254,40 @@ def _load(key: str, saved: _Saved) -> _Key:
     from operators.aggregate import AggState
 
     k = _Key()
-    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o = saved
+    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out = saved
     k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
     if seq >= 0 and state is not None:
         k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
-        k.fp_gen, k.pos_w, k.live, k.fp_clock = fp_gen, pos_w, live, fp_clock
+        k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_out = fp_gen, pos_w, live, fp_clock, fp_out
     return k
 
 
 class _PartitionState:
-    """A state partition's keys (as `_Saved` tuples), its output partition q and its timer (-1: none)."""
+    """A state partition's keys (as `_Saved` tuples), its output partition q, its timer (-1: none) and its
+    checkpointing measurements (`PartitionControl`)."""
 
-    __slots__ = ("keys", "q", "timer")
+    __slots__ = ("control", "keys", "q", "timer")
 
-    def __init__(self, q: int, keys: dict[str | None, _Saved] | None = None, timer: int = -1) -> None:
+    def __init__(
+        self,
+        q: int,
+        keys: dict[str | None, _Saved] | None = None,
+        timer: int = -1,
+        control: PartitionControl | None = None,
+    ) -> None:
         self.q = q
         self.keys: dict[str | None, _Saved] = keys if keys is not None else {}
         self.timer = timer
+        self.control = control if control is not None else PartitionControl()
 
     def dump(self) -> tuple[bytes]:
-        return (pickle.dumps((self.q, self.timer, self.keys), protocol=pickle.HIGHEST_PROTOCOL),)
+        state = (self.q, self.timer, self.keys, self.control)
+        return (pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),)
 
     @classmethod
     def load(cls, row: Any) -> _PartitionState:
-        q, timer, keys = pickle.loads(bytes(row[0]))
-        return cls(q, keys, timer)
+        q, timer, keys, control = pickle.loads(bytes(row[0]))
+        return cls(q, keys, timer, control)
 
 
 class _PartitionContext:
@@ -468,6 +455,11 @@ class CecAggregateProcessor(StatefulProcessor):
         # Grouping value -> output partition q of the current generation.
         partitions = len(crash_points[generation]) if crash_points else 1
         self.group_q = {g: q for q, g in enumerate(groups or partition_groups(partitions))}
+        self.partitions = partitions
+        # Durations within a task (G-check cost, task time) and wall time between micro-batches (which may
+        # run in other Python workers); attributes so that tests can drive them.
+        self.clock = time.perf_counter
+        self.wall = time.time
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.operator = self.spec.build()
@@ -476,20 +468,21 @@ class CecAggregateProcessor(StatefulProcessor):
         # One processor per task: the input positions its rows reached in this micro-batch (next offsets),
         # the clock that G-check decisions measure replay with; and the task's G-check budget.
         self.seen = [0] * len(self.crash_points[0][0])
-        self.schedule = (
-            CheckpointSchedule(self.gcheck.ci_ms, self.gcheck.cp_ms) if self.gcheck is not None else None
-        )
+        self.task_started = self.clock()
+        self.schedule = self.gcheck.schedule(self.clock) if self.gcheck is not None else None
         if self.schedule is not None:
             self.schedule.start()
 
     def _partition(self, group: Any) -> _PartitionState:
         row = self.state.get()  # None when the partition has no state yet (one round trip, no exists())
-        if row is not None:
-            return _PartitionState.load(row)
-        return _PartitionState(self.group_q[int(group)])
+        part = _PartitionState.load(row) if row is not None else _PartitionState(self.group_q[int(group)])
+        if self.gcheck is not None:
+            part.control.take_planned(self.gcheck.planned, self.partitions)
+        return part
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
         """The keys the recovery plan loads into this partition (may come in several chunks)."""
+        started = self.clock()
         part = self._partition(key[0])
         keys = part.keys
         columns = [initialState[c].tolist() for c in ("cec_key", "seq", "open", "state", "fp_gen", "pos_w")]
@@ -502,9 +495,11 @@ class CecAggregateProcessor(StatefulProcessor):
                 # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
                 # their footprint clock is pos_w.
                 fields = (s.count, s.total, s.lo, s.hi, s.start, s.last)
-                keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1)
+                keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0)
             else:
-                keys[k] = (seq, -1, None, -1, None, False, None, -1, -1)
+                keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0)
+        windows = sum(1 for is_open in columns[2] if is_open)
+        part.control.observe_load(windows, self.clock() - started)  # the EC load, measured where it runs
         self.state.update(part.dump())
 
     def _crash_point(self, qs: Sequence[int]) -> list[int]:
@@ -552,6 +547,10 @@ class CecAggregateProcessor(StatefulProcessor):
         qs_column = batch["cec_qs"].tolist()
         seen = self.seen
         q = part.q
+        out_base = part.control.out
+        # The partition's input position before this micro-batch: a footprint made now holds at least it
+        # on the input partitions this task has not read yet.
+        before = part.control.seen or (0,) * len(seen)
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
         key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
         out: list[tuple[Any, ...]] = []
@@ -595,9 +594,13 @@ class CecAggregateProcessor(StatefulProcessor):
             event_time = ctx.event_time
             for i, (kind, rkey, seq, wstate, payload, dn) in enumerate(emitted):
                 if kind == _GOPEN:
-                    state.fp_clock = tuple(seen)
+                    state.fp_clock = tuple(max(s, b) for s, b in zip(seen, before, strict=True))
+                    state.fp_out = out_base + len(out) + 1
                 out.append((q, j, o, i, kind, rkey, seq, wstate, payload, event_time, dn))
         ctx.store()
+        part.control.observe_batch(
+            now=self.wall(), task_seconds=self.clock() - self.task_started, seen=seen, emitted=len(out)
+        )
         if (
             self.gcheck is not None
             and part.timer < 0
@@ -614,50 +617,74 @@ class CecAggregateProcessor(StatefulProcessor):
         self.handle.registerTimer(part.timer)
 
     def handleExpiredTimer(self, key: Any, timerValues: TimerValues, expiredTimerInfo: Any) -> Iterator[Any]:
-        """G-check the partition's live windows, oldest footprint first, whose input read since their
-        latest footprint reached the threshold, while the task's budget allows; re-arm while a live window
-        is open (Spark deletes the expired timer after this returns)."""
+        """G-check the partition's live windows, oldest footprint first, while the policy wants the front
+        one and the task's budget allows (`operators.spark.checkpointing.choose_gchecks`); re-arm while a
+        live window is open (Spark deletes the expired timer after this returns)."""
         import pandas as pd
 
         if self.gcheck is None:
             return
         part = self._partition(key[0])
         part.timer = -1
-        live = [(sum(saved[6] or ()), k) for k, saved in part.keys.items() if saved[1] >= 0 and saved[5]]
+        saved_keys = part.keys
+        live = [k for k, saved in saved_keys.items() if saved[1] >= 0 and saved[5]]
         rows: list[tuple[Any, ...]] = []
         if live:
             schedule = self.schedule
             assert schedule is not None
+            control = part.control
             ctx = _PartitionContext(self.operator, part, self.generation)
-            width = len(self.seen)
-            for _, k in sorted(live, key=lambda c: c[0]):
+            # The partition's input position (this micro-batch's merged with the earlier ones': a no-data
+            # micro-batch's timer measures u from where the input stands, not from zero).
+            seen = control.seen or (0,) * len(self.seen)
+            width = len(seen)
+            marks = []
+            for k in live:
+                clock = saved_keys[k][6] or (0,) * width
+                u = sum(s - c for s, c in zip(seen, clock, strict=True) if s > c)
+                marks.append(WindowMark(k, u, max(control.out - saved_keys[k][9], 0)))
+            open_windows = sum(1 for saved in saved_keys.values() if saved[1] >= 0)
+            out_base = control.out
+
+            def gcheck(k: Any) -> None:
                 state = ctx.touch(k)
                 clock = state.fp_clock or (0,) * width
-                # Partitions this task read nothing of in this micro-batch add nothing (position unknown).
-                u = sum(s - c for s, c in zip(self.seen, clock, strict=True) if s > c)
-                if u < self.gcheck.threshold:
-                    continue
-                if schedule.credit() <= 0:
-                    break
-                started = time.perf_counter()
                 kind, rkey, seq, wstate, payload, dn = ctx.gcheck(state)
-                rows.append(
-                    (
-                        part.q,
-                        state.last_j,
-                        state.last_o,
-                        GCHECK_ORDER,
-                        kind,
-                        rkey,
-                        seq,
-                        wstate,
-                        payload,
-                        -1,
-                        dn,
-                    )
+                row = (
+                    part.q,
+                    state.last_j,
+                    state.last_o,
+                    GCHECK_ORDER,
+                    kind,
+                    rkey,
+                    seq,
+                    wstate,
+                    payload,
+                    -1,
+                    dn,
                 )
-                state.fp_clock = tuple(max(s, c) for s, c in zip(self.seen, clock, strict=True))
-                schedule.spend(time.perf_counter() - started, 1)
+                rows.append(row)
+                state.fp_clock = tuple(max(s, c) for s, c in zip(seen, clock, strict=True))
+                state.fp_out = out_base + len(rows)
+
+            policy = self.gcheck.policy(control.rates)
+            read_input = any(self.seen)
+            now = self.wall()
+            since = control.last_timer_wall
+            elapsed = now - since if since is not None else self.clock() - self.task_started
+            control.last_timer_wall = now
+            choose_gchecks(
+                control,
+                policy,
+                schedule,
+                marks,
+                open_windows,
+                gcheck,
+                self.clock,
+                part.q,
+                read_input,
+                elapsed,
+            )
             ctx.store()
             self._arm_timer(part, timerValues)
         self.state.update(part.dump())

@@ -27,14 +27,18 @@ import json
 import threading
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
+from operators.spark.checkpointing import PartitionControl, read_controls
 from operators.spark.generations import Generation
 from operators.spark.planning import AttachRecovery
+from operators.spark.processor import STATE_NAME
 from operators.spark.sink import CecSink
 
 if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
     from queuestore.kafka import KafkaQueueStore
@@ -55,12 +59,14 @@ class CecAggregateQuery:
         checkpointing: Checkpointing | None = None,
         stop_when_drained: bool = False,
         metrics_port: int | None = None,
+        checkpoint: Path | None = None,
     ):
         self.query = query
         self.recovery = recovery
         self.checkpointing = checkpointing or Checkpointing()
         self._sink = sink
         self.metrics_port = metrics_port  # where the driver serves cec.metrics (None: not served)
+        self.checkpoint = checkpoint  # this run's Spark checkpoint directory
         self._store = store
         self._closed = False
         self._started_wall = time.time()
@@ -171,6 +177,15 @@ class CecAggregateQuery:
         figures = self._sink.figures()
         figures["recovery"] = self._recovery_figures()
         return figures
+
+    def checkpoint_controls(self, spark: SparkSession) -> dict[int, PartitionControl]:
+        """What each state partition planned, measured and said about checkpointing, as of the last
+        committed micro-batch (`operators.spark.checkpointing.PartitionControl`: the (Q, U) and budget in
+        force, its rates, G-checks made, and each policy refusal or note said once). Runs a Spark job
+        reading the run's state; also after the query stopped. Empty for G-open only."""
+        if self.checkpoint is None or not self.checkpointing.checkpoints:
+            return {}
+        return read_controls(spark, str(self.checkpoint), STATE_NAME)
 
     def _recovery_figures(self) -> dict[str, Any]:
         rec = self.recovery

@@ -453,9 +453,8 @@ def test_cec_aggregate_validates_its_configuration_before_touching_kafka(
         cec_aggregate(spark, checkpointing="often", **common)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match="CI"):
         cec_aggregate(spark, checkpointing={"ci_ms": 0}, **common)
-    # What the attached operator cannot measure is refused, not silently ignored.
     with pytest.raises(ConfigError, match="recovery_target"):
-        cec_aggregate(spark, checkpointing=Checkpointing(recovery_target="3s"), **common)
+        cec_aggregate(spark, checkpointing={"recovery_target": "soon"}, **common)
     with pytest.raises(ConfigError, match="input_format"):
         cec_aggregate(spark, input_format="xml", **common)
     with pytest.raises(ConfigError, match="writers must be one of executors, driver"):
@@ -464,6 +463,12 @@ def test_cec_aggregate_validates_its_configuration_before_touching_kafka(
         cec_aggregate(spark, input_format="avro", **common)
     with pytest.raises(ConfigError, match="schema_registry_url"):
         cec_aggregate(spark, input_format="registry", **common)
-    # A U target passes validation: the next check, on the columns, is what stops this call.
-    with pytest.raises(ConfigError, match="different columns"):
-        cec_aggregate(spark, checkpointing=Checkpointing(u_target=100), **{**common, "value": "item_id"})
+    # Every Checkpointing the local runtime takes passes validation (Q, a recovery target, cost-benefit:
+    # operators.spark.checkpointing): the next check, on the columns, is what stops these calls.
+    for checkpointing in (
+        Checkpointing(u_target=100),
+        Checkpointing(q_target=50, recovery_target="3s"),
+        Checkpointing(policy="cost-benefit", mtbf="1h"),
+    ):
+        with pytest.raises(ConfigError, match="different columns"):
+            cec_aggregate(spark, checkpointing=checkpointing, **{**common, "value": "item_id"})

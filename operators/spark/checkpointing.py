@@ -1,0 +1,281 @@
+"""Checkpoint intensity of the attached operator: the same `cec.Checkpointing` and the same policies as the
+local runtime (`cec.policy`), fed per state partition with rates measured where the work happens.
+
+The local runtime owns one operator instance and looks at its policy every few tuples. Under
+transformWithStateInPandas (`operators.spark.processor`) a state partition's work comes in micro-batches and
+its G-checks from a processing-time timer that fires between them, so this module adapts the *inputs* of
+the policies, never their rules:
+
+- **Replay and extent per window.** A window records `fp_clock`, the partition's input position (next
+  offset per input partition) when its latest footprint was made, and `fp_out`, the partition's count of
+  records emitted in this run then. The oldest live window's view is u = input read since its `fp_clock`,
+  q = records emitted since its `fp_out` (`WindowView`). A window loaded from the EC has `fp_out` 0: the
+  records before this start are not counted (q is a lower bound until it is G-checked once).
+- **Look-ahead.** The policy is asked about the window as it will be at the next chance to G-check it, one
+  micro-batch later: u and q plus what the last micro-batch added (`PartitionControl.lookahead_in/out`).
+  That is what makes "u <= U" hold at a crash between two timers, not only at the timer.
+- **Rates** (`cec.rates.MeasuredRates`, kept in the partition's state so they survive micro-batches):
+  input tuples/s and records per input from the partition's own micro-batches (input counted as the
+  advance of the input position, all partitions of the input: that is what a recovery replays); the replay
+  rate as that advance per second of the partition's task (state load, rows in, processing), the live
+  analogue of catching up; G-check cost from the G-checks the timer made; EC load from `handleInitialState`
+  (windows decoded and installed per second, on this executor); EC build from the recovery planning of
+  this start (`operators.spark.planning`: records read back per second, per output partition, the
+  partitions read in parallel). Until measured: `MeasuredRates`' stated defaults (cec.rates).
+- **Budget.** The policy's `budget()` (a recovery target picks its own) sets the duty of the task's
+  `CheckpointSchedule` (CI of every CP), as in the local runtime.
+- **Saying so.** `problem()` and `note()` of the policy, and a Q below the partition's open windows, are
+  logged once per state partition (the partition's state remembers what it said) and kept in
+  `PartitionControl.said`, which the driver can read back (`read_controls`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from cec.config import Checkpointing
+from cec.policy import CheckpointPolicy, WindowView, make_policy
+from cec.rates import MeasuredRates
+from cec.schedule import CheckpointSchedule
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = [
+    "GCheckSpec",
+    "PartitionControl",
+    "PlannedRecovery",
+    "WindowMark",
+    "choose_gchecks",
+    "read_controls",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class PlannedRecovery:
+    """What the recovery planning of this start measured, per output partition (`cec.rates.RecoveryFigures`:
+    the EC build part; EC load and replay are measured by the partition itself)."""
+
+    records_read: int = 0
+    ec_windows: int = 0
+    ec_build_seconds: float = 0.0
+    ec_load_seconds: float = 0.0
+    tuples_replayed: int = 0
+    catch_up_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class GCheckSpec:
+    """The attached operator's checkpointing: the user's `Checkpointing`, how often a partition's timer
+    looks (CP), and the planning's figures (`PlannedRecovery`); picklable (shipped inside the processor)."""
+
+    checkpointing: Checkpointing
+    interval_ms: int
+    planned: PlannedRecovery = field(default_factory=PlannedRecovery)
+
+    @classmethod
+    def from_checkpointing(
+        cls, checkpointing: Checkpointing, planned: PlannedRecovery | None = None
+    ) -> GCheckSpec | None:
+        """None when nothing asks for G-checks (G-open only: no timers at all)."""
+        if not checkpointing.checkpoints:
+            return None
+        return cls(checkpointing, max(1, int(checkpointing.cp_ms)), planned or PlannedRecovery())
+
+    def policy(self, rates: MeasuredRates) -> CheckpointPolicy:
+        return make_policy(self.checkpointing, rates)
+
+    def schedule(self, clock: Callable[[], float]) -> CheckpointSchedule:
+        c = self.checkpointing
+        return CheckpointSchedule(c.ci_ms, c.cp_ms, clock=clock)
+
+
+@dataclass
+class PartitionControl:
+    """A state partition's measurements and what it said (pickled with the partition's state)."""
+
+    rates: MeasuredRates = field(default_factory=MeasuredRates)
+    out: int = 0  # records this partition emitted in this run (G-checks included)
+    seen: tuple[int, ...] | None = None  # input position at the end of the last micro-batch
+    last_wall: float | None = None  # clock at the end of the last micro-batch
+    lookahead_in: int = 0  # input position advance of the last micro-batch
+    lookahead_out: int = 0  # records the last micro-batch emitted
+    gchecks: int = 0
+    gcheck_seconds: float = 0.0
+    said: list[str] = field(default_factory=list)
+    targets: tuple[int | None, int | None] = (None, None)  # (Q, U) in force at the last timer
+    duty: float | None = None  # the budget in force at the last timer
+    planned: bool = False  # the planning's EC build rate is taken
+    last_timer_wall: float | None = None  # clock at the partition's last timer
+    debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
+
+    def take_planned(self, planned: PlannedRecovery, partitions: int) -> None:
+        """The EC build rate of this start's planning, once: records read back per second, this partition's
+        share (the partitions are read in parallel)."""
+        if self.planned:
+            return
+        self.planned = True
+        if planned.records_read > 0:
+            share = PlannedRecovery(
+                records_read=max(1, planned.records_read // max(partitions, 1)),
+                ec_build_seconds=planned.ec_build_seconds,
+            )
+            self.rates.observe_recovery(share)
+
+    def observe_load(self, windows: int, seconds: float) -> None:
+        """EC load measured here: `windows` decoded and installed in `seconds` (handleInitialState)."""
+        self.rates.observe_recovery(PlannedRecovery(ec_windows=windows, ec_load_seconds=seconds))
+
+    def observe_batch(self, *, now: float, task_seconds: float, seen: Sequence[int], emitted: int) -> None:
+        """End of a micro-batch's rows: `seen` the input position reached (0: a partition not read),
+        `task_seconds` the partition task's time so far, `emitted` records produced."""
+        current = tuple(seen)
+        if self.seen is None:
+            advance = 0  # the first micro-batch of this run: where it started from is not known here
+        else:
+            advance = sum(s - p for s, p in zip(current, self.seen, strict=True) if s > p)
+        if self.last_wall is not None and advance > 0:
+            self.rates.observe_run(
+                seconds=max(now - self.last_wall, 1e-6),
+                busy_seconds=max(task_seconds, 1e-6),
+                inputs=advance,
+                outputs=emitted,
+                gchecks=0,
+            )
+        if advance > 0 or self.seen is None:
+            self.lookahead_in = advance
+            self.lookahead_out = emitted
+        merged = (
+            current
+            if self.seen is None
+            else tuple(max(s, p) for s, p in zip(current, self.seen, strict=True))
+        )
+        self.seen = merged
+        self.last_wall = now
+        self.out += emitted
+
+    def say_once(self, topic: str, message: str, partition: int) -> None:
+        if any(s.startswith(f"{topic}: ") for s in self.said):
+            return
+        self.said.append(f"{topic}: {message}")
+        log.warning("cec_aggregate state partition %d: %s", partition, message)
+
+
+@dataclass(frozen=True)
+class WindowMark:
+    """A live open window as the policy sees it: `u` input read and `q` records emitted since its latest
+    footprint."""
+
+    key: Any
+    u: int
+    q: int
+
+
+def choose_gchecks(
+    control: PartitionControl,
+    policy: CheckpointPolicy,
+    schedule: CheckpointSchedule,
+    windows: Sequence[WindowMark],
+    open_windows: int,
+    gcheck: Callable[[Any], None],
+    clock: Callable[[], float],
+    partition: int,
+    lookahead: bool = True,
+    elapsed: float | None = None,
+) -> int:
+    """G-check the partition's live windows oldest footprint first while the policy wants the front one,
+    within the schedule's credit; `gcheck(key)` makes one. Re-plans first with the partition's rates and
+    says once what the policy cannot do. Returns the number of G-checks made.
+
+    `lookahead`: the micro-batch that fired the timer read input, so the next one probably will too (a
+    no-data micro-batch, e.g. the ones a processing-time timer makes Spark plan, looks at the windows as
+    they are). A window with no input since its footprint (u = 0) is never G-checked: its state is its
+    footprint's, and the replay it holds back is none.
+
+    `elapsed`: run time since the partition's previous timer. The partition looks once per micro-batch,
+    not every few tuples as the local runtime does, so the schedule's credit (capped at one CI per look)
+    would allow one CI per micro-batch; with `elapsed` the allowance is the budget's share of that time,
+    duty x elapsed, less what the previous timer overspent (measured: with one CI per micro-batch a 2 s
+    recovery target at 2,000 keys replayed the whole input, benchmarks/RESULTS.md)."""
+    policy.observe(control.rates, open_windows)
+    duty = policy.budget()
+    if duty is not None:
+        schedule.set_duty(duty)
+    control.duty = schedule.duty
+    control.targets = policy.targets()
+    problem = policy.problem()
+    if problem:
+        control.say_once("problem", problem, partition)
+    note = policy.note()
+    if note:
+        control.say_once("note", note, partition)
+    q_target = control.targets[0]
+    if q_target is not None and q_target < open_windows:
+        control.say_once(
+            "q-below-n",
+            f"Q={q_target:,} is below the {open_windows:,} open windows of this partition: an extent holds a "
+            "footprint of every open window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)",
+            partition,
+        )
+    # Oldest footprint first: the most input since.
+    ordered = sorted((w for w in windows if w.u > 0), key=lambda w: w.u, reverse=True)
+    ahead_in, ahead_out = (control.lookahead_in, control.lookahead_out) if lookahead else (0, 0)
+    done = 0
+    spent = 0.0
+    allowance = None
+    if elapsed is not None and not schedule.unlimited:
+        allowance = schedule.duty * max(elapsed, 0.0) - control.debt
+    for i, w in enumerate(ordered):
+        after = ordered[i + 1] if i + 1 < len(ordered) else None
+        view = WindowView(
+            extent_size=w.q + ahead_out,
+            replay_size=w.u + ahead_in,
+            open_windows=open_windows,
+            gap_in=w.u - (after.u if after is not None else 0),
+            gap_out=w.q - (after.q if after is not None else 0),
+        )
+        wants = policy.wants_oldest(view)
+        schedule.note_wanting(wants)
+        if not wants:
+            break
+        if (allowance is not None and allowance <= spent) or (allowance is None and schedule.credit() <= 0):
+            break
+        started = clock()
+        gcheck(w.key)
+        took = clock() - started
+        schedule.spend(took, 1)
+        spent += took
+        done += 1
+    if allowance is not None:
+        control.debt = max(spent - allowance, 0.0)
+    if done:
+        control.rates.observe_gchecks(spent, done)
+        control.gchecks += done
+        control.gcheck_seconds += spent
+        control.out += done
+    return done
+
+
+def read_controls(spark: SparkSession, checkpoint: str, state_name: str) -> dict[int, PartitionControl]:
+    """Each state partition's `PartitionControl` as of the last committed micro-batch of a run's Spark
+    checkpoint (Spark's state data source), keyed by output partition: what the executors measured,
+    planned and said. A driver-side read for reports and tests; it runs a Spark job."""
+    import pickle
+
+    rows = (
+        spark.read.format("statestore")
+        .option("stateVarName", state_name)
+        .load(checkpoint)
+        .select("value.blob")
+        .collect()
+    )
+    controls: dict[int, PartitionControl] = {}
+    for row in rows:
+        q, _timer, _keys, control = pickle.loads(bytes(row[0]))
+        controls[int(q)] = control
+    return controls
