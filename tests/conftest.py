@@ -8,18 +8,27 @@ skipped every Kafka test would look green while testing nothing (DESIGN-NOTES se
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import settings
 
 from queuestore.base import QueueStore
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker, start_broker
 
 __all__ = ["BACKENDS", "StoreBackend"]
+
+# Property tests draw the same examples on every run by default ("ci"), so that CI time and verdicts do not
+# depend on luck: the example counts in the tests are sized to catch the bugs their docstrings name with
+# these seeds. HYPOTHESIS_PROFILE=dev explores new examples each run (and remembers failures locally).
+settings.register_profile("ci", derandomize=True, database=None, print_blob=True)
+settings.register_profile("dev", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BACKENDS = ["sqlite", "kafka"]
 

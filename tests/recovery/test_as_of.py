@@ -65,11 +65,18 @@ def _stopped_run_state(tmp_path: Path, data: Path, operator_spec: dict[str, Any]
     return {(w.key, w.seq): codec.decode(operator.encode_state(w.state)) for w in runtime.registry}
 
 
-def _state_cli(store_dir: Path, data: Path, at: str) -> State:
+def _only_topic(store_dir: Path) -> str:
+    """The one output topic of a run's store (`cec state` must not add any)."""
     (topic,) = [
         line.split("\t")[0]
         for line in cec("inspect", "--list", "--store-dir", str(store_dir)).stdout.splitlines()
     ]
+    return topic
+
+
+def _state_cli(store_dir: Path, data: Path, at: str, topic: str | None = None) -> State:
+    """`topic`: the store's one topic if the caller knows it already (each `cec` call is a process)."""
+    topic = topic or _only_topic(store_dir)
     out = cec("state", topic, "--as-of", at, "--input", str(data), "--store-dir", str(store_dir))
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
@@ -92,10 +99,12 @@ def test_count_windows_as_of_a_position_equal_a_run_stopped_there(tmp_path: Path
     store_dir = tmp_path / "store"
     _run(data, store_dir, "--window-count", "7", *(["--crash-after", "1700"] if crash else []))
     spec = aggregate_operator("key", "value", "avg", window_count=7)
+    topic = _only_topic(store_dir)
     for k in (1, 555, 1700, 2222, 3_000):
         want = _stopped_run_state(tmp_path, data, spec, k)
         assert want, k
-        assert _state_cli(store_dir, data, f"pos:{k}") == want, k
+        assert _state_cli(store_dir, data, f"pos:{k}", topic) == want, k
+    assert _only_topic(store_dir) == topic
 
 
 def test_time_windows_as_of_a_logical_time_equal_a_run_stopped_before_it_passed(tmp_path: Path) -> None:
@@ -104,14 +113,17 @@ def test_time_windows_as_of_a_logical_time_equal_a_run_stopped_before_it_passed(
     store_dir = tmp_path / "store"
     _run(data, store_dir, "--time", "ts", "--window-time", "200ms")
     spec = aggregate_operator("key", "value", "sum", window_time="200ms", time="ts")
+    topic = _only_topic(store_dir)
     for t in (times[300], times[1500] + 1, times[-1]):
         k = next((i for i, ts in enumerate(times) if ts > t), len(times))  # the first tuple past t
         want = _stopped_run_state(tmp_path, data, spec, k)
-        assert _state_cli(store_dir, data, str(t)) == want, t
+        assert _state_cli(store_dir, data, str(t), topic) == want, t
     # Positions on time windows: a tuple that closes a window writes its R unclaimed (pos = its own
     # offset), so the cut must leave out records stamped exactly with the point.
     for k in (400, 1201, 1999):
-        assert _state_cli(store_dir, data, f"pos:{k}") == _stopped_run_state(tmp_path, data, spec, k), k
+        want = _stopped_run_state(tmp_path, data, spec, k)
+        assert _state_cli(store_dir, data, f"pos:{k}", topic) == want, k
+    assert _only_topic(store_dir) == topic
 
 
 def test_csv_format_and_mistakes(tmp_path: Path) -> None:

@@ -177,7 +177,11 @@ jobs = st.fixed_dictionaries(
 )
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+# 10 derandomized examples (the "ci" profile, tests/conftest.py) are enough for the bugs this test is for:
+# checked by re-introducing them (live-vector stamping, pure `tuple(live)`: failed at the 3rd example or
+# earlier; every record of a tuple claiming it, so a cut between its R and G-open loses the G-open: failed
+# within 6). Each example replays every prefix of a log, so examples are what this test's time is made of.
+@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(job=jobs, stop_frac=st.floats(0.1, 0.9), recovering_interleave=st.integers(0, 10_000))
 def test_every_prefix_of_a_recovering_runs_log_recovers_exactly(
     tmp_path_factory: Any, job: dict[str, Any], stop_frac: float, recovering_interleave: int

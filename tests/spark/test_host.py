@@ -129,7 +129,7 @@ def test_generator_partitions_cover_the_generator_exactly() -> None:
 
 
 def test_killed_task_is_relaunched_and_recovers_exactly(spark: SparkSession, tmp_path: Path) -> None:
-    result, _ = _run_with_kills(spark, tmp_path, count=100_000, attempts=[(1, 0)], growth=1500)
+    result, _ = _run_with_kills(spark, tmp_path, count=40_000, attempts=[(1, 0)], growth=1500)
     assert result.job_attempts == {"chain": 1}
     agg0 = result.instance(1, 0)
     assert agg0.task_attempt == 1 and agg0.resumed  # Spark relaunched it; it recovered from its log
@@ -143,7 +143,7 @@ def test_exhausted_task_attempts_resubmit_the_job(spark: SparkSession, tmp_path:
         spark, filter_aggregate({"type": "sqlite", "root": str(tmp_path / "x")}, count=1, keys=1)
     )
     assert host.task_max_failures == 3
-    result, _ = _run_with_kills(spark, tmp_path, count=150_000, attempts=[(1, 0), (1, 1), (1, 2)], growth=800)
+    result, _ = _run_with_kills(spark, tmp_path, count=50_000, attempts=[(1, 0), (1, 1), (1, 2)], growth=800)
     assert result.job_attempts == {"chain": 2}
     assert len(result.failures) == 1
     assert result.instance(1, 0).job_attempt == 2 and result.instance(1, 0).resumed
@@ -154,7 +154,7 @@ def test_exhausted_task_attempts_resubmit_the_job(spark: SparkSession, tmp_path:
 def test_driver_killed_and_restarted_resumes_exactly(tmp_path: Path) -> None:
     root, pid_dir, out = tmp_path / "run", tmp_path / "pids", tmp_path / "result.json"
     pid_dir.mkdir()
-    count = 150_000
+    count = 50_000
     args = [
         sys.executable,
         "-m",
