@@ -52,7 +52,11 @@ WINDOW = 7
 TRIGGER_ROWS = 600  # 15 micro-batches
 KILL_AT = 11  # the first query to reach its 11th micro-batch kills the driver from a write task
 Q = 60
-RECOVERY_TARGET = "100ms"
+# Far below what a Spark restart's fixed costs take, so the controller is in its best-effort regime, where
+# U = (1 - safety) x target x the partition's measured replay rate: 30 ms keeps U (and the bound below) well
+# under half the input before the kill also on a machine several times faster than CI's (100 ms gave
+# U = 3,191 of 6,318 there).
+RECOVERY_TARGET = "30ms"
 RARE = ("rare-a", "rare-b", "rare-c")  # fewer tuples than a window: open from their first tuple on
 # Records one micro-batch may add to one output partition: R and G-open per window of its share of the
 # input (with room for skew), and a G-check of each of its open windows.
