@@ -680,7 +680,7 @@ class OperatorRuntime:
 
     def _replay_chunk(self, tuples: list[InputTuple]) -> int:
         """`_apply` of the tuples below the crash point, from the first of `tuples` on, in one loop: the
-        same fates (`recovery.contract.tuple_fate`, inlined) and the same effects, without the per-tuple
+        same fates (`ReplayContract.fate`) and the same effects, without the per-tuple
         work that cannot apply there (no record is written, no fault is armed, no watermark is kept).
         Returns how many tuples it applied; the caller applies the rest (from the first one at or past its
         partition's crash point) through `_apply`, which ends the recovery."""
@@ -689,7 +689,7 @@ class OperatorRuntime:
         report = self.stats.recovery
         assert report is not None
         crash = plan.crash_pos
-        window_pos = plan.window_pos
+        fate = plan.fate  # the contract's rule; below the crash point it is SKIP or REBUILD
         operator = self.operator
         key_of, event_time, process = operator.key_of, operator.event_time, operator.process
         pos = self._pos
@@ -709,9 +709,8 @@ class OperatorRuntime:
                         key = key_of(value)
                     except BadTupleError:
                         key = None
-                window = window_pos.get(key) if key is not None else None
-                if window is None or o < window[j]:
-                    # SKIP: in the loaded state of its window, or of a window whose R is in the log.
+                if fate(j, o, key) is TupleFate.SKIP:
+                    # In the loaded state of its window, or of a window whose R is in the log.
                     skipped += 1
                     if o + 1 >= crash[j] and plan.caught_up(pos):
                         self._catch_up()  # the last replayed tuple: release what was held back now
