@@ -85,6 +85,11 @@ class CheckpointPolicy(abc.ABC):
         usual cap."""
         return None
 
+    def shortfall(self) -> str | None:
+        """Why, by the policy's own model, its targets may not hold within its budget. A model is not a
+        measurement: the runtime says it only when the targets are then really missed."""
+        return None
+
     @abc.abstractmethod
     def describe(self) -> str: ...
 
@@ -136,14 +141,15 @@ class RecoveryTimePolicy(CheckpointPolicy):
     last U tuples, so q <= N + r*U (r: records other than G-checks per input tuple). Hence
         recovery(U) = N/B + N/L + U * (r/B + 1/R) <= safety * target
     gives the largest U that meets the target (the cheapest: G-checks fall as 1/U), and Q is the extent
-    the remaining time can read. Holding U takes at most N/U G-checks per input tuple, i.e. a duty of
-    g * N * input_rate / U (g: seconds per G-check); the budget is that times `headroom`. Other policies
+    the remaining time can read. Holding U takes at most N/U G-checks per input tuple, i.e. the share of
+    run time `MeasuredRates.gcheck_share(N/U)` (g * N * input_rate / U while the operator has time to
+    spare, less when G-checks would slow its input down); the budget is that times `headroom`. Other policies
     stay under MAX_DUTY; a recovery target is what the user asked for, so when holding U needs more, the
     budget goes up to `max_duty` (RTO_MAX_DUTY) and `note()` says so once (measured at the paper's scale
     under load: a 50% cap left u at twice U and missed a 3 s target by a second). When not even that would
-    hold U, the budget stays at MAX_DUTY (more would only starve the input) and `note()` says the target is
-    out of reach at the measured rates. G-checks are still made
-    only while u > U or q > Q: the budget is a ceiling, not a spend.
+    hold U, the budget stays at MAX_DUTY (more would only starve the input) and `shortfall()` says U is
+    out of reach at the measured rates (the runtime repeats it only if u then really stays above U).
+    G-checks are still made only while u > U or q > Q: the budget is a ceiling, not a spend.
     If rebuilding and loading the N windows alone takes longer than the target, no U can meet it:
     `problem()` says so, and U keeps the replay within the (1 - safety) share of the target.
     """
@@ -176,6 +182,7 @@ class RecoveryTimePolicy(CheckpointPolicy):
         self.duty: float | None = None
         self._problem: str | None = None
         self._note: str | None = None
+        self._shortfall: str | None = None
         self.observe(self.rates, 0)
 
     def observe(self, rates: MeasuredRates, open_windows: int) -> None:
@@ -213,30 +220,31 @@ class RecoveryTimePolicy(CheckpointPolicy):
         if self.q_cap is not None:
             q = min(q, self.q_cap)
         self.q_target = q
+        self._note = None  # the plan of this interval, not of the first one (the rates move)
+        self._shortfall = None
         if rates.input_rate > 0 and "gcheck_seconds" in rates.measured:
-            need = rates.gcheck_seconds * max(n, 1) * rates.input_rate / u
+            need = rates.gcheck_share(max(n, 1) / u)
             wanted = self.headroom * need
             if wanted <= MAX_DUTY:
                 self.duty = max(wanted, 0.001)
             elif need <= self.max_duty:
                 self.duty = min(wanted, self.max_duty)
-                if self._note is None:
-                    self._note = (
-                        f"recovery target {self.target_s:g} s: holding U={u:,} over {n:,} open windows needs "
-                        f"about {need:.0%} of operator time for G-checks, above the {MAX_DUTY:.0%} a checkpoint "
-                        f"budget normally stays under; taking up to {self.duty:.0%} for the target"
-                    )
+                self._note = (
+                    f"recovery target {self.target_s:g} s: holding U={u:,} over {n:,} open windows needs "
+                    f"about {need:.0%} of operator time for G-checks, above the {MAX_DUTY:.0%} a checkpoint "
+                    f"budget normally stays under; taking up to {self.duty:.0%} for the target"
+                )
             else:
                 # Not even max_duty would hold U: spending it would only starve the input (measured under
                 # load: 86% duty, input down to 280 tuples/s, and the target still missed). Keep the usual
-                # cap and say that the target is out of reach at these rates.
+                # cap; the runtime says so if u then really stays above U (`shortfall`).
                 self.duty = MAX_DUTY
-                if self._note is None:
-                    self._note = (
-                        f"recovery target {self.target_s:g} s cannot be held at the measured rates: holding "
-                        f"U={u:,} over {n:,} open windows needs about {need:.0%} of operator time for G-checks, "
-                        f"more than the {self.max_duty:.0%} a recovery target may take; keeping {MAX_DUTY:.0%}"
-                    )
+                self._shortfall = (
+                    f"recovery target {self.target_s:g} s: U={u:,} cannot be held over {n:,} open windows at "
+                    f"the measured rates: it needs about {need:.0%} of operator time for G-checks, more than "
+                    f"the {self.max_duty:.0%} a recovery target may take; keeping {MAX_DUTY:.0%}, so a crash "
+                    f"may replay more than U"
+                )
 
     def wants_checkpoint(self, extent_size: int, replay_size: int) -> bool:
         return replay_size > self.u_target or extent_size > self.q_target
@@ -255,6 +263,9 @@ class RecoveryTimePolicy(CheckpointPolicy):
 
     def note(self) -> str | None:
         return self._note
+
+    def shortfall(self) -> str | None:
+        return self._shortfall
 
     def estimate_seconds(self) -> float:
         """Recovery time the model expects for a crash now, with the chosen targets held."""
@@ -366,6 +377,9 @@ class AnyOf(CheckpointPolicy):
 
     def note(self) -> str | None:
         return next((msg for msg in (p.note() for p in self.policies) if msg), None)
+
+    def shortfall(self) -> str | None:
+        return next((msg for msg in (p.shortfall() for p in self.policies) if msg), None)
 
     def describe(self) -> str:
         return " + ".join(p.describe() for p in self.policies) or "G-open only"

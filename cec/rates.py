@@ -54,6 +54,7 @@ class MeasuredRates:
     replay_rate: float = 20_000.0  # input tuples/s re-read and applied up to the crash point
     gcheck_seconds: float = 50e-6  # operator time per G-check
     input_rate: float = 0.0  # input tuples per second of run time (0: not measured yet)
+    process_rate: float = 0.0  # input tuples per second of processing (no waits, no G-checks; 0: not yet)
     outputs_per_input: float = 1.0  # records other than G-checks written per input tuple
     from_recovery: bool = False  # EC build/load and replay rates come from a real recovery
     calibrated: bool = False  # EC build/load rates measured at startup (`recovery.calibrate`)
@@ -79,6 +80,8 @@ class MeasuredRates:
             return
         self._blend("input_rate", inputs / seconds)
         self._blend("outputs_per_input", max(outputs - gchecks, 0) / inputs or 1e-6)
+        if busy_seconds > 0:
+            self._blend("process_rate", inputs / busy_seconds)
         if not self.from_recovery and busy_seconds > 0:
             self._blend("replay_rate", inputs / busy_seconds)
             # Not measured by a recovery yet: they follow the live rate (module docstring).
@@ -110,6 +113,24 @@ class MeasuredRates:
             self.replay_rate = report.tuples_replayed / report.catch_up_seconds
             self.measured.add("replay_rate")
             self.from_recovery = True
+
+    def gcheck_share(self, gchecks_per_input: float) -> float:
+        """The share of run time that `gchecks_per_input` G-checks per input tuple take (0 before the
+        input rate is measured).
+
+        At the measured input rate that is g * k * input_rate, if the operator has the time to spare; if
+        not, the operator becomes the bottleneck, its input slows down, and the share is what the
+        G-checks take of processing plus G-checks, x / (1 + x) with x = g * k * process_rate. The
+        smaller of the two is the right one, and it is below 1: a share above 1 (g * k * input_rate
+        alone, measured before any G-check slowed the input) counts time the operator would not have."""
+        if self.input_rate <= 0:
+            return 0.0
+        per_input = self.gcheck_seconds * gchecks_per_input
+        share = per_input * self.input_rate
+        if self.process_rate > 0:
+            x = per_input * self.process_rate
+            share = min(share, x / (1.0 + x))
+        return share
 
     def recovery_seconds(self, *, extent: float, windows: float, replay: float) -> float:
         """Estimated recovery time for an extent of `extent` records, `windows` open windows and `replay`

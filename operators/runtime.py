@@ -1026,10 +1026,17 @@ class OperatorRuntime:
                 f"about {needed:.0%} of operator time (CI={needed * cp_ms:.0f} ms every CP={cp_ms:g} ms) "
                 "would meet them"
             )
+        measured = f"u={u:,}, q={q:,} with {n:,} open windows"
+        # The policy's own model may already have said why (its budget is capped below what U needs); it
+        # is said only now, with the measured u and q behind it: a model alone predicted misses that
+        # a quiet run never had.
+        shortfall = self.policy.shortfall()
         self._say_once(
             "budget",
-            f"checkpoint targets Q={q_target} U={u_target} cannot be met within "
-            f"{self.schedule.describe()}: u={u:,}, q={q:,} with {n:,} open windows; {need}",
+            f"{shortfall} (measured: {measured})"
+            if shortfall
+            else f"checkpoint targets Q={q_target} U={u_target} cannot be met within "
+            f"{self.schedule.describe()}: {measured}; {need}",
         )
 
     def _report_checkpointing(self) -> None:

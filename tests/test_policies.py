@@ -74,8 +74,30 @@ def test_rto_bounded_by_u_and_capped_duty() -> None:
     policy.observe(rates(gcheck_seconds=1e-3), 10_000)  # G-checks so dear that holding U takes > RTO_MAX_DUTY
     # Out of reach: more than the usual cap would only starve the input; it says so.
     assert policy.budget() == MAX_DUTY
+    shortfall = policy.shortfall()
+    assert shortfall is not None and "cannot be held" in shortfall and "more than the 90%" in shortfall
+    assert policy.note() is None  # a model's verdict, said by the runtime only if u then stays above U
+    # The rates move: once holding U fits the budget again, the plan says nothing.
+    policy.observe(rates(gcheck_seconds=2e-6), 10_000)
+    assert policy.shortfall() is None and policy.budget() is not None and policy.budget() < MAX_DUTY
+
+
+def test_the_share_g_checks_need_counts_the_input_they_slow_down() -> None:
+    # Measured before any G-check: 400k tuples/s in, processing at the same rate. Holding U=5,000 over
+    # 10,000 windows is 2 G-checks (2 x 2.5 us) per tuple: at 400k tuples/s that alone would be 200% of
+    # the run time, which the operator does not have. It slows its input instead: G-checks take 5 us of
+    # every 5 + 2.5 us, two thirds of its time; that is what the budget must be, not "out of reach".
+    fast = rates(gcheck_seconds=2.5e-6, input_rate=400_000.0, process_rate=400_000.0)
+    assert fast.gcheck_share(2.0) == pytest.approx(2.0 / 3.0)
+    policy = RecoveryTimePolicy(3.0, u_cap=5_000, rates=fast)
+    policy.observe(fast, 10_000)
+    assert policy.shortfall() is None
+    assert policy.budget() == RTO_MAX_DUTY  # 1.5 x 67% headroom, capped
     note = policy.note()
-    assert note is not None and "cannot be held" in note and "more than the 90%" in note
+    assert note is not None and "67% of operator time" in note
+    # With time to spare (input at a tenth of the processing rate) the share is the plain product.
+    idle = rates(gcheck_seconds=2.5e-6, input_rate=40_000.0, process_rate=400_000.0)
+    assert idle.gcheck_share(2.0) == pytest.approx(0.2)
 
 
 def test_rto_takes_more_than_the_usual_cap_when_its_target_needs_it_and_says_so() -> None:

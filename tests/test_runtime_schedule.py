@@ -8,6 +8,7 @@ functions of the run.
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 from typing import Any
 
@@ -238,3 +239,37 @@ def test_tuples_replayed_at_a_crash_stay_within_u_plus_a_batch(tmp_path: Path, s
     second = run(tmp_path, TargetPolicy(u_target=2000), **kwargs)  # recovers from the log the first left
     assert second.completed and second.recovery is not None
     assert 0 < second.recovery.tuples_replayed <= 2000 + 64
+
+
+class ModelledTargets(TargetPolicy):
+    """Targets whose own model says they cannot be held (as a recovery-time policy's does when its
+    measured rates say U needs more than its budget cap)."""
+
+    def shortfall(self) -> str | None:
+        return "U=500 cannot be held by this model"
+
+
+def test_a_policys_shortfall_is_said_only_when_the_targets_are_really_missed(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Enough budget (as in the test above): u stays within U, and the model's verdict is never said.
+    with caplog.at_level(logging.WARNING, logger="operators.runtime"):
+        held = run(tmp_path / "held", ModelledTargets(u_target=3000), ci_ms=40.0, count=30_000, keys=300)
+    assert held.max_replay <= 3000 + 32, held.max_replay
+    assert held.checkpoint_refusal is None and not caplog.records
+    # Too little budget: u stays above U, and then the model's reason is said once, with the measured u.
+    with caplog.at_level(logging.WARNING, logger="operators.runtime"):
+        missed = run(
+            tmp_path / "missed",
+            ModelledTargets(u_target=500),
+            ci_ms=5.0,
+            count=30_000,
+            keys=2000,
+            tuple_s=100e-6,
+        )
+    said = [r.getMessage() for r in caplog.records if "cannot be held" in r.getMessage()]
+    assert len(said) == 1, said
+    assert "measured: u=" in said[0]
+    u = re.search(r"measured: u=([\d,]+), q=", said[0])
+    assert u is not None and int(u.group(1).replace(",", "")) > 500 * 1.05, said[0]
+    assert missed.checkpoint_refusal == said[0].split(": ", 1)[1]

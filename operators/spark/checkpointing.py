@@ -253,6 +253,16 @@ def choose_gchecks(
         done += 1
     if allowance is not None:
         control.debt = max(spent - allowance, 0.0)
+    shortfall = policy.shortfall()
+    u_target = control.targets[1]
+    if (
+        shortfall
+        and u_target is not None
+        and done < len(ordered)
+        and ordered[done].u > u_target * 1.05 + ahead_in
+    ):
+        # The policy's model said U is out of its budget's reach, and the front window is indeed past it.
+        control.say_once("budget", f"{shortfall} (measured: u={ordered[done].u:,})", partition)
     if done:
         control.rates.observe_gchecks(spent, done)
         control.gchecks += done
