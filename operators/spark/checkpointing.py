@@ -31,6 +31,7 @@ the policies, never their rules:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class PartitionControl:
     planned: bool = False  # the planning's EC build rate is taken
     last_timer_wall: float | None = None  # clock at the partition's last timer
     debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
+    reported: tuple[Any, ...] | None = None  # what the last `report` told (targets, budget, counts)
 
     def take_planned(self, planned: PlannedRecovery, partitions: int) -> None:
         """The EC build rate of this start's planning, once: records read back per second, this partition's
@@ -158,6 +160,28 @@ class PartitionControl:
         self.seen = merged
         self.last_wall = now
         self.out += emitted
+
+    def summary(self, partition: int) -> dict[str, Any]:
+        """What this partition planned and said, as the query's progress shows it (`checkpointing`)."""
+        q_target, u_target = self.targets
+        return {
+            "partition": partition,
+            "q_target": q_target,
+            "u_target": u_target,
+            "budget": self.duty,
+            "gchecks": self.gchecks,
+            "gcheck_seconds": round(self.gcheck_seconds, 6),
+            "messages": list(self.said),
+        }
+
+    def report(self, partition: int) -> bytes | None:
+        """The summary as JSON if it changed since the last report (None: nothing new to tell)."""
+        summary = self.summary(partition)
+        key = (summary["q_target"], summary["u_target"], summary["budget"], self.gchecks, len(self.said))
+        if key == self.reported:
+            return None
+        self.reported = key
+        return json.dumps(summary).encode()
 
     def say_once(self, topic: str, message: str, partition: int) -> None:
         if any(s.startswith(f"{topic}: ") for s in self.said):

@@ -76,6 +76,7 @@ from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMa
 from recovery.contract import TupleFate, tuple_fate
 
 __all__ = [
+    "CONTROL_KIND",
     "EMIT_COLUMNS",
     "EMIT_SCHEMA",
     "GCHECK_ORDER",
@@ -137,6 +138,9 @@ EMIT_SCHEMA = StructType(
 EMIT_COLUMNS = [f.name for f in EMIT_SCHEMA.fields]
 # The emission index of a G-check row (the sink writes G-checks after a partition's other records).
 GCHECK_ORDER = 1 << 30
+# The kind of a row that is not a record: a state partition's checkpoint controls (what it planned and
+# said), JSON in cec_payload, for the query's progress. The sinks take it out before writing.
+CONTROL_KIND = "CTRL"
 
 
 @dataclass(frozen=True)
@@ -687,6 +691,9 @@ class CecAggregateProcessor(StatefulProcessor):
             )
             ctx.store()
             self._arm_timer(part, timerValues)
+            report = part.control.report(part.q)
+            if report is not None:
+                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0))
         self.state.update(part.dump())
         if rows:
             yield pd.DataFrame(rows, columns=EMIT_COLUMNS)

@@ -13,6 +13,10 @@ underlying query, `query.query`) and adds CEC's figures:
     input partition);
   - `records`: output records written since this start, by kind (R, GOPEN, GCHECK, DEAD); `gopens`,
     `gchecks`: the same two counts; `batch_records` (per-batch figures only): written in that batch;
+  - `checkpointing`: per state partition (a list, by `partition`), its checkpoint controller as last
+    reported: `q_target`, `u_target` and `budget` (duty) in force, `gchecks` and `gcheck_seconds` made in
+    this run, and `messages`: what it said once (a target it cannot meet and why, a budget above the
+    usual cap); empty for G-open only. `checkpoint_controls(spark)` reads the full state (rates included);
   - `recovery`: what this start recovered (`resumed`, `ec_build_s`: reading the logs back on the driver,
     `ec_windows`, `ec_records_read`, `ec_load_rows`: windows and next-seq rows handed to the query as
     its initial state, `replay_start`, `crash_point`, `replay_tuples`: input tuples between them, and

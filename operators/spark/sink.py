@@ -24,6 +24,7 @@ their partition's batch (`_ordered`). A batch's records are durable (flushed) be
 
 from __future__ import annotations
 
+import json
 import threading
 from collections import Counter, OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, OutputRecord, RecordCodec
 from operators.spark.planning import AttachRecovery
-from operators.spark.processor import EMIT_COLUMNS
+from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS
 from queuestore import faults
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
@@ -56,6 +57,15 @@ class _Cursor:
     stamper: PositionStamper  # pos, continuing from the log's crash point (recovery.contract)
     n: int
     time: int
+
+
+def split_controls(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[bytes]]:
+    """A batch's rows as (records to write, control reports): a state partition's checkpoint controls
+    (`operators.spark.checkpointing.PartitionControl.report`) travel with its rows but are figures for the
+    query's progress, never log records."""
+    if not any(r[4] == CONTROL_KIND for r in rows):
+        return rows, []
+    return [r for r in rows if r[4] != CONTROL_KIND], [bytes(r[8]) for r in rows if r[4] == CONTROL_KIND]
 
 
 def _ordered(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
@@ -119,6 +129,9 @@ class CecSink:
         self._width = len(recovery.start)
         self.batch_figures: OrderedDict[int, dict[str, Any]] = OrderedDict()
         self._keep = keep_batches
+        # Each state partition's checkpoint controls as last reported (its targets, budget, G-checks and
+        # what it said): the controller's messages reach the driver with the rows, not by a Spark job.
+        self.controls: dict[int, dict[str, Any]] = {}
         self.metrics = metrics
         if metrics is not None:  # the windows carried over by recovery are open before the first batch
             self._publish(self._figures())
@@ -126,12 +139,14 @@ class CecSink:
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         table = batch_df.toArrow()
         columns = [table.column(c).to_pylist() for c in EMIT_COLUMNS]
+        rows, reports = split_controls(list(zip(*columns, strict=True)))
         by_q: dict[int, list[tuple[Any, ...]]] = {}
-        for row in zip(*columns, strict=True):
+        for row in rows:
             by_q.setdefault(int(row[0]), []).append(row)
         with self.lock:
             if self.closed:
                 raise RuntimeError("the CEC sink is closed")
+            self._take_reports(reports)
             before = Counter(self.kinds)
             for q in sorted(by_q):
                 self._write(q, _ordered(by_q[q]))
@@ -143,6 +158,12 @@ class CecSink:
                         f"{len(out.failures)} appends to {out.topic}[{q}] failed: {out.failures[0]!r}"
                     )
             self._batch_done(batch_id, before)
+
+    def _take_reports(self, reports: Sequence[bytes]) -> None:
+        """Keep each state partition's latest checkpoint controls (under the sink's lock)."""
+        for report in reports:
+            control = json.loads(report)
+            self.controls[int(control["partition"])] = control
 
     def _batch_done(self, batch_id: int, before: Counter[str]) -> None:
         """Count a written micro-batch and keep (and publish) its figures; under the sink's lock."""
@@ -208,6 +229,7 @@ class CecSink:
             "records": {k: self.kinds[k] for k in _KINDS},
             "gopens": self.kinds[_GOPEN],
             "gchecks": self.kinds[_GCHECK],
+            "checkpointing": [self.controls[q] for q in sorted(self.controls)],
         }
 
     def figures(self) -> dict[str, Any]:

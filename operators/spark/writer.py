@@ -68,7 +68,7 @@ from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import EMIT_COLUMNS, PROFILE_ENV
-from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, _ordered, stamped
+from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, _ordered, split_controls, stamped
 from queuestore import faults
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
@@ -142,7 +142,8 @@ def _result_schema() -> StructType:
     return StructType(
         [
             StructField("q", LongType(), False),
-            StructField("entry", StringType(), False),  # "end": the partition's summary; "fp": one key
+            # "end": the partition's summary; "fp": one key; "ctrl": its checkpoint controls (JSON in key)
+            StructField("entry", StringType(), False),
             StructField("pos", longs, True),  # end: the cursor's pos; fp: the footprint's (null: closed)
             StructField("n", LongType(), True),
             StructField("time", LongType(), True),
@@ -447,6 +448,11 @@ class BatchWriter:
             # Two tasks writing one partition would fence each other; never expected (module doc).
             raise RuntimeError(f"a write task got rows of output partitions {sorted(qs)}, expected one")
         q = qs.pop()
+        rows, reports = split_controls(rows)
+        controls = [{"q": q, "entry": "ctrl", "key": r.decode()} for r in reports]
+        if not rows:  # a timer that made no G-check reported its controls: nothing to write
+            yield pa.RecordBatch.from_pylist(controls, schema=_arrow_schema())
+            return
         attempt = self._attempt()
         done = write_partition(
             self.bootstrap_servers,
@@ -480,6 +486,7 @@ class BatchWriter:
             {"q": q, "entry": "fp", "pos": None if p is None else list(p), "key": k}
             for k, p in done.footprints.items()
         )
+        out.extend(controls)
         yield pa.RecordBatch.from_pylist(out, schema=_arrow_schema())
 
 
@@ -572,5 +579,6 @@ class ExecutorSink(CecSink):
                         self.footprints.pop(row["key"], None)
                     else:
                         self.footprints[row["key"]] = tuple(row["pos"])
+            self._take_reports([row["key"].encode() for row in rows if row["entry"] == "ctrl"])
             self.summary_rows += len(rows)
             self._batch_done(batch_id, before)

@@ -176,6 +176,15 @@ def test_recovery_target_and_q_hold_across_a_driver_kill(
         crash_total = sum(rec["crash_point"])
         figures[label] = {**rec, "log_records_at_kill": log_size, "u_chosen": u_chosen}
         if label == "rto":
+            # Each state partition's controller, as the query's progress reports it, is what its state
+            # holds (targets, G-checks, what it said): it reaches the driver with the rows, no Spark job.
+            reported = {c["partition"]: c for c in query.lastProgress["cec"]["checkpointing"]}
+            controls = query.checkpoint_controls(spark)
+            assert reported.keys() == controls.keys() == set(range(partitions)), reported
+            for q, control in controls.items():
+                assert (reported[q]["q_target"], reported[q]["u_target"]) == control.targets
+                assert (reported[q]["gchecks"], reported[q]["messages"]) == (control.gchecks, control.said)
+                assert reported[q]["u_target"] > 0
             bound = u_chosen + 2 * TRIGGER_ROWS
             assert rec["replay_tuples"] <= bound < crash_total // 2, (rec, bound)
         else:

@@ -15,6 +15,7 @@ policies (`cec.policy`), fed with the state partition's own rates; no JVM (injec
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
@@ -33,7 +34,13 @@ from operators.spark.checkpointing import (
     WindowMark,
     choose_gchecks,
 )
-from operators.spark.processor import AggregateSpec, CecAggregateProcessor, _PartitionState, partition_groups
+from operators.spark.processor import (
+    CONTROL_KIND,
+    AggregateSpec,
+    CecAggregateProcessor,
+    _PartitionState,
+    partition_groups,
+)
 
 
 class FakeClock:
@@ -263,7 +270,19 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     assert (out[0]["cec_kind"] == Kind.GOPEN.value).sum() == 10
     assert handle.timers, "a live open window arms the partition's timer"
     fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]
-    gchecks = fired[0]
+    rows = fired[0]
+    gchecks = rows[rows["cec_kind"] != CONTROL_KIND]
+    # The partition reports its controls after its G-checks (for the query's progress, never written).
+    (report,) = rows[rows["cec_kind"] == CONTROL_KIND]["cec_payload"]
+    assert json.loads(report) == {
+        "partition": 0,
+        "q_target": 10,
+        "u_target": None,
+        "budget": 1.0,
+        "gchecks": 9,
+        "gcheck_seconds": 0.0,
+        "messages": [],
+    }
     # q of k_i's window = records after its G-open = 9 - i; look-ahead: the last batch emitted 10. So k0..k8
     # want one (q + 10 > 10) and the budget is unlimited: oldest first, once each. k9 had no input since
     # its G-open (u = 0): a G-check would only repeat it.
@@ -275,6 +294,7 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     # Each G-checked window's footprint moved to its G-check: k0 first (record 11) ... k8 last (record 19);
     # k9's is still its G-open (record 10).
     assert [part.keys[f"k{i}"][9] for i in range(10)] == [*range(11, 20), 10]
-    # A no-data micro-batch's timer (nothing read: no look-ahead, u = 0 everywhere) G-checks nothing.
+    # A no-data micro-batch's timer (nothing read: no look-ahead, u = 0 everywhere) G-checks nothing, and
+    # has nothing new to report.
     processor.init(handle)  # type: ignore[arg-type]
     assert list(processor.handleExpiredTimer((groups[0],), _Timers(), None)) == []  # type: ignore[arg-type]
