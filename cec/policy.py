@@ -137,9 +137,10 @@ class RecoveryTimePolicy(CheckpointPolicy):
     """A recovery-time objective: U, Q and the budget chosen so a crash at any moment recovers in time.
 
     Model (rates from `MeasuredRates`; N open windows): a crash with replay size u and extent q recovers
-    in about q/B + N/L + u/R. Holding u <= U keeps about one footprint of every open window within the
+    in about S + q/B + N/L + u/R (S: the host's fixed restart cost, 0 for the local runtime, the query's
+    start for the attached operator on Spark). Holding u <= U keeps about one footprint of every open window within the
     last U tuples, so q <= N + r*U (r: records other than G-checks per input tuple). Hence
-        recovery(U) = N/B + N/L + U * (r/B + 1/R) <= safety * target
+        recovery(U) = S + N/B + N/L + U * (r/B + 1/R) <= safety * target
     gives the largest U that meets the target (the cheapest: G-checks fall as 1/U), and Q is the extent
     the remaining time can read. Holding U takes at most N/U G-checks per input tuple, i.e. the share of
     run time `MeasuredRates.gcheck_share(N/U)` (g * N * input_rate / U while the operator has time to
@@ -150,7 +151,7 @@ class RecoveryTimePolicy(CheckpointPolicy):
     hold U, the budget stays at MAX_DUTY (more would only starve the input) and `shortfall()` says U is
     out of reach at the measured rates (the runtime repeats it only if u then really stays above U).
     G-checks are still made only while u > U or q > Q: the budget is a ceiling, not a spend.
-    If rebuilding and loading the N windows alone takes longer than the target, no U can meet it:
+    If restarting, rebuilding and loading the N windows alone take longer than the target, no U can meet it:
     `problem()` says so, and U keeps the replay within the (1 - safety) share of the target.
     """
 
@@ -189,7 +190,7 @@ class RecoveryTimePolicy(CheckpointPolicy):
         self.rates = rates
         self.open_windows = n = open_windows
         allowed = self.safety * self.target_s
-        fixed = n / rates.ec_build_rate + n / rates.ec_load_rate
+        fixed = rates.restart_seconds + n / rates.ec_build_rate + n / rates.ec_load_rate
         per_u = rates.outputs_per_input / rates.ec_build_rate + 1.0 / rates.replay_rate
         if fixed >= allowed:
             known = {"ec_build_rate", "ec_load_rate"} <= rates.measured
@@ -200,8 +201,13 @@ class RecoveryTimePolicy(CheckpointPolicy):
                 if rates.calibrated
                 else "assumed (until a recovery measures them)"
             )
+            restart = (
+                f"restarting ({rates.restart_seconds:.2f} s, measured at this start) plus "
+                if rates.restart_seconds > 0
+                else ""
+            )
             self._problem = (
-                f"recovery target {self.target_s:g} s cannot be met: rebuilding and loading the "
+                f"recovery target {self.target_s:g} s cannot be met: {restart}rebuilding and loading the "
                 f"{n:,} open windows alone takes about {fixed:.2f} s at the "
                 f"{basis} rates "
                 f"({rates.ec_build_rate:,.0f} records/s EC build, {rates.ec_load_rate:,.0f} windows/s EC load)"

@@ -56,6 +56,9 @@ class MeasuredRates:
     input_rate: float = 0.0  # input tuples per second of run time (0: not measured yet)
     process_rate: float = 0.0  # input tuples per second of processing (no waits, no G-checks; 0: not yet)
     outputs_per_input: float = 1.0  # records other than G-checks written per input tuple
+    # The fixed part of a recovery before any EC work: 0 for the local runtime (its recovery time starts
+    # with its EC build); the query's start for the attached operator on Spark (`observe_restart`).
+    restart_seconds: float = 0.0
     from_recovery: bool = False  # EC build/load and replay rates come from a real recovery
     calibrated: bool = False  # EC build/load rates measured at startup (`recovery.calibrate`)
     measured: set[str] = field(default_factory=set)
@@ -132,10 +135,21 @@ class MeasuredRates:
             share = min(share, x / (1.0 + x))
         return share
 
+    def observe_restart(self, seconds: float) -> None:
+        """A start's fixed cost, measured at this start: what the next restart will pay before its EC work."""
+        if seconds > 0:
+            self.restart_seconds = seconds
+            self.measured.add("restart_seconds")
+
     def recovery_seconds(self, *, extent: float, windows: float, replay: float) -> float:
         """Estimated recovery time for an extent of `extent` records, `windows` open windows and `replay`
         tuples to replay."""
-        return extent / self.ec_build_rate + windows / self.ec_load_rate + replay / self.replay_rate
+        return (
+            self.restart_seconds
+            + extent / self.ec_build_rate
+            + windows / self.ec_load_rate
+            + replay / self.replay_rate
+        )
 
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)

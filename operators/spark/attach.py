@@ -49,6 +49,7 @@ import time
 import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from time import time as wall_time  # `time` is also a parameter of cec_aggregate
 from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
@@ -202,6 +203,7 @@ def cec_aggregate(
 
     from queuestore.kafka import KafkaQueueStore
 
+    started_wall = wall_time()  # a restart's fixed cost is measured from here (PlannedRecovery)
     if checkpointing is None:
         checkpointing = Checkpointing()
     elif isinstance(checkpointing, Mapping):
@@ -266,7 +268,10 @@ def cec_aggregate(
     else:
         sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
     planned = PlannedRecovery(
-        records_read=recovery.records_read, ec_windows=recovery.ec_windows, ec_build_seconds=recovery.seconds
+        records_read=recovery.records_read,
+        ec_windows=recovery.ec_windows,
+        ec_build_seconds=recovery.seconds,
+        started_wall=started_wall,
     )
     gcheck = GCheckSpec.from_checkpointing(checkpointing, planned)
     checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"

@@ -68,6 +68,7 @@ class PlannedRecovery:
     ec_load_seconds: float = 0.0
     tuples_replayed: int = 0
     catch_up_seconds: float = 0.0
+    started_wall: float = 0.0  # wall time (time.time) when this start began: `cec_aggregate()` was called
 
 
 @dataclass(frozen=True)
@@ -116,12 +117,17 @@ class PartitionControl:
     debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
     reported: tuple[Any, ...] | None = None  # what the last `report` told (targets, budget, counts)
 
-    def take_planned(self, planned: PlannedRecovery, partitions: int) -> None:
+    def take_planned(self, planned: PlannedRecovery, partitions: int, now_wall: float | None = None) -> None:
         """The EC build rate of this start's planning, once: records read back per second, this partition's
-        share (the partitions are read in parallel)."""
+        share (the partitions are read in parallel); and the start's fixed cost, from `cec_aggregate()` to
+        this partition's first task (`now_wall`) less the EC build: what a restart pays before its
+        recovery work (`MeasuredRates.restart_seconds`, which a recovery target plans with)."""
         if self.planned:
             return
         self.planned = True
+        if now_wall is not None and planned.started_wall > 0:
+            ec_build = planned.ec_build_seconds if planned.records_read > 0 else 0.0
+            self.rates.observe_restart(now_wall - planned.started_wall - ec_build)
         if planned.records_read > 0:
             share = PlannedRecovery(
                 records_read=max(1, planned.records_read // max(partitions, 1)),

@@ -481,7 +481,7 @@ class CecAggregateProcessor(StatefulProcessor):
         row = self.state.get()  # None when the partition has no state yet (one round trip, no exists())
         part = _PartitionState.load(row) if row is not None else _PartitionState(self.group_q[int(group)])
         if self.gcheck is not None:
-            part.control.take_planned(self.gcheck.planned, self.partitions)
+            part.control.take_planned(self.gcheck.planned, self.partitions, self.wall())
         return part
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:

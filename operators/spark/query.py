@@ -21,7 +21,10 @@ underlying query, `query.query`) and adds CEC's figures:
     `ec_windows`, `ec_records_read`, `ec_load_rows`: windows and next-seq rows handed to the query as
     its initial state, `replay_start`, `crash_point`, `replay_tuples`: input tuples between them, and
     `replay_s`: from the query's start to the end of the first micro-batch that read past the crash point,
-    None until then; the EC is loaded inside the first micro-batch, so `replay_s` includes EC load).
+    None until then; the EC is loaded inside the first micro-batch, so `replay_s` includes EC load;
+    `recovery_s` = `ec_build_s` + `replay_s`, the recovery time a recovery target is held to, with
+    `recovery_target_s` and `recovery_target_met` (None without a target, before the replay ended, or on
+    a start that resumed nothing).
 - `recovery`: the `operators.spark.planning.AttachRecovery` of this start; `batches`: micro-batches done.
 """
 
@@ -206,7 +209,15 @@ class CecAggregateQuery:
             "crash_point": crash,
             "replay_tuples": sum(c - s for s, c in zip(rec.start, crash, strict=True)),
             "replay_s": self._replay_s,
+            **self._against_target(rec.seconds),
         }
+
+    def _against_target(self, ec_build_s: float) -> dict[str, Any]:
+        """The recovery time (planning + replay) and, with a recovery target, whether this start met it."""
+        target = self.checkpointing.recovery_target
+        took = None if self._replay_s is None else ec_build_s + self._replay_s
+        met = None if took is None or target is None or not self.recovery.resumed else took <= target
+        return {"recovery_s": took, "recovery_target_s": target, "recovery_target_met": met}
 
     def _find_replay_end(self, crash: list[int]) -> float | None:
         """From the query's start to the end of the first micro-batch whose source end offsets reached the

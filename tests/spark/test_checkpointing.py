@@ -15,6 +15,7 @@ policies (`cec.policy`), fed with the state partition's own rates; no JVM (injec
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from typing import Any
@@ -193,6 +194,34 @@ def test_cost_benefit_makes_the_policys_decision() -> None:
     ]
     assert wants == [True, True, False]  # the case is one where the policy draws a line
     assert done == ["old", "mid"]
+
+
+def test_a_starts_fixed_cost_is_what_a_recovery_target_plans_a_restart_with(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # cec_aggregate() called at t=1,000 s; the planning read 9,000 records in 2 s; this partition's first
+    # task at t=1,007 s: the start cost 5 s besides the EC build, and a restart will pay it again.
+    control = PartitionControl()
+    planned = PlannedRecovery(records_read=9_000, ec_windows=10, ec_build_seconds=2.0, started_wall=1_000.0)
+    control.take_planned(planned, 3, now_wall=1_007.0)
+    assert control.rates.restart_seconds == pytest.approx(5.0)
+    # Planning over empty logs is all fixed cost.
+    empty = PartitionControl()
+    empty.take_planned(PlannedRecovery(ec_build_seconds=2.0, started_wall=1_000.0), 3, now_wall=1_004.0)
+    assert empty.rates.restart_seconds == pytest.approx(4.0)
+    # A 4 s target with that 5 s start: refused out loud, naming the restart; a 20 s one is planned with
+    # it: U is smaller than the same target would get without the start.
+    windows = [WindowMark(i, 100, 1) for i in range(100)]
+    with caplog.at_level(logging.WARNING, logger="operators.spark.checkpointing"):
+        _run(Checkpointing(recovery_target="4s"), windows, control=control)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 1 and "cannot be met: restarting (5.00 s" in said[0], said
+    planned_u = RecoveryTimePolicy(20.0, rates=control.rates)
+    planned_u.observe(control.rates, 100)
+    no_start = dataclasses.replace(control.rates, restart_seconds=0.0)
+    without = RecoveryTimePolicy(20.0, rates=no_start)
+    without.observe(no_start, 100)
+    assert planned_u.problem() is None and planned_u.u_target < without.u_target
 
 
 def test_partition_measurements() -> None:
