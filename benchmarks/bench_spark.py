@@ -1646,7 +1646,12 @@ def plot_attached(paths: list[Path], out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted((json.loads(p.read_text()) for p in paths), key=lambda r: (r["keys"], r.get("label", "")))
+    # The glob also matches the --recovery-only files (spark-attached-recovery-*.json): no throughput there.
+    loaded = (json.loads(p.read_text()) for p in paths)
+    runs = sorted(
+        (r for r in loaded if "throughput_ratio_attached_to_native" in r),
+        key=lambda r: (r["keys"], r.get("label", "")),
+    )
     if not runs:
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(17, 6))
