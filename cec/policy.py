@@ -237,7 +237,7 @@ class RecoveryTimePolicy(CheckpointPolicy):
                 self.duty = min(wanted, self.max_duty)
                 self._note = (
                     f"recovery target {self.target_s:g} s: holding U={u:,} over {n:,} open windows needs "
-                    f"about {need:.0%} of operator time for G-checks, above the {MAX_DUTY:.0%} a checkpoint "
+                    f"up to about {need:.0%} of operator time for G-checks, above the {MAX_DUTY:.0%} a checkpoint "
                     f"budget normally stays under; taking up to {self.duty:.0%} for the target"
                 )
             else:
@@ -247,7 +247,7 @@ class RecoveryTimePolicy(CheckpointPolicy):
                 self.duty = MAX_DUTY
                 self._shortfall = (
                     f"recovery target {self.target_s:g} s: U={u:,} cannot be held over {n:,} open windows at "
-                    f"the measured rates: it needs about {need:.0%} of operator time for G-checks, more than "
+                    f"the measured rates: it needs up to about {need:.0%} of operator time for G-checks, more than "
                     f"the {self.max_duty:.0%} a recovery target may take; keeping {MAX_DUTY:.0%}, so a crash "
                     f"may replay more than U"
                 )
