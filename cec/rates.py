@@ -75,18 +75,28 @@ class MeasuredRates:
             self._blend("gcheck_seconds", seconds / count)
 
     def observe_run(
-        self, *, seconds: float, busy_seconds: float, inputs: int, outputs: int, gchecks: int
+        self,
+        *,
+        seconds: float,
+        busy_seconds: float,
+        inputs: int,
+        outputs: int,
+        gchecks: int,
+        replay_seconds: float | None = None,
     ) -> None:
         """One measurement interval of normal operation: `busy_seconds` excludes waiting for input and
-        producing G-checks."""
+        producing G-checks. `replay_seconds`: what replaying these inputs would take, when a host knows it
+        is more than `busy_seconds` (on Spark a replay runs through micro-batches whose planning, state
+        commits and writes the task's own time does not count); by default `busy_seconds`."""
         if seconds <= 0 or inputs <= 0:
             return
         self._blend("input_rate", inputs / seconds)
         self._blend("outputs_per_input", max(outputs - gchecks, 0) / inputs or 1e-6)
         if busy_seconds > 0:
             self._blend("process_rate", inputs / busy_seconds)
-        if not self.from_recovery and busy_seconds > 0:
-            self._blend("replay_rate", inputs / busy_seconds)
+        replay = busy_seconds if replay_seconds is None else replay_seconds
+        if not self.from_recovery and replay > 0:
+            self._blend("replay_rate", inputs / replay)
             # Not measured by a recovery yet: they follow the live rate (module docstring).
             if "ec_build_rate" not in self.measured and not self.calibrated:
                 self.ec_build_rate = max(_DEFAULT_EC_BUILD, EC_PER_REPLAY * self.replay_rate)

@@ -238,7 +238,10 @@ def test_partition_measurements() -> None:
     # position.
     control.observe_batch(now=12.0, task_seconds=0.5, seen=[250, 50], emitted=40)
     assert control.rates.input_rate == pytest.approx(100.0)
-    assert control.rates.replay_rate == pytest.approx(400.0)
+    # A replay runs through micro-batches like these: 100 tuples per second of them, not the 400 per
+    # second of the task alone, which is the processing rate.
+    assert control.rates.replay_rate == pytest.approx(100.0)
+    assert control.rates.process_rate == pytest.approx(400.0)
     assert control.rates.outputs_per_input == pytest.approx(0.2)
     assert (control.lookahead_in, control.lookahead_out, control.out) == (200, 40, 70)
     control.observe_batch(now=13.0, task_seconds=0.1, seen=[0, 60], emitted=0)
