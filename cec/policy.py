@@ -228,7 +228,11 @@ class RecoveryTimePolicy(CheckpointPolicy):
         self.q_target = q
         self._note = None  # the plan of this interval, not of the first one (the rates move)
         self._shortfall = None
-        if rates.input_rate > 0 and "gcheck_seconds" in rates.measured:
+        # With the assumed G-check cost until one is measured (MeasuredRates' default is above what was
+        # measured on every host): waiting for a measurement left the first look at the usual CI/CP, and on
+        # Spark the first look, after a micro-batch had opened thousands of windows at once, could not
+        # reach the oldest of them (the replay then started at the input's start).
+        if rates.input_rate > 0:
             need = rates.gcheck_share(max(n, 1) / u)
             wanted = self.headroom * need
             if wanted <= MAX_DUTY:

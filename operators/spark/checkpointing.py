@@ -115,6 +115,7 @@ class PartitionControl:
     duty: float | None = None  # the budget in force at the last timer
     planned: bool = False  # the planning's EC build rate is taken
     last_timer_wall: float | None = None  # clock at the partition's last timer
+    first_wall: float | None = None  # clock at the partition's first task of this start (`take_planned`)
     debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
     reported: tuple[Any, ...] | None = None  # what the last `report` told (targets, budget, counts)
 
@@ -126,6 +127,7 @@ class PartitionControl:
         if self.planned:
             return
         self.planned = True
+        self.first_wall = now_wall
         if now_wall is not None and planned.started_wall > 0:
             ec_build = planned.ec_build_seconds if planned.records_read > 0 else 0.0
             self.rates.observe_restart(now_wall - planned.started_wall - ec_build)
