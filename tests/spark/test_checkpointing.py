@@ -330,3 +330,45 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     # has nothing new to report.
     processor.init(handle)  # type: ignore[arg-type]
     assert list(processor.handleExpiredTimer((groups[0],), _Timers(), None)) == []  # type: ignore[arg-type]
+
+
+class TickingClock(FakeClock):
+    """Advances `tick` seconds at every reading: each G-check (timed by two readings) costs one tick."""
+
+    def __init__(self, tick: float) -> None:
+        super().__init__()
+        self.tick = tick
+
+    def __call__(self) -> float:
+        self.now += self.tick
+        return self.now
+
+
+@pytest.mark.parametrize("since_first_task", [50.0, 0.0])
+def test_the_first_timers_allowance_covers_the_run_since_the_partitions_first_task(
+    since_first_task: float,
+) -> None:
+    # 200 windows opened in the partition's first micro-batch, all wanting a G-check (Q=10); CI/CP = 10/100
+    # and each G-check costs a few ticks of 10 us. The first timer may spend 10% of the wall time since the
+    # partition's first task of this start: 5 s after 50 s, room for all of them. (Counted from the current
+    # task's start, as before, it had a few ms: the first micro-batch's windows stayed out of reach.)
+    spec = AggregateSpec("item", "price", "avg", 100, None, None)
+    gcheck = GCheckSpec.from_checkpointing(Checkpointing(q_target=10, ci_ms=10, cp_ms=100))
+    groups = partition_groups(1)
+    processor = CecAggregateProcessor(spec, [[(0,)]], 0, gcheck, groups)
+    wall = FakeClock()
+    processor.clock, processor.wall = TickingClock(1e-5), wall
+    handle = _Handle()
+    processor.init(handle)  # type: ignore[arg-type]
+    batch = [(0, o, f"k{o}", 1.0) for o in range(200)]
+    list(processor.handleInputRows((groups[0],), iter([_frame(batch)]), _Timers()))  # type: ignore[arg-type]
+    wall.now += since_first_task
+    processor.init(handle)  # type: ignore[arg-type]  # the next micro-batch's task
+    fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]
+    made = sum(int((f["cec_kind"] == Kind.GCHECK.value).sum()) for f in fired)
+    if since_first_task:
+        # Every window the policy wants: k_i has q = 199 - i records since its G-open (no look-ahead: this
+        # task read no input), so k0..k188 (q > Q = 10).
+        assert made == sum(1 for i in range(200) if 199 - i > 10)
+    else:
+        assert made < 5
