@@ -138,8 +138,9 @@ class RecoveryTimePolicy(CheckpointPolicy):
 
     Model (rates from `MeasuredRates`; N open windows): a crash with replay size u and extent q recovers
     in about S + q/B + N/L + u/R (S: the host's fixed restart cost, 0 for the local runtime, the query's
-    start for the attached operator on Spark). Holding u <= U keeps about one footprint of every open window within the
-    last U tuples, so q <= N + r*U (r: records other than G-checks per input tuple). Hence
+    start for the attached operator on Spark). Holding u <= U keeps about one footprint of every open
+    window within the last U tuples, so q <= N + r*U (r: records other than G-checks per input tuple).
+    Hence
         recovery(U) = S + N/B + N/L + U * (r/B + 1/R) <= safety * target
     gives the largest U that meets the target (the cheapest: G-checks fall as 1/U), and Q is the extent
     the remaining time can read. Holding U takes at most N/U G-checks per input tuple, i.e. the share of

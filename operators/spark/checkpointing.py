@@ -19,8 +19,8 @@ the policies, never their rules:
   advance of the input position, all partitions of the input: that is what a recovery replays); the replay
   rate as that advance per second of run time between micro-batch ends (a replay pays every micro-batch's
   overhead, not only the task's work: `PartitionControl.observe_batch`), the processing rate per second of
-  the partition's task; the restart's fixed cost from this start (`take_planned`); G-check cost from the G-checks the timer made; EC load from `handleInitialState`
-  (windows decoded and installed per second, on this executor); EC build from the recovery planning of
+  the partition's task; the restart's fixed cost from this start (`take_planned`); G-check cost from the
+  G-checks the timer made; EC load from `handleInitialState` (windows decoded and installed per second, on this executor); EC build from the recovery planning of
   this start (`operators.spark.planning`: records read back per second, per output partition, the
   partitions read in parallel). Until measured: `MeasuredRates`' stated defaults (cec.rates).
 - **Budget.** The policy's `budget()` (a recovery target picks its own) sets the duty of the task's
@@ -117,7 +117,7 @@ class PartitionControl:
     last_timer_wall: float | None = None  # clock at the partition's last timer
     first_wall: float | None = None  # clock at the partition's first task of this start (`take_planned`)
     debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
-    reported: tuple[Any, ...] | None = None  # what the last `report` told (targets, budget, counts)
+    reported: dict[str, Any] | None = None  # the summary the last `report` told
 
     def take_planned(self, planned: PlannedRecovery, partitions: int, now_wall: float | None = None) -> None:
         """The EC build rate of this start's planning, once: records read back per second, this partition's
@@ -196,10 +196,9 @@ class PartitionControl:
     def report(self, partition: int) -> bytes | None:
         """The summary as JSON if it changed since the last report (None: nothing new to tell)."""
         summary = self.summary(partition)
-        key = (summary["q_target"], summary["u_target"], summary["budget"], self.gchecks, len(self.said))
-        if key == self.reported:
+        if summary == self.reported:
             return None
-        self.reported = key
+        self.reported = summary
         return json.dumps(summary).encode()
 
     def say_once(self, topic: str, message: str, partition: int) -> None:

@@ -677,7 +677,7 @@ class CecAggregateProcessor(StatefulProcessor):
             # The first timer's allowance covers the run since the partition's first task of this start:
             # the windows it must reach were opened during all of it, not only during this task.
             since = control.last_timer_wall if control.last_timer_wall is not None else control.first_wall
-            elapsed = now - since if since is not None else self.clock() - self.task_started
+            elapsed = now - since if since is not None else 0.0  # first_wall is set by `_partition`
             control.last_timer_wall = now
             choose_gchecks(
                 control,

@@ -209,13 +209,13 @@ class CecAggregateQuery:
             "crash_point": crash,
             "replay_tuples": sum(c - s for s, c in zip(rec.start, crash, strict=True)),
             "replay_s": self._replay_s,
-            **self._against_target(rec.seconds),
+            **self._against_target(),
         }
 
-    def _against_target(self, ec_build_s: float) -> dict[str, Any]:
+    def _against_target(self) -> dict[str, Any]:
         """The recovery time (planning + replay) and, with a recovery target, whether this start met it."""
         target = self.checkpointing.recovery_target
-        took = None if self._replay_s is None else ec_build_s + self._replay_s
+        took = None if self._replay_s is None else self.recovery.seconds + self._replay_s
         met = None if took is None or target is None or not self.recovery.resumed else took <= target
         return {"recovery_s": took, "recovery_target_s": target, "recovery_target_met": met}
 

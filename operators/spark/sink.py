@@ -159,7 +159,7 @@ class CecSink:
                     )
             self._batch_done(batch_id, before)
 
-    def _take_reports(self, reports: Sequence[bytes]) -> None:
+    def _take_reports(self, reports: Sequence[bytes | str]) -> None:
         """Keep each state partition's latest checkpoint controls (under the sink's lock)."""
         for report in reports:
             control = json.loads(report)

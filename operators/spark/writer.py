@@ -579,6 +579,6 @@ class ExecutorSink(CecSink):
                         self.footprints.pop(row["key"], None)
                     else:
                         self.footprints[row["key"]] = tuple(row["pos"])
-            self._take_reports([row["key"].encode() for row in rows if row["entry"] == "ctrl"])
+            self._take_reports([row["key"] for row in rows if row["entry"] == "ctrl"])
             self.summary_rows += len(rows)
             self._batch_done(batch_id, before)
