@@ -200,6 +200,20 @@ class PartitionReader(abc.ABC):
             for r in self.read_forward(from_offset, max_records)
         ]
 
+    def read_range_rows(self, start: int, stop_before: int) -> list[Row]:
+        """The rows (see `Row`) at offsets in [start, stop_before), oldest first: fewer than the offsets
+        where a store's offsets are not dense, none past the end. Backends override it with one bulk read
+        (the Spark source reads each micro-batch's slice of a partition so)."""
+        rows: list[Row] = []
+        offset = start
+        while offset < stop_before:
+            chunk = self.read_forward_rows(offset, stop_before - offset)
+            if not chunk:
+                break
+            rows.extend(r for r in chunk if r[0] < stop_before)
+            offset = chunk[-1][0] + 1
+        return rows
+
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
         """`read_backward` as flat rows (see `Row`): the same records, newest first. Backends override it
         to skip building objects per record (recovery scans read every record of the extent)."""

@@ -1590,6 +1590,16 @@ class KafkaPartitionReader(PartitionReader):
         collected.reverse()
         return collected[:max_records]
 
+    def read_range_rows(self, start: int, stop_before: int) -> list[Row]:
+        # One bulk read of the range, rows built by the C accelerator (as read_backward_rows does): no
+        # StoredRecord and no headers per message. It ends early at the end of the partition.
+        if stop_before <= start:
+            return []
+        result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
+        if result.beyond_end and self.end_offset() > start:  # stale suspicion: the data is there after all
+            result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
+        return result.rows
+
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
         # read_backward without a StoredRecord per message: one forward read of the whole window
         # (offsets may have gaps: widen downwards until enough, as read_backward does). Each read is at

@@ -30,7 +30,7 @@ from cec.config import Checkpointing
 from cec.exceptions import CodecError
 from cec.native import compile_avro, native
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
-from operators.aggregate import STATE_SCHEMA, AggState, KeyedAggregate
+from operators.aggregate import RESULT_SCHEMA, STATE_SCHEMA, AggState, KeyedAggregate
 from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta, Row
 from queuestore.kafka import (
@@ -351,6 +351,31 @@ def test_state_decode_matches_fastavro() -> None:
         )
         is None
     )
+
+
+@needs_native
+def test_a_batch_of_payloads_decodes_as_each_alone() -> None:
+    """`AvroCodec.decode_tuples` (the Spark source's results, one C call) equals `decode_tuple` per body,
+    and a malformed body among intact ones fails as it fails alone."""
+    rng = random.Random(5)
+    codec = AvroCodec(RESULT_SCHEMA)
+    bodies = [
+        codec.encode(
+            {
+                "key": f"k{rng.randrange(1000)}",
+                "window": rng.randrange(50),
+                "value": rng.uniform(-1e6, 1e6),
+                "count": rng.randrange(1, 20),
+                "start": rng.randrange(2**40),
+                "end": rng.randrange(2**40),
+            }
+        )
+        for _ in range(200)
+    ]
+    assert codec.decode_tuples(bodies) == [codec.decode_tuple(b) for b in bodies]
+    assert codec.decode_tuples([]) == []
+    with pytest.raises(CodecError):
+        codec.decode_tuples([*bodies[:3], b"\x02", *bodies[3:6]])
 
 
 class _Msg:

@@ -256,6 +256,11 @@ def test_reads_forward_and_backward_with_chunking(store_backend: StoreBackend) -
         assert r.read_backward_rows(100, 3) == [flat[99], flat[98], flat[97]]
         assert r.read_backward_rows(n + 50, 2) == [flat[n - 1], flat[n - 2]]
         assert r.read_backward_rows(0, 10) == [] and r.read_backward_rows(5, 0) == []
+        # A range of offsets as flat rows (the Spark source's slice): every record in it, none past it.
+        assert r.read_range_rows(0, n) == flat
+        assert r.read_range_rows(100, 103) == flat[100:103]
+        assert r.read_range_rows(250, n + 50) == flat[250:]  # ends at the end of the partition
+        assert r.read_range_rows(n + 1, n + 9) == [] and r.read_range_rows(7, 7) == []
 
 
 def test_end_offset_after_reopening(store_backend: StoreBackend) -> None:
@@ -424,6 +429,7 @@ def test_damaged_record_is_detected(store_backend: StoreBackend) -> None:
         stored = list(r.scan_forward(0))
         end = r.end_offset()
         rows = r.read_backward_rows(end, len(stored) + 10)[::-1]  # the bulk path of recovery's scan
+        forward = r.read_range_rows(0, end)  # the Spark source's bulk path
     check_offsets(store, [s.offset for s in stored])
     detected: set[int] = set()
     for number, s in enumerate(stored):
@@ -442,6 +448,7 @@ def test_damaged_record_is_detected(store_backend: StoreBackend) -> None:
     # Bulk rows take the kind from the value's frame, never from the header: only the header's reader is
     # misled by a flipped header, and that reader detects it (above).
     assert [r[0] for r in rows] == [s.offset for s in stored]
+    assert forward == rows
     failing = set(CODEC.failing_rows(rows))
     assert failing == {n for n, what in damaged.items() if what != "kind header"}
 
