@@ -622,6 +622,20 @@ def test_config_is_redacted(kafka_broker: Broker, tmp_path: Path) -> None:
     assert secret not in str(redact_config({"sasl.oauthbearer.client.secret": secret, "x.token": secret}))
 
 
+def test_clients_connect_when_they_start_unless_the_user_says_otherwise(tmp_path: Path) -> None:
+    """Writers and readers connect to the brokers when they start: with librdkafka's sparse connections a
+    writer's init_transactions() found no broker up and waited for its retry timer (55-505 ms per writer
+    open against 2-3 ms here), and a reader's first fetch up to ~50 ms. A user's setting still wins."""
+    eager = KafkaQueueStore("127.0.0.1:1", tmp_path / "a")
+    assert eager._producer_config("t", 0)["enable.sparse.connections"] is False
+    assert eager._consumer_config("read")["enable.sparse.connections"] is False
+    lazy = KafkaQueueStore("127.0.0.1:1", tmp_path / "b", config={"enable.sparse.connections": True})
+    assert lazy._producer_config("t", 0)["enable.sparse.connections"] is True
+    assert lazy._consumer_config("read")["enable.sparse.connections"] is True
+    eager.close()
+    lazy.close()
+
+
 def test_store_close_closes_children(kafka_broker: Broker, tmp_path: Path) -> None:
     s = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
     name = f"t-{uuid.uuid4().hex[:12]}"
