@@ -139,6 +139,7 @@ class Workload:
     repeats: int = 1  # failure-free runs per system (best taken) and kill runs of the CEC host
     attached_writers: str = "executors"  # cec_aggregate(writers=...): who writes the attached output logs
     recovery_target: str | None = None  # cec_aggregate(checkpointing=Checkpointing(recovery_target=...))
+    offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
 
     @property
     def master(self) -> str:
@@ -151,14 +152,20 @@ class Workload:
 
     @property
     def batch_rows(self) -> int:
-        # Offsets, not rows: each partition also holds its EOS record, which the data source skips but
-        # counts. Rounded up, so that exactly `batches` micro-batches cover the topic.
-        return -(-(self.tuples + self.partitions) // self.batches)
+        # Offsets, not rows: each partition also holds its EOS record and its writers' transaction markers,
+        # which the data source skips but counts. Rounded up, so that exactly `batches` micro-batches cover
+        # the topic (a trailing micro-batch of a few rows would add one batch's fixed cost to every plan).
+        offsets = self.offsets or self.tuples + self.partitions
+        return -(-offsets // self.batches)
 
     def warmup(self) -> Workload:
         """A small input of its own that each driver runs through first (see `WARMUP_TUPLES`)."""
         return replace(
-            self, tuples=WARMUP_TUPLES, keys=min(self.keys, 200), input_topic=self.input_topic + "-warmup"
+            self,
+            tuples=WARMUP_TUPLES,
+            keys=min(self.keys, 200),
+            input_topic=self.input_topic + "-warmup",
+            offsets=0,
         )
 
     def store(self, name: str) -> dict[str, Any]:
@@ -195,6 +202,21 @@ def write_input(w: Workload) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     assert written == w.tuples, (written, w.tuples)
     return {"tuples": written, "seconds": seconds, "tuples_per_s": written / seconds}
+
+
+def input_offsets(w: Workload) -> int:
+    """The input topic's end offsets, summed over its partitions (what `maxRecordsPerTrigger` counts)."""
+    from queuestore.kafka import KafkaQueueStore
+
+    store = KafkaQueueStore(w.bootstrap, w.work / "offsets")
+    try:
+        total = 0
+        for p in range(w.partitions):
+            with store.reader(w.input_topic, p) as reader:
+                total += reader.end_offset()
+        return total
+    finally:
+        store.close()
 
 
 def _aggregate_spec(w: Workload, store: dict[str, Any], topic: str) -> JobSpec:
@@ -1418,6 +1440,9 @@ def main(argv: list[str] | None = None) -> int:
         say(f"input: {tuples:,} purchases over {keys:,} items, P={w.partitions}, count windows of {WINDOW}")
         result["input"] = write_input(w)
         result["warmup_input"] = write_input(w.warmup())
+        w = replace(w, offsets=input_offsets(w))
+        result["input"]["offsets"] = w.offsets
+        result["input"]["batch_rows"] = w.batch_rows
         say(
             f"  written in {result['input']['seconds']:.2f} s (+ {WARMUP_TUPLES:,} warm-up tuples on their own topic)"
         )
