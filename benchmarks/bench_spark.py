@@ -82,6 +82,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from anywhere: the repo's packages and tests/brokers.py
     sys.path.insert(0, str(ROOT))
 
+from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle  # noqa: E402
+
 from operators.aggregate import RESULT_SCHEMA  # noqa: E402
 from operators.job import JobSpec, instance_spec, run_job  # noqa: E402
 from operators.sinks import iter_payloads  # noqa: E402
@@ -140,6 +142,7 @@ class Workload:
     attached_writers: str = "executors"  # cec_aggregate(writers=...): who writes the attached output logs
     recovery_target: str | None = None  # cec_aggregate(checkpointing=Checkpointing(recovery_target=...))
     offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
+    tws_baseline: bool = False  # --focus attached: also Spark native under transformWithStateInPandas
 
     @property
     def master(self) -> str:
@@ -317,6 +320,54 @@ def make_native_function(
     return count_window_avg
 
 
+class NativeCountWindowAvg(StatefulProcessor):
+    """The same count-window average under transformWithStateInPandas (the API the attached operator runs
+    on: timers, initial state): per key a ValueState (next window, tuples in the open window, their sum)."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+
+    def init(self, handle: StatefulProcessorHandle) -> None:
+        from pyspark.sql.types import DoubleType, LongType, StructField, StructType
+
+        schema = StructType(
+            [
+                StructField("seq", LongType(), False),
+                StructField("n", LongType(), False),
+                StructField("total", DoubleType(), False),
+            ]
+        )
+        self.state = handle.getValueState("window", schema)
+
+    def handleInputRows(
+        self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
+    ) -> Iterator[pd.DataFrame]:
+        import pandas as pd
+
+        stored = self.state.get()
+        seq, n, total = (0, 0, 0.0) if stored is None else (int(stored[0]), int(stored[1]), float(stored[2]))
+        chunks = list(rows)
+        batch = pd.concat(chunks) if len(chunks) > 1 else chunks[0]
+        prices = batch.sort_values("cec_offset")[
+            "item_price"
+        ].tolist()  # input order (see the function above)
+        windows: list[int] = []
+        values: list[float] = []
+        for price in prices:
+            n += 1
+            total += price
+            if n == self.window:
+                windows.append(seq)
+                values.append(total / n)
+                seq, n, total = seq + 1, 0, 0.0
+        self.state.update((seq, n, total))
+        item = int(key[0])
+        yield pd.DataFrame({"item_id": [item] * len(windows), "window": windows, "value": values})
+
+    def close(self) -> None:
+        pass
+
+
 def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> StreamingQuery:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
@@ -333,13 +384,21 @@ def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> 
     if spec["batch_rows"]:
         reader = reader.option("maxRecordsPerTrigger", str(spec["batch_rows"]))
     rows = reader.load().select("cec_offset", "item_id", "item_price")
-    results = rows.groupBy("item_id").applyInPandasWithState(
-        make_native_function(spec["window"]),
-        outputStructType="item_id long, window long, value double",
-        stateStructType="seq long, n long, total double",
-        outputMode="append",
-        timeoutConf=GroupStateTimeout.NoTimeout,
-    )
+    if spec.get("api") == "tws":
+        results = rows.groupBy("item_id").transformWithStateInPandas(
+            statefulProcessor=NativeCountWindowAvg(spec["window"]),
+            outputStructType="item_id long, window long, value double",
+            outputMode="Append",
+            timeMode="None",
+        )
+    else:
+        results = rows.groupBy("item_id").applyInPandasWithState(
+            make_native_function(spec["window"]),
+            outputStructType="item_id long, window long, value double",
+            stateStructType="seq long, n long, total double",
+            outputMode="append",
+            timeoutConf=GroupStateTimeout.NoTimeout,
+        )
     name = spec["name"]
 
     def sink(df: Any, batch_id: int) -> None:
@@ -836,21 +895,24 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     even i and attached first on odd i, so that a drift of the shared machine's load falls on both sides.
     Returns (native, attached, the ratio attached / native of each pair); each side's figures are its best
     run, with every run kept, in the shapes `measure_native` / `measure_attached` give."""
-    native_rows: list[dict[str, Any]] = []
-    attached_rows: list[dict[str, Any]] = []
-    sessions: dict[str, list[float]] = {"native": [], "attached": []}
-    colds: dict[str, list[float]] = {"native": [], "attached": []}
+    systems = ["native", "native_tws", "attached"] if w.tws_baseline else ["native", "attached"]
+    rows_of: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
+    sessions: dict[str, list[float]] = {system: [] for system in systems}
+    colds: dict[str, list[float]] = {system: [] for system in systems}
     conf: dict[str, Any] = {}
     pairs: list[float] = []
     steady: list[float] = []
+    tws_pairs: list[float] = []
+    tws_steady: list[float] = []
     for i in range(w.repeats):
-        order = ("native", "attached") if i % 2 == 0 else ("attached", "native")
+        order = systems[i % len(systems) :] + systems[: i % len(systems)]  # rotates who goes first
         row: dict[str, dict[str, Any]] = {}
         for system in order:
-            if system == "native":
-                warm = _native_query_spec(w.warmup(), "warmup", None)
-                spec = _native_query_spec(w, f"native_plan.{i}", w.batch_rows)
-                child = _spawn_native(w, f"native_failure_free.{i}", [warm, spec])
+            if system.startswith("native"):
+                api = "tws" if system == "native_tws" else "apply"
+                warm = {**_native_query_spec(w.warmup(), "warmup", None), "api": api}
+                spec = {**_native_query_spec(w, f"{system}_plan.{i}", w.batch_rows), "api": api}
+                child = _spawn_native(w, f"{system}_failure_free.{i}", [warm, spec])
                 result = child.wait()
                 q = _query(result, spec["name"])
                 row[system] = _native_run_row(w, q, _batch_digest(child.events(), spec["name"]))
@@ -885,15 +947,23 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
             )
         for system in order:
             row[system]["steady_tuples_per_s"] = steady_rate(row[system]["progress"])
-        native_rows.append(row["native"])
-        attached_rows.append(row["attached"])
+            rows_of[system].append(row[system])
         pairs.append(row["attached"]["tuples_per_s"] / row["native"]["tuples_per_s"])
         steady.append(row["attached"]["steady_tuples_per_s"] / row["native"]["steady_tuples_per_s"])
         say(
             f"  repeat {i}: attached / native {pairs[-1]:.2f}, steady state (batches after the first) {steady[-1]:.2f}"
         )
+        if "native_tws" in row:
+            tws_pairs.append(row["attached"]["tuples_per_s"] / row["native_tws"]["tuples_per_s"])
+            tws_steady.append(
+                row["attached"]["steady_tuples_per_s"] / row["native_tws"]["steady_tuples_per_s"]
+            )
+            say(
+                f"  repeat {i}: attached / native under transformWithStateInPandas {tws_pairs[-1]:.2f}, "
+                f"steady state {tws_steady[-1]:.2f}"
+            )
     out = {}
-    for system, rows in (("native", native_rows), ("attached", attached_rows)):
+    for system, rows in rows_of.items():
         best = dict(min(rows, key=lambda r: r["wall_seconds"]))
         best["runs"] = [
             {
@@ -914,7 +984,12 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         best["cold_start_seconds"] = colds[system][0]
         out[system] = best
     out["attached"]["steady_pair_ratios"] = steady
-    return {"conf": conf, "native_plan": out["native"]}, out["attached"], pairs
+    native = {"conf": conf, "native_plan": out["native"]}
+    if "native_tws" in out:
+        native["tws_plan"] = out["native_tws"]
+        out["attached"]["tws_pair_ratios"] = tws_pairs
+        out["attached"]["tws_steady_pair_ratios"] = tws_steady
+    return native, out["attached"], pairs
 
 
 def measure_attached_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[str, Any]:
@@ -1394,6 +1469,13 @@ def main(argv: list[str] | None = None) -> int:
         help="with --focus attached: cec_aggregate(checkpointing=Checkpointing(recovery_target=...)), e.g. "
         "'2s'; output files get a -rto-<target> suffix",
     )
+    parser.add_argument(
+        "--tws-baseline",
+        action="store_true",
+        help="with --focus attached: a second Spark native baseline, the same aggregate under "
+        "transformWithStateInPandas (per-key ValueState), interleaved with the other two; its ratios are "
+        "reported beside the applyInPandasWithState ones",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1433,6 +1515,7 @@ def main(argv: list[str] | None = None) -> int:
             repeats,
             args.attached_writers,
             args.recovery_target,
+            tws_baseline=args.tws_baseline,
         )
         result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
@@ -1541,6 +1624,8 @@ def _attached_focus(
         checks[f"spark_native.{i}"] = run
     for i, run in enumerate(attached["runs"]):
         checks[f"cec_attached.{i}"] = run
+    for i, run in enumerate(result["spark_native"].get("tws_plan", {}).get("runs", [])):
+        checks[f"spark_native_tws.{i}"] = run
     if recovery:
         say("Spark native: driver SIGKILLed at half the input, restarted from its checkpoint")
         native_rec = measure_native_recovery(w, result["spark_native"]["native_plan"])
@@ -1558,6 +1643,9 @@ def _attached_focus(
     result["throughput_ratio_best_attached_to_best_native"] = attached["tuples_per_s"] / base
     result["throughput_ratio_attached_to_native"] = statistics.median(pairs)
     result["steady_ratio_attached_to_native"] = statistics.median(attached["steady_pair_ratios"])
+    if attached.get("tws_pair_ratios"):
+        result["throughput_ratio_attached_to_native_tws"] = statistics.median(attached["tws_pair_ratios"])
+        result["steady_ratio_attached_to_native_tws"] = statistics.median(attached["tws_steady_pair_ratios"])
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
@@ -1578,6 +1666,12 @@ def _attached_focus(
             f"native {recovered['spark_native']['recovery_seconds']:.2f} s"
             if recovered
             else "; recovery not measured (--skip-recovery)"
+        )
+        + (
+            f"; vs native under transformWithStateInPandas {result['throughput_ratio_attached_to_native_tws']:.2f}"
+            f" (steady {result['steady_ratio_attached_to_native_tws']:.2f})"
+            if "throughput_ratio_attached_to_native_tws" in result
+            else ""
         )
         + f"; {path}"
     )
