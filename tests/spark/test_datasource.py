@@ -115,6 +115,7 @@ def test_batch_read_with_control_tuples(spark: SparkSession, written: Written) -
     store = written.store()
     try:
         kinds = count_kinds(store, written.topic)
+        expected = _expected(store, written.topic)
     finally:
         store.close()
     assert kinds[Kind.GOPEN.value] and kinds[Kind.GCHECK.value] and kinds[Kind.EOS.value] == 2
@@ -126,6 +127,12 @@ def test_batch_read_with_control_tuples(spark: SparkSession, written: Written) -
             assert r.cec_state and r.key is None and r.cec_key is not None  # state raw, no payload columns
         elif r.cec_kind == Kind.R.value:
             assert r.key == r.cec_key and r.cec_state is None
+    # Results among control tuples (one Arrow batch holds both) carry the payload columns they have alone.
+    for p, want in expected.items():
+        got = sorted(
+            (r for r in rows if r.cec_partition == p and r.cec_kind == "R"), key=lambda r: r.cec_offset
+        )
+        assert [tuple(r[f] for f in RESULT_FIELDS) for r in got] == want
     # Every record of a partition is read once (offsets have gaps: the writers' commit markers).
     store = written.store()
     try:
