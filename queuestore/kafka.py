@@ -144,6 +144,8 @@ _UNKNOWN_CODES = frozenset(
 )
 # What a producer sees once a newer producer with its transactional.id has called init_transactions().
 _FENCED_CODES = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED})
+# What a record reports when librdkafka drops it from its queues because the producer failed.
+_PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
@@ -925,9 +927,18 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def _settle_undelivered(self) -> None:
         undelivered, self._undelivered = self._undelivered, []
-        for on_durable, err in undelivered:
+        if not undelivered:
+            return
+        # A record purged from the producer's queue failed only because the producer did (fenced, or
+        # stopped by another error): it reports that failure, whether its own report came first or not.
+        own = [
+            None if err.code() in _PURGED_CODES else self._failed(err, "append to") for _, err in undelivered
+        ]
+        cause = self._failure or next((exc for exc in own if exc is not None), None)
+        for (on_durable, err), exc in zip(undelivered, own, strict=True):
             self._served += 1
-            exc = self._failed(err, "append to")
+            if exc is None:
+                exc = cause if cause is not None else self._failed(err, "append to")
             if self._failure is None:
                 self._failure = exc
             if on_durable is not None:

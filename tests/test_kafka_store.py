@@ -25,6 +25,7 @@ from cec.records import RecordCodec
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.exceptions import (
     PartitionLockedError,
+    QueueStoreError,
     RecordTooLargeError,
     StoreClosedError,
     TopicMismatchError,
@@ -634,6 +635,32 @@ def test_clients_connect_when_they_start_unless_the_user_says_otherwise(tmp_path
     assert lazy._consumer_config("read")["enable.sparse.connections"] is True
     eager.close()
     lazy.close()
+
+
+@pytest.mark.parametrize("fence_first", [True, False])
+def test_records_purged_when_the_writer_is_fenced_report_the_fence(fence_first: bool) -> None:
+    """A fenced producer purges its queued records: librdkafka reports those as "Purged in queue", before
+    or after the record that met the fence. Each reports the fence, which is why it failed (seen in CI once
+    clients connected eagerly: one pending record of a fenced writer said "Purged in queue"). Fault
+    injection: the order of librdkafka's reports cannot be forced on a real producer."""
+    from queuestore.kafka import KafkaPartitionWriter
+
+    writer = KafkaPartitionWriter.__new__(KafkaPartitionWriter)
+    writer.topic, writer.partition, writer.transactional_id = "t", 0, "cec.t.0"
+    writer._served, writer._failure = 0, None
+    fenced, purged = KafkaError(KafkaError._FENCED), KafkaError(KafkaError._PURGE_QUEUE)
+    seen: list[Exception | None] = []
+    errors = [fenced, purged, purged] if fence_first else [purged, purged, fenced]
+    writer._undelivered = [(lambda _off, err: seen.append(err), e) for e in errors]
+    writer._settle_undelivered()
+    assert len(seen) == 3 and all(isinstance(e, WriterFencedError) for e in seen), seen
+    assert isinstance(writer._failure, WriterFencedError)
+    # Purged with no other cause known: the purge itself, as a plain store error.
+    writer._failure = None
+    seen.clear()
+    writer._undelivered = [(lambda _off, err: seen.append(err), purged)]
+    writer._settle_undelivered()
+    assert len(seen) == 1 and type(seen[0]) is QueueStoreError and "Purged" in str(seen[0])
 
 
 def test_store_close_closes_children(kafka_broker: Broker, tmp_path: Path) -> None:
