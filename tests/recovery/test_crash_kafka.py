@@ -16,7 +16,7 @@ from operators.job import JobSpec, run_job
 from queuestore.kafka import KafkaQueueStore
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker
-from tests.helpers import log_records, per_key, results, start_worker, wait_for
+from tests.helpers import log_records, per_key, results, start_worker
 
 
 def _spec(store: dict[str, object], partitions: int, topic: str) -> JobSpec:
@@ -63,24 +63,17 @@ def test_sigkill_mid_run_and_during_recovery_on_kafka(
         partitions,
         topic,
     )
-    # First kill from outside once the log holds 1,500 records (the producer delivers in the background, so
-    # an in-process site would race it), then inside the replay that recovers from it, then after the
-    # next EC build.
+    # First kill mid-run, at the 40,000th of 100,000 input tuples (a SIGKILL the process sends itself:
+    # an outside kill on a log-size condition landed after the run's end on a quiet machine, where the
+    # whole run takes about a second). The log then holds whatever prefix the producer made durable,
+    # which must be a real one; then kills inside the replay that recovers from it, and after the next
+    # EC build.
     checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
-    proc = start_worker(spec, tmp_path / "spec.json")
-
-    def logged() -> int:
-        if not checker.topic_exists(topic):
-            return 0
-        with checker.reader(topic, 0) as reader:
-            return reader.end_offset()
-
-    try:
-        wait_for(lambda: proc.poll() is not None or logged() >= 1500, timeout=120, interval=0.05)
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.communicate(timeout=60)
-    assert proc.returncode == -signal.SIGKILL, "the run ended before its log held 1,500 records"
+    proc = start_worker(spec, tmp_path / "spec.json", faults="runtime.after_input:40000")
+    _, err = proc.communicate(timeout=180)
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    with checker.reader(topic, 0) as reader:
+        assert reader.end_offset() >= 1500, "the killed run left less than 1,500 records in its log"
     for faults in ("runtime.replaying:150", "recovery.after_ec_build:1"):
         proc = start_worker(spec, tmp_path / "spec.json", faults=faults)
         _, err = proc.communicate(timeout=180)
