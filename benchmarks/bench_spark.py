@@ -287,6 +287,32 @@ def measure_cec_local(w: Workload) -> dict[str, Any]:
 # -- Spark native ----------------------------------------------------------------------------------------
 
 
+def count_windows(
+    key: tuple[Any, ...], frames: list[pd.DataFrame], stored: Any, window: int
+) -> tuple[pd.DataFrame, tuple[int, int, float]]:
+    """One key's micro-batch under the native count-window average: its results and the state to keep,
+    (next window, tuples in the open window, their sum); `stored` is that state (None: the key is new)."""
+    import pandas as pd
+
+    seq, n, total = (0, 0, 0.0) if stored is None else (int(stored[0]), int(stored[1]), float(stored[2]))
+    batch = pd.concat(frames) if len(frames) > 1 else frames[0]
+    # Input order within a key: the shuffle does not promise it, CEC's per-partition order does; the offset
+    # restores it (each key lives in one input partition), so both systems form the same windows.
+    prices = batch.sort_values("cec_offset")["item_price"].tolist()
+    windows: list[int] = []
+    values: list[float] = []
+    for price in prices:
+        n += 1
+        total += price
+        if n == window:
+            windows.append(seq)
+            values.append(total / n)
+            seq, n, total = seq + 1, 0, 0.0
+    item = int(key[0])
+    results = pd.DataFrame({"item_id": [item] * len(windows), "window": windows, "value": values})
+    return results, (seq, n, total)
+
+
 def make_native_function(
     window: int,
 ) -> Callable[[tuple[Any, ...], Iterator[pd.DataFrame], GroupState], Iterator[pd.DataFrame]]:
@@ -296,26 +322,9 @@ def make_native_function(
     def count_window_avg(
         key: tuple[Any, ...], frames: Iterator[pd.DataFrame], state: GroupState
     ) -> Iterator[pd.DataFrame]:
-        import pandas as pd
-
-        seq, n, total = state.get if state.exists else (0, 0, 0.0)
-        chunks = list(frames)
-        batch = pd.concat(chunks) if len(chunks) > 1 else chunks[0]
-        # Input order within a key: the shuffle does not promise it, CEC's per-partition order does; the
-        # offset restores it (each key lives in one input partition), so both systems form the same windows.
-        prices = batch.sort_values("cec_offset")["item_price"].tolist()
-        windows: list[int] = []
-        values: list[float] = []
-        for price in prices:
-            n += 1
-            total += price
-            if n == window:
-                windows.append(seq)
-                values.append(total / n)
-                seq, n, total = seq + 1, 0, 0.0
-        state.update((seq, n, total))
-        item = int(key[0])
-        yield pd.DataFrame({"item_id": [item] * len(windows), "window": windows, "value": values})
+        results, kept = count_windows(key, list(frames), state.get if state.exists else None, window)
+        state.update(kept)
+        yield results
 
     return count_window_avg
 
@@ -342,48 +351,38 @@ class NativeCountWindowAvg(StatefulProcessor):
     def handleInputRows(
         self, key: Any, rows: Iterator[pd.DataFrame], timerValues: Any
     ) -> Iterator[pd.DataFrame]:
-        import pandas as pd
-
-        stored = self.state.get()
-        seq, n, total = (0, 0, 0.0) if stored is None else (int(stored[0]), int(stored[1]), float(stored[2]))
-        chunks = list(rows)
-        batch = pd.concat(chunks) if len(chunks) > 1 else chunks[0]
-        prices = batch.sort_values("cec_offset")[
-            "item_price"
-        ].tolist()  # input order (see the function above)
-        windows: list[int] = []
-        values: list[float] = []
-        for price in prices:
-            n += 1
-            total += price
-            if n == self.window:
-                windows.append(seq)
-                values.append(total / n)
-                seq, n, total = seq + 1, 0, 0.0
-        self.state.update((seq, n, total))
-        item = int(key[0])
-        yield pd.DataFrame({"item_id": [item] * len(windows), "window": windows, "value": values})
+        results, kept = count_windows(key, list(rows), self.state.get(), self.window)
+        self.state.update(kept)
+        yield results
 
     def close(self) -> None:
         pass
+
+
+def purchases_stream(
+    spark: SparkSession, topic: str, bootstrap: str, state_dir: str, batch_rows: int | None
+) -> Any:
+    """The purchases topic as a streaming DataFrame through the `cec-kafka` source (what Spark native
+    reads; `batch_rows`: maxRecordsPerTrigger, None for all of it in one micro-batch)."""
+    from operators.spark.datasource import FORMAT
+
+    reader = (
+        spark.readStream.format(FORMAT)
+        .option("topic", topic)
+        .option("bootstrap.servers", bootstrap)
+        .option("schema", "purchase")
+        .option("stateDir", state_dir)
+    )
+    if batch_rows:
+        reader = reader.option("maxRecordsPerTrigger", str(batch_rows))
+    return reader.load().select("cec_offset", "item_id", "item_price")
 
 
 def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> StreamingQuery:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    from operators.spark.datasource import FORMAT
-
-    reader = (
-        spark.readStream.format(FORMAT)
-        .option("topic", spec["topic"])
-        .option("bootstrap.servers", spec["bootstrap"])
-        .option("schema", "purchase")
-        .option("stateDir", spec["state_dir"])
-    )
-    if spec["batch_rows"]:
-        reader = reader.option("maxRecordsPerTrigger", str(spec["batch_rows"]))
-    rows = reader.load().select("cec_offset", "item_id", "item_price")
+    rows = purchases_stream(spark, spec["topic"], spec["bootstrap"], spec["state_dir"], spec["batch_rows"])
     if spec.get("api") == "tws":
         results = rows.groupBy("item_id").transformWithStateInPandas(
             statefulProcessor=NativeCountWindowAvg(spec["window"]),

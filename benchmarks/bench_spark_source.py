@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
-from bench_spark import Workload, input_offsets, write_input  # noqa: E402
+from bench_spark import Workload, input_offsets, purchases_stream, write_input  # noqa: E402
 
 OUT_JSON = ROOT / "benchmarks" / "out" / "spark-source.json"
 
@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
-    from operators.spark.datasource import FORMAT, register
+    from operators.spark.datasource import register
     from operators.spark.session import local_session
     from tests.brokers import start_broker
 
@@ -65,15 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     register(spark)
     runs = []
     for i in range(args.repeats + 1):
-        reader = (
-            spark.readStream.format(FORMAT)
-            .option("topic", w.input_topic)
-            .option("bootstrap.servers", w.bootstrap)
-            .option("schema", "purchase")
-            .option("stateDir", str(work / "source-state"))
-            .option("maxRecordsPerTrigger", str(w.batch_rows))
-        )
-        rows = reader.load().select("cec_offset", "item_id", "item_price")
+        rows = purchases_stream(spark, w.input_topic, w.bootstrap, str(work / "source-state"), w.batch_rows)
         started = time.perf_counter()
         query = (
             rows.writeStream.foreachBatch(lambda df, _batch: df.count())

@@ -690,6 +690,11 @@ class AvroCodec:
         self._names = tuple(f["name"] for f in fields)
         self._program = compile_avro(self.schema)  # None: fastavro decodes
 
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The record's field names, in schema order (what `decode_tuple` gives values for)."""
+        return self._names
+
     def encode(self, datum: Mapping[str, Any]) -> bytes:
         if self._program is not None and _native_encode_avro is not None:
             try:

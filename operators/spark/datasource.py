@@ -316,12 +316,11 @@ def _arrow_batch(
     if payload_codec is None:
         columns.append([r.payload if r.kind is Kind.R else None for r in records])
     else:
-        width = len(schema) - len(columns) - (len(_CONTROL_COLUMNS) if opts.include_control else 0)
         decoded = payload_codec.decode_tuples([records[i].payload or b"" for i in results])
-        if len(results) == count:
-            columns.extend(map(list, zip(*decoded, strict=True)) if decoded else [[] for _ in range(width)])
+        if len(results) == count:  # results only (`checked` is never empty)
+            columns.extend(list(column) for column in zip(*decoded, strict=True))
         else:  # control tuples among them: no payload columns
-            fields: list[list[Any]] = [[None] * count for _ in range(width)]
+            fields: list[list[Any]] = [[None] * count for _ in payload_codec.names]
             for i, values in zip(results, decoded, strict=True):
                 for column, value in zip(fields, values, strict=True):
                     column[i] = value
