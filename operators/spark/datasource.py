@@ -84,6 +84,7 @@ from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
 from cec.timeparse import parse_time_ms
 from cec.verified import LogVerifier
 from operators.job import SCHEMAS
+from operators.spark.reader_pool import READERS
 from queuestore import faults
 from queuestore.exceptions import QueueStoreError
 
@@ -240,6 +241,16 @@ class _Options:
 
         return KafkaQueueStore(self.bootstrap, Path(self.state_dir), config=dict(self.client_config))
 
+    def reader_key(self, partition: int) -> tuple[Any, ...]:
+        """What a kept reader of `partition` must share with a new read to serve it (`READERS`)."""
+        return (
+            self.bootstrap,
+            tuple(sorted(self.client_config.items())),
+            self.state_dir,
+            self.topic,
+            partition,
+        )
+
 
 # -- reading --------------------------------------------------------------------------------------------
 
@@ -265,29 +276,25 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
     codec = RecordCodec()
     payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
     decode = _ALL_CODES if opts.include_control else _RESULT_CODES
-    store = opts.store()
-    try:
-        with store.reader(opts.topic, piece.partition) as reader:
-            verifier = LogVerifier(reader, codec, decode=decode)
-            verifier.seek(piece.start)
-            offset = piece.start
-            while offset < piece.end:
-                stop = min(piece.end, offset + _READ_CHUNK)
-                rows = reader.read_range_rows(offset, stop)
-                if not rows:
-                    if reader.end_offset() >= stop:
-                        offset = stop  # only transaction markers there: offsets are not dense
-                        continue
-                    raise QueueStoreError(
-                        f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
-                    )
-                offset = rows[-1][0] + 1
-                # A control tuple is skipped by its kind once its checksum passed (no record decoded).
-                checked = [(o, r) for o, _kind, r in verifier.check_rows(rows) if r is not None]
-                if checked:
-                    yield _arrow_batch(piece.partition, checked, payload_codec, opts, arrow_schema)
-    finally:
-        store.close()
+    with READERS.lease(opts.reader_key(piece.partition), opts.store, opts.topic, piece.partition) as reader:
+        verifier = LogVerifier(reader, codec, decode=decode)
+        verifier.seek(piece.start)
+        offset = piece.start
+        while offset < piece.end:
+            stop = min(piece.end, offset + _READ_CHUNK)
+            rows = reader.read_range_rows(offset, stop)
+            if not rows:
+                if reader.end_offset() >= stop:
+                    offset = stop  # only transaction markers there: offsets are not dense
+                    continue
+                raise QueueStoreError(
+                    f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
+                )
+            offset = rows[-1][0] + 1
+            # A control tuple is skipped by its kind once its checksum passed (no record decoded).
+            checked = [(o, r) for o, _kind, r in verifier.check_rows(rows) if r is not None]
+            if checked:
+                yield _arrow_batch(piece.partition, checked, payload_codec, opts, arrow_schema)
 
 
 def _arrow_batch(
