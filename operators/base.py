@@ -14,7 +14,20 @@ from typing import Any, NamedTuple, Protocol
 
 from cec.registry import OpenWindow, WindowRegistry
 
-__all__ = ["InputTuple", "Operator", "OperatorContext"]
+# The payload of a DEAD record: an input tuple the operator could not use, and why.
+DEAD_LETTER_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "DeadLetter",
+    "namespace": "cec",
+    "fields": [
+        {"name": "partition", "type": "long"},
+        {"name": "offset", "type": "long"},
+        {"name": "reason", "type": "string"},
+        {"name": "raw", "type": "string"},
+    ],
+}
+
+__all__ = ["DEAD_LETTER_SCHEMA", "InputTuple", "Operator", "OperatorContext"]
 
 
 class InputTuple(NamedTuple):

@@ -36,7 +36,7 @@ from cec.rates import MeasuredRates
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.registry import OpenWindow, WindowRegistry
 from cec.schedule import CheckpointSchedule
-from operators.base import InputTuple, Operator
+from operators.base import DEAD_LETTER_SCHEMA, InputTuple, Operator
 from operators.sources import InputSource
 from queuestore import faults
 from queuestore.base import RecordMeta
@@ -55,18 +55,6 @@ _OVER_INTERVALS = 4  # consecutive intervals a target must be missed, budget spe
 _PLAIN_ENCODE = RecordCodec.encode
 _STATE, _KEY, _SEQ = attrgetter("state"), attrgetter("key"), attrgetter("seq")  # a run of windows' fields
 _KIND_NAME = {kind: kind.value for kind in Kind}  # Enum.value is a descriptor call: too slow per record
-
-DEAD_LETTER_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "DeadLetter",
-    "namespace": "cec",
-    "fields": [
-        {"name": "partition", "type": "long"},
-        {"name": "offset", "type": "long"},
-        {"name": "reason", "type": "string"},
-        {"name": "raw", "type": "string"},
-    ],
-}
 
 
 @dataclass

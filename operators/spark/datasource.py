@@ -255,6 +255,21 @@ class _Options:
 # -- reading --------------------------------------------------------------------------------------------
 
 
+class _StoreReader:
+    """A store and its reader of one partition, closed together (what `READERS` keeps)."""
+
+    def __init__(self, opts: _Options, partition: int) -> None:
+        self.store = opts.store()
+        try:
+            self.reader = self.store.reader(opts.topic, partition)
+        except BaseException:
+            self.store.close()
+            raise
+
+    def close(self) -> None:
+        self.store.close()  # closes its readers
+
+
 class KafkaSlice(InputPartition):
     """Offsets [start, end) of one Kafka partition: one Spark input partition."""
 
@@ -276,7 +291,8 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
     codec = RecordCodec()
     payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
     decode = _ALL_CODES if opts.include_control else _RESULT_CODES
-    with READERS.lease(opts.reader_key(piece.partition), opts.store, opts.topic, piece.partition) as reader:
+    with READERS.lease(opts.reader_key(piece.partition), lambda: _StoreReader(opts, piece.partition)) as kept:
+        reader = kept.reader
         verifier = LogVerifier(reader, codec, decode=decode)
         verifier.seek(piece.start)
         offset = piece.start

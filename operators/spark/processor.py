@@ -70,8 +70,7 @@ from cec.exceptions import BadTupleError
 from cec.records import AvroCodec, Kind
 from cec.registry import OpenWindow, WindowRegistry
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
-from operators.base import InputTuple
-from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA, InputTuple
 from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMark, choose_gchecks
 from recovery.contract import TupleFate, tuple_fate
 

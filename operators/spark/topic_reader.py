@@ -44,6 +44,7 @@ from operators.formats import FORMATS
 from operators.spark.datasource import admit
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
 __all__ = ["TOPIC_FORMAT", "TOPIC_ROW_SCHEMA", "CecTopicDataSource", "register_topic_source"]
@@ -154,10 +155,16 @@ class TopicSlice(InputPartition):
         self.total = total
 
 
-def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[tuple[Any, ...]]:
-    """One slice, read by a KafkaTopicSource pinned to it (runs on an executor)."""
+def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch]:
+    """One slice, read by a KafkaTopicSource pinned to it (runs on an executor), as Arrow record batches
+    of `TOPIC_ROW_SCHEMA`, one per poll: Spark takes the columns as they are, with no conversion per row
+    and field in its worker."""
+    import pyarrow as pa
+    from pyspark.sql.pandas.types import to_arrow_schema
+
     from operators.topic_source import KafkaTopicSource
 
+    schema = to_arrow_schema(TOPIC_ROW_SCHEMA)
     p = piece.partition
     starts, ends = [0] * piece.total, [0] * piece.total
     starts[p], ends[p] = piece.start, piece.end
@@ -182,19 +189,30 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[tuple[Any, ...
     try:
         source.seek([piece.start])  # below the log start: RetentionError, never a silent gap
         while (batch := source.poll(_POLL_BATCH)) is not None:
+            if not batch:
+                continue
+            offsets: list[int] = []
+            errors: list[str | None] = []
+            keys: list[str | None] = []
+            values: list[str | None] = []
+            times: list[str | None] = []
             for tup in batch:
+                offsets.append(tup.offset)
                 v = tup.value
                 if v is None:
-                    yield (p, tup.offset, tup.error or "undecodable input", None, None, None)
+                    errors.append(tup.error or "undecodable input")
+                    keys.append(None)
+                    values.append(None)
+                    times.append(None)
                     continue
-                yield (
-                    p,
-                    tup.offset,
-                    None,
-                    str(v[key]),
-                    dumps(v[value], default=str),
-                    None if time_field is None else dumps(v[time_field], default=str),
-                )
+                errors.append(None)
+                keys.append(str(v[key]))
+                values.append(dumps(v[value], default=str))
+                times.append(None if time_field is None else dumps(v[time_field], default=str))
+            columns = [[p] * len(offsets), offsets, errors, keys, values, times]
+            yield pa.RecordBatch.from_arrays(
+                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
+            )
     finally:
         source.close()
 
@@ -242,7 +260,7 @@ class _TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         total = len(stop)
         return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TopicSlice)
         return read_slice(self.opts, partition)
 
@@ -260,7 +278,7 @@ class _TopicBatchReader(DataSourceReader):
         total = len(ends)
         return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, ends, strict=True)) if e > s]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TopicSlice):  # an empty topic
             return iter(())
         return read_slice(self.opts, partition)
