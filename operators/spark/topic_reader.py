@@ -42,10 +42,13 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from cec.exceptions import ConfigError
 from operators.formats import FORMATS
 from operators.spark.datasource import admit
+from operators.spark.reader_pool import READERS
 
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
+
+    from operators.topic_source import KafkaTopicSource
 
 __all__ = ["TOPIC_FORMAT", "TOPIC_ROW_SCHEMA", "CecTopicDataSource", "register_topic_source"]
 
@@ -120,6 +123,13 @@ class TopicOptions:
             client_config=client,
         )
 
+    def reader_key(self, partition: int, total: int) -> tuple[Any, ...]:
+        """What a kept reader of `partition` must share with a new read to serve it (`READERS`)."""
+        schema = json.dumps(self.schema, sort_keys=True, default=str)
+        config = tuple(sorted(self.client_config.items()))
+        return (self.bootstrap, self.topic, self.fmt, self.key, self.value, self.time, schema,
+                self.registry_url, self.columns, self.compat, config, partition, total)  # fmt: skip
+
     def bounds(self) -> tuple[list[int], list[int]]:
         """(log starts, ends) of every partition now."""
         from operators.topic_source import resolve_bounds
@@ -162,31 +172,16 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from operators.topic_source import KafkaTopicSource
-
     schema = to_arrow_schema(TOPIC_ROW_SCHEMA)
     p = piece.partition
     starts, ends = [0] * piece.total, [0] * piece.total
     starts[p], ends[p] = piece.start, piece.end
-    source = KafkaTopicSource(
-        opts.bootstrap,
-        opts.topic,
-        fmt=opts.fmt,
-        key_field=opts.key,
-        value_field=opts.value,
-        time_field=opts.time,
-        schema=opts.schema,
-        registry_url=opts.registry_url,
-        columns=list(opts.columns) or None,
-        partitions=[p],
-        start_offsets=starts,
-        end_offsets=ends,
-        config=opts.client_config,
-        compat=opts.compat,
-    )
     key, value, time_field = opts.key, opts.value, opts.time
     dumps = json.dumps
-    try:
+    with READERS.lease(
+        opts.reader_key(p, piece.total), lambda: _open_source(opts, p, starts, ends)
+    ) as source:
+        source.pin({"start_offsets": starts, "end_offsets": ends})
         source.seek([piece.start])  # below the log start: RetentionError, never a silent gap
         while (batch := source.poll(_POLL_BATCH)) is not None:
             if not batch:
@@ -213,8 +208,29 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
             yield pa.RecordBatch.from_arrays(
                 [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
             )
-    finally:
-        source.close()
+
+
+def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: list[int]) -> KafkaTopicSource:
+    """A KafkaTopicSource of one partition, bounded by the slice it opens for (and later by each slice it
+    reads, `KafkaTopicSource.pin`)."""
+    from operators.topic_source import KafkaTopicSource
+
+    return KafkaTopicSource(
+        opts.bootstrap,
+        opts.topic,
+        fmt=opts.fmt,
+        key_field=opts.key,
+        value_field=opts.value,
+        time_field=opts.time,
+        schema=opts.schema,
+        registry_url=opts.registry_url,
+        columns=list(opts.columns) or None,
+        partitions=[partition],
+        start_offsets=starts,
+        end_offsets=ends,
+        config=opts.client_config,
+        compat=opts.compat,
+    )
 
 
 class _TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):

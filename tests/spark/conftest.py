@@ -25,6 +25,8 @@ from tests.spark.cluster import ClusterError, SparkCluster, start_cluster
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+    from operators.spark.reader_pool import ReaderPool
+
 SPARK_MASTER = "local[2,3]"  # 2 task slots, 3 attempts per task
 
 
@@ -44,6 +46,18 @@ def spark() -> Iterator[SparkSession]:
 @pytest.fixture(scope="session")
 def spark_kafka_broker(kafka_broker: Broker) -> Broker:
     return kafka_broker
+
+
+@pytest.fixture
+def reader_pool() -> Iterator[ReaderPool]:
+    """This process's pool of kept Kafka readers (`operators.spark.reader_pool.READERS`), emptied after the
+    test: a reader kept past the broker's shutdown would only log connection failures at exit."""
+    from operators.spark.reader_pool import READERS
+
+    try:
+        yield READERS
+    finally:
+        READERS.close()
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ from operators.aggregate import RESULT_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.sources import PURCHASE_SCHEMA, PurchaseGenerator
 from operators.spark.datasource import FORMAT, KafkaSlice, SinkCommit, _batches, _Options, admit, write_rows
-from operators.spark.reader_pool import READERS
+from operators.spark.reader_pool import ReaderPool
 from queuestore.exceptions import QueueStoreError
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
@@ -92,7 +92,9 @@ def _slice_rows(opts: _Options, piece: KafkaSlice) -> list[tuple[Any, ...]]:
     return [tuple(row[f] for f in RESULT_FIELDS) for b in _batches(opts, piece) for row in b.to_pylist()]
 
 
-def test_a_worker_reads_its_next_slice_through_the_reader_it_kept(written: Written, tmp_path: Path) -> None:
+def test_a_worker_reads_its_next_slice_through_the_reader_it_kept(
+    written: Written, tmp_path: Path, reader_pool: ReaderPool
+) -> None:
     """Consecutive slices of a partition read in one process (the tasks of one Python worker) share one
     reader and return what the log holds; a read that fails, or that Spark abandons, closes its reader
     instead of giving it back."""
@@ -105,10 +107,10 @@ def test_a_worker_reads_its_next_slice_through_the_reader_it_kept(written: Writt
             end = reader.end_offset()
     finally:
         store.close()
-    opened, reused = READERS.opened, READERS.reused
+    opened, reused = reader_pool.opened, reader_pool.reused
     halves = [KafkaSlice(0, 0, end // 2), KafkaSlice(0, end // 2, end)]
     assert [r for piece in halves for r in _slice_rows(opts, piece)] == expected
-    assert (READERS.opened - opened, READERS.reused - reused) == (1, 1)
+    assert (reader_pool.opened - opened, reader_pool.reused - reused) == (1, 1)
 
     with pytest.raises(QueueStoreError, match="ends before offset"):
         _slice_rows(opts, KafkaSlice(0, 0, end + 1_000))
@@ -116,9 +118,9 @@ def test_a_worker_reads_its_next_slice_through_the_reader_it_kept(written: Writt
     next(abandoned)
     abandoned.close()
     # The failed read took the kept reader and closed it; so did the abandoned one with its own.
-    assert (READERS.opened - opened, READERS.reused - reused) == (2, 2)
+    assert (reader_pool.opened - opened, reader_pool.reused - reused) == (2, 2)
     assert _slice_rows(opts, halves[1]) == expected[len(_slice_rows(opts, halves[0])) :]
-    assert (READERS.opened - opened, READERS.reused - reused) == (3, 3)
+    assert (reader_pool.opened - opened, reader_pool.reused - reused) == (3, 3)
 
 
 def test_admission_splits_the_limit_over_pending_partitions() -> None:
