@@ -5,8 +5,14 @@ attached` read their input through this source.
 
     nice -n 5 .venv/bin/python benchmarks/bench_spark_source.py --tuples 400000 --batches 4 --repeats 2
 
+With `--format json` it measures the `cec-topic` source instead, over an ordinary JSON topic of the same
+size (plain confluent-kafka producer, `{"item", "price", "ts"}` values; what `cec_aggregate(input_format=
+"json")` reads):
+
+    nice -n 5 .venv/bin/python benchmarks/bench_spark_source.py --format json --tuples 400000 --repeats 2
+
 Prints each run's wall and per-micro-batch triggerExecution (ms); the first run of a driver is its cold
-start. Writes benchmarks/out/spark-source.json.
+start. Writes benchmarks/out/spark-source.json (`spark-source-json.json` with `--format json`).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 import uuid
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -39,11 +46,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--batches", type=int, default=4)
     parser.add_argument("--repeats", type=int, default=2, help="runs after the cold one")
+    parser.add_argument(
+        "--format", choices=("cec", "json"), default="cec", help="cec-kafka or cec-topic (json)"
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
     from operators.spark.datasource import register
     from operators.spark.session import local_session
+    from operators.spark.topic_reader import register_topic_source
     from tests.brokers import start_broker
 
     broker = start_broker()
@@ -57,15 +68,24 @@ def main(argv: list[str] | None = None) -> int:
         work,
         f"p-{uuid.uuid4().hex[:6]}",
     )
-    write_input(w)
-    w = replace(w, offsets=input_offsets(w))
+    if args.format == "json":
+        _write_json_topic(w)
+    else:
+        write_input(w)
+        w = replace(w, offsets=input_offsets(w))
     spark = local_session(
         f"local[{w.partitions}]", app_name="bench-spark-source", shuffle_partitions=w.partitions
     )
     register(spark)
+    register_topic_source(spark)
     runs = []
     for i in range(args.repeats + 1):
-        rows = purchases_stream(spark, w.input_topic, w.bootstrap, str(work / "source-state"), w.batch_rows)
+        if args.format == "json":
+            rows = _json_stream(spark, w)
+        else:
+            rows = purchases_stream(
+                spark, w.input_topic, w.bootstrap, str(work / "source-state"), w.batch_rows
+            )
         started = time.perf_counter()
         query = (
             rows.writeStream.foreachBatch(lambda df, _batch: df.count())
@@ -84,11 +104,45 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
     spark.stop()
-    OUT_JSON.parent.mkdir(exist_ok=True)
-    OUT_JSON.write_text(
-        json.dumps({"tuples": w.tuples, "offsets": w.offsets, "batches": w.batches, "runs": runs}, indent=2)
+    out = OUT_JSON if args.format == "cec" else OUT_JSON.with_name("spark-source-json.json")
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(
+        json.dumps(
+            {
+                "format": args.format,
+                "tuples": w.tuples,
+                "offsets": w.offsets,
+                "batches": w.batches,
+                "runs": runs,
+            },
+            indent=2,
+        )
     )
     return 0
+
+
+def _write_json_topic(w: Workload) -> None:
+    """The purchases as plain JSON values (no cec envelope), keys spread over the partitions."""
+    from tests.topic_data import as_json, create_topic, make_purchases, produce
+
+    create_topic(w.bootstrap, w.input_topic, w.partitions)
+    purchases = make_purchases(w.tuples, w.keys, w.partitions)
+    produce(w.bootstrap, w.input_topic, [(p, None, as_json(rec)) for p, rec in purchases])
+
+
+def _json_stream(spark: Any, w: Workload) -> Any:
+    from operators.spark.topic_reader import TOPIC_FORMAT
+
+    return (
+        spark.readStream.format(TOPIC_FORMAT)
+        .option("topic", w.input_topic)
+        .option("bootstrap.servers", w.bootstrap)
+        .option("format", "json")
+        .option("key", "item")
+        .option("value", "price")
+        .option("maxRecordsPerTrigger", str(w.batch_rows))
+        .load()
+    )
 
 
 if __name__ == "__main__":
