@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batches", type=int, default=4)
     args = parser.parse_args(argv)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    # The native query's function lives in bench_spark: the executors' Python workers import it from here.
+    paths = [str(ROOT / "benchmarks"), str(ROOT), os.environ.get("PYTHONPATH", "")]
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
 
     from operators.spark.datasource import register
     from operators.spark.session import local_session
