@@ -1758,6 +1758,24 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     )
 
 
+def _recovery_pane(
+    right: Any, runs: list[dict[str, Any]], labels: list[str], native: list[float], attached: list[float]
+) -> None:
+    xs = range(len(runs))
+    width = 0.38
+    b1 = right.bar(
+        [x - width / 2 for x in xs], native, width, label="Spark native (checkpoint)", color="#888888"
+    )
+    b2 = right.bar(
+        [x + width / 2 for x in xs], attached, width, label="CEC attached (output logs)", color="#3b75af"
+    )
+    right.bar_label(b1, fmt="%.1f s")
+    right.bar_label(b2, fmt="%.1f s")
+    right.set_xticks(list(xs), labels)
+    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
+    right.legend(loc="upper left")
+
+
 def plot_attached(paths: list[Path], out: Path) -> None:
     import matplotlib
 
@@ -1772,7 +1790,14 @@ def plot_attached(paths: list[Path], out: Path) -> None:
     )
     if not runs:
         return
-    fig, (left, right) = plt.subplots(1, 2, figsize=(19, 8))
+    # A run without the recovery measurement (--skip-recovery) has no recovery bars; with none, no pane.
+    native = [(r["recovery"] or {}).get("spark_native", {}).get("recovery_seconds", math.nan) for r in runs]
+    attached = [(r["recovery"] or {}).get("cec_attached", {}).get("recovery_seconds", math.nan) for r in runs]
+    with_recovery = not all(math.isnan(x) for x in [*native, *attached])
+    if with_recovery:
+        fig, (left, right) = plt.subplots(1, 2, figsize=(19, 8))
+    else:
+        fig, left = plt.subplots(1, 1, figsize=(10, 8))
     # A run's "label" (added by hand to a copied JSON, e.g. the code before a change) tells runs apart.
     labels = [f"{r.get('label', 'attached')}: {r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs]
     ratios = [r["throughput_ratio_attached_to_native"] for r in runs]
@@ -1795,26 +1820,14 @@ def plot_attached(paths: list[Path], out: Path) -> None:
     left.set_ylim(0, max([*ratios, *(x for x in tws if not math.isnan(x)), 1.5]) * 1.25)
     left.set_ylabel("CEC attached / Spark native throughput (median of same-run pairs)")
     left.legend(loc="upper right")
-    xs = range(len(runs))
-    width = 0.38
-    # A run without the recovery measurement (--skip-recovery) has no recovery bars.
-    native = [(r["recovery"] or {}).get("spark_native", {}).get("recovery_seconds", math.nan) for r in runs]
-    attached = [(r["recovery"] or {}).get("cec_attached", {}).get("recovery_seconds", math.nan) for r in runs]
-    b1 = right.bar(
-        [x - width / 2 for x in xs], native, width, label="Spark native (checkpoint)", color="#888888"
-    )
-    b2 = right.bar(
-        [x + width / 2 for x in xs], attached, width, label="CEC attached (output logs)", color="#3b75af"
-    )
-    right.bar_label(b1, fmt="%.1f s")
-    right.bar_label(b2, fmt="%.1f s")
-    right.set_xticks(list(xs), labels)
-    for axis in (left, right):
+    axes = [left]
+    if with_recovery:
+        _recovery_pane(right, runs, labels, native, attached)
+        axes.append(right)
+    for axis in axes:
         axis.tick_params(axis="x", labelrotation=35, labelsize=8)
         for tick in axis.get_xticklabels():
             tick.set_horizontalalignment("right")
-    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
-    right.legend(loc="upper left")
     fig.suptitle(
         "CEC attached (cec_aggregate) vs Spark native (RocksDB state store, AvailableNow, same triggers)"
     )
