@@ -34,8 +34,8 @@ from cec.records import Kind, RecordCodec
 from cec.validation import check_csv_input, check_output_file, prepare_store_dir, require_spark
 from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec, aggregate_operator, instance_spec, run_job
-from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import (
     RESULT_COLUMNS,
     IncrementalOutputs,

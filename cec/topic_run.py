@@ -22,9 +22,10 @@ from typing import Any
 from cec.exceptions import ConfigError
 from cec.validation import check_topic_input
 from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
-from operators.runtime import DEAD_LETTER_SCHEMA, RunStats
+from operators.runtime import RunStats
 from operators.sinks import (
     RESULT_COLUMNS,
     RESULTS_TOPIC,

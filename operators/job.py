@@ -21,8 +21,8 @@ from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
 from operators.aggregate import KeyedAggregate, parse_duration_ms
-from operators.base import Operator
-from operators.runtime import DEAD_LETTER_SCHEMA, OperatorRuntime, Progress, RunStats
+from operators.base import DEAD_LETTER_SCHEMA, Operator
+from operators.runtime import OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
 from operators.stateless import Filter
 from queuestore.base import QueueStore

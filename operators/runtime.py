@@ -45,7 +45,7 @@ from recovery.contract import PositionStamper, ReplayContract, TupleFate, Waterm
 from recovery.exceptions import RecoveryError
 from recovery.manager import RecoveryManager, RecoveryReport
 
-__all__ = ["DEAD_LETTER_SCHEMA", "OperatorRuntime", "Progress", "RunStats"]
+__all__ = ["OperatorRuntime", "Progress", "RunStats"]
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,8 @@ from typing import Any
 
 from cec.records import Kind, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec
-from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import iter_payloads
 from queuestore.base import QueueStore
 from recovery.identity import ATTACHMENT as IDENTITY_ATTACHMENT

@@ -16,7 +16,7 @@ import queuestore.kafka as kafka
 from cec.native import native
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import FIRST_TUPLE_SCHEMA, RESULT_SCHEMA, STATE_SCHEMA
-from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from queuestore.base import RecordMeta
 
 pytestmark = pytest.mark.skipif(

@@ -13,8 +13,8 @@ from cec.config import Checkpointing
 from cec.records import Kind, OutputRecord, RecordCodec
 from cec.verified import LogVerifier, verified_records
 from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec, run_job
-from operators.runtime import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.sources import QueueSource
 from queuestore.chunks import PART_KIND

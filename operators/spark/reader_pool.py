@@ -89,9 +89,6 @@ class ReaderPool:
         for reader in idle:
             reader.close()
 
-    def __len__(self) -> int:
-        return len(self._idle)
-
 
 # One pool per Python process: an executor's worker keeps its readers across the tasks it runs.
 READERS = ReaderPool()

@@ -26,7 +26,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cec.records import Kind
-from operators.runtime import DEAD_LETTER_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.spark.attach import RESULT_COLUMNS, CecAggregateQuery, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
