@@ -488,6 +488,8 @@ def native_child(args_path: Path) -> int:
             if sink is not None and hasattr(sink, "write_tasks"):
                 # Executor writers: how many write tasks appended through their worker's kept writer.
                 extra["write_tasks"] = {"tasks": sink.write_tasks, "reused": sink.reused, "found": sink.found}
+                # Everything the driver collected from the write tasks (summaries and control rows).
+                extra["write_tasks"]["summary_rows"] = getattr(sink, "summary_rows", None)
             with contextlib.suppress(Exception):
                 attached.stop()  # closes its output writers
         if sink_profile is not None and attached is not None:
@@ -938,7 +940,8 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 f"{row[system]['wall_seconds']:7.2f} s ({row[system]['batches']} batches; load "
                 f"{os.getloadavg()[0]:.1f}"
                 + (
-                    f"; {tasks['reused']} of {tasks['tasks']} write tasks through a kept writer"
+                    f"; {tasks['reused']} of {tasks['tasks']} write tasks through a kept writer; "
+                    f"{tasks.get('summary_rows')} rows collected from them"
                     if tasks
                     else ""
                 )

@@ -317,7 +317,7 @@ def read_controls(spark: SparkSession, checkpoint: str, state_name: str) -> dict
     """Each state partition's `PartitionControl` as of the last committed micro-batch of a run's Spark
     checkpoint (Spark's state data source), keyed by output partition: what the executors measured,
     planned and said. A driver-side read for reports and tests; it runs a Spark job."""
-    import pickle
+    from operators.spark.processor import _PartitionState  # the state's one codec (imports this module)
 
     rows = (
         spark.read.format("statestore")
@@ -328,6 +328,6 @@ def read_controls(spark: SparkSession, checkpoint: str, state_name: str) -> dict
     )
     controls: dict[int, PartitionControl] = {}
     for row in rows:
-        q, _timer, _keys, control = pickle.loads(bytes(row[0]))
-        controls[int(q)] = control
+        part = _PartitionState.load(row)
+        controls[part.q] = part.control
     return controls

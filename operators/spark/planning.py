@@ -16,8 +16,9 @@ under `mapInArrow`. Task (g, q):
   (seq, state, pos_w, generation of the footprint) and, for keys without one, the next window seq (last
   closed seq + 1).
 The rows stay on the executors: the plan is cached there and the fresh query's `initialState` is that
-cached DataFrame. The driver collects only the summaries and each loaded window's key and footprint `pos`
-(no state: the sink's extent figure), so what it holds is small and no window state passes through it.
+cached DataFrame. The driver collects only a summary per log (and, across generations, one row per output
+partition: its loaded windows and their lowest footprint pos, the sink's extent figures), so what it holds
+is bounded by the partition count: no window, key or state passes through it.
 
 Across generations (a restart with another partition count), per key: its crash point C_k = max over
 generations g of t_c[g][q_g(k)] (component-wise): every tuple of k below C_k has its outputs in some log,
@@ -112,10 +113,11 @@ class AttachRecovery:
     closed_keys: int = 0  # keys whose next window seq was loaded
     records_read: int = 0  # records the EC scans read
     seconds: float = 0.0
-    driver_rows: int = 0  # rows the driver collected while planning (summaries, window keys and pos)
+    driver_rows: int = 0  # rows the driver collected while planning (a summary per log or per partition)
     ends: list[LogEnd] = field(default_factory=list, repr=False)
-    # Per loaded window: its key's footprint pos (the sink's extent figure; the state stays on executors).
-    footprints: dict[str | None, tuple[int, ...]] = field(default_factory=dict, repr=False)
+    # Per output partition of the current generation: the windows loaded into it and the lowest pos of
+    # their footprints (the sink's extent figures until the partition reports its own; empty: none).
+    partition_windows: list[tuple[int, tuple[int, ...] | None]] = field(default_factory=list, repr=False)
     # The fresh query's initialState (processor INIT_SCHEMA rows, cached on the executors); None: nothing.
     initial: DataFrame | None = field(default=None, repr=False)
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
@@ -421,14 +423,10 @@ def plan_recovery(
     rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
     plan._cached.append(rows)
     try:
-        # One job: the summaries, and with one generation each loaded window's key and footprint pos.
-        wanted = F.col("entry") == "end"
-        if len(generations) == 1:
-            wanted = wanted | (F.col("entry") == "win")
-        pulled = rows.filter(wanted).select(*_PLAN_EXTRA, "cec_key", "pos_w").toArrow()
+        # One job: the summaries (a row per log; no window, key or footprint reaches the driver).
+        pulled = rows.filter(F.col("entry") == "end").select(*_PLAN_EXTRA).toArrow()
         plan.driver_rows += pulled.num_rows
-        entries = pulled.column("entry").to_pylist()
-        summaries = [r for r, e in zip(pulled.to_pylist(), entries, strict=True) if e == "end"]
+        summaries = pulled.to_pylist()
         by_target = {(r["plan_g"], r["plan_q"]): r for r in summaries}
         for g, q in task.targets:
             r = by_target[(g, q)]
@@ -450,40 +448,37 @@ def plan_recovery(
         start = [
             max(min(c[j] for c in crash) for crash in plan.crash_points) for j in range(input_partitions)
         ]
+        # Per output partition q of the current generation: the windows loaded into it and their lowest
+        # footprint pos (the sink's extent figures; a row per partition, never one per window).
+        per_q: dict[int, tuple[int, tuple[int, ...] | None]] = {}
         if len(generations) == 1:
             initial = windows
             plan.ec_windows = sum(r["windows"] for r in summaries)
             plan.closed_keys = sum(r["nexts"] for r in summaries)
-            lows = [r["min_pos"] for r in summaries if r["min_pos"] is not None]
+            for r in summaries:
+                low = r["min_pos"]
+                per_q[r["plan_q"]] = (r["windows"], None if low is None else tuple(low))
         else:
             initial = _merged(windows).persist(StorageLevel.MEMORY_AND_DISK)
             plan._cached.append(initial)
             mins = [F.min(F.when(F.col("open"), F.col("pos_w")[j])) for j in range(input_partitions)]
-            figures = initial.agg(
-                F.sum(F.col("open").cast("long")), F.sum((~F.col("open")).cast("long")), *mins
-            ).collect()[0]
-            plan.driver_rows += 1
-            plan.ec_windows, plan.closed_keys = int(figures[0] or 0), int(figures[1] or 0)
-            lows = [list(figures[2:])] if plan.ec_windows else []
-        for low in lows:
-            start = [min(s, p) for s, p in zip(start, low, strict=True)]
+            # q = pmod(hash(key), P): the attached query's own partitioning of keys (its grouping value).
+            target = F.pmod(F.hash(F.col("cec_key")), F.lit(current.partitions)).alias("q")
+            for figures in (
+                initial.groupBy(target)
+                .agg(F.sum(F.col("open").cast("long")), F.sum((~F.col("open")).cast("long")), *mins)
+                .collect()
+            ):
+                plan.driver_rows += 1
+                opened, closed = int(figures[1] or 0), int(figures[2] or 0)
+                plan.ec_windows += opened
+                plan.closed_keys += closed
+                per_q[int(figures[0])] = (opened, tuple(figures[3:]) if opened else None)
+        plan.partition_windows = [per_q.get(q, (0, None)) for q in range(current.partitions)]
+        for _, low in plan.partition_windows:
+            if low is not None:
+                start = [min(s, p) for s, p in zip(start, low, strict=True)]
         plan.start = tuple(start)
-        # The sink's extent figure: each loaded window's key and footprint pos, never its state.
-        if len(generations) == 1:
-            keys, pos_ws = pulled.column("cec_key").to_pylist(), pulled.column("pos_w").to_pylist()
-            plan.footprints = {
-                k: tuple(p) for k, p, e in zip(keys, pos_ws, entries, strict=True) if e == "win"
-            }
-        elif plan.ec_windows:
-            loaded = initial.filter(F.col("open")).select("cec_key", "pos_w").toArrow()
-            plan.driver_rows += loaded.num_rows
-            plan.footprints = dict(
-                zip(
-                    loaded.column("cec_key").to_pylist(),
-                    (tuple(p) for p in loaded.column("pos_w").to_pylist()),
-                    strict=True,
-                )
-            )
         plan.initial = initial if plan.ec_windows or plan.closed_keys else None
         if plan.initial is None:
             plan.release()

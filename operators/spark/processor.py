@@ -29,8 +29,9 @@ G-checks (`operators.spark.checkpointing`: the user's `Checkpointing` under the 
 Q/U targets, a recovery target, cost-benefit; timeMode "ProcessingTime"):
 - each task measures the input with `seen`: per input partition, the next offset after the rows it got
   in this micro-batch (timers fire after a micro-batch's input rows, in the same task and processor);
-- a window records `fp_clock`, that vector when its latest footprint was made (`pos_w` for a window
-  loaded from the EC), and `fp_out`, the partition's records emitted in this run then; its partition has
+- a window records `fp_clock`, the pos its latest footprint carries in the log (`pos_w` for a window
+  loaded from the EC; computed with the sink's own stamping rule, `operators.spark.stamping`, from the
+  partition's `stamp`), and `fp_out`, the partition's records emitted in this run then; its partition has
   one processing-time timer while it holds a live open window, firing every CP ms at most;
 - when it fires, the partition's live windows are taken oldest footprint first, and G-checked while the
   policy wants the front one (`choose_gchecks`: u and q of the window plus one micro-batch of look-ahead)
@@ -41,6 +42,10 @@ Q/U targets, a recovery target, cost-benefit; timeMode "ProcessingTime"):
   loaded window may still miss tuples of its key below C_k that later micro-batches replay, and a
   footprint written now would claim them.
 The G-check row carries the key's last applied tuple (j, o); its state holds that tuple and all before.
+
+Figures: after its input rows, and again after its G-checks, a state partition reports its open windows
+and the lowest footprint pos among them (`_PartitionState.figures`, a control row): the extent figures of
+the query's progress come from one small row per partition and micro-batch, never from per-key rows.
 """
 
 from __future__ import annotations
@@ -72,12 +77,14 @@ from cec.registry import OpenWindow, WindowRegistry
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
 from operators.base import DEAD_LETTER_SCHEMA, InputTuple
 from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMark, choose_gchecks
-from recovery.contract import TupleFate, tuple_fate
+from operators.spark.stamping import positions
+from recovery.contract import PositionStamper, TupleFate, tuple_fate
 
 __all__ = [
     "CONTROL_KIND",
     "EMIT_COLUMNS",
     "EMIT_SCHEMA",
+    "FIGURES_ENTRY",
     "GCHECK_ORDER",
     "GROUP_COLUMN",
     "INIT_SCHEMA",
@@ -140,6 +147,9 @@ GCHECK_ORDER = 1 << 30
 # The kind of a row that is not a record: a state partition's checkpoint controls (what it planned and
 # said), JSON in cec_payload, for the query's progress. The sinks take it out before writing.
 CONTROL_KIND = "CTRL"
+# The `entry` of a control row that carries a partition's extent figures (`_PartitionState.figures`) rather
+# than its checkpoint controls.
+FIGURES_ENTRY = "figures"
 
 
 @dataclass(frozen=True)
@@ -266,31 +276,45 @@ def _load(key: str, saved: _Saved) -> _Key:
 
 
 class _PartitionState:
-    """A state partition's keys (as `_Saved` tuples), its output partition q, its timer (-1: none) and its
-    checkpointing measurements (`PartitionControl`)."""
+    """A state partition's keys (as `_Saved` tuples), its output partition q, its timer (-1: none), its
+    checkpointing measurements (`PartitionControl`) and `stamp`: the pos of the last record its rows have
+    made so far (`operators.spark.stamping`; the log's crash point before any), from which the exact
+    position of every footprint it makes follows."""
 
-    __slots__ = ("control", "keys", "q", "timer")
+    __slots__ = ("control", "keys", "q", "stamp", "timer")
 
     def __init__(
         self,
         q: int,
+        stamp: tuple[int, ...],
         keys: dict[str | None, _Saved] | None = None,
         timer: int = -1,
         control: PartitionControl | None = None,
     ) -> None:
         self.q = q
+        self.stamp = stamp
         self.keys: dict[str | None, _Saved] = keys if keys is not None else {}
         self.timer = timer
         self.control = control if control is not None else PartitionControl()
 
     def dump(self) -> tuple[bytes]:
-        state = (self.q, self.timer, self.keys, self.control)
+        state = (self.q, self.timer, self.keys, self.control, self.stamp)
         return (pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),)
 
     @classmethod
     def load(cls, row: Any) -> _PartitionState:
-        q, timer, keys, control = pickle.loads(bytes(row[0]))
-        return cls(q, keys, timer, control)
+        q, timer, keys, control, stamp = pickle.loads(bytes(row[0]))
+        return cls(q, stamp, keys, timer, control)
+
+    def figures(self, phase: int) -> tuple[Any, ...]:
+        """The partition's extent figures as a control row (`FIGURES_ENTRY`): its open windows and, per
+        input partition, the lowest pos among their latest footprints. `phase` orders the rows of one
+        micro-batch (0: after its input, 1: after its G-checks)."""
+        clocks = [saved[6] for saved in self.keys.values() if saved[1] >= 0 and saved[6] is not None]
+        lowest = [min(column) for column in zip(*clocks, strict=True)] if clocks else None
+        report = {"partition": self.q, "entry": FIGURES_ENTRY, "phase": phase, "open_windows": len(clocks),
+                  "footprint_min": lowest}  # fmt: skip
+        return (self.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0)
 
 
 class _PartitionContext:
@@ -478,7 +502,11 @@ class CecAggregateProcessor(StatefulProcessor):
 
     def _partition(self, group: Any) -> _PartitionState:
         row = self.state.get()  # None when the partition has no state yet (one round trip, no exists())
-        part = _PartitionState.load(row) if row is not None else _PartitionState(self.group_q[int(group)])
+        if row is not None:
+            part = _PartitionState.load(row)
+        else:
+            q = self.group_q[int(group)]
+            part = _PartitionState(q, tuple(self.crash_points[self.generation][q]))
         if self.gcheck is not None:
             part.control.take_planned(self.gcheck.planned, self.partitions, self.wall())
         return part
@@ -551,9 +579,6 @@ class CecAggregateProcessor(StatefulProcessor):
         seen = self.seen
         q = part.q
         out_base = part.control.out
-        # The partition's input position before this micro-batch: a footprint made now holds at least it
-        # on the input partitions this task has not read yet.
-        before = part.control.seen or (0,) * len(seen)
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
         key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
         out: list[tuple[Any, ...]] = []
@@ -597,9 +622,16 @@ class CecAggregateProcessor(StatefulProcessor):
             event_time = ctx.event_time
             for i, (kind, rkey, seq, wstate, payload, dn) in enumerate(emitted):
                 if kind == _GOPEN:
-                    state.fp_clock = tuple(max(s, b) for s, b in zip(seen, before, strict=True))
                     state.fp_out = out_base + len(out) + 1
                 out.append((q, j, o, i, kind, rkey, seq, wstate, payload, event_time, dn))
+        # Each new footprint's pos, exactly as the sink stamps it (`out` is in log order: the rows were
+        # applied by (j, o) and emitted in order): the window's footprint clock.
+        stamper = PositionStamper(part.stamp)
+        touched = ctx.keys
+        for row, pos in zip(out, positions(out, stamper), strict=True):
+            if row[4] == _GOPEN:
+                touched[row[5]].fp_clock = pos
+        part.stamp = stamper.last
         ctx.store()
         part.control.observe_batch(
             now=self.wall(), task_seconds=self.clock() - self.task_started, seen=seen, emitted=len(out)
@@ -611,8 +643,8 @@ class CecAggregateProcessor(StatefulProcessor):
         ):
             self._arm_timer(part, timerValues)
         self.state.update(part.dump())
-        if out:
-            yield pd.DataFrame(out, columns=EMIT_COLUMNS)
+        out.append(part.figures(0))
+        yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
     def _arm_timer(self, part: _PartitionState, timerValues: TimerValues) -> None:
         assert self.gcheck is not None
@@ -651,7 +683,6 @@ class CecAggregateProcessor(StatefulProcessor):
 
             def gcheck(k: Any) -> None:
                 state = ctx.touch(k)
-                clock = state.fp_clock or (0,) * width
                 kind, rkey, seq, wstate, payload, dn = ctx.gcheck(state)
                 row = (
                     part.q,
@@ -667,7 +698,6 @@ class CecAggregateProcessor(StatefulProcessor):
                     dn,
                 )
                 rows.append(row)
-                state.fp_clock = tuple(max(s, c) for s, c in zip(seen, clock, strict=True))
                 state.fp_out = out_base + len(rows)
 
             policy = self.gcheck.policy(control.rates)
@@ -690,8 +720,15 @@ class CecAggregateProcessor(StatefulProcessor):
                 read_input,
                 elapsed,
             )
+            # The G-checks' pos, as the sink stamps them after the micro-batch's other records.
+            stamper = PositionStamper(part.stamp)
+            for row, pos in zip(rows, positions(rows, stamper), strict=True):
+                ctx.keys[row[5]].fp_clock = pos
+            part.stamp = stamper.last
             ctx.store()
             self._arm_timer(part, timerValues)
+            if rows:  # G-checks moved footprints: the partition's figures after them
+                rows.append(part.figures(1))
             report = part.control.report(part.q)
             if report is not None:
                 rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0))

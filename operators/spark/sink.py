@@ -1,6 +1,6 @@
 """The sink of an attached aggregation (`operators.spark.attach`): the processor's rows -> CEC records.
 
-Two sinks share the ordering and stamping rules below (`_ordered`, `stamped`): `CecSink`, the driver-side
+Two sinks share the ordering and stamping rules (`operators.spark.stamping`, applied by `stamped`): `CecSink`, the driver-side
 one described here (`cec_aggregate(writers="driver")`), and `operators.spark.writer.ExecutorSink` (the
 default), whose tasks apply the same rules to their own partition on the executors.
 
@@ -19,7 +19,7 @@ spark.sql.shuffle.partitions = P (set for the query). For each q it sorts the ba
 - time: the largest event time so far (the input's logical time, non-decreasing along the log), or
   sum(pos) when the aggregate has no time field (as `OperatorRuntime` does).
 G-check rows (made by the processor's timers after a micro-batch's input) go after the other records of
-their partition's batch (`_ordered`). A batch's records are durable (flushed) before the batch completes.
+their partition's batch (`operators.spark.stamping.log_order`). A batch's records are durable (flushed) before the batch completes.
 """
 
 from __future__ import annotations
@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, OutputRecord, RecordCodec
 from operators.spark.planning import AttachRecovery
-from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS
+from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS, FIGURES_ENTRY
+from operators.spark.stamping import log_order, positions
 from queuestore import faults
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
@@ -61,33 +62,19 @@ class _Cursor:
 
 def split_controls(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], list[bytes]]:
     """A batch's rows as (records to write, control reports): a state partition's checkpoint controls
-    (`operators.spark.checkpointing.PartitionControl.report`) travel with its rows but are figures for the
-    query's progress, never log records."""
+    (`operators.spark.checkpointing.PartitionControl.report`) and its extent figures (`FIGURES_ENTRY`)
+    travel with its rows but are figures for the query's progress, never log records."""
     if not any(r[4] == CONTROL_KIND for r in rows):
         return rows, []
     return [r for r in rows if r[4] != CONTROL_KIND], [bytes(r[8]) for r in rows if r[4] == CONTROL_KIND]
 
 
-def _ordered(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """A partition's rows in log order: the records input tuples produced, by (j, o, emission index), then
-    the G-checks. A G-check holds its window's state after every tuple of its key read so far (the
-    processor makes them after a micro-batch's input), so at the end of the batch its pos (the floor, and
-    at least its key's last tuple + 1) is below the key's next tuple, which a later micro-batch reads."""
-    produced = [r for r in rows if r[4] != _GCHECK]
-    produced.sort(key=lambda r: (r[1], r[2], r[3]))
-    produced.extend(r for r in rows if r[4] == _GCHECK)
-    return produced
-
-
 def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Iterator[OutputRecord]:
-    """The records of one partition's batch (rows in `_ordered` order), with pos/N/time continuing from
+    """The records of one partition's batch (rows in `log_order`), with pos/N/time continuing from
     `cursor` (advanced as they are made): the one stamping rule of both sinks (driver and executors)."""
-    for idx, (_, j, o, _i, kind, key, seq, state, payload, t, dn) in enumerate(rows):
-        # A tuple claims itself on its last record (recovery.contract). A G-check (at the end, see
-        # _ordered) claims the key's last applied tuple (j, o): its state holds it.
-        nxt = rows[idx + 1] if idx + 1 < len(rows) else None
-        last_of_tuple = kind == _GCHECK or nxt is None or nxt[1:3] != (j, o)
-        pos = cursor.stamper.stamp(None, j, o, claims=last_of_tuple)
+    for (_, _j, _o, _i, kind, key, seq, state, payload, t, dn), pos in zip(
+        rows, positions(rows, cursor.stamper), strict=True
+    ):
         cursor.n += dn
         if has_time:
             if t >= 0:
@@ -117,10 +104,13 @@ class CecSink:
         self.batches = 0
         self.records = 0
         self.closed = False
-        # Figures: record kinds written since the start; the footprint pos of every open window (carried
-        # over ones included), which gives the extent; the crash points of older generations, fixed.
+        # Figures: record kinds written since the start; per output partition, its open windows and the
+        # lowest pos of their latest footprints (as the recovery plan found them, then as the partition's
+        # processor reports them), which give the extent; the crash points of older generations, fixed.
         self.kinds: Counter[str] = Counter()
-        self.footprints: dict[str | None, tuple[int, ...]] = dict(recovery.footprints)
+        self.partitions: dict[int, tuple[int, tuple[int, ...] | None]] = dict(
+            enumerate(recovery.partition_windows)
+        )
         self._older = [
             c
             for g, c in zip(recovery.generations, recovery.crash_points, strict=True)
@@ -149,7 +139,7 @@ class CecSink:
             self._take_reports(reports)
             before = Counter(self.kinds)
             for q in sorted(by_q):
-                self._write(q, _ordered(by_q[q]))
+                self._write(q, log_order(by_q[q]))
             for q in by_q:
                 out = self.outputs[q]
                 out.flush()
@@ -160,10 +150,18 @@ class CecSink:
             self._batch_done(batch_id, before)
 
     def _take_reports(self, reports: Sequence[bytes | str]) -> None:
-        """Keep each state partition's latest checkpoint controls (under the sink's lock)."""
+        """Keep each state partition's latest checkpoint controls and extent figures from one micro-batch's
+        control rows (under the sink's lock)."""
+        phases: dict[int, int] = {}
         for report in reports:
             control = json.loads(report)
-            self.controls[int(control["partition"])] = control
+            q = int(control["partition"])
+            if control.get("entry") != FIGURES_ENTRY:
+                self.controls[q] = control
+            elif control["phase"] >= phases.get(q, -1):  # after its G-checks, if it made any
+                phases[q] = control["phase"]
+                low = control["footprint_min"]
+                self.partitions[q] = (int(control["open_windows"]), None if low is None else tuple(low))
 
     def _batch_done(self, batch_id: int, before: Counter[str]) -> None:
         """Count a written micro-batch and keep (and publish) its figures; under the sink's lock."""
@@ -192,7 +190,7 @@ class CecSink:
     def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
         out = self.outputs[q]
         half = len(rows) // 2
-        footprints, kinds = self.footprints, self.kinds
+        kinds = self.kinds
         for idx, record in enumerate(stamped(rows, self.cursors[q], self.has_time)):
             if idx == half and half:
                 # Durable first half, then the fault site: a crash injected here cuts the log mid-batch.
@@ -200,12 +198,7 @@ class CecSink:
                 faults.hit(SINK_FAULT_SITE)
             out.append(self.codec.encode(record), record.meta())
             self.records += 1
-            kind = record.kind.value
-            kinds[kind] += 1
-            if kind == _R:
-                footprints.pop(record.key, None)
-            elif kind != _DEAD:
-                footprints[record.key] = record.pos
+            kinds[record.kind.value] += 1
 
     def extent(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(replay start T, newest crash point) a recovery would use if the driver died now: the planning
@@ -213,16 +206,16 @@ class CecSink:
         logs = [*self._older, [c.stamper.last for c in self.cursors]]
         width = self._width
         start = [max(min(c[j] for c in crash) for crash in logs) for j in range(width)]
+        lows = [low for n, low in self.partitions.values() if n and low is not None]
         for j in range(width):
-            lowest = min((p[j] for p in self.footprints.values()), default=start[j])
-            start[j] = min(start[j], lowest)
+            start[j] = min([start[j], *(low[j] for low in lows)])
         newest = [max(c[j] for crash in logs for c in crash) for j in range(width)]
         return tuple(start), tuple(newest)
 
     def _figures(self) -> dict[str, Any]:
         start, newest = self.extent()
         return {
-            "open_windows": len(self.footprints),
+            "open_windows": sum(n for n, _ in self.partitions.values()),
             "extent_tuples": sum(n - s for s, n in zip(start, newest, strict=True)),
             "extent_start": list(start),
             "position": list(newest),

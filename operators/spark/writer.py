@@ -21,8 +21,9 @@ shuffle hash of its key, so task q holds exactly the rows of output partition q)
    restart recovers from the log, which is always a valid prefix;
 4. appends, commits (one transaction, or several when the writer's outstanding bound is reached: any
    committed prefix is a valid log), and returns one summary row: the new cursor (pos, N, time, next
-   offset), counts per kind, and per key of the batch its latest footprint position (or that its window
-   closed) for CEC's figures (the extent). No record, state or payload reaches the driver.
+   offset) and counts per kind, besides the state partition's control rows (its checkpoint controls and
+   extent figures: open windows, lowest footprint pos). No record, state, payload or per-key row reaches
+   the driver.
 
 Reuse (`session`): PySpark reuses its Python workers across tasks (`spark.python.worker.reuse`, on by
 default), so a task keeps its partition's writer open in the worker after committing, with the offset the
@@ -68,7 +69,8 @@ from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import EMIT_COLUMNS, PROFILE_ENV
-from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, _ordered, split_controls, stamped
+from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, split_controls, stamped
+from operators.spark.stamping import log_order
 from queuestore import faults
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
@@ -107,8 +109,7 @@ WRITER_KILL_SITE = "attach.writer.kill_task"
 # CEC_SPARK_PROFILE=DIR (`operators.spark.processor.PROFILE_ENV`): every write task dumps a cProfile of its
 # work to DIR (benchmarks; the variable reaches the Python workers through the environment in local mode).
 
-_R, _GCHECK, _DEAD = Kind.R.value, Kind.GCHECK.value, Kind.DEAD.value
-_KINDS = (Kind.R.value, Kind.GOPEN.value, _GCHECK, _DEAD)
+_KINDS = (Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value)
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,6 @@ class PartitionWrite:
     found: int  # messages of this batch already in the log (an earlier attempt's)
     written: int  # messages this attempt appended
     kinds: Counter[str]
-    footprints: dict[str | None, tuple[int, ...] | None]  # per key: latest footprint pos, None: closed
     reused: bool = False  # appended through this worker's kept writer (no init_transactions, no read)
 
 
@@ -142,9 +142,9 @@ def _result_schema() -> StructType:
     return StructType(
         [
             StructField("q", LongType(), False),
-            # "end": the partition's summary; "fp": one key; "ctrl": its checkpoint controls (JSON in key)
+            # "end": the partition's summary; "ctrl": a control row of its state partition (JSON in key)
             StructField("entry", StringType(), False),
-            StructField("pos", longs, True),  # end: the cursor's pos; fp: the footprint's (null: closed)
+            StructField("pos", longs, True),  # end: the cursor's pos
             StructField("n", LongType(), True),
             StructField("time", LongType(), True),
             StructField("next_offset", LongType(), True),
@@ -305,17 +305,9 @@ def write_partition(
     writer is opened and closed here. `kill_mid_batch(first_half_committed)` is the fault hook of the tests
     (None in production)."""
     state = _Cursor(PositionStamper(cursor.pos), cursor.n, cursor.time)
-    records = list(stamped(_ordered(rows), state, has_time))
+    records = list(stamped(log_order(rows), state, has_time))
     codec = RecordCodec()
-    kinds: Counter[str] = Counter()
-    footprints: dict[str | None, tuple[int, ...] | None] = {}
-    for record in records:
-        kind = record.kind.value
-        kinds[kind] += 1
-        if kind == _R:
-            footprints[record.key] = None
-        elif kind != _DEAD:
-            footprints[record.key] = record.pos
+    kinds = Counter(record.kind.value for record in records)
     where = f"{topic}[{q}]"
     key = (bootstrap_servers, topic, q)
     live = _take_live(key, session, attempt, cursor.next_offset)
@@ -369,7 +361,7 @@ def write_partition(
     else:
         live.next_offset = end.next_offset
         _keep_live(key, live)
-    return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, footprints, reused)
+    return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, reused)
 
 
 def _kill_driver() -> None:
@@ -482,10 +474,6 @@ class BatchWriter:
                 "key": None,
             }
         ]
-        out.extend(
-            {"q": q, "entry": "fp", "pos": None if p is None else list(p), "key": k}
-            for k, p in done.footprints.items()
-        )
         out.extend(controls)
         yield pa.RecordBatch.from_pylist(out, schema=_arrow_schema())
 
@@ -513,8 +501,8 @@ def _arrow_schema() -> pa.Schema:
 
 class ExecutorSink(CecSink):
     """foreachBatch function of `writers="executors"`: runs the batch's write tasks (`BatchWriter`) and
-    learns only their summaries (cursors, counts, footprint positions per key), from which it keeps the
-    same figures as the driver sink (`CecSink`)."""
+    learns only their summaries (cursors, counts) and the state partitions' control rows, from which it
+    keeps the same figures as the driver sink (`CecSink`)."""
 
     def __init__(
         self,
@@ -573,12 +561,6 @@ class ExecutorSink(CecSink):
                 for kind, count in zip(_KINDS, row["kinds"], strict=True):
                     self.kinds[kind] += count
                     self.records += count
-            for row in rows:
-                if row["entry"] == "fp":
-                    if row["pos"] is None:
-                        self.footprints.pop(row["key"], None)
-                    else:
-                        self.footprints[row["key"]] = tuple(row["pos"])
             self._take_reports([row["key"] for row in rows if row["entry"] == "ctrl"])
             self.summary_rows += len(rows)
             self._batch_done(batch_id, before)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from cec.records import Kind
+from cec.records import Kind, RecordCodec
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.spark.attach import RESULT_COLUMNS, CecAggregateQuery, cec_aggregate, read_results
@@ -171,6 +171,33 @@ def _kinds(data: JsonTopic, root: Path, output: str) -> Counter[str]:
         store.close()
 
 
+def _log_extent(data: JsonTopic, root: Path, output: str) -> tuple[int, list[int]]:
+    """(open windows, extent start) read from the output log itself: a window is open if its latest
+    footprint (G-open or G-check) is not followed by its R; the extent starts at the lowest pos among
+    those footprints, or at the lowest crash point (a log's last pos) where that is lower."""
+    codec = RecordCodec()
+    store = KafkaQueueStore(data.bootstrap, root / "probe-extent")
+    try:
+        latest: dict[tuple[str | None, int], tuple[int, ...]] = {}
+        crash: list[tuple[int, ...]] = []
+        for q in range(store.partitions(output)):
+            last: tuple[int, ...] | None = None
+            with store.reader(output, q) as reader:
+                for stored in reader.scan_forward(0):
+                    record = codec.decode(stored.value, stored.meta)
+                    last = record.pos
+                    if record.kind in (Kind.GOPEN, Kind.GCHECK):
+                        latest[(record.key, record.seq)] = record.pos
+                    elif record.kind is Kind.R:
+                        latest.pop((record.key, record.seq), None)
+            assert last is not None
+            crash.append(last)
+    finally:
+        store.close()
+    start = [min([*(c[j] for c in crash), *(p[j] for p in latest.values())]) for j in range(len(crash[0]))]
+    return len(latest), start
+
+
 @dataclass
 class Run:
     output: str
@@ -224,6 +251,10 @@ def test_handle_answers_like_a_streaming_query_with_cec_figures(json_topic: Json
     # Open windows = keys whose valid tuple count is not a multiple of the window; the extent reaches back
     # to the rare keys' first tuples, near the start of the input.
     assert cec["open_windows"] == kinds["GOPEN"] - kinds["R"] > len(RARE)
+    # Exactly what the log says: the state partitions computed their footprints' pos with the writers' rule.
+    assert (cec["open_windows"], cec["extent_start"]) == _log_extent(
+        json_topic, json_run.root, json_run.output
+    )
     assert cec["extent_tuples"] > json_topic.count * 0.8
     assert cec["recovery"]["resumed"] is False and cec["recovery"]["replay_tuples"] == 0
     status = query.status
@@ -263,6 +294,9 @@ def test_driver_serves_cec_metrics_after_the_input_is_processed(
         cec = query.cec_progress
     finally:
         query.close()
+    # G-checks moved footprints forward: the figures still match the log exactly.
+    assert cec["gchecks"] > 0
+    assert (cec["open_windows"], cec["extent_start"]) == _log_extent(json_topic, tmp_path, output)
     assert mine["cec_open_windows"] == cec["open_windows"] > 0
     assert mine["cec_replay_tuples"] == cec["extent_tuples"] > 0
     assert mine["cec_gopens_total"] == cec["gopens"] > 0

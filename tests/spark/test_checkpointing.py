@@ -37,6 +37,7 @@ from operators.spark.checkpointing import (
 )
 from operators.spark.processor import (
     CONTROL_KIND,
+    FIGURES_ENTRY,
     AggregateSpec,
     CecAggregateProcessor,
     _PartitionState,
@@ -304,9 +305,16 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]
     rows = fired[0]
     gchecks = rows[rows["cec_kind"] != CONTROL_KIND]
-    # The partition reports its controls after its G-checks (for the query's progress, never written).
-    (report,) = rows[rows["cec_kind"] == CONTROL_KIND]["cec_payload"]
-    assert json.loads(report) == {
+    # The partition reports its extent figures and its controls after its G-checks (for the query's
+    # progress, never written).
+    figures, report = (json.loads(p) for p in rows[rows["cec_kind"] == CONTROL_KIND]["cec_payload"])
+    # Its figures: the 10 windows' lowest footprint pos, before the G-checks k0's G-open (tuple 0 claims
+    # offset 1), after them k9's (offset 10), as the log stamps them (the G-checks claim (0, 10) as well).
+    (before,) = (json.loads(p) for p in out[0][out[0]["cec_kind"] == CONTROL_KIND]["cec_payload"])
+    assert before == {"partition": 0, "entry": FIGURES_ENTRY, "phase": 0, "open_windows": 10,
+                      "footprint_min": [1]}  # fmt: skip
+    assert figures == {**before, "phase": 1, "footprint_min": [10]}
+    assert report == {
         "partition": 0,
         "q_target": 10,
         "u_target": None,

@@ -1,0 +1,50 @@
+"""Where an attached aggregation's records go in their log and the `pos` each one carries: the one rule that
+both sinks (`operators.spark.sink`, `operators.spark.writer`) write with, and that the processor
+(`operators.spark.processor`) applies to its own rows to know the exact footprint position of every open
+window (the extent figures) without any record passing through the driver.
+
+Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...).
+- Log order (`log_order`): the records input tuples produced, by (j, o, emission index), then the G-checks
+  in the order the processor made them. A G-check holds its window's state after every tuple of its key
+  read so far (the processor makes them after a micro-batch's input), so at the end of the batch its pos
+  (the floor, and at least its key's last tuple + 1) is below the key's next tuple, which a later
+  micro-batch reads.
+- pos (`positions`): `recovery.contract.PositionStamper` continuing from the log's previous record. A
+  produced record claims its tuple (pos[j] = o + 1) when it is the tuple's last record, else pos[j] = o;
+  a G-check claims its key's last applied tuple (j, o): its state holds it. What follows a batch's last
+  produced record (a G-check, or nothing) does not change that record's claim, so the processor can
+  stamp its input rows and its G-checks in two passes and get the writer's positions exactly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from cec.records import Kind
+from recovery.contract import PositionStamper
+
+__all__ = ["log_order", "positions"]
+
+_GCHECK = Kind.GCHECK.value
+
+
+def log_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """A partition's rows in log order (module doc)."""
+    produced = [r for r in rows if r[4] != _GCHECK]
+    produced.sort(key=lambda r: (r[1], r[2], r[3]))
+    produced.extend(r for r in rows if r[4] == _GCHECK)
+    return produced
+
+
+def positions(rows: Sequence[tuple[Any, ...]], stamper: PositionStamper) -> Iterator[tuple[int, ...]]:
+    """The pos of each row (rows in log order), advancing `stamper` as they are made (module doc)."""
+    last = len(rows) - 1
+    for idx, row in enumerate(rows):
+        j, o, kind = row[1], row[2], row[4]
+        if kind == _GCHECK or idx == last:
+            claims = True
+        else:
+            nxt = rows[idx + 1]
+            claims = nxt[4] == _GCHECK or nxt[1] != j or nxt[2] != o
+        yield stamper.stamp(None, j, o, claims=claims)
