@@ -64,6 +64,7 @@ from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
     GROUP_COLUMN,
+    QS_COLUMN,
     AggregateSpec,
     CecAggregateProcessor,
     partition_groups,
@@ -407,7 +408,8 @@ def _start_query(
     raw_key = F.col(spec.key) if fmt == FORMAT else F.col("cec_key")
     key_col = F.regexp_replace(raw_key.cast("string"), _STRIP_PATTERN, "")
     # q_g(k) for every generation g: Spark's shuffle hash, so q is also the state partition when the shuffle
-    # partitions equal P. The processor needs all of them for C_k; the last one routes the output.
+    # partitions equal P. The processor needs all of them for C_k across generations; with one generation
+    # C_k is the key's own state partition's crash point and no per-row column is needed.
     qs = F.array(*[F.pmod(F.hash(F.col("cec_key")), F.lit(g.partitions)) for g in recovery.generations])
     columns = [
         F.col("cec_partition").cast("long").alias("cec_j"),
@@ -426,7 +428,10 @@ def _start_query(
     group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
         F.pmod(F.hash(F.col("cec_key")), F.lit(recovery.current.partitions))
     ]
-    rows = source.select(*columns).withColumn("cec_qs", qs).withColumn(GROUP_COLUMN, group_of)
+    rows = source.select(*columns)
+    if len(recovery.generations) > 1:
+        rows = rows.withColumn(QS_COLUMN, qs)
+    rows = rows.withColumn(GROUP_COLUMN, group_of)
     processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
     initial = _initial_state(spark, recovery)
     if initial is not None:

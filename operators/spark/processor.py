@@ -89,6 +89,7 @@ __all__ = [
     "GROUP_COLUMN",
     "INIT_SCHEMA",
     "PARTITION_STATE_SCHEMA",
+    "QS_COLUMN",
     "STATE_SCHEMA",
     "AggregateSpec",
     "CecAggregateProcessor",
@@ -102,6 +103,8 @@ STATE_NAME = "cec_partition"
 PROFILE_ENV = "CEC_SPARK_PROFILE"
 # The grouping column: one value per output partition of the current generation (`partition_groups`).
 GROUP_COLUMN = "cec_group"
+# Per row, the key's output partition in every generation (for C_k); only present across generations.
+QS_COLUMN = "cec_qs"
 # What the processor keeps per state partition: `_PartitionState`, pickled (see the module doc).
 PARTITION_STATE_SCHEMA = StructType([StructField("blob", BinaryType(), False)])
 
@@ -575,9 +578,12 @@ class CecAggregateProcessor(StatefulProcessor):
             values = [_plain(v) for v in batch["cec_v"].tolist()]
             times = [_plain(t) for t in batch["cec_time"].tolist()] if spec.time else [None] * n
             errors = [None] * n
-        qs_column = batch["cec_qs"].tolist()
         seen = self.seen
         q = part.q
+        # With one generation a key's crash point is its partition's (C_k = t_c[q]): the query sends no
+        # per-row output partitions then (`QS_COLUMN`), only across generations.
+        qs_column = batch[QS_COLUMN].tolist() if QS_COLUMN in batch.columns else None
+        own_crash = list(self.crash_points[self.generation][q])
         out_base = part.control.out
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
         key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
@@ -600,7 +606,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 if k is not None and key_of({key_field: k}) not in (k, None):
                     # Two group keys would share one window id in the log: never write that.
                     raise RuntimeError(f"group key {k!r} is not in the aggregate's canonical (stripped) form")
-                crash = crash_of[k] = self._crash_point(qs_column[idx])
+                crash = crash_of[k] = own_crash if qs_column is None else self._crash_point(qs_column[idx])
             state = ctx.touch(k)
             # The replay contract (recovery.contract), per key: C_k is the key's crash point.
             fate = tuple_fate(o, crash[j], None if state.pos_w is None else state.pos_w[j])

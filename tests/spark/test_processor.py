@@ -136,3 +136,23 @@ def test_partition_groups_land_on_their_state_partition(spark: SparkSession) -> 
     values = [0, 1, -1, 123456789012, -987654321098, (1 << 40) + 7]
     hashed = spark.createDataFrame([(v,) for v in values], "v long").select("v", F.hash("v").alias("h"))
     assert {r["v"]: r["h"] for r in hashed.collect()} == {v: spark_hash_long(v) for v in values}
+
+
+def test_one_generation_needs_no_per_row_partitions() -> None:
+    """With one generation a key's crash point is its state partition's, so the query sends no per-row
+    `cec_qs` column: a replay over a crash point gives the same records with and without it."""
+    spec = AggregateSpec("item", "price", "avg", WINDOW, None, None)
+    groups = partition_groups(1)
+    tuples = [(i % 2, i // 2, f"k{i % 3}", float(i)) for i in range(24)]
+    outputs = []
+    for with_qs in (True, False):
+        processor = CecAggregateProcessor(spec, [[(4, 6)]], 0, None, groups)  # crashed at o=4 / o=6
+        processor.init(_RecordingHandle())  # type: ignore[arg-type]
+        frame = _rows(tuples) if with_qs else _rows(tuples).drop(columns=["cec_qs"])
+        out = pd.concat(list(processor.handleInputRows((groups[0],), iter([frame]), _Timers())))  # type: ignore[arg-type]
+        outputs.append(out[out["cec_kind"] != "CTRL"].reset_index(drop=True))
+    with_qs_rows, without_rows = outputs
+    pd.testing.assert_frame_equal(with_qs_rows, without_rows)
+    # Below the crash point nothing is emitted again (the log holds it); above it the windows go on.
+    assert len(with_qs_rows) and (with_qs_rows["cec_o"] >= 4).all()
+    assert ((with_qs_rows["cec_j"] == 1) & (with_qs_rows["cec_o"] < 6)).sum() == 0
