@@ -19,13 +19,20 @@ exists for every Python process, i.e. a `local[...]` master; executors on other 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import shlex
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 __all__ = ["bundled_pyspark_zip", "spark_python"]
+
+log = logging.getLogger(__name__)
+# Launchers that ran in this process (a temporary directory mounted noexec would make every Spark Python
+# process fail to start: a launcher is only handed out once it has run).
+_CHECKED: set[str] = set()
 
 _TEMPLATE = """#!/bin/bash
 # Written by cec (operators/spark/python_exec.py): runs {interpreter} without the installed pyspark's own
@@ -74,4 +81,13 @@ def spark_python(interpreter: str | None = None, *, bundled_zip: Path | None = N
         partial.write_text(text)
         partial.chmod(0o755)
         partial.replace(launcher)
+    if str(launcher) not in _CHECKED:
+        try:
+            subprocess.run([str(launcher), "-c", "pass"], check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as exc:
+            log.warning(
+                "cannot run %s (%s): Spark's Python processes will import pyspark from its zip", launcher, exc
+            )
+            return interpreter
+        _CHECKED.add(str(launcher))
     return str(launcher)

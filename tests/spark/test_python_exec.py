@@ -60,3 +60,17 @@ def test_a_local_sessions_python_tasks_import_the_installed_pyspark(spark: Spark
     import pyspark
 
     assert where[0] == pyspark.__file__ and str(bundled) not in where[1].split(os.pathsep), where
+
+
+def test_a_launcher_that_cannot_run_is_not_handed_out(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A temporary directory mounted noexec would stop every Spark Python process: the interpreter is
+    used instead of a launcher that does not run."""
+    bundled = tmp_path / "pyspark.zip"
+    bundled.write_bytes(b"")
+    monkeypatch.setattr(python_exec.tempfile, "gettempdir", lambda: str(tmp_path))
+    # A launcher of an interpreter that does not exist cannot run: exec fails, so does the check.
+    assert spark_python(str(tmp_path / "no-such-python"), bundled_zip=bundled) == str(
+        tmp_path / "no-such-python"
+    )
