@@ -67,6 +67,7 @@ from operators.spark.processor import (
     QS_COLUMN,
     AggregateSpec,
     CecAggregateProcessor,
+    output_partition,
     partition_groups,
 )
 from operators.spark.query import CecAggregateQuery
@@ -407,10 +408,6 @@ def _start_query(
     # \x1c-\x1f is the set of characters Python's strip() removes.
     raw_key = F.col(spec.key) if fmt == FORMAT else F.col("cec_key")
     key_col = F.regexp_replace(raw_key.cast("string"), _STRIP_PATTERN, "")
-    # q_g(k) for every generation g: Spark's shuffle hash, so q is also the state partition when the shuffle
-    # partitions equal P. The processor needs all of them for C_k across generations; with one generation
-    # C_k is the key's own state partition's crash point and no per-row column is needed.
-    qs = F.array(*[F.pmod(F.hash(F.col("cec_key")), F.lit(g.partitions)) for g in recovery.generations])
     columns = [
         F.col("cec_partition").cast("long").alias("cec_j"),
         F.col("cec_offset").alias("cec_o"),
@@ -426,10 +423,13 @@ def _start_query(
     # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
     groups = partition_groups(recovery.current.partitions)
     group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
-        F.pmod(F.hash(F.col("cec_key")), F.lit(recovery.current.partitions))
+        output_partition(F.col("cec_key"), recovery.current.partitions)
     ]
     rows = source.select(*columns)
     if len(recovery.generations) > 1:
+        # q_g(k) in every generation g: the processor needs them all for C_k across generations; with one
+        # generation C_k is the key's own state partition's crash point and no per-row column is needed.
+        qs = F.array(*[output_partition(F.col("cec_key"), g.partitions) for g in recovery.generations])
         rows = rows.withColumn(QS_COLUMN, qs)
     rows = rows.withColumn(GROUP_COLUMN, group_of)
     processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)

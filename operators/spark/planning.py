@@ -400,7 +400,7 @@ def plan_recovery(
     from pyspark import StorageLevel
     from pyspark.sql import functions as F
 
-    from operators.spark.processor import INIT_SCHEMA
+    from operators.spark.processor import INIT_SCHEMA, output_partition
 
     started = time.perf_counter()
     current = generations[-1]
@@ -462,8 +462,8 @@ def plan_recovery(
             initial = _merged(windows).persist(StorageLevel.MEMORY_AND_DISK)
             plan._cached.append(initial)
             mins = [F.min(F.when(F.col("open"), F.col("pos_w")[j])) for j in range(input_partitions)]
-            # q = pmod(hash(key), P): the attached query's own partitioning of keys (its grouping value).
-            target = F.pmod(F.hash(F.col("cec_key")), F.lit(current.partitions)).alias("q")
+            # The attached query's own partitioning of keys (its grouping value).
+            target = output_partition(F.col("cec_key"), current.partitions).alias("q")
             for figures in (
                 initial.groupBy(target)
                 .agg(F.sum(F.col("open").cast("long")), F.sum((~F.col("open")).cast("long")), *mins)

@@ -94,6 +94,7 @@ __all__ = [
     "AggregateSpec",
     "CecAggregateProcessor",
     "GCheckSpec",
+    "output_partition",
     "partition_groups",
     "spark_hash_long",
 ]
@@ -207,6 +208,14 @@ def spark_hash_long(value: int, seed: int = 42) -> int:
     h = (h * 0xC2B2AE35) & _MASK32
     h ^= h >> 16
     return h - (1 << 32) if h & 0x80000000 else h
+
+
+def output_partition(key: Any, partitions: int) -> Any:
+    """The Spark column of a key's output partition among `partitions`: pmod(hash(key), P), Spark's own
+    shuffle hash, so that it is also the key's state partition when the shuffle partitions equal P."""
+    from pyspark.sql import functions as F
+
+    return F.pmod(F.hash(key), F.lit(partitions))
 
 
 def partition_groups(partitions: int) -> list[int]:

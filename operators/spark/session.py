@@ -40,8 +40,9 @@ def local_session(
 
     # Read when the SparkContext starts (the Python every Spark Python process runs; a PYSPARK_PYTHON the
     # user set wins); the conf key below covers a session whose JVM was started before it was set.
-    local = _LOCAL.fullmatch(master.strip()) is not None or master.strip() == "local"
-    python = os.environ.setdefault("PYSPARK_PYTHON", spark_python() if local else sys.executable)
+    python = os.environ.get("PYSPARK_PYTHON")
+    if python is None:  # the launcher (and its one check) only when it will be used
+        python = os.environ["PYSPARK_PYTHON"] = spark_python() if _is_local(master) else sys.executable
     builder = (
         SparkSession.builder.master(master)
         .appName(app_name)
@@ -57,6 +58,12 @@ def local_session(
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def _is_local(master: str) -> bool:
+    """Does this master run every task on this host (`local`, `local[N]`, `local[N,F]`)?"""
+    master = master.strip()
+    return master == "local" or _LOCAL.fullmatch(master) is not None
 
 
 def _slots(master: str) -> str | None:
@@ -85,8 +92,7 @@ def task_max_failures(spark: SparkSession) -> int:
 
 def is_local_master(spark: SparkSession) -> bool:
     """Does every task of this session run on this host (`local`, `local[N]`, `local[N,F]`)?"""
-    master = (spark.sparkContext.master or "").strip()
-    return master == "local" or _LOCAL.fullmatch(master) is not None
+    return _is_local(spark.sparkContext.master or "")
 
 
 def check_session(spark: SparkSession, *, embedded_store: bool, what: str) -> None:
