@@ -400,6 +400,24 @@ def test_exact_after_driver_sigkill_mid_sink_write(
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead  # none lost, none repeated
 
 
+def test_exact_after_a_driver_sigkill_during_recovery(
+    spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path
+) -> None:
+    """Killed mid-write, then killed again mid-write in the restart's first micro-batch (the restart
+    replays from the oldest footprint, below the crash point), then restarted once more: every footprint
+    and position the state partitions computed across both kills still gives exactly the results."""
+    output = f"avg-kill-rec-{uuid.uuid4().hex[:8]}"
+    args = _args(purchases, tmp_path, output, partitions=2)
+    _killed_driver(args, tmp_path / "first", hit=3)
+    first = sum(_kinds(purchases, tmp_path, output)[0].values())
+    _killed_driver(args, tmp_path / "recovering", hit=1)
+    assert sum(_kinds(purchases, tmp_path, output)[0].values()) > first  # it died writing, not before
+    query = _run(spark, args)
+    assert query.recovery.resumed and query.recovery.ec_windows > 0
+    assert _results(spark, purchases, output) == reference.results
+    assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead
+
+
 def test_a_write_task_killed_mid_write_is_retried_and_writes_nothing_twice(
     spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path
 ) -> None:
