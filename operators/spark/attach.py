@@ -60,6 +60,7 @@ from operators.formats import FORMATS, load_avro_schema
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from operators.spark.generations import Generation, generation_topic, list_generations
+from operators.spark.packing import RowPacker, packed_schema
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
@@ -432,6 +433,8 @@ def _start_query(
         qs = F.array(*[output_partition(F.col("cec_key"), g.partitions) for g in recovery.generations])
         rows = rows.withColumn(QS_COLUMN, qs)
     rows = rows.withColumn(GROUP_COLUMN, group_of)
+    # A few rows of arrays per state partition instead of one row per tuple (operators.spark.packing).
+    rows = rows.mapInArrow(RowPacker(rows.schema, GROUP_COLUMN), packed_schema(rows.schema, GROUP_COLUMN))
     processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
     initial = _initial_state(spark, recovery)
     if initial is not None:

@@ -77,6 +77,7 @@ from cec.registry import OpenWindow, WindowRegistry
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
 from operators.base import DEAD_LETTER_SCHEMA, InputTuple
 from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMark, choose_gchecks
+from operators.spark.packing import unpack
 from operators.spark.stamping import positions
 from recovery.contract import PositionStamper, TupleFate, tuple_fate
 
@@ -572,26 +573,30 @@ class CecAggregateProcessor(StatefulProcessor):
         frames = list(rows)
         if not frames:
             return
-        batch = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        # Spark does not order a group's rows; the operator's per-key order is the input order.
-        batch = batch.sort_values(["cec_j", "cec_o"], kind="stable")
         spec = self.spec
+        names = ["cec_key", "cec_v", *(["cec_time"] if spec.time else [])]
+        if spec.json_values:
+            names.append("cec_error")
+        if QS_COLUMN in frames[0].columns:
+            names.append(QS_COLUMN)
+        # In input order (packing.unpack): the operator's per-key order is the input order.
+        columns = unpack(frames, names)
         part = self._partition(key[0])
         ctx = _PartitionContext(self.operator, part, self.generation)
-        n = len(batch)
+        n = len(columns["cec_j"])
         if spec.json_values:
-            values = [_from_json(v) for v in batch["cec_v"].tolist()]
-            times = [_from_json(t) for t in batch["cec_time"].tolist()] if spec.time else [None] * n
-            errors = batch["cec_error"].tolist()
+            values = [_from_json(v) for v in columns["cec_v"]]
+            times = [_from_json(t) for t in columns["cec_time"]] if spec.time else [None] * n
+            errors = columns["cec_error"]
         else:
-            values = [_plain(v) for v in batch["cec_v"].tolist()]
-            times = [_plain(t) for t in batch["cec_time"].tolist()] if spec.time else [None] * n
+            values = [_plain(v) for v in columns["cec_v"]]
+            times = [_plain(t) for t in columns["cec_time"]] if spec.time else [None] * n
             errors = [None] * n
         seen = self.seen
         q = part.q
         # With one generation a key's crash point is its partition's (C_k = t_c[q]): the query sends no
         # per-row output partitions then (`QS_COLUMN`), only across generations.
-        qs_column = batch[QS_COLUMN].tolist() if QS_COLUMN in batch.columns else None
+        qs_column = columns.get(QS_COLUMN)
         own_crash = list(self.crash_points[self.generation][q])
         out_base = part.control.out
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
@@ -599,9 +604,9 @@ class CecAggregateProcessor(StatefulProcessor):
         out: list[tuple[Any, ...]] = []
         for idx, (j, o, k, v, t, err) in enumerate(
             zip(
-                batch["cec_j"].tolist(),
-                batch["cec_o"].tolist(),
-                batch["cec_key"].tolist(),
+                columns["cec_j"],
+                columns["cec_o"],
+                columns["cec_key"],
                 values,
                 times,
                 errors,

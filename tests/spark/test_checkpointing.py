@@ -20,7 +20,6 @@ import json
 import logging
 from typing import Any
 
-import pandas as pd
 import pytest
 
 from cec.config import Checkpointing
@@ -43,6 +42,7 @@ from operators.spark.processor import (
     _PartitionState,
     partition_groups,
 )
+from tests.spark.packed import packed_frames
 
 
 class FakeClock:
@@ -280,14 +280,6 @@ class _Timers:
         return 0
 
 
-def _frame(tuples: list[tuple[int, int, str, float]]) -> pd.DataFrame:
-    j, o, k, v = zip(*tuples, strict=True)
-    n = len(tuples)
-    return pd.DataFrame(
-        {"cec_j": j, "cec_o": o, "cec_key": k, "cec_v": v, "cec_qs": [[0]] * n, "cec_group": 0}
-    )
-
-
 def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> None:
     spec = AggregateSpec("item", "price", "avg", 100, None, None)  # windows of 100: all stay open
     gcheck = GCheckSpec.from_checkpointing(Checkpointing(q_target=10, ci_ms=100, cp_ms=100))
@@ -299,7 +291,7 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     processor.init(handle)  # type: ignore[arg-type]
     # Keys k0..k9 open one window each in offset order: 10 G-opens.
     batch = [(0, o, f"k{o}", 1.0) for o in range(10)]
-    out = list(processor.handleInputRows((groups[0],), iter([_frame(batch)]), _Timers()))  # type: ignore[arg-type]
+    out = list(processor.handleInputRows((groups[0],), iter(packed_frames(batch)), _Timers()))  # type: ignore[arg-type]
     assert (out[0]["cec_kind"] == Kind.GOPEN.value).sum() == 10
     assert handle.timers, "a live open window arms the partition's timer"
     fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]
@@ -369,7 +361,7 @@ def test_the_first_timers_allowance_covers_the_run_since_the_partitions_first_ta
     handle = _Handle()
     processor.init(handle)  # type: ignore[arg-type]
     batch = [(0, o, f"k{o}", 1.0) for o in range(200)]
-    list(processor.handleInputRows((groups[0],), iter([_frame(batch)]), _Timers()))  # type: ignore[arg-type]
+    list(processor.handleInputRows((groups[0],), iter(packed_frames(batch)), _Timers()))  # type: ignore[arg-type]
     wall.now += since_first_task
     processor.init(handle)  # type: ignore[arg-type]  # the next micro-batch's task
     fired = list(processor.handleExpiredTimer((groups[0],), _Timers(), None))  # type: ignore[arg-type]

@@ -25,6 +25,7 @@ from operators.spark.processor import (
     partition_groups,
     spark_hash_long,
 )
+from tests.spark.packed import packed_frames
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -63,14 +64,6 @@ class _Timers:
         return 0
 
 
-def _rows(tuples: list[tuple[int, int, str, float]]) -> pd.DataFrame:
-    """Input rows as the attached query hands them over (one generation, one output partition)."""
-    j, o, k, v = zip(*tuples, strict=True)
-    return pd.DataFrame(
-        {"cec_j": j, "cec_o": o, "cec_key": k, "cec_v": v, "cec_qs": [[0]] * len(tuples), "cec_group": 0}
-    )
-
-
 def _reference(tuples: list[tuple[int, int, str, float]]) -> dict[tuple[str, int], float]:
     per_key: dict[str, list[float]] = defaultdict(list)
     for _, _, key, value in sorted(tuples):
@@ -98,8 +91,8 @@ def test_one_state_read_and_write_per_partition_and_batch_and_windows_continue()
     out: list[pd.DataFrame] = []
     for batch in (first, second):
         state.calls.clear()
-        frame = _rows(batch[::-1])
-        out.extend(processor.handleInputRows((groups[0],), iter([frame]), _Timers()))  # type: ignore[arg-type]
+        frames = packed_frames(batch[::-1])
+        out.extend(processor.handleInputRows((groups[0],), iter(frames), _Timers()))  # type: ignore[arg-type]
         assert state.calls == ["get", "update"], state.calls
     records = pd.concat(out, ignore_index=True)
     assert list(records.columns) == EMIT_COLUMNS
@@ -148,8 +141,8 @@ def test_one_generation_needs_no_per_row_partitions() -> None:
     for with_qs in (True, False):
         processor = CecAggregateProcessor(spec, [[(4, 6)]], 0, None, groups)  # crashed at o=4 / o=6
         processor.init(_RecordingHandle())  # type: ignore[arg-type]
-        frame = _rows(tuples) if with_qs else _rows(tuples).drop(columns=["cec_qs"])
-        out = pd.concat(list(processor.handleInputRows((groups[0],), iter([frame]), _Timers())))  # type: ignore[arg-type]
+        frames = packed_frames(tuples, with_qs=with_qs)
+        out = pd.concat(list(processor.handleInputRows((groups[0],), iter(frames), _Timers())))  # type: ignore[arg-type]
         outputs.append(out[out["cec_kind"] != "CTRL"].reset_index(drop=True))
     with_qs_rows, without_rows = outputs
     pd.testing.assert_frame_equal(with_qs_rows, without_rows)
