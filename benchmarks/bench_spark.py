@@ -424,9 +424,14 @@ def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> 
 
 def _progress_rows(query: StreamingQuery) -> list[dict[str, Any]]:
     rows = []
+    # The progress as the query hands it out: CEC attached's handle counts input tuples (its source packs
+    # them into a few rows per state partition, which is what Spark's own JSON counts).
     for p in query.recentProgress:
-        raw = p.json() if callable(p.json) else p.json
-        d = json.loads(raw) if isinstance(raw, str) else dict(p)
+        if isinstance(p, dict):
+            d = dict(p)
+        else:
+            raw = p.json() if callable(p.json) else p.json
+            d = json.loads(raw)
         state = (d.get("stateOperators") or [{}])[0]
         rows.append(
             {
@@ -495,7 +500,12 @@ def native_child(args_path: Path) -> int:
         if sink_profile is not None and attached is not None:
             extra["driver_sink"] = sink_profile.report()
         out["queries"].append(
-            {"name": spec["name"], "wall_seconds": wall, "progress": _progress_rows(query), **extra}
+            {
+                "name": spec["name"],
+                "wall_seconds": wall,
+                "progress": _progress_rows(attached if attached is not None else query),
+                **extra,
+            }
         )
         tmp = result_path.with_name(result_path.name + ".tmp")
         tmp.write_text(json.dumps(out))
@@ -1209,7 +1219,7 @@ def run_attached(spark: SparkSession, w: Workload, name: str = "attached") -> di
         "wall_seconds": seconds,
         "tuples_per_s": w.tuples / seconds,
         "batches": query.batches,
-        "progress": _progress_rows(query.query),
+        "progress": _progress_rows(query),
         **result_digest(store, topic),  # generation 0 is the topic itself (one start, one partition count)
     }
 

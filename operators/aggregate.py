@@ -26,7 +26,7 @@ from cec.records import AvroCodec
 from cec.timeparse import NonFiniteTimeError, parse_duration_ms, parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
-__all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "parse_duration_ms"]
+__all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "canonical_key", "parse_duration_ms"]
 
 AGGREGATES = ("avg", "sum", "count", "min", "max")
 
@@ -147,6 +147,23 @@ def _time_ms(value: Any, what: str, margin: int) -> int:
     return t
 
 
+def canonical_key(raw: Any, field: str) -> str | None:
+    """A key field's value as the window id's key: its text, stripped; None for a null or blank one. Every
+    host that groups tuples by key (the Spark sources that pack rows per partition included) uses this."""
+    if raw is None:
+        return None
+    key = str(raw).strip()
+    if not key.isascii():
+        try:
+            key.encode("utf-8")
+        except UnicodeEncodeError:
+            # Bytes that were not UTF-8 (kept exactly by the source as lone surrogates): such a key cannot
+            # be written, and replacing its bytes would merge it with other keys.
+            data = key.encode("utf-8", "surrogateescape")
+            raise BadTupleError(f"key {field!r} is not valid UTF-8: {data!r:.80}") from None
+    return key or None
+
+
 class KeyedAggregate(Operator):
     name = "aggregate"
     result_schema = RESULT_SCHEMA
@@ -196,19 +213,7 @@ class KeyedAggregate(Operator):
         return f"{self.agg}({self.value_field}) by {self.key_field}, tumbling {window}"
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
-        key = value.get(self.key_field)
-        if key is None:
-            return None
-        key = str(key).strip()
-        if not key.isascii():
-            try:
-                key.encode("utf-8")
-            except UnicodeEncodeError:
-                # Bytes that were not UTF-8 (kept exactly by the source as lone surrogates): such a key
-                # cannot be written, and replacing its bytes would merge it with other keys.
-                raw = key.encode("utf-8", "surrogateescape")
-                raise BadTupleError(f"key {self.key_field!r} is not valid UTF-8: {raw!r:.80}") from None
-        return key or None
+        return canonical_key(value.get(self.key_field), self.key_field)
 
     def event_time(self, value: Mapping[str, Any]) -> int | None:
         if self.time_field is None:

@@ -60,12 +60,11 @@ from operators.formats import FORMATS, load_avro_schema
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from operators.spark.generations import Generation, generation_topic, list_generations
-from operators.spark.packing import RowPacker, packed_schema
+from operators.spark.packing import PACK_OPTION, PackSpec
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
     GROUP_COLUMN,
-    QS_COLUMN,
     AggregateSpec,
     CecAggregateProcessor,
     output_partition,
@@ -106,7 +105,6 @@ log = logging.getLogger(__name__)
 RESULT_COLUMNS = [f["name"] for f in RESULT_SCHEMA["fields"]]
 WRITERS = ("executors", "driver")  # cec_aggregate(writers=...): who writes the output logs
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
-_STRIP_PATTERN = r"(?U)^[\s\x1c-\x1f]+|[\s\x1c-\x1f]+$"
 
 
 def _schema_option(schema: str | Mapping[str, Any]) -> str:
@@ -403,38 +401,21 @@ def _start_query(
         reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
     for name, setting in client.items():
         reader = reader.option(f"kafka.{name}", setting)
-    source = reader.load()
-    # The key as KeyedAggregate.key_of makes it (str(value).strip()), so that the group key, the window id
-    # in the log and the initial state's key are one string: Java's Unicode \s plus the separators
-    # \x1c-\x1f is the set of characters Python's strip() removes.
-    raw_key = F.col(spec.key) if fmt == FORMAT else F.col("cec_key")
-    key_col = F.regexp_replace(raw_key.cast("string"), _STRIP_PATTERN, "")
-    columns = [
-        F.col("cec_partition").cast("long").alias("cec_j"),
-        F.col("cec_offset").alias("cec_o"),
-        key_col.alias("cec_key"),
-    ]
-    if fmt == FORMAT:
-        columns.append(F.col(spec.value).alias("cec_v"))
-        if spec.time:
-            columns.append(F.col(spec.time).alias("cec_time"))
-    else:
-        columns += [F.col("cec_v"), F.col("cec_time"), F.col("cec_error")]
+    # The source packs the tuples: per chunk it reads, one row of arrays per state partition, each tuple
+    # with its key as the aggregate makes it (canonical_key), so that the group key, the window id in the
+    # log and the initial state's key are one string (operators.spark.packing). Across generations each
+    # tuple also carries q_g(k) in every generation g (for C_k); with one, C_k is its partition's.
+    pack = PackSpec(
+        tuple(g.partitions for g in recovery.generations),
+        *((spec.key, spec.value, spec.time) if fmt == FORMAT else ()),
+    )
+    rows = reader.option(PACK_OPTION, pack.to_option()).load()
     # One group per output partition q of the current generation (the processor keeps a partition's keys
     # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
     groups = partition_groups(recovery.current.partitions)
     group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
         output_partition(F.col("cec_key"), recovery.current.partitions)
     ]
-    rows = source.select(*columns)
-    if len(recovery.generations) > 1:
-        # q_g(k) in every generation g: the processor needs them all for C_k across generations; with one
-        # generation C_k is the key's own state partition's crash point and no per-row column is needed.
-        qs = F.array(*[output_partition(F.col("cec_key"), g.partitions) for g in recovery.generations])
-        rows = rows.withColumn(QS_COLUMN, qs)
-    rows = rows.withColumn(GROUP_COLUMN, group_of)
-    # A few rows of arrays per state partition instead of one row per tuple (operators.spark.packing).
-    rows = rows.mapInArrow(RowPacker(rows.schema, GROUP_COLUMN), packed_schema(rows.schema, GROUP_COLUMN))
     processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
     initial = _initial_state(spark, recovery)
     if initial is not None:

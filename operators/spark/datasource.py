@@ -84,6 +84,7 @@ from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
 from cec.timeparse import parse_time_ms
 from cec.verified import LogVerifier
 from operators.job import SCHEMAS
+from operators.spark.packing import PACK_OPTION, Packer, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
 from queuestore import faults
 from queuestore.exceptions import QueueStoreError
@@ -168,6 +169,22 @@ def _avro_field_type(avro: Any) -> tuple[DataType, bool]:
     raise ConfigError(f"Avro type {avro!r} has no column mapping here (primitives and [null, T] only)")
 
 
+def read_schema(opts: _Options) -> StructType:
+    """The schema of what the source reads: packed rows for the attached query, else `spark_schema`."""
+    if opts.pack is None:
+        return spark_schema(opts.payload, include_control=opts.include_control)
+    spec = opts.pack
+    if opts.payload is None or opts.include_control:
+        raise ConfigError(f"option {PACK_OPTION} needs a payload schema and no control rows")
+    types = {f["name"]: _avro_field_type(f["type"])[0] for f in opts.payload["fields"]}
+    wanted = {"key": spec.key, "value": spec.value, **({"time": spec.time} if spec.time else {})}
+    for role, name in wanted.items():
+        if name not in types:
+            raise ConfigError(f"the {role} field {name!r} is not in the payload schema ({', '.join(types)})")
+    time_type = types[spec.time] if spec.time else None
+    return packed_schema(types[str(spec.value)], time_type, errors=False, generations=len(spec.partitions))
+
+
 def spark_schema(payload: dict[str, Any] | None, *, include_control: bool) -> StructType:
     """The rows' schema: `cec_` metadata, then the payload fields (nullable: control rows have none)."""
     fields = list(META_COLUMNS)
@@ -202,6 +219,7 @@ class _Options:
     partitions: int | None  # sink: create the topic with this many partitions if it is missing
     extra: dict[str, str] = field(default_factory=dict)
     transactional_id_prefix: str = ""  # sink: prefix of its tasks' transactional.ids
+    pack: PackSpec | None = None  # the attached query's packed rows (`operators.spark.packing`)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -234,6 +252,7 @@ class _Options:
             time_field=opts.get("timefield"),
             partitions=int(partitions) if partitions else None,
             transactional_id_prefix=opts.get("transactionalidprefix", ""),
+            pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
         )
 
     def store(self) -> KafkaQueueStore:
@@ -287,7 +306,9 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
     one call, columns handed to Spark as they are (no per-row conversion in Spark's worker)."""
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    arrow_schema = to_arrow_schema(spark_schema(opts.payload, include_control=opts.include_control))
+    schema = read_schema(opts)
+    arrow_schema = to_arrow_schema(schema)
+    packer = kept_packer(opts.pack, schema) if opts.pack is not None else None
     codec = RecordCodec()
     payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
     decode = _ALL_CODES if opts.include_control else _RESULT_CODES
@@ -309,8 +330,30 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
             offset = rows[-1][0] + 1
             # A control tuple is skipped by its kind once its checksum passed (no record decoded).
             checked = [(o, r) for o, _kind, r in verifier.check_rows(rows) if r is not None]
-            if checked:
+            if checked and packer is not None:
+                assert payload_codec is not None  # read_schema: packing needs a payload schema
+                yield _packed_batch(piece.partition, checked, payload_codec, packer)
+            elif checked:
                 yield _arrow_batch(piece.partition, checked, payload_codec, opts, arrow_schema)
+
+
+def _packed_batch(
+    partition: int, checked: list[tuple[int, OutputRecord]], payload_codec: AvroCodec, packer: Packer
+) -> pa.RecordBatch:
+    """The results among one chunk's checked records, packed (`operators.spark.packing`)."""
+    spec = packer.spec
+    names = payload_codec.names
+    results = [(o, r) for o, r in checked if r.kind is Kind.R]
+    decoded = payload_codec.decode_tuples([r.payload or b"" for _, r in results])
+    ki, vi = names.index(str(spec.key)), names.index(str(spec.value))
+    ti = names.index(spec.time) if spec.time else None
+    return packer.pack(
+        partition,
+        [o for o, _ in results],
+        [d[ki] for d in decoded],
+        [d[vi] for d in decoded],
+        [d[ti] for d in decoded] if ti is not None else None,
+    )
 
 
 def _arrow_batch(
@@ -698,8 +741,7 @@ class CecKafkaDataSource(DataSource):
         return _Options.parse(self.options)
 
     def schema(self) -> StructType:
-        opts = self._opts()
-        return spark_schema(opts.payload, include_control=opts.include_control)
+        return read_schema(self._opts())
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _BatchReader(self._opts())

@@ -1,87 +1,198 @@
-"""The attached query's input rows, packed into a few rows of arrays on their way to the processor.
+"""The attached query's input, packed by its source into a few rows of arrays per state partition.
 
 Why: transformWithStateInPandas hands a group's rows to Python one row at a time (PySpark turns each Arrow
-batch into pandas, walks it with `itertuples` and builds a new DataFrame from the tuples), and Spark's
-shuffle has a cost per row. The attached query has one group per state partition (`partition_groups`),
-so its input can travel as a few rows of arrays instead: `RowPacker`, a `mapInArrow` step right after the
-source, turns each Arrow batch into one row per grouping value whose other columns are arrays (vectorised:
-no Python code runs per input row), and the processor flattens them back (`unpack`), in input order.
-Measured in benchmarks/RESULTS.md ("Packed input rows").
+batch into pandas, walks it with `itertuples` and builds a new DataFrame from the tuples), and Spark costs
+per row between the source and the processor (Arrow to rows, the key projection, the shuffle). The
+attached query has one group per state partition (`partitioning.partition_groups`), so its input travels
+as a few rows of arrays instead: the data source ("cec-kafka" or "cec-topic", given the `cec.pack`
+option) computes each tuple's key in the aggregate's canonical form (`operators.aggregate.canonical_key`)
+and its state partition (`partitioning.KeyGrouper`, Spark's own hash computed in Python), and emits per
+chunk it reads one row per state partition whose other columns are arrays (`Packer`); the processor
+flattens them back in input order (`unpack`). Only the columns the aggregate needs are built.
+Measured in benchmarks/RESULTS.md ("Packed input").
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pyspark.sql.types import ArrayType, LongType, StructField, StructType
+from pyspark.sql.types import ArrayType, DataType, LongType, StringType, StructField, StructType
+
+from cec.exceptions import BadTupleError, ConfigError
+from operators.aggregate import canonical_key
+from operators.spark.partitioning import KeyGrouper
 
 if TYPE_CHECKING:
     import pandas as pd
     import pyarrow as pa
 
-__all__ = ["RowPacker", "packed_schema", "unpack"]
+__all__ = ["PACK_OPTION", "PackSpec", "Packer", "kept_packer", "packed_schema", "unpack"]
+
+# The data source option that asks for packed rows (JSON of `PackSpec`).
+PACK_OPTION = "cec.pack"
+GROUP_COLUMN = "cec_group"
+QS_COLUMN = "cec_qs"
 
 
-def packed_schema(schema: StructType, group: str) -> StructType:
-    """`schema` packed: `group` (a long) first, every other column as an array of its values."""
-    fields = [StructField(group, LongType(), False)]
-    fields += [
-        StructField(f.name, ArrayType(f.dataType, f.nullable), False)
-        for f in schema.fields
-        if f.name != group
+@dataclass(frozen=True)
+class PackSpec:
+    """What the attached query asks its source to pack: the output partitions of every generation (the
+    current one last) and, for a CEC-format input, which payload fields are the key, value and time."""
+
+    partitions: tuple[int, ...]
+    key: str | None = None
+    value: str | None = None
+    time: str | None = None
+
+    def to_option(self) -> str:
+        return json.dumps(
+            {"partitions": list(self.partitions), "key": self.key, "value": self.value, "time": self.time}
+        )
+
+    @classmethod
+    def from_option(cls, text: str) -> PackSpec:
+        try:
+            raw = json.loads(text)
+            partitions = tuple(int(p) for p in raw["partitions"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ConfigError(f"option {PACK_OPTION} must be the JSON of a PackSpec, got {text!r}") from exc
+        if not partitions or min(partitions) < 1:
+            raise ConfigError(f"option {PACK_OPTION}: partitions must be >= 1, got {list(partitions)}")
+        return cls(partitions, raw.get("key"), raw.get("value"), raw.get("time"))
+
+
+def packed_schema(
+    value_type: DataType, time_type: DataType | None, *, errors: bool, generations: int
+) -> StructType:
+    """The packed rows' schema: the grouping value, then per tuple its input position (cec_j, cec_o), key,
+    value, time (if the aggregate has one), dead-letter reason (formats that decode in the source) and,
+    across generations, its output partition in each (cec_qs)."""
+    fields = [
+        StructField(GROUP_COLUMN, LongType(), False),
+        StructField("cec_j", ArrayType(LongType(), False), False),
+        StructField("cec_o", ArrayType(LongType(), False), False),
+        StructField("cec_key", ArrayType(StringType(), True), False),
+        StructField("cec_v", ArrayType(value_type, True), False),
     ]
+    if time_type is not None:
+        fields.append(StructField("cec_time", ArrayType(time_type, True), False))
+    if errors:
+        fields.append(StructField("cec_error", ArrayType(StringType(), True), False))
+    if generations > 1:
+        fields.append(StructField(QS_COLUMN, ArrayType(ArrayType(LongType(), False), False), False))
     return StructType(fields)
 
 
-class RowPacker:
-    """The `mapInArrow` function that packs rows (module doc); picklable, shipped to the executors."""
+class Packer:
+    """Packs the tuples a source read from one chunk of one input partition (module doc). Lives in one
+    executor process; remembers the keys it has seen (raw value -> canonical key, group, partitions)."""
 
-    def __init__(self, schema: StructType, group: str) -> None:
-        self.group = group
-        self.names = [f.name for f in schema.fields if f.name != group]
-        self.packed_json = packed_schema(schema, group).json()
-
-    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __init__(self, spec: PackSpec, schema: StructType) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
 
-        out_schema = to_arrow_schema(StructType.fromJson(_loads(self.packed_json)))
-        for batch in batches:
-            if batch.num_rows:
-                yield self.pack(batch, out_schema)
+        self.spec = spec
+        self.schema = schema
+        self.arrow_schema = to_arrow_schema(schema)
+        names = schema.fieldNames()
+        self.has_time = "cec_time" in names
+        self.has_errors = "cec_error" in names
+        self.has_qs = QS_COLUMN in names
+        self.field = spec.key or "key"
+        self.grouper = KeyGrouper(spec.partitions)
+        self._known: dict[Any, tuple[str | None, int, list[int], str | None]] = {}
 
-    def pack(self, batch: pa.RecordBatch, out_schema: pa.Schema) -> pa.RecordBatch:
-        """One row per grouping value of `batch`, its rows' values as arrays in their order in `batch`."""
+    def _key(self, raw: Any) -> tuple[str | None, int, list[int], str | None]:
+        """(canonical key, group, output partitions, dead-letter reason) of a raw key value."""
+        known = self._known.get((type(raw), raw))  # True == 1, but their keys differ
+        if known is None:
+            try:
+                key, error = canonical_key(raw, self.field), None
+            except BadTupleError as exc:
+                if not self.has_errors:
+                    raise
+                key, error = None, exc.reason
+            group, qs = self.grouper(key)
+            known = (key, group, qs, error)
+            if len(self._known) >= self.grouper.remember:
+                self._known.clear()
+            self._known[(type(raw), raw)] = known
+        return known
+
+    def pack(
+        self,
+        partition: int,
+        offsets: Sequence[int],
+        raw_keys: Sequence[Any],
+        values: Sequence[Any],
+        times: Sequence[Any] | None = None,
+        errors: Sequence[str | None] | None = None,
+    ) -> pa.RecordBatch:
+        """One row per state partition met among these tuples (in input order within each)."""
         import pyarrow as pa
-        import pyarrow.compute as pc
 
-        groups = batch.column(self.group)
-        order = pc.sort_indices(groups)  # stable: a group's rows keep their order
-        ordered = batch.take(order)
-        runs = pc.value_counts(ordered.column(self.group))  # in order of first appearance: sorted here
-        counts = runs.field("counts").to_pylist()
-        offsets = [0]
-        for count in counts:
-            offsets.append(offsets[-1] + count)
-        bounds = pa.array(offsets, type=pa.int32())
-        columns: list[pa.Array] = [runs.field("values").cast(pa.int64())]
-        for name, field in zip(self.names, list(out_schema)[1:], strict=True):
-            values = ordered.column(name).cast(field.type.value_type)
-            columns.append(pa.ListArray.from_arrays(bounds, values, type=field.type))
-        return pa.RecordBatch.from_arrays(columns, schema=out_schema)
+        known = self._known
+        members: dict[int, list[int]] = {}
+        keys: list[str | None] = []
+        qs_column: list[list[int]] = []
+        reasons: list[str | None] = list(errors) if errors is not None else [None] * len(offsets)
+        for i, raw in enumerate(raw_keys):
+            entry = known.get((type(raw), raw))
+            if entry is None:
+                entry = self._key(raw)
+            key, group, qs, error = entry
+            if error is not None and reasons[i] is None:
+                reasons[i] = error
+            keys.append(key)
+            qs_column.append(qs)
+            rows = members.get(group)
+            if rows is None:
+                members[group] = [i]
+            else:
+                rows.append(i)
+        groups = sorted(members)
+        order: list[int] = []
+        bounds = [0]
+        for group in groups:
+            order.extend(members[group])
+            bounds.append(len(order))
+        take = pa.array(order, type=pa.int64())
+        flat: list[Sequence[Any]] = [[partition] * len(offsets), offsets, keys, values]
+        if self.has_time:
+            flat.append(times if times is not None else [None] * len(offsets))
+        if self.has_errors:
+            flat.append(reasons)
+        if self.has_qs:
+            flat.append(qs_column)
+        offsets_array = pa.array(bounds, type=pa.int32())
+        columns: list[pa.Array] = [pa.array(groups, type=pa.int64())]
+        for values_of, field in zip(flat, list(self.arrow_schema)[1:], strict=True):
+            column = pa.array(values_of, type=field.type.value_type).take(take)
+            columns.append(pa.ListArray.from_arrays(offsets_array, column, type=field.type))
+        return pa.RecordBatch.from_arrays(columns, schema=self.arrow_schema)
 
 
-def _loads(text: str) -> dict[str, Any]:
-    import json
+# Packers kept in this (reused) Python worker: each remembers the keys it has hashed.
+_PACKERS: dict[tuple[str, str], Packer] = {}
 
-    loaded: dict[str, Any] = json.loads(text)
-    return loaded
+
+def kept_packer(spec: PackSpec, schema: StructType) -> Packer:
+    """This worker's packer for `spec` and `schema` (a new one the first time)."""
+    key = (spec.to_option(), schema.json())
+    packer = _PACKERS.get(key)
+    if packer is None:
+        if len(_PACKERS) >= 8:
+            _PACKERS.clear()
+        packer = _PACKERS[key] = Packer(spec, schema)
+    return packer
 
 
 def unpack(frames: Sequence[pd.DataFrame], columns: Sequence[str]) -> dict[str, list[Any]]:
-    """The rows of packed `frames` (pandas, as transformWithStateInPandas hands them over), per column as a
-    list of plain Python values, ordered by input position (cec_j, cec_o): Spark orders neither a group's
-    packed rows nor the batches they came from."""
+    """The tuples of packed `frames` (pandas, as transformWithStateInPandas hands them over), per column as
+    a list of plain Python values, ordered by input position (cec_j, cec_o): Spark orders neither a
+    group's packed rows nor the chunks they came from."""
     import numpy as np
 
     flat: dict[str, Any] = {}
@@ -98,7 +209,7 @@ def _array(cell: Any) -> Any:
     """One packed cell as a 1-d numpy array (an array of arrays stays an object array of them)."""
     import numpy as np
 
-    if isinstance(cell, np.ndarray):
+    if isinstance(cell, np.ndarray) and cell.ndim == 1:
         return cell
     out = np.empty(len(cell), dtype=object)
     for i, value in enumerate(cell):

@@ -77,7 +77,11 @@ from cec.registry import OpenWindow, WindowRegistry
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
 from operators.base import DEAD_LETTER_SCHEMA, InputTuple
 from operators.spark.checkpointing import GCheckSpec, PartitionControl, WindowMark, choose_gchecks
-from operators.spark.packing import unpack
+
+# The grouping column (one value per output partition of the current generation: `partition_groups`) and
+# per tuple its output partition in every generation (for C_k; only across generations): see packing.
+from operators.spark.packing import GROUP_COLUMN, QS_COLUMN, unpack
+from operators.spark.partitioning import output_partition, partition_groups, spark_hash_long
 from operators.spark.stamping import positions
 from recovery.contract import PositionStamper, TupleFate, tuple_fate
 
@@ -103,10 +107,6 @@ __all__ = [
 STATE_NAME = "cec_partition"
 # CEC_SPARK_PROFILE=DIR: every handleInputRows call dumps a cProfile of its work to DIR (benchmarks).
 PROFILE_ENV = "CEC_SPARK_PROFILE"
-# The grouping column: one value per output partition of the current generation (`partition_groups`).
-GROUP_COLUMN = "cec_group"
-# Per row, the key's output partition in every generation (for C_k); only present across generations.
-QS_COLUMN = "cec_qs"
 # What the processor keeps per state partition: `_PartitionState`, pickled (see the module doc).
 PARTITION_STATE_SCHEMA = StructType([StructField("blob", BinaryType(), False)])
 
@@ -182,52 +182,6 @@ class AggregateSpec:
 
 
 _Emission = tuple[str, str | None, int, bytes | None, bytes | None, int]  # kind, key, seq, state, payload, dN
-
-_MASK32 = 0xFFFFFFFF
-
-
-def _rotl32(x: int, r: int) -> int:
-    return ((x << r) | (x >> (32 - r))) & _MASK32
-
-
-def _mix_k1(k: int) -> int:
-    return (_rotl32((k * 0xCC9E2D51) & _MASK32, 15) * 0x1B873593) & _MASK32
-
-
-def _mix_h1(h: int, k: int) -> int:
-    return (_rotl32(h ^ k, 13) * 5 + 0xE6546B64) & _MASK32
-
-
-def spark_hash_long(value: int, seed: int = 42) -> int:
-    """Spark's `hash()` of a LongType value (Murmur3_x86_32.hashLong with the seed 42 of `hash` and of
-    HashPartitioning), as a signed 32-bit int."""
-    h = _mix_h1(_mix_h1(seed & _MASK32, _mix_k1(value & _MASK32)), _mix_k1((value >> 32) & _MASK32))
-    h ^= 8
-    h ^= h >> 16
-    h = (h * 0x85EBCA6B) & _MASK32
-    h ^= h >> 13
-    h = (h * 0xC2B2AE35) & _MASK32
-    h ^= h >> 16
-    return h - (1 << 32) if h & 0x80000000 else h
-
-
-def output_partition(key: Any, partitions: int) -> Any:
-    """The Spark column of a key's output partition among `partitions`: pmod(hash(key), P), Spark's own
-    shuffle hash, so that it is also the key's state partition when the shuffle partitions equal P."""
-    from pyspark.sql import functions as F
-
-    return F.pmod(F.hash(key), F.lit(partitions))
-
-
-def partition_groups(partitions: int) -> list[int]:
-    """For each output partition q, the smallest long g >= 0 with pmod(hash(g), P) == q: grouping by g puts
-    partition q's group on Spark's state partition q (shuffle partitions = P), one group per task."""
-    groups: dict[int, int] = {}
-    g = 0
-    while len(groups) < partitions:
-        groups.setdefault(spark_hash_long(g) % partitions, g)
-        g += 1
-    return [groups[q] for q in range(partitions)]
 
 
 class _Key:
@@ -319,14 +273,15 @@ class _PartitionState:
         q, timer, keys, control, stamp = pickle.loads(bytes(row[0]))
         return cls(q, stamp, keys, timer, control)
 
-    def figures(self, phase: int) -> tuple[Any, ...]:
+    def figures(self, phase: int, tuples: int = 0) -> tuple[Any, ...]:
         """The partition's extent figures as a control row (`FIGURES_ENTRY`): its open windows and, per
-        input partition, the lowest pos among their latest footprints. `phase` orders the rows of one
-        micro-batch (0: after its input, 1: after its G-checks)."""
+        input partition, the lowest pos among their latest footprints; `tuples`: the input tuples it was
+        handed in this call (packed rows hide them from Spark's own counts). `phase` orders the rows of
+        one micro-batch (0: after its input, 1: after its G-checks)."""
         clocks = [saved[6] for saved in self.keys.values() if saved[1] >= 0 and saved[6] is not None]
         lowest = [min(column) for column in zip(*clocks, strict=True)] if clocks else None
         report = {"partition": self.q, "entry": FIGURES_ENTRY, "phase": phase, "open_windows": len(clocks),
-                  "footprint_min": lowest}  # fmt: skip
+                  "footprint_min": lowest, "tuples": tuples}  # fmt: skip
         return (self.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0)
 
 
@@ -663,7 +618,7 @@ class CecAggregateProcessor(StatefulProcessor):
         ):
             self._arm_timer(part, timerValues)
         self.state.update(part.dump())
-        out.append(part.figures(0))
+        out.append(part.figures(0, n))
         yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
     def _arm_timer(self, part: _PartitionState, timerValues: TimerValues) -> None:

@@ -249,6 +249,7 @@ class CecAggregateQuery:
         if figures is None:
             return progress
         progress["cec"] = {**figures, "recovery": self._recovery_figures()}
+        _count_tuples(progress, figures["input_tuples"])
         return progress
 
     # -- lifetime ----------------------------------------------------------------------------------------
@@ -270,3 +271,16 @@ class CecAggregateQuery:
     def __exit__(self, *exc: object) -> None:
         # stop() also when inactive: Spark's stop waits for a batch still in flight (see awaitTermination).
         self.stop()
+
+
+def _count_tuples(progress: Any, tuples: int) -> None:
+    """Spark counts the rows its source produced, which are packed (`operators.spark.packing`: a few rows
+    per state partition and chunk): the input figures a user reads are in tuples, as the state partitions
+    counted them (their rates scaled alike). `progress.json` stays Spark's own."""
+    rows = progress["numInputRows"]
+    scale = tuples / rows if rows else 0.0
+    for entry in (progress, *progress["sources"]):
+        for name in ("inputRowsPerSecond", "processedRowsPerSecond"):
+            if entry.get(name) is not None:
+                entry[name] = entry[name] * scale
+        entry["numInputRows"] = tuples

@@ -118,6 +118,7 @@ class CecSink:
         ]
         self._width = len(recovery.start)
         self.batch_figures: OrderedDict[int, dict[str, Any]] = OrderedDict()
+        self._batch_tuples = 0  # input tuples of the micro-batch being written (its partitions' reports)
         self._keep = keep_batches
         # Each state partition's checkpoint controls as last reported (its targets, budget, G-checks and
         # what it said): the controller's messages reach the driver with the rows, not by a Spark job.
@@ -158,7 +159,9 @@ class CecSink:
             q = int(control["partition"])
             if control.get("entry") != FIGURES_ENTRY:
                 self.controls[q] = control
-            elif control["phase"] >= phases.get(q, -1):  # after its G-checks, if it made any
+            else:
+                self._batch_tuples += int(control.get("tuples", 0))
+            if control.get("entry") == FIGURES_ENTRY and control["phase"] >= phases.get(q, -1):
                 phases[q] = control["phase"]
                 low = control["footprint_min"]
                 self.partitions[q] = (int(control["open_windows"]), None if low is None else tuple(low))
@@ -169,6 +172,7 @@ class CecSink:
         figures = self._figures()
         figures["batch"] = batch_id
         figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
+        figures["input_tuples"], self._batch_tuples = self._batch_tuples, 0
         self.batch_figures[batch_id] = figures
         while len(self.batch_figures) > self._keep:
             self.batch_figures.popitem(last=False)

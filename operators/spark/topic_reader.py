@@ -42,6 +42,7 @@ from pyspark.sql.types import IntegerType, LongType, StringType, StructField, St
 from cec.exceptions import ConfigError
 from operators.formats import FORMATS
 from operators.spark.datasource import admit
+from operators.spark.packing import PACK_OPTION, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ class TopicOptions:
     max_records_per_trigger: int | None = None
     compat: str | None = None
     client_config: dict[str, str] = field(default_factory=dict)
+    pack: PackSpec | None = None  # the attached query's packed rows (`operators.spark.packing`)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TopicOptions:
@@ -121,7 +123,15 @@ class TopicOptions:
             max_records_per_trigger=int(limit) if limit else None,
             compat=opts.get("brokercompat") or None,
             client_config=client,
+            pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
         )
+
+    def read_schema(self) -> StructType:
+        """`TOPIC_ROW_SCHEMA`, or the packed rows' schema when the attached query asks for them."""
+        if self.pack is None:
+            return TOPIC_ROW_SCHEMA
+        time_type = StringType() if self.time else None
+        return packed_schema(StringType(), time_type, errors=True, generations=len(self.pack.partitions))
 
     def reader_key(self, partition: int, total: int) -> tuple[Any, ...]:
         """What a kept reader of `partition` must share with a new read to serve it (`READERS`)."""
@@ -172,7 +182,9 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
     import pyarrow as pa
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    schema = to_arrow_schema(TOPIC_ROW_SCHEMA)
+    read_schema = opts.read_schema()
+    schema = to_arrow_schema(read_schema)
+    packer = kept_packer(opts.pack, read_schema) if opts.pack is not None else None
     p = piece.partition
     starts, ends = [0] * piece.total, [0] * piece.total
     starts[p], ends[p] = piece.start, piece.end
@@ -201,9 +213,12 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
                     times.append(None)
                     continue
                 errors.append(None)
-                keys.append(str(v[key]))
+                keys.append(v[key] if packer is not None else str(v[key]))  # packing: canonical_key
                 values.append(dumps(v[value], default=str))
                 times.append(None if time_field is None else dumps(v[time_field], default=str))
+            if packer is not None:
+                yield packer.pack(p, offsets, keys, values, times, errors)
+                continue
             columns = [[p] * len(offsets), offsets, errors, keys, values, times]
             yield pa.RecordBatch.from_arrays(
                 [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
@@ -316,7 +331,7 @@ class CecTopicDataSource(DataSource):
         return TOPIC_FORMAT
 
     def schema(self) -> StructType:
-        return TOPIC_ROW_SCHEMA
+        return TopicOptions.parse(self.options).read_schema()
 
     def reader(self, schema: StructType) -> DataSourceReader:
         return _TopicBatchReader(TopicOptions.parse(self.options))

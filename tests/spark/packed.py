@@ -1,47 +1,27 @@
-"""Input frames as the attached query hands them to its processor: rows packed by `RowPacker` (several
-packed rows per call, in no particular order, as Spark's shuffle delivers them)."""
+"""Input frames as the attached query hands them to its processor: tuples packed by the source's `Packer`
+(several packed rows per call, in no particular order, as Spark's shuffle delivers them)."""
 
 from __future__ import annotations
 
 import pandas as pd
-import pyarrow as pa
-from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ArrayType, DoubleType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import DoubleType
 
-from operators.spark.packing import RowPacker, packed_schema
-from operators.spark.processor import GROUP_COLUMN, QS_COLUMN
-
-_FLAT = StructType(
-    [
-        StructField("cec_j", LongType(), False),
-        StructField("cec_o", LongType(), True),
-        StructField("cec_key", StringType(), True),
-        StructField("cec_v", DoubleType(), True),
-        StructField(QS_COLUMN, ArrayType(LongType(), True), True),
-        StructField(GROUP_COLUMN, LongType(), True),
-    ]
-)
+from operators.spark.packing import Packer, PackSpec, packed_schema
 
 
 def packed_frames(
-    tuples: list[tuple[int, int, str, float]], *, with_qs: bool = True, chunk: int = 7
+    tuples: list[tuple[int, int, str, float]], *, with_qs: bool = False, chunk: int = 7
 ) -> list[pd.DataFrame]:
-    """(j, o, key, value) tuples of one group, packed `chunk` rows at a time; last chunk first."""
-    schema = _FLAT if with_qs else StructType([f for f in _FLAT.fields if f.name != QS_COLUMN])
-    packer = RowPacker(schema, GROUP_COLUMN)
-    out_schema = to_arrow_schema(packed_schema(schema, GROUP_COLUMN))
+    """(j, o, key, value) tuples of one generation of one output partition, packed `chunk` tuples at a
+    time, the last chunk first; `with_qs`: with the per-tuple partitions column the query only adds
+    across generations."""
+    schema = packed_schema(DoubleType(), None, errors=False, generations=2 if with_qs else 1)
+    packer = Packer(PackSpec((1,), "k", "v"), schema)
     frames = []
     for start in range(0, len(tuples), chunk):
         part = tuples[start : start + chunk]
-        columns = {
-            "cec_j": [t[0] for t in part],
-            "cec_o": [t[1] for t in part],
-            "cec_key": [t[2] for t in part],
-            "cec_v": [t[3] for t in part],
-        }
-        if with_qs:
-            columns[QS_COLUMN] = [[0] for _ in part]
-        columns[GROUP_COLUMN] = [0] * len(part)
-        batch = pa.RecordBatch.from_pydict(columns, schema=to_arrow_schema(schema))
-        frames.append(packer.pack(batch, out_schema).to_pandas())
+        for j in sorted({t[0] for t in part}):  # a source chunk is of one input partition
+            mine = [t for t in part if t[0] == j]
+            batch = packer.pack(j, [t[1] for t in mine], [t[2] for t in mine], [t[3] for t in mine])
+            frames.append(batch.to_pandas())
     return frames[::-1]
