@@ -17,8 +17,10 @@ writes instead
 
 Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/csv topic, read by
 `operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
-Kafka partition j, rows carrying j and offset o -> `groupBy(output partition of the key)
-.transformWithStateInPandas(CEC processor)` (one group and one state value per output partition) -> a
+Kafka partition j, which packs what it reads (`operators.spark.packing`: per chunk one row per output
+partition, whose columns are arrays of the tuples' j, offset o, canonical key, value and time) ->
+`groupBy(output partition).transformWithStateInPandas(CEC processor)` (one group and one state value per
+output partition) -> a
 CEC sink (foreachBatch) whose write tasks run on the executors, one per output partition, each through its
 own fenced transactional writer (`operators.spark.writer`; `writers="driver"` collects the records to the
 driver and writes them there instead, `operators.spark.sink`).
@@ -28,6 +30,8 @@ the processor and the data sources run there. The Kafka store is the only store 
 SQLite log would live on one executor's disk); `spark.speculation=true` is refused.
 
 Responsibilities, one module each:
+- `operators.spark.packing` and `operators.spark.partitioning`: the packed input, and which partition a
+  key belongs to (Spark's own hash, also computed in Python by the sources);
 - `operators.spark.generations`: output topic generations (restart with another partition count);
 - `operators.spark.planning`: recovery planning on the executors (EC, crash points, replay start, the
   initial state as a DataFrame that never passes through the driver);

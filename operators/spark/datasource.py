@@ -22,6 +22,8 @@ Reading
 - `schema` decodes R payloads into columns: a name from `PAYLOAD_SCHEMAS` or a JSON Avro record schema;
   without it the payload stays binary (`payload` column). CEC metadata columns are prefixed `cec_` so
   that they never collide with payload fields (an aggregate result has its own `key`).
+- `cec.pack` (set by `cec_aggregate`, not meant for other readers): results packed for the attached
+  query, per chunk one row of arrays per output partition (`operators.spark.packing`).
 - Admission control: `maxRecordsPerTrigger` bounds each micro-batch (split over partitions in proportion
   to what each has pending); `Trigger.AvailableNow` is supported.
 

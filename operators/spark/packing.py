@@ -88,7 +88,10 @@ def packed_schema(
 
 class Packer:
     """Packs the tuples a source read from one chunk of one input partition (module doc). Lives in one
-    executor process; remembers the keys it has seen (raw value -> canonical key, group, partitions)."""
+    executor process; remembers up to `remember` keys it has seen (raw value -> canonical key, group,
+    partitions): Spark's hash in Python costs microseconds per key."""
+
+    remember = 1 << 18
 
     def __init__(self, spec: PackSpec, schema: StructType) -> None:
         from pyspark.sql.pandas.types import to_arrow_schema
@@ -116,7 +119,7 @@ class Packer:
                 key, error = None, exc.reason
             group, qs = self.grouper(key)
             known = (key, group, qs, error)
-            if len(self._known) >= self.grouper.remember:
+            if len(self._known) >= self.remember:
                 self._known.clear()
             self._known[(type(raw), raw)] = known
         return known

@@ -90,22 +90,13 @@ def partition_groups(partitions: int) -> list[int]:
 
 class KeyGrouper:
     """Per key (already in the aggregate's canonical string form): its grouping value in the current
-    generation (`partition_groups`) and, across generations, its output partition in each (for C_k).
-    Remembers the keys it has seen, up to `remember` of them (hashing in Python costs microseconds)."""
+    generation (`partition_groups`) and, across generations, its output partition in each (for C_k)."""
 
-    def __init__(self, partitions: Sequence[int], remember: int = 1 << 20) -> None:
+    def __init__(self, partitions: Sequence[int]) -> None:
         self.partitions = list(partitions)  # of every generation, the current one last
         self.groups = partition_groups(self.partitions[-1])
-        self.remember = remember
-        self._known: dict[str | None, tuple[int, list[int]]] = {}
 
     def __call__(self, key: str | None) -> tuple[int, list[int]]:
-        known = self._known.get(key)
-        if known is None:
-            h = spark_hash_string(key)
-            qs = [h % p for p in self.partitions]
-            known = (self.groups[qs[-1]], qs)
-            if len(self._known) >= self.remember:
-                self._known.clear()
-            self._known[key] = known
-        return known
+        h = spark_hash_string(key)
+        qs = [h % p for p in self.partitions]
+        return self.groups[qs[-1]], qs

@@ -12,8 +12,8 @@ Within a call the processor drives `operators.aggregate.KeyedAggregate` over the
 operator's. It emits rows for R, G-open and DEAD, each with (j, o, emission index, kind, key, seq,
 state/payload bytes, event time, N delta); the sink (`operators.spark.sink`) turns them into records.
 
-Per-key order: Spark does not order a group's rows, so the processor sorts the partition's rows by (j, o),
-which orders every key's rows. As in DESIGN-NOTES section 2, exactness needs each key to live in one input
+Per-key order: Spark does not order a group's rows, so the processor orders the partition's tuples by
+(j, o) as it unpacks them (`operators.spark.packing.unpack`), which orders every key's tuples. As in DESIGN-NOTES section 2, exactness needs each key to live in one input
 partition.
 
 Replay: the processor applies the replay contract (`recovery.contract.tuple_fate`) per key, with the key's
@@ -21,7 +21,8 @@ own crash point C_k (`operators.spark.planning`): with an EC window, apply a tup
 otherwise skip it if o < C_k[j]; a tuple applied below C_k[j] only rebuilds state and emits nothing (not
 even DEAD; an R or G-open there means log and replay disagree, and fails the query).
 
-Input: rows of the cec-kafka source (typed value and time columns) or of the cec-topic source
+Input: packed rows (`operators.spark.packing`) of the cec-kafka source (typed value and time) or of the
+cec-topic source
 (`AggregateSpec.json_values`: value and time as JSON text, and `cec_error`, the reason a record could not
 be read, which becomes a DEAD record with its partition and offset).
 

@@ -15,6 +15,9 @@ types, ints stay ints, and does its own validation).
     spark.readStream.format("cec-topic").option("topic", "purchases").option("bootstrap.servers", bs)
          .option("format", "json").option("key", "item_id").option("value", "item_price").load()
 
+With the `cec.pack` option (set by `cec_aggregate`) the same tuples come packed for the attached query:
+per chunk one row of arrays per output partition, keys in canonical form (`operators.spark.packing`).
+
 Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), `key`, `value`, `time`
 (optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
 `schema.registry.url` (registry), `columns` (csv: comma-separated names), `startingOffsets`

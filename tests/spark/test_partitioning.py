@@ -38,7 +38,7 @@ def test_key_grouper_matches_the_querys_output_partition_in_every_generation(spa
     partitions = [3, 2, 5]
     frame = spark.createDataFrame([(i, v) for i, v in enumerate(values)], "i long, s string")
     rows = frame.select("i", *[output_partition(F.col("s"), p).alias(f"q{p}") for p in partitions]).collect()
-    grouper = KeyGrouper(partitions, remember=50)  # forgets and hashes again: same answers
+    grouper = KeyGrouper(partitions)
     groups = partition_groups(5)
     for row in rows:
         group, qs = grouper(values[row["i"]])
