@@ -309,8 +309,8 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
     from pyspark.sql.pandas.types import to_arrow_schema
 
     schema = read_schema(opts)
-    arrow_schema = to_arrow_schema(schema)
     packer = kept_packer(opts.pack, schema) if opts.pack is not None else None
+    arrow_schema = to_arrow_schema(schema) if packer is None else packer.arrow_schema
     codec = RecordCodec()
     payload_codec = AvroCodec(opts.payload) if opts.payload is not None else None
     decode = _ALL_CODES if opts.include_control else _RESULT_CODES

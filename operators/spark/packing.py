@@ -97,7 +97,6 @@ class Packer:
         from pyspark.sql.pandas.types import to_arrow_schema
 
         self.spec = spec
-        self.schema = schema
         self.arrow_schema = to_arrow_schema(schema)
         names = schema.fieldNames()
         self.has_time = "cec_time" in names
@@ -107,21 +106,19 @@ class Packer:
         self.grouper = KeyGrouper(spec.partitions)
         self._known: dict[Any, tuple[str | None, int, list[int], str | None]] = {}
 
-    def _key(self, raw: Any) -> tuple[str | None, int, list[int], str | None]:
-        """(canonical key, group, output partitions, dead-letter reason) of a raw key value."""
-        known = self._known.get((type(raw), raw))  # True == 1, but their keys differ
-        if known is None:
-            try:
-                key, error = canonical_key(raw, self.field), None
-            except BadTupleError as exc:
-                if not self.has_errors:
-                    raise
-                key, error = None, exc.reason
-            group, qs = self.grouper(key)
-            known = (key, group, qs, error)
-            if len(self._known) >= self.remember:
-                self._known.clear()
-            self._known[(type(raw), raw)] = known
+    def _learn(self, raw: Any) -> tuple[str | None, int, list[int], str | None]:
+        """(canonical key, group, output partitions, dead-letter reason) of a raw key value not known yet,
+        remembered under (type, value): True == 1, but their keys differ."""
+        try:
+            key, error = canonical_key(raw, self.field), None
+        except BadTupleError as exc:
+            if not self.has_errors:
+                raise
+            key, error = None, exc.reason
+        group, qs = self.grouper(key)
+        if len(self._known) >= self.remember:
+            self._known.clear()
+        known = self._known[(type(raw), raw)] = (key, group, qs, error)
         return known
 
     def pack(
@@ -142,10 +139,7 @@ class Packer:
         qs_column: list[list[int]] = []
         reasons: list[str | None] = list(errors) if errors is not None else [None] * len(offsets)
         for i, raw in enumerate(raw_keys):
-            entry = known.get((type(raw), raw))
-            if entry is None:
-                entry = self._key(raw)
-            key, group, qs, error = entry
+            key, group, qs, error = known.get((type(raw), raw)) or self._learn(raw)
             if error is not None and reasons[i] is None:
                 reasons[i] = error
             keys.append(key)

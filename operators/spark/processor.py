@@ -13,8 +13,8 @@ operator's. It emits rows for R, G-open and DEAD, each with (j, o, emission inde
 state/payload bytes, event time, N delta); the sink (`operators.spark.sink`) turns them into records.
 
 Per-key order: Spark does not order a group's rows, so the processor orders the partition's tuples by
-(j, o) as it unpacks them (`operators.spark.packing.unpack`), which orders every key's tuples. As in DESIGN-NOTES section 2, exactness needs each key to live in one input
-partition.
+(j, o) as it unpacks them (`operators.spark.packing.unpack`), which orders every key's tuples. As in
+DESIGN-NOTES section 2, exactness needs each key to live in one input partition.
 
 Replay: the processor applies the replay contract (`recovery.contract.tuple_fate`) per key, with the key's
 own crash point C_k (`operators.spark.planning`): with an EC window, apply a tuple only if o >= pos_w[j];
@@ -556,7 +556,7 @@ class CecAggregateProcessor(StatefulProcessor):
         own_crash = list(self.crash_points[self.generation][q])
         out_base = part.control.out
         crash_of: dict[str | None, list[int]] = {}  # C_k of the keys met in this call
-        key_of, key_field, value_field, time_field = self.operator.key_of, spec.key, spec.value, spec.time
+        key_field, value_field, time_field = spec.key, spec.value, spec.time
         out: list[tuple[Any, ...]] = []
         for idx, (j, o, k, v, t, err) in enumerate(
             zip(
@@ -572,10 +572,7 @@ class CecAggregateProcessor(StatefulProcessor):
             if o >= seen[j]:
                 seen[j] = o + 1
             crash = crash_of.get(k)
-            if crash is None:
-                if k is not None and key_of({key_field: k}) not in (k, None):
-                    # Two group keys would share one window id in the log: never write that.
-                    raise RuntimeError(f"group key {k!r} is not in the aggregate's canonical (stripped) form")
+            if crash is None:  # k is canonical: the source packed it through `canonical_key`
                 crash = crash_of[k] = own_crash if qs_column is None else self._crash_point(qs_column[idx])
             state = ctx.touch(k)
             # The replay contract (recovery.contract), per key: C_k is the key's crash point.

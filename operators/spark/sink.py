@@ -159,9 +159,9 @@ class CecSink:
             q = int(control["partition"])
             if control.get("entry") != FIGURES_ENTRY:
                 self.controls[q] = control
-            else:
-                self._batch_tuples += int(control.get("tuples", 0))
-            if control.get("entry") == FIGURES_ENTRY and control["phase"] >= phases.get(q, -1):
+                continue
+            self._batch_tuples += int(control.get("tuples", 0))
+            if control["phase"] >= phases.get(q, -1):  # after its G-checks, if it made any
                 phases[q] = control["phase"]
                 low = control["footprint_min"]
                 self.partitions[q] = (int(control["open_windows"]), None if low is None else tuple(low))
