@@ -148,20 +148,66 @@ def _time_ms(value: Any, what: str, margin: int) -> int:
 
 
 def canonical_key(raw: Any, field: str) -> str | None:
-    """A key field's value as the window id's key: its text, stripped; None for a null or blank one. Every
-    host that groups tuples by key (the Spark sources that pack rows per partition included) uses this."""
+    """A key field's value as the window id's key: THE key rule, the same for every host (the Spark sources
+    that pack rows per state partition call this too) and every input format.
+
+    A key is text, compared exactly (no stripping, no case folding):
+    - a string is the key as it is; one that is empty or only whitespace is a missing key (None);
+    - an integer (JSON, Avro int/long) is its decimal text, so JSON `5` and `"5"` are one key, as they are
+      in a CSV file (where every field is text) and in a Spark string column;
+    - a boolean is `true` or `false` (JSON's spelling, Spark's cast to string), so `true` and `"true"` are
+      one key and `"True"` another;
+    - anything else (a floating-point number, bytes, an object or array) is not a key: `BadTupleError`.
+      `5.0` would be `5.0` here and `5` in another producer's output: refusing it keeps equal numbers from
+      becoming two keys silently.
+    Text that cannot be UTF-8 (bytes that were not, kept exactly by the source as lone surrogates, or an
+    escaped lone surrogate in JSON) is refused, never replaced: a replacement would merge it with other keys.
+    """
     if raw is None:
         return None
-    key = str(raw).strip()
+    kind = type(raw)
+    if kind is str:
+        key: str = raw
+        if not key or key.isspace():
+            return None
+    elif kind is bool:
+        key = "true" if raw else "false"
+    elif isinstance(raw, int):
+        try:
+            key = str(int(raw))
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise BadTupleError(f"key {field!r} is an integer too long to be a key") from None
+    else:
+        raise BadTupleError(
+            f"key {field!r} is {_kind_name(raw)} ({raw!r:.40}): a key is text, an integer or a boolean"
+        )
     if not key.isascii():
         try:
             key.encode("utf-8")
         except UnicodeEncodeError:
             # Bytes that were not UTF-8 (kept exactly by the source as lone surrogates): such a key cannot
             # be written, and replacing its bytes would merge it with other keys.
-            data = key.encode("utf-8", "surrogateescape")
+            data = key.encode("utf-8", "surrogateescape" if _only_escapes(key) else "backslashreplace")
             raise BadTupleError(f"key {field!r} is not valid UTF-8: {data!r:.80}") from None
-    return key or None
+    return key
+
+
+def _kind_name(raw: Any) -> str:
+    if isinstance(raw, float):
+        return "a floating-point number"
+    if isinstance(raw, (bytes, bytearray)):
+        return "bytes"
+    if isinstance(raw, Mapping):
+        return "an object"
+    if isinstance(raw, (list, tuple)):
+        return "an array"
+    return f"a {type(raw).__name__}"
+
+
+def _only_escapes(text: str) -> bool:
+    """Whether every lone surrogate of `text` is one `surrogateescape` made (U+DC80-U+DCFF: an undecodable
+    byte kept by the source), so encoding back gives the input's bytes."""
+    return all(not 0xD800 <= ord(c) <= 0xDFFF or 0xDC80 <= ord(c) <= 0xDCFF for c in text)
 
 
 class KeyedAggregate(Operator):
@@ -233,9 +279,9 @@ class KeyedAggregate(Operator):
         assert value is not None
         raw = value.get(self.key_field)
         if type(raw) is str:
-            key = raw.strip()
-            if not key or not key.isascii():
-                return False
+            key = raw
+            if not key or not key.isascii() or key.isspace():
+                return False  # a missing key, or text whose UTF-8 `canonical_key` checks
         elif type(raw) is int:
             key = str(raw)
         else:

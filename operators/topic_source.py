@@ -9,7 +9,8 @@ mapping equal to the decoded record: a dict, or (JSON and flat Avro, with the C 
 `cec._native.Record` that holds the key, value and time fields and loads the rest only if asked.
 
 Two pseudo-fields come from the Kafka record instead of its value: `@timestamp` (the record timestamp in
-ms, e.g. as the time field) and `@key` (the message key as UTF-8 text).
+ms, e.g. as the time field) and `@key` (the message key as UTF-8 text; bytes that are not UTF-8 are
+kept exactly, so the key rule makes the record a dead letter).
 
 **Bounds.** A source has, per partition, a *start* (the log-start offset when the run first started:
 offsets below it were never part of this run's input) and an *end* (the end of the partition then;
@@ -600,7 +601,9 @@ class KafkaTopicSource(InputSource):
             out[TIMESTAMP_FIELD] = msg.timestamp()[1]
         if self._inject_key:
             key = msg.key()
-            out[KEY_FIELD] = None if key is None else key.decode("utf-8", "backslashreplace")
+            # Kept exactly: bytes that are not UTF-8 become lone surrogates, which the key rule
+            # (`canonical_key`) refuses as a dead letter instead of folding them into a text key.
+            out[KEY_FIELD] = None if key is None else key.decode("utf-8", "surrogateescape")
         return out
 
     def _missing(self, value: Mapping[str, Any]) -> str:

@@ -506,3 +506,40 @@ def test_results_topic_of_a_csv_run_on_kafka(
     want = per_key(tmp_path / "out.csv")
     assert want == csv_reference(tmp_path, purchases)
     assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
+
+
+def test_keys_follow_one_rule_and_are_never_merged(kafka_broker: Broker, tmp_path: Path) -> None:
+    """JSON 5 and "5" are one key, as true and "true" are; "True", " k" and "k" are keys of their own; a
+    float key is a dead letter. A message key that is not UTF-8 (`--key @key`) is a dead letter, never
+    folded into the text key that spells its bytes."""
+    topic = _new_topic(kafka_broker, "purchases-keys")
+    keys: list[Any] = [5, "5", True, "true", "True", "True", " k", " k", "k", "k", 5.0]
+    values = [(1, None, as_json({"item": k, "price": 1.0 + i})) for i, k in enumerate(keys * 2)]
+    produce(kafka_broker.bootstrap, topic, values)
+    out = cec(
+        "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+        "--value", "price", "--window-count", "4", "--agg", "count", "--results", str(tmp_path / "out.csv"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    got = per_key(tmp_path / "out.csv")
+    # Partitions 0 and 2 hold every key twice over: "5" and "true" 4 tuples each (one window of 4);
+    # "True", " k" and "k" 4 each too; nothing else.
+    assert got == {k: [("0", "4", "4")] for k in ("5", "true", "True", " k", "k")}
+    with (tmp_path / "out.dead-letters.csv").open(newline="", encoding="utf-8") as f:
+        reasons = [row["reason"] for row in csv.DictReader(f)]
+    assert (
+        reasons == ["key 'item' is a floating-point number (5.0): a key is text, an integer or a boolean"] * 2
+    )
+
+    by_message_key = _new_topic(kafka_broker, "purchases-msgkeys")
+    records = [(2, k, as_json({"price": 2.0})) for k in (b"\xff", b"\\xff") * 4]
+    produce(kafka_broker.bootstrap, by_message_key, records)
+    out = cec(
+        "run", "--input-topic", by_message_key, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "@key",
+        "--value", "price", "--window-count", "4", "--agg", "count", "--results", str(tmp_path / "msg.csv"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "msg.csv") == {"\\xff": [("0", "4", "4")]}
+    with (tmp_path / "msg.dead-letters.csv").open(newline="", encoding="utf-8") as f:
+        dead = [row["reason"] for row in csv.DictReader(f)]
+    assert dead == ["key '@key' is not valid UTF-8: b'\\xff'"] * 4

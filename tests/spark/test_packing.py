@@ -59,15 +59,17 @@ def test_rows_go_to_their_keys_partition_and_unpack_in_input_order() -> None:
             [f[f["cec_group"] == group] for f in frames], ["cec_key", "cec_v", "cec_error", "cec_qs"]
         )
 
-        def canonical(raw: object) -> str | None:
-            return None if raw is None or str(raw).strip() == "" else str(raw).strip()
+        def canonical(raw: object) -> str | None:  # the key rule: exact text, true/false, integers
+            if raw is None or str(raw).strip() == "":
+                return None
+            return str(raw).lower() if isinstance(raw, bool) else str(raw)
 
         mine = sorted(
             (t for t in tuples if spark_hash_string(canonical(t[2])) % 2 == q), key=lambda t: (t[0], t[1])
         )
         assert got["cec_j"] == [t[0] for t in mine]
         assert got["cec_o"] == [t[1] for t in mine]
-        assert got["cec_key"] == [canonical(t[2]) for t in mine]  # True is "True", 1 is "1": not merged
+        assert got["cec_key"] == [canonical(t[2]) for t in mine]  # " k1 " is itself, True is "true", 1 is "1"
         assert got["cec_v"] == [t[3] for t in mine]
         assert got["cec_error"] == [None] * len(mine)
         assert [list(qs) for qs in got["cec_qs"]] == [
