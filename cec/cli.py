@@ -29,8 +29,9 @@ from typing import Any, NoReturn
 
 from cec import progress as progress_tasks
 from cec.config import POLICIES, Checkpointing
-from cec.exceptions import CecError, ConfigError
+from cec.exceptions import CecError, ConfigError, RunStoppedError
 from cec.records import Kind, RecordCodec
+from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_csv_input, check_output_file, prepare_store_dir, require_spark
 from cec.verified import LogVerifier
 from operators.aggregate import AGGREGATES, RESULT_SCHEMA
@@ -497,14 +498,16 @@ def _run_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
     return topic
 
 
-def _execute(spec: JobSpec, root: Path, crash_after: int | None) -> dict[str, Any]:
-    """Run the job (in this process, or with --crash-after in a worker SIGKILLed after K rows and a second
-    one that recovers); its stats."""
+def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopRequest) -> dict[str, Any]:
+    """Run the job (in this process until its input ends or `stop` is set, or with --crash-after in a worker
+    SIGKILLed after K rows and a second one that recovers); its stats."""
     if crash_after is None:
-        return run_job(spec).as_dict()
+        return run_job(spec, stop=stop).as_dict()
     rc = _wait(_worker(spec, root / "run.json", faults=f"runtime.after_input:{crash_after}"), "operator")
     if rc == -signal.SIGKILL:
         _say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
+    if stop():
+        return {"completed": False}
     _wait(_worker(spec, root / "run.json"), "operator")
     return _load_stats(Path(spec.stats_path or ""))
 
@@ -555,9 +558,11 @@ def cmd_run(args: argparse.Namespace) -> int:
             trim_every=args.trim_every,
         )
         progress_path = root / f".{topic}.results-writer.json"
+        stop = StopRequest()
         if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
             # Trimming: the results are written while the run goes on, by a registered consumer of the
-            # log (a run that trimmed before is resumed that way too, its log no longer holds everything).
+            # log (a run that trimmed before is resumed that way too, its log no longer holds everything),
+            # under `.partial` names until the run reached the end of its input.
             store = open_store(store_cfg)
             try:
                 store.create_topic(topic, spec.output_partitions)  # to register on it before any trim
@@ -570,17 +575,25 @@ def cmd_run(args: argparse.Namespace) -> int:
                     dead_path,
                     progress_path,
                     result_formats(operator),
+                    partial=True,
                 ).open()
                 try:
-                    with writer.running():
-                        run_stats = _execute(spec, root, args.crash_after)
+                    with writer.running(), stop.on_signals():
+                        run_stats = _execute(spec, root, args.crash_after, stop)
+                    if run_stats.get("completed"):
+                        writer.finish()
                 finally:
                     writer.close()
             finally:
                 store.close()
+            if not run_stats.get("completed"):
+                raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir, writer.partial_results)
             n_results, n_dead, kinds = writer.n_results, writer.n_dead, writer.counts
         else:
-            run_stats = _execute(spec, root, args.crash_after)
+            with stop.on_signals():
+                run_stats = _execute(spec, root, args.crash_after, stop)
+            if not run_stats.get("completed"):
+                raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir)
             store = open_store(store_cfg)
             try:
                 n_results, n_dead, kinds = write_outputs(
@@ -993,6 +1006,10 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except _AlreadyReported:
         return REPORTED_ERROR_EXIT
+    except RunStoppedError as exc:
+        reporter.stop()
+        print(f"cec: {exc}", file=sys.stderr)
+        return exc.exit_code
     except (CecError, QueueStoreError, RecoveryError) as exc:
         reporter.stop()
         print(f"cec: error: {exc}", file=sys.stderr)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadTupleError", "CecError", "CodecError", "ConfigError"]
+__all__ = ["BadTupleError", "CecError", "CodecError", "ConfigError", "RunStoppedError"]
 
 
 class CecError(Exception):
@@ -23,3 +23,12 @@ class BadTupleError(CecError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class RunStoppedError(CecError):
+    """A bounded run stopped from outside (SIGTERM, Ctrl-C) before the end of its input: its results are
+    not complete. The CLI exits with `exit_code` (128 + the signal's number, as a shell reports it)."""
+
+    def __init__(self, message: str, *, exit_code: int) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code

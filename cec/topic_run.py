@@ -16,10 +16,12 @@ import json
 import signal
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
+from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_topic_input
 from operators.aggregate import RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA
@@ -213,20 +215,33 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             store.close()
         specs = specs_of(template, root, output_topic, partitions)
         progress_path = root / f".{output_topic}.results-writer.json"
-        if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
-            recoveries, (n_results, n_dead, kinds) = _run_trimmed(
-                args, specs, root, store_cfg, output_topic, (results_path, dead_path, progress_path), operator
-            )
-        else:
-            recoveries = _execute(
-                args,
-                specs,
-                root,
-                lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path, operator),
-            )
-            n_results, n_dead, kinds = _write_outputs(
-                store_cfg, output_topic, results_path, dead_path, operator
-            )
+        with StopRequest().on_signals() as stop:
+            if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+                run, (n_results, n_dead, kinds) = _run_trimmed(
+                    args,
+                    specs,
+                    root,
+                    store_cfg,
+                    output_topic,
+                    (results_path, dead_path, progress_path),
+                    operator,
+                    stop,
+                )
+            else:
+                run = _execute(
+                    args,
+                    specs,
+                    root,
+                    lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path, operator),
+                    stop,
+                )
+                if not run.stopped_early(args.follow):
+                    n_results, n_dead, kinds = _write_outputs(
+                        store_cfg, output_topic, results_path, dead_path, operator
+                    )
+        if run.stopped_early(args.follow):
+            raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir, run.partial_results)
+        recoveries = run.recoveries
     _report(args, partitions, pinned, output_topic, results_path, dead_path, n_results, n_dead, kinds)
     _report_recoveries(args, recoveries)
     check_not_all_dead(kinds, dead_path, "records")
@@ -240,26 +255,50 @@ def specs_of(template: JobSpec, root: Path, output_topic: str, partitions: int) 
     return specs
 
 
+@dataclass
+class InstancesRun:
+    """What the instances of one `cec run --input-topic` did: each one's recovery, whether each reached the
+    end of its input, and where a stopped run's results so far are (the trimmed path writes as it goes)."""
+
+    recoveries: list[dict[str, Any] | None]
+    completed: list[bool]
+    partial_results: str | None = None
+
+    def stopped_early(self, follow: bool) -> bool:
+        """A bounded run that some instance did not finish (a following run has no end to miss)."""
+        return not follow and not all(self.completed)
+
+
 def _execute(
-    args: argparse.Namespace, specs: list[JobSpec], root: Path, refresh: Callable[[], object]
-) -> list[dict[str, Any] | None]:
+    args: argparse.Namespace,
+    specs: list[JobSpec],
+    root: Path,
+    refresh: Callable[[], object],
+    stop: StopRequest,
+) -> InstancesRun:
     """Every instance: in this process, or with --crash-after each in a worker SIGKILLed after K records
-    and one that recovers; each instance's recovery."""
+    and one that recovers (a stop request is then seen between workers); each instance's recovery."""
     from cec.cli import _load_stats, _say, _wait, _worker
 
     if args.crash_after is None:
-        return _run_instances(specs, args.follow, refresh)
-    recoveries: list[dict[str, Any] | None] = []
+        return _run_instances(specs, args.follow, refresh, stop)
+    run = InstancesRun([], [False] * len(specs))
     for p, spec in enumerate(specs):
+        if stop():
+            break
         spec_path = root / f"run-{p}.json"
         rc = _wait(_worker(spec, spec_path, faults=f"runtime.after_input:{args.crash_after}"), "operator")
         if rc == -signal.SIGKILL:
             _say(
                 f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
             )
+        if stop():
+            break
         _wait(_worker(spec, spec_path), "operator")
-        recoveries.append(_load_stats(Path(spec.stats_path or "")).get("recovery"))
-    return recoveries
+        stats = _load_stats(Path(spec.stats_path or ""))
+        run.recoveries.append(stats.get("recovery"))
+        run.completed[p] = bool(stats.get("completed"))
+    return run
 
 
 def _run_trimmed(
@@ -270,10 +309,12 @@ def _run_trimmed(
     output_topic: str,
     paths: tuple[Path, Path, Path],
     operator: dict[str, Any],
-) -> tuple[list[dict[str, Any] | None], tuple[int, int, dict[str, int]]]:
+    stop: StopRequest,
+) -> tuple[InstancesRun, tuple[int, int, dict[str, int]]]:
     """The run with --trim-every (or resuming one that trimmed): the results and dead-letter files are
     written while it goes on by a registered consumer of every output partition (`IncrementalOutputs`),
-    so the trimmed log never held a result they lack."""
+    so the trimmed log never held a result they lack. A bounded run writes them under `.partial` names
+    until every instance reached the end of its input."""
     results_path, dead_path, progress_path = paths
     store = open_store(store_cfg)
     try:
@@ -286,16 +327,20 @@ def _run_trimmed(
             dead_path,
             progress_path,
             result_formats(operator),
+            partial=not args.follow,
         ).open()
         try:
             with writer.running():
                 # A following run's results file grows as the writer goes: nothing to rewrite each second.
-                recoveries = _execute(args, specs, root, lambda: None)
+                run = _execute(args, specs, root, lambda: None, stop)
+            if not run.stopped_early(args.follow):
+                writer.finish()
+            run.partial_results = writer.partial_results
         finally:
             writer.close()
     finally:
         store.close()
-    return recoveries, (writer.n_results, writer.n_dead, dict(writer.counts))
+    return run, (writer.n_results, writer.n_dead, dict(writer.counts))
 
 
 def _report(
@@ -335,40 +380,38 @@ def _report_recoveries(args: argparse.Namespace, recoveries: list[dict[str, Any]
 
 
 def _run_instances(
-    specs: list[JobSpec], follow: bool, refresh: Callable[[], object]
-) -> list[dict[str, Any] | None]:
+    specs: list[JobSpec], follow: bool, refresh: Callable[[], object], stop: StopRequest
+) -> InstancesRun:
     """Every partition's instance in this process, side by side (one thread each, so partitions advance
-    together as a multi-partition input does), until their input ends or, following, until Ctrl-C or
-    SIGTERM stops them cleanly; a following run rewrites the results file from the log every second."""
-    stop = threading.Event()
+    together as a multi-partition input does), until their input ends or `stop` is set (SIGTERM, Ctrl-C:
+    each instance stops at its next batch, its log intact); a following run rewrites the results file from
+    the log every second."""
     errors: list[BaseException] = []
     stats: list[RunStats | None] = [None] * len(specs)
 
     def run(i: int) -> None:
         try:
-            stats[i] = run_job(specs[i], stop=stop.is_set)
+            stats[i] = run_job(specs[i], stop=stop)
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
             stop.set()
 
     threads = [threading.Thread(target=run, args=(i,), name=f"cec-run-{i}") for i in range(len(specs))]
-    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         for thread in threads:
             thread.start()
         while any(t.is_alive() for t in threads):
-            try:
-                if stop.wait(_FOLLOW_REFRESH_S if follow else 0.05):
-                    break
-                if follow:
-                    refresh()
-            except KeyboardInterrupt:
-                stop.set()
+            if stop.wait(_FOLLOW_REFRESH_S if follow else 0.05):
+                break
+            if follow:
+                refresh()
     finally:
-        stop.set()  # a bounded run only gets here early on an error or Ctrl-C
+        stop.set()  # a bounded run only gets here early on an error or a stop request
         for thread in threads:
             thread.join()
-        signal.signal(signal.SIGTERM, previous)
     if errors:
         raise errors[0]
-    return [s.recovery.as_dict() if s and s.recovery else None for s in stats]
+    return InstancesRun(
+        [s.recovery.as_dict() if s and s.recovery else None for s in stats],
+        [s is not None and s.completed for s in stats],
+    )

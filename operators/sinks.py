@@ -161,6 +161,11 @@ def write_outputs(
     return n_results, n_dead, counts
 
 
+def partial_path(path: Path) -> Path:
+    """Where an incomplete results (or dead-letter) file is written: `out.csv.partial` beside `out.csv`."""
+    return path.with_name(path.name + ".partial")
+
+
 # The registered consumer (`QueueStore.acknowledge`) that writes `cec run`'s results while the log is trimmed.
 RESULTS_CONSUMER = "cec-run-results"
 
@@ -183,6 +188,10 @@ class IncrementalOutputs:
     Rows are in log order per partition (so per key: a key lives in one partition); with several
     partitions, rows of different partitions interleave as the run produced them, not partition by
     partition as `write_outputs` orders them.
+
+    `partial` (a bounded run): both files are written under `.partial` names (`partial_path`) and take their
+    own names only in `finish`, once the run reached the end of its input, so that a stopped or killed run
+    never leaves a file that reads as complete. A following run has no end: its files grow in place.
     """
 
     def __init__(
@@ -197,11 +206,13 @@ class IncrementalOutputs:
         formats: Formats | None = None,
         *,
         commit_every: int = 10_000,
+        partial: bool = False,
     ) -> None:
         self.store = store
         self.topic = topic
         self.results_path, columns = results
         self.dead_path = dead_letters
+        self._partial = partial  # where the files are now: under `.partial` names until `finish`
         self.progress_path = progress_path
         self.commit_every = commit_every
         self._result_columns = [(c, (formats or {}).get(c, _fmt)) for c in columns]
@@ -244,9 +255,10 @@ class IncrementalOutputs:
                     "--store-dir"
                 )
             self._offsets = [0] * partitions
+            results_path, dead_path = self._paths()
             self._files = [
-                self._start(self.results_path, self._columns),
-                self._start(self.dead_path, _DEAD_LETTER_COLUMNS),
+                self._start(results_path, self._columns),
+                self._start(dead_path, _DEAD_LETTER_COLUMNS),
             ]
         else:
             if len(kept["offsets"]) != partitions:
@@ -254,12 +266,42 @@ class IncrementalOutputs:
             self._offsets = [int(o) for o in kept["offsets"]]
             self.counts.update(kept["counts"])
             self.n_results, self.n_dead = int(kept["n_results"]), int(kept["n_dead"])
+            self._partial = bool(kept.get("partial"))
+            if self._partial:
+                for path in (self.results_path, self.dead_path):
+                    if not partial_path(path).exists() and path.exists():
+                        path.replace(partial_path(path))  # a `finish` cut short before its progress record
+            results_path, dead_path = self._paths()
             self._files = [
-                self._resume(self.results_path, int(kept["results_bytes"])),
-                self._resume(self.dead_path, int(kept["dead_bytes"])),
+                self._resume(results_path, int(kept["results_bytes"])),
+                self._resume(dead_path, int(kept["dead_bytes"])),
             ]
         self._commit()
         return self
+
+    def _paths(self) -> tuple[Path, Path]:
+        if self._partial:
+            return partial_path(self.results_path), partial_path(self.dead_path)
+        return self.results_path, self.dead_path
+
+    @property
+    def partial_results(self) -> str | None:
+        """The results file's name while it is incomplete (None once `finish` gave it its own name)."""
+        return str(partial_path(self.results_path)) if self._partial else None
+
+    def finish(self) -> None:
+        """The run reached the end of its input (after the final drain): both files take their own names
+        (durably: the rename, then the progress record that says so)."""
+        if not self._partial:
+            return
+        with self._lock:
+            for f in self._files:
+                f.flush()
+                os.fsync(f.fileno())
+            for path in (self.dead_path, self.results_path):
+                partial_path(path).replace(path)
+            self._partial = False
+            self._commit()
 
     def _load_progress(self) -> dict[str, Any] | None:
         try:
@@ -354,6 +396,7 @@ class IncrementalOutputs:
             "n_results": self.n_results,
             "n_dead": self.n_dead,
             "counts": dict(self.counts),
+            "partial": self._partial,
         }
         tmp = self.progress_path.with_name(f".{self.progress_path.name}.{os.getpid()}.tmp")
         with tmp.open("w", encoding="utf-8") as f:

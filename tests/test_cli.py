@@ -6,6 +6,7 @@ import csv
 import json
 import random
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -263,15 +264,16 @@ def _run_args(data: Path, results: Path, *extra: str) -> list[str]:
             "--results", str(results), *extra]  # fmt: skip
 
 
-def _kill_once_logged(args: list[str], store: Path) -> None:
-    """Start `cec run`, SIGKILL it as soon as its log has a durable record (a log that is empty belongs
-    to no input yet, so the kill must come after one), and check it was killed before it finished."""
+def _kill_once_logged(args: list[str], store: Path, signum: int = signal.SIGKILL, records: int = 1) -> str:
+    """Start `cec run`, send it `signum` (SIGKILL) as soon as its log has `records` durable records (a log
+    that is empty belongs to no input yet, so the kill must come after one), and check it was stopped
+    before it finished; its stderr."""
     from queuestore.sqlite import SqliteQueueStore
     from tests.helpers import wait_for
 
     script = Path(sys.executable).parent / "cec"
     proc = subprocess.Popen(
-        [str(script), *args], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(script), *args], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
 
     def logged() -> int:
@@ -286,11 +288,44 @@ def _kill_once_logged(args: list[str], store: Path) -> None:
             return 0
 
     try:
-        wait_for(lambda: proc.poll() is not None or logged() > 0, timeout=60)
+        wait_for(lambda: proc.poll() is not None or logged() >= records, timeout=60)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
     finally:
-        proc.kill()
-        proc.communicate()
-    assert proc.returncode == -9, "the run ended before it could be killed"
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    want = -signal.SIGKILL if signum == signal.SIGKILL else 128 + signum
+    assert proc.returncode == want, f"the run ended before it could be stopped: {err}"
+    return err
+
+
+@pytest.mark.parametrize("trimmed", [False, True], ids=["untrimmed", "trimmed"])
+def test_a_csv_run_stopped_by_sigterm_says_so_and_a_rerun_completes_it(tmp_path: Path, trimmed: bool) -> None:
+    data, results, store = tmp_path / "in.csv", tmp_path / "out.csv", tmp_path / "store"
+    _purchases_csv(data, 60_000)
+    extra = ["--trim-every", "1000"] if trimmed else []
+    assert cec(*_run_args(data, tmp_path / "ref.csv")).returncode == 0
+    args = _run_args(data, results, "--store-dir", str(store), *extra)
+    err = _kill_once_logged(args, store, signal.SIGTERM, records=500)
+    partial = Path(f"{results}.partial")
+    written = (
+        f"the results so far are in {partial} (incomplete)" if trimmed else "no results file was written"
+    )
+    assert err == (
+        f"cec: stopped by SIGTERM before the end of the input: {written}; run the same command again to "
+        "resume from its log\n"
+    )
+    assert not results.exists() and partial.exists() == trimmed
+    again = cec(*args)
+    assert again.returncode == 0, again.stderr
+    assert not partial.exists()
+    if trimmed:  # written as the run went: rows in log order, the same rows
+        assert sorted(results.read_text().splitlines()) == sorted(
+            (tmp_path / "ref.csv").read_text().splitlines()
+        )
+    else:
+        assert results.read_bytes() == (tmp_path / "ref.csv").read_bytes()
 
 
 @pytest.mark.parametrize("first", ["completed", "crash-after", "killed"])

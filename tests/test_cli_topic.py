@@ -543,3 +543,74 @@ def test_keys_follow_one_rule_and_are_never_merged(kafka_broker: Broker, tmp_pat
     with (tmp_path / "msg.dead-letters.csv").open(newline="", encoding="utf-8") as f:
         dead = [row["reason"] for row in csv.DictReader(f)]
     assert dead == ["key '@key' is not valid UTF-8: b'\\xff'"] * 4
+
+
+@pytest.mark.parametrize(
+    ("signum", "trimmed"),
+    [(signal.SIGTERM, False), (signal.SIGINT, True)],
+    ids=["sigterm", "sigint-trimmed"],
+)
+def test_a_bounded_run_stopped_before_its_end_says_so_and_a_rerun_completes_it(
+    kafka_broker: Broker, tmp_path: Path, signum: int, trimmed: bool
+) -> None:
+    """A supervisor's SIGTERM (or Ctrl-C) to a bounded run: exit 128 + the signal, one line saying the input
+    was not finished, no results file that reads as complete (a trimmed run's rows so far are in
+    `out.csv.partial`); the same command again resumes from the log and completes exactly."""
+    from queuestore.base import PartitionReader
+    from queuestore.kafka import KafkaQueueStore
+
+    purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-stop")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
+    args = [
+        "--store-dir",
+        str(store),
+        "--output-topic",
+        output,
+        *(["--trim-every", "2000"] if trimmed else []),
+    ]
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *args],
+        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
+    readers: list[PartitionReader] = []
+
+    def logged() -> int:
+        if not readers:
+            if not checker.topic_exists(output):
+                return 0
+            readers.append(checker.reader(output, 0))
+        return readers[0].end_offset()
+
+    try:
+        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
+        proc.send_signal(signum)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        for reader in readers:
+            reader.close()
+        checker.close()
+    assert proc.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    written = (
+        f"the results so far are in {results}.partial (incomplete)"
+        if trimmed
+        else "no results file was written"
+    )
+    assert err == (
+        f"cec: stopped by {name} before the end of the input: {written}; run the same command again to resume "
+        "from its log\n"
+    )
+    assert not results.exists()
+    assert Path(f"{results}.partial").exists() == trimmed
+    again = topic_run(kafka_broker, topic, results, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert per_key(results) == csv_reference(tmp_path, purchases)
+    assert not Path(f"{results}.partial").exists()
+    assert not Path(f"{results}.partial").with_name("out.dead-letters.csv.partial").exists()
