@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from cec.exceptions import CecError
 
-__all__ = ["DecodeError", "OutputConflictError", "RetentionError", "SourceError", "TopicSourceError"]
+__all__ = [
+    "DecodeError",
+    "OutputConflictError",
+    "RetentionError",
+    "SourceError",
+    "TopicDeletedError",
+    "TopicSourceError",
+]
 
 
 class SourceError(CecError):
@@ -21,6 +28,11 @@ class DecodeError(SourceError):
 
 class TopicSourceError(SourceError):
     """A Kafka topic cannot be read as configured (missing topic, unreachable broker or registry)."""
+
+
+class TopicDeletedError(TopicSourceError):
+    """The input topic was deleted (or deleted and created again) while a run read it: the rest of the
+    run's input is gone, so its results cannot be completed."""
 
 
 class RetentionError(TopicSourceError):

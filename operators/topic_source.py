@@ -56,7 +56,7 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from cec.exceptions import ConfigError
 from cec.native import native
 from operators.base import InputTuple
-from operators.exceptions import DecodeError, RetentionError, TopicSourceError
+from operators.exceptions import DecodeError, RetentionError, TopicDeletedError, TopicSourceError
 from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
 
@@ -265,6 +265,7 @@ class KafkaTopicSource(InputSource):
         registry: Any = None,
         decoder: ValueDecoder | None = None,
         commit_interval_s: float = 1.0,
+        idle_check_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if fmt == "cec" or fmt not in FORMATS:
@@ -320,6 +321,8 @@ class KafkaTopicSource(InputSource):
         self._commit_interval_s = commit_interval_s
         self._last_commit = clock()
         self._committed: list[int] | None = None
+        self._idle_check_s = idle_check_s
+        self._last_delivery = clock()  # when a poll last delivered records (or the input was last checked)
 
     def _required_fields(self) -> list[str]:
         return [f for f in (self.key_field, self.value_field, self.time_field) if f]
@@ -366,7 +369,11 @@ class KafkaTopicSource(InputSource):
         return None if self._ends is None else (list(self._starts), list(self._ends))
 
     def _log_starts(self) -> list[int]:
-        return _list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
+        try:
+            return _list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
+        except TopicSourceError:
+            self._check_input()  # the usual reason: the topic was deleted (said as such)
+            raise
 
     def seek(self, positions: Sequence[int]) -> None:
         consumer = self._live()
@@ -414,7 +421,11 @@ class KafkaTopicSource(InputSource):
             return None
         first = consumer.poll(_POLL_S)
         out: list[InputTuple] = []
-        if first is not None:
+        if first is None:
+            if self._clock() - self._last_delivery >= self._idle_check_s:
+                self._check_input()
+        else:
+            self._last_delivery = self._clock()
             msgs = [first, *consumer.consume(max(0, max_records - 1), 0)] if max_records > 1 else [first]
             batch = self._fast_batch(msgs)
             out = self._slow_batch(msgs) if batch is None else batch
@@ -612,6 +623,42 @@ class KafkaTopicSource(InputSource):
                 return f"{'null' if name in value else 'missing'} field {name!r}: {_preview(value)}"
         return "record lacks a required field"
 
+    def _check_input(self) -> None:
+        """Nothing arrived for `idle_check_s`: a consumer of assigned partitions waits silently forever on a
+        topic that was deleted (or deleted and created again, its offsets back at 0), so ask the broker.
+        A broker that does not answer is not an error here: the client reconnects, and the store's writer
+        reports a broker that stays away."""
+        self._last_delivery = self._clock()
+        try:
+            md = self._admin.list_topics(timeout=_TIMEOUT_S)  # all topics: naming one may auto-create it
+        except KafkaException as exc:
+            log.warning("Kafka at %s did not answer a metadata request: %s", self.bootstrap_servers, exc)
+            return
+        waiting = [j for j, ended in enumerate(self._ended) if not ended]
+        tmd = md.topics.get(self.topic)
+        if tmd is None or tmd.error is not None or not tmd.partitions:
+            j = waiting[0] if waiting else 0
+            raise TopicDeletedError(
+                f"the input topic {self.topic!r} was deleted while this run read it (partition "
+                f"{self.global_partitions[j]} at offset {self._next[j]:,}): the rest of the run's input is "
+                "gone; its log is intact but its results cannot be completed"
+            )
+        for j in waiting:
+            tp = TopicPartition(self.topic, self.global_partitions[j])
+            try:
+                low, high = self._live().get_watermark_offsets(tp, timeout=_TIMEOUT_S)
+            except KafkaException:
+                return  # as above: no answer is no evidence
+            if high < self._next[j] and self.compat is None:  # Tansu's high watermark is understated
+                raise TopicDeletedError(
+                    f"the input topic {self.topic!r} was deleted and created again while this run read it "
+                    f"(partition {tp.partition} now ends at offset {high:,}, below the run's position "
+                    f"{self._next[j]:,}): the run's input is gone; its log is intact but its results cannot "
+                    "be completed"
+                )
+            if low > self._next[j]:
+                raise self._retention_error(j, self._next[j], low)
+
     def _on_error(self, err: KafkaError, msg: Any) -> None:
         code = err.code()
         if code == KafkaError._PARTITION_EOF:
@@ -658,7 +705,12 @@ class KafkaTopicSource(InputSource):
                 self._consumer.commit(offsets=offsets, asynchronous=True)
             self._committed = list(self._next)
         except KafkaException as exc:  # monitoring only: a failed commit must not stop the operator
-            log.warning("committing positions of %s to group %s failed: %s", self.topic, self.group_id, exc)
+            # A deleted topic's commits fail until `_check_input` says why, in one line.
+            error = exc.args[0] if exc.args else None
+            gone = isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
+            (log.debug if gone else log.warning)(
+                "committing positions of %s to group %s failed: %s", self.topic, self.group_id, exc
+            )
 
     def committed_positions(self) -> list[int] | None:
         """The positions last committed to the monitoring group (None before the first commit)."""
