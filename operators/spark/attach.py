@@ -409,10 +409,8 @@ def _start_query(
     # with its key as the aggregate makes it (canonical_key), so that the group key, the window id in the
     # log and the initial state's key are one string (operators.spark.packing). Across generations each
     # tuple also carries q_g(k) in every generation g (for C_k); with one, C_k is its partition's.
-    pack = PackSpec(
-        tuple(g.partitions for g in recovery.generations),
-        *((spec.key, spec.value, spec.time) if fmt == FORMAT else ()),
-    )
+    # The fields name the key in dead letters on every format; a CEC-format source also reads them.
+    pack = PackSpec(tuple(g.partitions for g in recovery.generations), spec.key, spec.value, spec.time)
     rows = reader.option(PACK_OPTION, pack.to_option()).load()
     # One group per output partition q of the current generation (the processor keeps a partition's keys
     # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.

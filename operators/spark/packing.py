@@ -40,7 +40,8 @@ QS_COLUMN = "cec_qs"
 @dataclass(frozen=True)
 class PackSpec:
     """What the attached query asks its source to pack: the output partitions of every generation (the
-    current one last) and, for a CEC-format input, which payload fields are the key, value and time."""
+    current one last) and which fields are the key, value and time (a CEC-format input reads its payload's
+    fields by these names; every format names the key by it in dead letters)."""
 
     partitions: tuple[int, ...]
     key: str | None = None

@@ -338,3 +338,43 @@ def test_gchecks_bound_the_replay_after_a_driver_kill(
     print(f"replay tuples after the kill: {replays}")  # the figure the report quotes (pytest -s)
     # G-open only: the rare keys' windows hold the extent at their first tuples; with U it stays short.
     assert replays["u"] <= BOUND < replays["gopen"], replays
+
+
+def test_keys_follow_the_one_key_rule_on_the_attached_query(
+    spark: SparkSession, spark_kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The README's key rule on `cec_aggregate` (the same as `cec run`'s): JSON 5 and "5" one key, true and
+    "true" one key, "True", " k" and "k" keys of their own, a float key a dead letter."""
+    bootstrap = spark_kafka_broker.bootstrap
+    topic = f"json-keys-{uuid.uuid4().hex[:8]}"
+    create_topic(bootstrap, topic, 2)
+    keys: list[Any] = [5, "5", True, "true", "True", "True", " k", " k", "k", "k", 5.0]
+    produce(bootstrap, topic, [(1, None, json.dumps({"item": k, "price": 1.0}).encode()) for k in keys * 2])
+    output = f"keys-{uuid.uuid4().hex[:8]}"
+    query = cec_aggregate(
+        spark,
+        available_now=True,
+        input_topic=topic,
+        input_format="json",
+        bootstrap_servers=bootstrap,
+        output_topic=output,
+        key="item",
+        value="price",
+        agg="count",
+        window_count=4,
+        state_dir=str(tmp_path / "state"),
+        checkpoint_location=str(tmp_path / "checkpoints"),
+    )
+    assert query.awaitTermination(300) is True and query.exception() is None
+    rows = read_results(spark, output, bootstrap).collect()
+    assert sorted((r["key"], r["window"], r["count"]) for r in rows) == sorted(
+        (k, 0, 4) for k in ("5", "true", "True", " k", "k")
+    )
+    store = KafkaQueueStore(bootstrap, tmp_path / "probe")
+    try:
+        reasons = [d["reason"] for d in iter_payloads(store, output, DEAD_LETTER_SCHEMA, Kind.DEAD)]
+    finally:
+        store.close()
+    assert (
+        reasons == ["key 'item' is a floating-point number (5.0): a key is text, an integer or a boolean"] * 2
+    )
