@@ -21,7 +21,6 @@ from __future__ import annotations
 import csv
 import io
 import json
-import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,7 +28,6 @@ from typing import Any
 
 import fastavro
 import pytest
-from confluent_kafka import Message
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,28 +44,15 @@ from operators.formats import (
     _json_value,
 )
 from operators.sources import CsvSource
-from operators.topic_source import _ACCESSORS, _decode_one, decode_values
+from operators.topic_source import _decode_one, decode_values
+from tests.fuzz import oracle
+from tests.fuzz.oracle import check_avro, check_json, typed
 
 FUZZ = settings(
     max_examples=int(os.environ.get("CEC_FUZZ_EXAMPLES", "60")),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.large_base_example],
 )
-
-
-def typed(value: Any) -> Any:
-    """`value` with every type spelled out: equal only if equal with the same types (1, 1.0, True), floats
-    bit for bit (-0.0, NaN); a mapping that is not a dict (a C `Record`) as the dict it equals."""
-    if isinstance(value, Mapping) and type(value) is not dict:
-        value = dict(value)
-    kind = type(value)
-    if kind is dict:
-        return ("dict", [(typed(k), typed(v)) for k, v in value.items()])
-    if kind is list or kind is tuple:
-        return (kind.__name__, [typed(v) for v in value])
-    if kind is float:
-        return ("float", "nan" if math.isnan(value) else value.hex())
-    return (kind.__name__, value)
 
 
 def one_by_one(decoder: Any, raws: list[bytes]) -> list[Any]:
@@ -155,7 +140,6 @@ _JSON_HOSTILE = [
 ]
 _JSON_BATCHES = batches(_JSON_DOCS, _JSON_HOSTILE)
 _DECODER = JsonDecoder()
-WANTED = ("item", "price")
 
 
 def _json_answers(raws: list[bytes]) -> list[Any]:
@@ -195,29 +179,14 @@ def test_json_objects_decode_to_themselves(pair: tuple[dict[str, Any], bytes]) -
 
 @pytest.mark.skipif(native is None, reason="the C accelerator is not built")
 @FUZZ
-@given(raws=_JSON_BATCHES, wanted=st.sampled_from([WANTED, ("item",), ("ts", "item", "x")]))
+@given(raws=_JSON_BATCHES, wanted=st.sampled_from(oracle.WANTED))
 def test_json_c_scanner_holds_only_what_the_format_reads_the_same(
     raws: list[bytes], wanted: tuple[str, ...]
 ) -> None:
-    """The C scanner (the topic source's path with the accelerator) accepts a record only if the format
-    reads it as the same dict, with the wanted fields present, not null and not nested; the records it
-    declines are decoded one by one by the caller."""
-    assert native is not None
-    spec = _DECODER.native_spec(wanted)
-    msgs = [Message(topic="t", partition=0, offset=i, value=raw) for i, raw in enumerate(raws)]
-    nxt = [0]
-    out, declined = native.topic_batch(msgs, _ACCESSORS, InputTuple, [0], [math.inf], nxt, spec)
-    assert declined == sum(t is None for t in out) and nxt == [len(raws)]
-    want = _json_answers(raws)
-    for raw, tup, ref in zip(raws, out, want, strict=True):
-        if tup is None:
-            continue
-        assert tup.raw is raw and tup.error is None
-        assert typed(tup.value) == ref  # also: the format does not refuse it
-        for name in wanted:
-            held = tup.value[name]
-            assert held is not None and not isinstance(held, (dict, list))
-            assert typed(held) == typed(json.loads(raw)[name])
+    """The C scanner (the topic source's path with the accelerator) holds a record only if the format
+    reads it as the same dict, with the wanted fields present, not null and not nested (tests/fuzz/oracle);
+    the records it declines are decoded one by one by the caller."""
+    check_json(native, raws, wanted)
 
 
 def test_json_depth_limit_is_the_same_on_every_path_whatever_the_stack() -> None:
@@ -235,19 +204,7 @@ def test_json_depth_limit_is_the_same_on_every_path_whatever_the_stack() -> None
 
 
 # -- Avro (flat: the C decoder and fastavro) --------------------------------------------------------------
-FLAT: dict[str, Any] = {
-    "type": "record",
-    "name": "Purchase",
-    "fields": [
-        {"name": "item", "type": ["null", "string"]},
-        {"name": "price", "type": ["null", "double"]},
-        {"name": "ts", "type": "long"},
-        {"name": "tags", "type": "bytes"},
-        {"name": "ok", "type": ["boolean", "null"]},
-        {"name": "kind", "type": {"type": "enum", "name": "K", "symbols": ["A", "B"]}},
-        {"name": "ratio", "type": "float"},
-    ],
-}
+FLAT = oracle.FLAT_AVRO
 NESTED: dict[str, Any] = {
     "type": "record",
     "name": "Order",
@@ -310,13 +267,8 @@ def test_flat_avro_c_and_fastavro_batches_decode_as_each_value_alone(raws: list[
         _assert_answers(got, raws)
         assert [typed(g) for g in got] == want
         assert [typed(g) for g in decode_values(decoder, raws)] == want
-    if native is not None:  # the topic source's C batch path: accepted records equal fastavro's
-        spec = _FLAT_C.native_spec(["item", "price"])
-        msgs = [Message(topic="t", partition=0, offset=i, value=raw) for i, raw in enumerate(raws)]
-        out, _declined = native.topic_batch(msgs, _ACCESSORS, InputTuple, [0], [math.inf], [0], spec)
-        for tup, ref in zip(out, want, strict=True):
-            if tup is not None:
-                assert typed(tup.value) == ref
+    if native is not None:  # the C decoder on its own, and the topic source's C batch path
+        check_avro(native, raws)
 
 
 @FUZZ
