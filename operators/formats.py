@@ -12,7 +12,7 @@ every record because a server is down would lose the input.
 - `avro`: a schemaless Avro body (no container header), schema given as a dict or an `.avsc` file path;
 - `registry`: the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro body), schemas
   fetched by id through confluent-kafka's Schema Registry client and cached;
-- `csv`: one CSV line per record, column names given.
+- `csv`: one CSV line per record (UTF-8; a leading byte order mark ignored), column names given.
 
 The `cec` format (a cec queue) is not a value decoder: its records carry cec's envelope, checksums and
 control tuples, which `operators.sources.QueueSource` already reads.
