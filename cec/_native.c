@@ -1043,11 +1043,12 @@ static void record_finish(RecordObject *r) {
 }
 
 /* -- JSON: a strict scanner that holds the wanted top-level fields and checks the rest ----------------- */
-/* It accepts a subset of what json.loads accepts, with the same values: one object, RFC 8259 syntax,
- * strict UTF-8 (json.loads would pass encoded surrogates), no NaN / Infinity, strings without control
- * characters, nesting up to JSON_DEPTH, numbers of at most JSON_DIGITS characters. Anything else, and a
- * record whose wanted field is missing, null or not a string / number / boolean, is declined: the
- * caller decodes that one with json.loads, which gives its value or its reason. */
+/* It accepts a subset of what the json format accepts (operators.formats), with the same values, which
+ * are also json.loads's: one object, RFC 8259 syntax, strict UTF-8 (json.loads would pass encoded
+ * surrogates), no byte order mark, no NaN / Infinity, strings without control characters or lone
+ * surrogate escapes, nesting up to JSON_DEPTH, numbers of at most JSON_DIGITS characters. Anything else,
+ * and a record whose wanted field is missing, null or not a string / number / boolean, is declined: the
+ * caller decodes that one on its own, which gives its value or its reason. */
 #define JSON_DEPTH 64
 #define JSON_DIGITS 600  /* below the least int_max_str_digits Python allows (640) */
 
@@ -1114,9 +1115,17 @@ static int json_string(jcur *c, const unsigned char **s, Py_ssize_t *n, int *esc
             if (end - p < 2) return 0;
             unsigned char e = p[1];
             if (e == 'u') {
-                unsigned int u;
+                unsigned int u, lo;
                 if (end - p < 6 || !hex4(p + 2, &u)) return 0;
                 p += 6;
+                /* A surrogate escape must be a high one followed by a low one (the format refuses a lone
+                 * surrogate anywhere in a record, a field it skips included: operators.formats). */
+                if (u >= 0xDC00 && u <= 0xDFFF) return 0;
+                if (u >= 0xD800 && u <= 0xDBFF) {
+                    if (end - p < 6 || p[0] != '\\' || p[1] != 'u' || !hex4(p + 2, &lo) || lo < 0xDC00 || lo > 0xDFFF)
+                        return 0;
+                    p += 6;
+                }
             } else if (e == '"' || e == '\\' || e == '/' || e == 'b' || e == 'f' || e == 'n' || e == 'r' || e == 't') {
                 p += 2;
             } else {
@@ -1145,8 +1154,8 @@ static Py_ssize_t put_utf8(unsigned char *out, unsigned int cp) {
     return 4;
 }
 
-/* The str of a scanned string's contents; NULL without an exception to decline (a lone surrogate,
- * which json.loads keeps but UTF-8 cannot hold), NULL with one on a memory error. */
+/* The str of a scanned string's contents; NULL without an exception to decline (a lone surrogate, which
+ * json.loads keeps but UTF-8 cannot hold: json_string refuses it already), NULL with one on a memory error. */
 static PyObject *json_str(const unsigned char *s, Py_ssize_t n, int escaped) {
     if (!escaped) return PyUnicode_DecodeUTF8((const char *)s, n, NULL);
     unsigned char *buf = PyMem_Malloc(n > 0 ? (size_t)n : 1);  /* unescaping never lengthens */
@@ -1362,7 +1371,7 @@ static PyObject *json_record(PyObject *raw, PyObject *layout, const wanted_field
             kstr = json_str(k, kn, 1);
             if (kstr == NULL) {
                 if (PyErr_Occurred()) { Py_DECREF(r); return NULL; }
-                kn = -1;  /* a lone surrogate: no wanted name */
+                kn = -1;  /* a lone surrogate (json_string refused it already): no wanted name */
             } else {
                 k = (const unsigned char *)PyUnicode_AsUTF8AndSize(kstr, &kn);
                 if (k == NULL) { Py_DECREF(kstr); Py_DECREF(r); return NULL; }

@@ -1,11 +1,15 @@
-"""Durations and event times as users write them: one parser each, shared by the CLI, the job specs,
-`cec.config` and `operators.spark.attach.cec_aggregate`.
+"""Durations, event times and numbers as users write them: one parser each, shared by the CLI, the job
+specs, `cec.config`, the operators and `operators.spark.attach.cec_aggregate`.
 
 - durations: "500ms", "10s", "5m", "1h", "1d", "2.5 s", and Spark's interval forms "500 milliseconds",
   "10 seconds", "5 minutes", "1 hour", "interval 1 hour 30 minutes" (a sum of number-unit pairs);
 - event times: integers (milliseconds since the epoch, also as text), ISO-8601 ("2024-05-01T12:00:00Z",
   "2024-05-01T12:00:00.250+02:00", "2024-05-01") and "YYYY-MM-DD HH:MM:SS[.fff]"; a time without a zone
-  is UTC. Parsed by `datetime.fromisoformat` (C code), after the integer fast path.
+  is UTC. Parsed by `datetime.fromisoformat` (C code), after the integer fast path;
+- numbers in data given as text (a CSV field, a JSON string): ASCII decimal only (`number_from_text`).
+
+Data is read as a demanding user (and JSON, Avro, Spark) would: Python's int() / float() also take
+"1_000", surrounding whitespace and other scripts' digits ("١٢"); cec does not.
 """
 
 from __future__ import annotations
@@ -17,7 +21,14 @@ from typing import Any
 
 from cec.exceptions import ConfigError
 
-__all__ = ["NonFiniteTimeError", "format_time_ms", "parse_duration_ms", "parse_duration_s", "parse_time_ms"]
+__all__ = [
+    "NonFiniteTimeError",
+    "format_time_ms",
+    "number_from_text",
+    "parse_duration_ms",
+    "parse_duration_s",
+    "parse_time_ms",
+]
 
 _UNITS_S: dict[str, float] = {
     "ms": 0.001,
@@ -96,40 +107,60 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 
 
+def _plain_ascii(text: str) -> bool:
+    """Text that int() / float() read as a demanding user would: ASCII, no "_" digit separators, no
+    surrounding whitespace."""
+    return text.isascii() and "_" not in text and text == text.strip()
+
+
+def number_from_text(text: str) -> float:
+    """A number written as text: float() of an ASCII decimal number (digits, an optional sign, decimal
+    point and exponent; "nan" and "inf" read as themselves, for the caller to refuse as not finite).
+    ValueError for anything else, "1_000", " 12 " and "١٢" included."""
+    x = float(text)
+    if not _plain_ascii(text):
+        raise ValueError(f"not an ASCII decimal number: {text!r:.80}")
+    return x
+
+
 def parse_time_ms(value: Any) -> int:
-    """An event time in integer milliseconds since the epoch, from an integer (or its text), a number
-    (truncated), a datetime, or an ISO-8601 / "YYYY-MM-DD HH:MM:SS" text (UTC when it has no zone). Raises ValueError
-    (with the reason) for anything else."""
+    """An event time in integer milliseconds since the epoch, from an integer (or its ASCII decimal text),
+    a number with no fraction (1000.0, "1e3"), a datetime (floored to the millisecond), or an ISO-8601 /
+    "YYYY-MM-DD HH:MM:SS" text (UTC when it has no zone; floored to the millisecond). Raises ValueError
+    (with the reason) for anything else, a number with a fraction (1000.5) included."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
     if isinstance(value, datetime):  # a timestamp column (Spark's TimestampType, pandas): UTC if naive
         moment = value if value.tzinfo is not None else value.replace(tzinfo=timezone.utc)
         return (moment - _EPOCH) // _MS
     if isinstance(value, str):
-        text = value.strip()
-        if not text:
+        if not value:
             raise ValueError("empty")
+        if not _plain_ascii(value):
+            raise ValueError("neither integer milliseconds nor an ISO-8601 time (ASCII, no spaces around)")
         try:
-            return int(text)
+            return int(value)
         except ValueError:
             pass
         try:
-            x = float(text)  # "1e3", "12.5": a number of milliseconds, truncated
+            x = float(value)  # "1e3": a number of milliseconds
         except ValueError:
-            return _iso_ms(text)
-        return _finite_ms(x)
+            return _iso_ms(value)
+        return _whole_ms(x)
     if value is None or isinstance(value, bool):
         raise ValueError("not a time")
-    return _finite_ms(float(value))
+    return _whole_ms(float(value))
 
 
 class NonFiniteTimeError(ValueError):
     """A time given as nan or infinity."""
 
 
-def _finite_ms(x: float) -> int:
+def _whole_ms(x: float) -> int:
     if not math.isfinite(x):
         raise NonFiniteTimeError("not finite")
+    if not x.is_integer():
+        raise ValueError(f"not a whole number of milliseconds: {x!r}")
     return int(x)
 
 

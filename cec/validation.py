@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from cec.exceptions import ConfigError
-from cec.timeparse import parse_time_ms
+from cec.timeparse import number_from_text, parse_time_ms
 
 __all__ = [
     "check_csv_input",
@@ -79,7 +79,7 @@ def require_spark() -> None:
 
 def _number_ok(text: str) -> bool:
     try:
-        float(text)
+        number_from_text(text)  # the operator's own rule for a number given as text
     except ValueError:
         return False
     return True
@@ -96,15 +96,24 @@ def _time_ok(text: str) -> bool:
 def check_csv_input(path: Path, columns: Sequence[str], value: str, time: str | None) -> None:
     """The header has every column, and the value (and time) columns are readable in at least one of the
     first rows: a wrong column is said now, not after a run that dead-letters every row."""
+    rows: list[list[str]] = []
     try:
-        with path.open(newline="", encoding="utf-8", errors="replace") as f:
+        # utf-8-sig: a leading byte order mark is not part of the first column's name (as in CsvSource).
+        with path.open(newline="", encoding="utf-8-sig", errors="replace") as f:
             reader = csv.reader(f)
-            header = next(reader, None)
-            rows = [row for _, row in zip(range(PEEK_ROWS), reader, strict=False)]
+            try:
+                header = next(reader, None)
+            except csv.Error as exc:
+                raise ConfigError(f"{path} is not a readable CSV file: {exc}") from None
+            for _ in range(PEEK_ROWS):
+                try:
+                    rows.append(next(reader))
+                except StopIteration:
+                    break
+                except csv.Error:  # a row the run dead-letters (a field over the size limit...), as anywhere
+                    continue
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror}") from None
-    except csv.Error as exc:
-        raise ConfigError(f"{path} is not a readable CSV file: {exc}") from None
     if not header:
         raise ConfigError(f"{path} is empty: a header row is required")
     missing = [c for c in columns if c not in header]
@@ -117,7 +126,7 @@ def check_csv_input(path: Path, columns: Sequence[str], value: str, time: str | 
         checks.append((time, _time_ok, "times (integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS)"))
     for column, ok, what in checks:
         i = header.index(column)
-        cells = [row[i].strip() for row in rows if len(row) == len(header) and row[i].strip()]
+        cells = [row[i] for row in rows if len(row) == len(header) and row[i].strip()]
         if cells and not any(ok(cell) for cell in cells):
             raise ConfigError(
                 f"column {column!r} of {path} holds no {what} in its first {len(cells)} values "

@@ -23,7 +23,7 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
-from cec.timeparse import NonFiniteTimeError, parse_duration_ms, parse_time_ms
+from cec.timeparse import NonFiniteTimeError, number_from_text, parse_duration_ms, parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
 __all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "canonical_key", "parse_duration_ms"]
@@ -115,7 +115,8 @@ def _number(value: Any, what: str) -> float:
     if isinstance(value, bool):
         raise BadTupleError(f"{what} is not a number: {value!r}")
     try:
-        x = float(value)
+        # Text (a CSV field, a JSON string "12.5") only as an ASCII decimal number: not "1_000", " 12 ", "١٢"
+        x = number_from_text(value) if isinstance(value, str) else float(value)
     except (TypeError, ValueError):
         raise BadTupleError(f"{what} is not a number: {value!r:.80}") from None
     except OverflowError:  # an integer beyond any double
@@ -126,9 +127,9 @@ def _number(value: Any, what: str) -> float:
 
 
 def _time_ms(value: Any, what: str, margin: int) -> int:
-    """An event time in integer ms (`cec.timeparse.parse_time_ms`: integers exactly, also as text; other
-    numbers truncated; ISO-8601 and "YYYY-MM-DD HH:MM:SS", UTC without a zone). Must lie within `margin`
-    of the Avro long range (a time window's bounds are `margin` = D away from it)."""
+    """An event time in integer ms (`cec.timeparse.parse_time_ms`: integers exactly, also as ASCII text;
+    other numbers only without a fraction; ISO-8601 and "YYYY-MM-DD HH:MM:SS", UTC without a zone). Must
+    lie within `margin` of the Avro long range (a time window's bounds are `margin` = D away from it)."""
     if value is None or (isinstance(value, str) and not value.strip()):
         raise BadTupleError(f"missing {what}")
     try:

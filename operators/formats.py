@@ -5,11 +5,14 @@ a dead letter with the record's partition and offset, and the run goes on. Probl
 record's fault (a schema registry that cannot be reached) raise `TopicSourceError` instead: dead-lettering
 every record because a server is down would lose the input.
 
-- `json`: one JSON object per record (UTF-8);
+- `json`: one JSON object per record: RFC 8259 text in UTF-8 (a leading byte order mark is ignored), as
+  `json.loads` reads it, except that `NaN` / `Infinity`, strings holding a lone surrogate escape
+  (`"\\ud800"`: not text, UTF-8 cannot hold it) and nesting deeper than `JSON_MAX_DEPTH` levels are refused;
+  integers are exact at any size Python reads;
 - `avro`: a schemaless Avro body (no container header), schema given as a dict or an `.avsc` file path;
 - `registry`: the Confluent wire format (magic byte 0, 4-byte big-endian schema id, Avro body), schemas
   fetched by id through confluent-kafka's Schema Registry client and cached;
-- `csv`: one CSV line per record, column names given.
+- `csv`: one CSV line per record (UTF-8; a leading byte order mark ignored), column names given.
 
 The `cec` format (a cec queue) is not a value decoder: its records carry cec's envelope, checksums and
 control tuples, which `operators.sources.QueueSource` already reads.
@@ -20,6 +23,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import re
 import struct
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -32,17 +36,24 @@ from cec.native import compile_avro, native
 from operators.exceptions import DecodeError, TopicSourceError
 
 # Every digit read as "0": a run of 19 zeros in the result is an integer of 19+ digits (C-speed translate
-# and substring search; a regex over the batch cost more than decoding it).
+# and substring search over a whole batch).
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 _LONG_RUN = b"0" * 19
-_batch_loads: Any
-try:  # about 6x faster than json.loads on a batch of small objects (benchmarks/bench_topic_source.py)
-    from orjson import loads as _batch_loads
-except ImportError:  # pragma: no cover - a dependency; json gives the same results, slower
-    _batch_loads = json.loads
+_fast_loads: Any
+try:  # per value about 4x faster than json.loads (benchmarks/bench_decoders.py)
+    from orjson import loads as _fast_loads
+except ImportError:  # pragma: no cover - a dependency; without it every value takes the json path
+    _fast_loads = None
 
+# Deeper JSON is refused (a dead letter), on every path: json.loads recurses once per level and would fail
+# with RecursionError at a depth that depends on the caller's stack; orjson stops at 1,024 levels.
+JSON_MAX_DEPTH = 512
+_UTF8_BOM = b"\xef\xbb\xbf"
+# Strings, and brackets outside them (a string's closing quote optional: an unterminated one runs to the end).
+_JSON_NESTING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"?|[\[\]{}]', re.DOTALL)
 __all__ = [
     "FORMATS",
+    "JSON_MAX_DEPTH",
     "AvroDecoder",
     "CsvDecoder",
     "JsonDecoder",
@@ -81,19 +92,72 @@ def load_avro_schema(schema: str | Path | Mapping[str, Any]) -> dict[str, Any]:
 
 def _parse_avro(schema: Mapping[str, Any], where: str) -> Any:
     try:
-        return fastavro.parse_schema(dict(schema))
+        parsed = fastavro.parse_schema(dict(schema))
     except Exception as exc:  # fastavro raises several types (SchemaParseException, KeyError, ...)
         raise ConfigError(f"invalid Avro schema ({where}): {exc}") from None
+    if _has_array_of_nothing(parsed):
+        # Such items are read without consuming a byte: one record claiming 2**62 of them would keep
+        # fastavro looping (and filling memory), at every restart.
+        raise ConfigError(
+            f"Avro schema ({where}) has an array whose items take no bytes (null, an empty record, a "
+            "fixed of size 0): not supported"
+        )
+    return parsed
+
+
+def _has_array_of_nothing(parsed: Any) -> bool:
+    """Whether a parsed schema holds an array of items that take no bytes when encoded."""
+    named: dict[str, Any] = {}
+    found = False
+
+    def empty(t: Any, seen: frozenset[str]) -> bool:
+        if isinstance(t, str):
+            if t == "null":
+                return True
+            if t in named and t not in seen:
+                return empty(named[t], seen | {t})
+            return False  # a primitive that takes bytes, or a recursive reference
+        if not isinstance(t, dict):
+            return False  # a union: its branch index takes a byte
+        kind = t.get("type")
+        if kind == "fixed":
+            return t.get("size") == 0
+        if kind in ("record", "error"):
+            return all(empty(f.get("type"), seen) for f in t.get("fields", []))
+        if kind in ("array", "map", "enum"):
+            return False  # a block count or an index takes a byte
+        return empty(kind, seen)  # {"type": "null"}, a logical type over a primitive
+
+    def walk(t: Any) -> None:
+        nonlocal found
+        if isinstance(t, list):
+            for branch in t:
+                walk(branch)
+        elif isinstance(t, dict):
+            if isinstance(t.get("name"), str) and t.get("type") in ("record", "error", "enum", "fixed"):
+                named[t["name"]] = t
+            kind = t.get("type")
+            if kind in ("record", "error"):
+                for f in t.get("fields", []):
+                    walk(f.get("type"))
+            elif kind == "array":
+                walk(t.get("items"))
+                found = found or empty(t.get("items"), frozenset())
+            elif kind == "map":
+                walk(t.get("values"))
+            elif isinstance(kind, (dict, list)):
+                walk(kind)
+
+    walk(parsed)
+    return found
 
 
 def _read_avro(parsed: Any, body: bytes | memoryview) -> Mapping[str, Any]:
     buf = io.BytesIO(body)
     try:
         obj = fastavro.schemaless_reader(buf, parsed, None)
-    except (
-        Exception
-    ) as exc:  # EOFError, UnicodeDecodeError, ValueError, IndexError...: all mean "not this schema"
-        raise DecodeError(f"not Avro of the given schema: {type(exc).__name__}: {exc!s:.120}") from None
+    except Exception as exc:  # EOFError, UnicodeDecodeError, ValueError, IndexError...: "not this schema"
+        raise DecodeError(f"not Avro of the given schema: {_message(exc)}") from None
     # A body written with another schema often decodes "successfully" into garbage; bytes left over are
     # the one cheap sign of it that schemaless Avro offers.
     if buf.tell() != len(body):
@@ -101,6 +165,16 @@ def _read_avro(parsed: Any, body: bytes | memoryview) -> Mapping[str, Any]:
     if not isinstance(obj, Mapping):
         raise DecodeError("Avro value is not a record")
     return obj
+
+
+# An object's address in a message ("<_io.BytesIO object at 0x7f...>"): a reason must not change from
+# one run to the next (a rerun writes byte-identical dead letters).
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def _message(exc: BaseException) -> str:
+    """An exception as one line of a dead letter's reason: its type and message, addresses dropped."""
+    return f"{type(exc).__name__}: {_ADDRESS.sub('', str(exc))!s:.120}"
 
 
 def _not_an_object(obj: Any) -> str:
@@ -112,52 +186,119 @@ def _layout(names: tuple[str, ...], loader: Any) -> tuple[tuple[str, ...], dict[
     return (names, {name: i for i, name in enumerate(names)}, loader)
 
 
+def _json_nesting(text: str) -> int:
+    """The deepest nesting of arrays and objects in `text` (exact for JSON; never less than json.loads
+    recurses before it stops, for any text)."""
+    if text.count("[") + text.count("{") <= JSON_MAX_DEPTH:
+        return 0  # not deeper than the limit, whatever it is
+    depth = deepest = 0
+    for match in _JSON_NESTING.finditer(text):
+        token = match[0]
+        if token == "[" or token == "{":
+            depth += 1
+            if depth > deepest:
+                deepest = depth
+        elif token == "]" or token == "}":
+            depth -= 1
+    return deepest
+
+
+def _lone_surrogate(obj: Any) -> str | None:
+    """The first string (key or value, at any depth) in a decoded JSON value that holds a lone surrogate."""
+    todo = [obj]
+    while todo:
+        item = todo.pop()
+        if type(item) is str:
+            if not item.isascii():
+                try:
+                    item.encode("utf-8")
+                except UnicodeEncodeError:
+                    return item
+        elif type(item) is dict:
+            todo.extend(item)
+            todo.extend(item.values())
+        elif type(item) is list:
+            todo.extend(item)
+    return None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _json_value(raw: bytes) -> Mapping[str, Any] | str:
+    """The json format's definition (module docstring): the record in `raw`, or the reason it is not one.
+    Every path decodes a record to exactly what this gives."""
+    body = raw[len(_UTF8_BOM) :] if raw[:3] == _UTF8_BOM else raw
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        return f"not JSON: not UTF-8 ({exc.reason} at byte {exc.start + len(raw) - len(body)})"
+    if _json_nesting(text) > JSON_MAX_DEPTH:
+        return f"not JSON: nested deeper than {JSON_MAX_DEPTH} levels"
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except ValueError as exc:  # JSONDecodeError; an integer longer than Python reads (int_max_str_digits)
+        return f"not JSON: {exc!s:.120}"
+    except RecursionError:  # not within the depth limit: only if the caller's stack is nearly full
+        return f"not JSON: nested deeper than {JSON_MAX_DEPTH} levels"
+    if type(obj) is not dict:
+        return _not_an_object(obj)
+    if "\\u" in text:  # only an escape can make a lone surrogate (the text itself is valid UTF-8)
+        bad = _lone_surrogate(obj)
+        if bad is not None:
+            return f"not JSON: string {bad!r:.60} holds a lone surrogate (not text; UTF-8 cannot hold it)"
+    return obj
+
+
 class JsonDecoder:
     def native_spec(self, wanted: Sequence[str]) -> tuple[Any, ...] | None:
         """What `cec._native.topic_batch` decodes this format with, holding the `wanted` fields (each must
         be present, not null, and a string, number or boolean: anything else is declined and decoded by
-        `decode`); the rest of a record is loaded by json.loads when asked for. None without the C
-        accelerator."""
+        `decode`); the rest of a record is loaded by json.loads when asked for (the C scanner accepts only
+        records that json.loads reads exactly as `decode` does). None without the C accelerator."""
         if native is None or not wanted or len(set(wanted)) > 8:
             return None
         return ("json", _layout(tuple(dict.fromkeys(wanted)), json.loads))
 
     def decode(self, raw: bytes) -> Mapping[str, Any]:
-        try:
-            obj = json.loads(raw)
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise DecodeError(f"not JSON: {exc!s:.120}") from None
-        if not isinstance(obj, dict):
-            raise DecodeError(_not_an_object(obj))
-        return obj
+        got = self.decode_many([raw])[0]
+        if isinstance(got, str):
+            raise DecodeError(got)
+        return got
 
     def decode_many(self, raws: Sequence[bytes]) -> list[Mapping[str, Any] | str]:
-        """Each value decoded, or the reason it is not a JSON object.
+        """Each value decoded, or the reason it is not a JSON object: exactly `_json_value` of each.
 
-        One `json.loads` over the batch joined as a JSON array (about 4x faster than one call per value).
-        It gives exactly the per-value results when it yields one element per value: n values joined by
-        n - 1 commas make n elements only if every comma separates elements, i.e. each value is one JSON
-        value by itself. Otherwise (a bad value in the batch) every value is decoded on its own.
-        """
-        if len(raws) > 1:
-            try:
-                # orjson when installed: stricter than json (no NaN, UTF-8 only), so a batch it refuses is
-                # decoded value by value with json below, and the results never differ from json's.
-                batch = b"[" + b",".join(raws) + b"]"
-                # orjson reads an integer past 64 bits as a float; json keeps it exact.
-                long_ints = _LONG_RUN in batch.translate(_DIGITS_AS_ZERO)
-                objs = (json.loads if long_ints else _batch_loads)(batch)
-            except (UnicodeDecodeError, ValueError):
-                objs = None
-            if objs is not None and len(objs) == len(raws):
-                return [obj if type(obj) is dict else _not_an_object(obj) for obj in objs]
-        out: list[Mapping[str, Any] | str] = []
+        orjson decodes each value on its own (as fast per value as one call over the batch joined into an
+        array, and no value can change how another one reads). It is stricter than `_json_value` (no BOM,
+        no number beyond a double) and reads integers beyond 64 bits as floats, so only a dict it returns
+        is taken, and only from a value with no run of 19 digits and no more brackets than the depth
+        limit; every other value is decided by `_json_value`. Both checks are made over the whole batch
+        first (nearly always they clear it)."""
+        loads = _fast_loads
+        if loads is None:
+            return [_json_value(raw) for raw in raws]
+        out: list[Mapping[str, Any] | str | None] = []
+        append = out.append
         for raw in raws:
             try:
-                out.append(self.decode(raw))
-            except DecodeError as exc:
-                out.append(exc.reason)
-        return out
+                obj = loads(raw)
+            except ValueError:  # orjson.JSONDecodeError
+                obj = None
+            append(obj if type(obj) is dict else None)
+        if raws:
+            if _LONG_RUN in b"\n".join(raws).translate(_DIGITS_AS_ZERO):
+                for i, raw in enumerate(raws):
+                    if _LONG_RUN in raw.translate(_DIGITS_AS_ZERO):
+                        out[i] = None
+            if max(map(len, raws)) > JSON_MAX_DEPTH:
+                for i, raw in enumerate(raws):
+                    if len(raw) > JSON_MAX_DEPTH and raw.count(b"[") + raw.count(b"{") > JSON_MAX_DEPTH:
+                        out[i] = None
+        if None in out:
+            return [_json_value(raw) if obj is None else obj for obj, raw in zip(out, raws, strict=True)]
+        return out  # type: ignore[return-value]  # no None left
 
 
 class AvroDecoder:
@@ -245,11 +386,15 @@ class RegistryDecoder:
         self._client = client
         self.url = url
         self._schemas: dict[int, Any] = {}
+        self._unusable: dict[int, str] = {}  # ids whose schema cannot decode anything: the reason
 
     def _schema(self, schema_id: int) -> Any:
         parsed = self._schemas.get(schema_id)
         if parsed is not None:
             return parsed
+        reason = self._unusable.get(schema_id)
+        if reason is not None:
+            raise DecodeError(reason)
         from confluent_kafka.schema_registry.error import SchemaRegistryError
 
         try:
@@ -262,7 +407,12 @@ class RegistryDecoder:
             raise TopicSourceError(f"schema registry {self.url} unreachable: {exc}") from None
         if (schema.schema_type or "AVRO") != "AVRO":
             raise DecodeError(f"schema id {schema_id} is {schema.schema_type}, not Avro")
-        parsed = _parse_avro(json.loads(schema.schema_str), f"registry schema id {schema_id}")
+        try:
+            parsed = _parse_avro(json.loads(schema.schema_str), f"registry schema id {schema_id}")
+        except (ValueError, TypeError, ConfigError) as exc:  # the schema, not the registry: the record's
+            reason = str(exc) if isinstance(exc, ConfigError) else f"schema id {schema_id} is not JSON: {exc}"
+            self._unusable[schema_id] = reason
+            raise DecodeError(reason) from None
         self._schemas[schema_id] = parsed
         return parsed
 
@@ -300,7 +450,7 @@ class CsvDecoder:
 
     def decode(self, raw: bytes) -> Mapping[str, Any]:
         try:
-            text = raw.decode("utf-8")
+            text = raw.decode("utf-8").removeprefix("\ufeff")  # a leading byte order mark, as in a CSV file
             rows = list(csv.reader([text.rstrip("\r\n")], delimiter=self.delimiter, strict=True))
         except (UnicodeDecodeError, csv.Error) as exc:
             raise DecodeError(f"not a CSV line: {exc!s:.120}") from None

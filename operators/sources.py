@@ -217,8 +217,11 @@ class CsvSource(InputSource):
         if self._fd is None:
             raise ConfigError(f"{self.path}: the source is closed")
         self._check_unchanged()
-        # A duplicate of the one descriptor (closing the text reader must not close it), rewound.
-        self._file = os.fdopen(os.dup(self._fd), "r", newline="", encoding="utf-8", errors="surrogateescape")
+        # A duplicate of the one descriptor (closing the text reader must not close it), rewound. utf-8-sig:
+        # a leading byte order mark (spreadsheets write one) is not part of the first column's name.
+        self._file = os.fdopen(
+            os.dup(self._fd), "r", newline="", encoding="utf-8-sig", errors="surrogateescape"
+        )
         self._file.seek(0)
         self._tap = _LineTap(self._file)
         self._rows = csv.reader(self._tap.lines)

@@ -461,8 +461,7 @@ class KafkaTopicSource(InputSource):
         except KeyError:
             return None
         raws = list(map(_MSG_VALUE, msgs))
-        many = getattr(self._decoder, "decode_many", None)
-        if many is None or None in raws:
+        if getattr(self._decoder, "decode_many", None) is None or None in raws:
             return None
         # A batch allocates a dict and a tuple per record, none of them cyclic: the cyclic collector's
         # passes over them halved the input rate (measured: benchmarks/bench_topic_source.py), so it is
@@ -471,7 +470,7 @@ class KafkaTopicSource(InputSource):
         if collecting:
             gc.disable()
         try:
-            return self._fast_tuples(msgs, parts, offsets, last, raws, many(raws))
+            return self._fast_tuples(msgs, parts, offsets, last, raws, decode_values(self._decoder, raws))
         finally:
             if collecting:
                 gc.enable()
@@ -574,17 +573,14 @@ class KafkaTopicSource(InputSource):
     ) -> list[InputTuple]:
         """Decode a batch (one call for the whole batch where the decoder can: `decode_many`) and check
         the fields the operator needs."""
-        many = getattr(self._decoder, "decode_many", None)
         values: list[Any]
         if decoded is not None:  # `_fast_batch` decoded them, and advanced no position
             values = decoded
             nxt = self._next
             for j, offset in dict(zip(js, offsets, strict=True)).items():
                 nxt[j] = offset + 1
-        elif many is not None and None not in raws:
-            values = many(raws)
         else:
-            values = [_decode_one(self._decoder, raw) for raw in raws]
+            values = decode_values(self._decoder, raws)
         if msgs:
             values = [v if type(v) is str else self._inject(v, m) for v, m in zip(values, msgs, strict=True)]
         getter, single = self._getter, len(self._required) == 1
@@ -726,6 +722,22 @@ class KafkaTopicSource(InputSource):
             consumer.close()
 
 
+def decode_values(decoder: ValueDecoder, raws: list[Any]) -> list[Mapping[str, Any] | str]:
+    """Each value's record, or the reason it cannot be one (`decode_many`'s convention): in one call where
+    the decoder has `decode_many` (which gives exactly what decoding each value alone gives), else one by
+    one. Nothing a decoder raises on a value stops the run, except `TopicSourceError` (not the value's
+    fault: a registry that cannot be reached)."""
+    many = getattr(decoder, "decode_many", None)
+    if many is not None and None not in raws:
+        try:
+            return many(raws)
+        except TopicSourceError:
+            raise
+        except Exception:  # a decoder's own failure: each value on its own, which names its reason
+            log.debug("decode_many failed; decoding %d values one by one", len(raws), exc_info=True)
+    return [_decode_one(decoder, raw) for raw in raws]
+
+
 def _decode_one(decoder: ValueDecoder, raw: bytes | None) -> Mapping[str, Any] | str:
     """A record, or the reason it cannot be one (`decode_many`'s convention)."""
     if raw is None:
@@ -734,6 +746,11 @@ def _decode_one(decoder: ValueDecoder, raw: bytes | None) -> Mapping[str, Any] |
         return decoder.decode(raw)
     except DecodeError as exc:
         return exc.reason
+    except TopicSourceError:
+        raise
+    except Exception as exc:  # RecursionError, MemoryError on a hostile value...: the value's dead letter
+        detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")  # a reason is written as UTF-8
+        return f"cannot decode: {type(exc).__name__}: {detail:.120}"
 
 
 def _preview(value: Mapping[str, Any]) -> str:

@@ -370,6 +370,7 @@ def test_on_kafka_an_edited_input_never_reuses_the_old_log(tmp_path: Path, kafka
 
 
 # -- poison input: dead letters with reasons, the run goes on ---------------------------------------------
+_NOT_A_TIME = "time 'ts' is neither integer milliseconds nor"
 _POISON = [
     # (key, value, ts, expected reason, poison for which windows)
     (b"item-1", b"5", b"1e30", "time 'ts' is out of range", {"time", "count"}),
@@ -382,6 +383,14 @@ _POISON = [
     (b"\xfe", b"7", b"TS", "key 'item_id' is not valid UTF-8: b'\\xfe'", {"time", "count"}),
     (b"\xff", b"9", b"TS", "key 'item_id' is not valid UTF-8: b'\\xff'", {"time", "count"}),
     (b"item-\xfe1", b"9", b"TS", "key 'item_id' is not valid UTF-8: b'item-\\xfe1'", {"time", "count"}),
+    # What Python's float() / int() read but a number written as text is not: ASCII decimal only.
+    (b"item-8", b"1_000", b"TS", "value 'item_price' is not a number", {"time", "count"}),
+    (b"item-9", b" 12 ", b"TS", "value 'item_price' is not a number", {"time", "count"}),
+    (b"item-10", "\u0661\u0662".encode(), b"TS", "value 'item_price' is not a number", {"time", "count"}),
+    (b"item-11", b"5", b"TS_", _NOT_A_TIME, {"time", "count"}),
+    (b"item-12", b"5", b" TS ", _NOT_A_TIME, {"time", "count"}),
+    (b"item-13", b"5", "\u0661\u0662".encode(), _NOT_A_TIME, {"time", "count"}),
+    (b"item-14", b"5", b"TS.5", _NOT_A_TIME, {"time", "count"}),  # a fraction
 ]
 
 
@@ -396,9 +405,9 @@ def _poisoned_csv(path: Path, clean: Path, windows: str, rows: int = 1500) -> di
         row = b"item-%d,%d,%d" % (rng.randint(0, 30), rng.randint(1, 500), t)
         poisoned.append(row)
         good.append(row)
-        if i % 37 == 5:  # every poison kind, several times over, undecodable keys three times each
-            key, value, ts, reason, kinds = _POISON[(i // 37) % len(_POISON)]
-            row = b",".join([key, value, b"%d" % t if ts == b"TS" else ts])
+        if i % 23 == 5:  # every poison kind, several times over (three times at least)
+            key, value, ts, reason, kinds = _POISON[(i // 23) % len(_POISON)]
+            row = b",".join([key, value, ts.replace(b"TS_", b"1_%d" % t).replace(b"TS", b"%d" % t)])
             poisoned.append(row)
             if windows in kinds:
                 expected[len(poisoned) - 2] = reason
@@ -446,6 +455,44 @@ def test_poison_rows_are_dead_letters_and_good_rows_stay_exact(tmp_path: Path, w
         assert (tmp_path / f"crash{k}.dead-letters.csv").read_bytes() == (
             tmp_path / "poisoned.dead-letters.csv"
         ).read_bytes(), k
+
+
+@pytest.mark.parametrize(
+    ("bom", "at"), [(False, 3), (True, 3), (False, 40)], ids=["field-in-first-rows", "bom", "field-later"]
+)
+def test_a_byte_order_mark_and_an_oversized_field_anywhere_read_the_same(
+    tmp_path: Path, bom: bool, at: int
+) -> None:
+    """A leading UTF-8 byte order mark (as spreadsheets write) is not part of the first column's name; a
+    row with a field over the CSV reader's 128 KiB limit is a dead letter wherever it is, the first rows
+    (looked at before the run) included."""
+    rows = [b"item-%d,%d,%d" % (i % 7, i, i) for i in range(60)]
+    header = b"item_id,item_price,ts"
+    big = b"item-1," + b"9" * (200 * 1024) + b",5"
+    clean, data = tmp_path / "clean.csv", tmp_path / "in.csv"
+    clean.write_bytes(b"\n".join([header, *rows]) + b"\n")
+    data.write_bytes(
+        (b"\xef\xbb\xbf" if bom else b"") + b"\n".join([header, *rows[:at], big, *rows[at:]]) + b"\n"
+    )
+    base = ["--key", "item_id", "--value", "item_price", "--window-count", "3", "--agg", "sum"]
+    want = cec("run", str(clean), *base, "--results", str(tmp_path / "want.csv"))
+    got = cec("run", str(data), *base, "--results", str(tmp_path / "got.csv"))
+    assert want.returncode == 0 and got.returncode == 0, got.stdout + got.stderr
+
+    # Offsets (count windows' start/end) shift by the one extra row after it: compare the windows' values.
+    def values(path: Path) -> list[tuple[str, str, str, str]]:
+        return [(r["key"], r["window"], r["value"], r["count"]) for r in csv.DictReader(path.open())]
+
+    assert values(tmp_path / "got.csv") == values(tmp_path / "want.csv")
+    limit = csv.field_size_limit(1 << 20)  # the dead letter keeps the 200 KiB line as it was read
+    try:
+        dead = list(csv.DictReader((tmp_path / "got.dead-letters.csv").open()))
+    finally:
+        csv.field_size_limit(limit)
+    assert [d["raw"] for d in dead] == [big.decode()]
+    assert [(d["offset"], d["reason"]) for d in dead] == [
+        (str(at), "unreadable CSV row: field larger than field limit (131072)")
+    ]
 
 
 def _run_in_store_args(data: Path, results: Path, store: Path) -> list[str]:

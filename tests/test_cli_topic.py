@@ -260,6 +260,83 @@ def test_bad_records_are_dead_letters_with_partition_offset_and_reason(
     assert "dead letters: 4 records not processed" in out.stdout
 
 
+def _dead_letters(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="", encoding="utf-8") as f:
+        return list(csv.DictReader(f))
+
+
+def _bad_json_run(
+    broker: Broker, tmp_path: Path, bad: list[bytes], *extra: str
+) -> tuple[list[tuple[int, dict[str, Any]]], str, subprocess.CompletedProcess[str]]:
+    """Good purchases with `bad` (one after another, in partition 0, so that one poll reads them together)
+    among them: the good ones, the topic, the run's output."""
+    topic = _new_topic(broker, "purchases-hostile")
+    good = make_purchases(1200, keys=12, partitions=PARTITIONS)
+    records = encoded(good, as_json)
+    records[600:600] = [(0, b"item0", value) for value in bad]
+    produce(broker.bootstrap, topic, records)
+    return good, topic, topic_run(broker, topic, tmp_path / "out.csv", "--format", "json", *extra)
+
+
+@pytest.mark.parametrize("c_decoder", [True, False], ids=["c-scanner", "python"])
+def test_records_that_are_not_one_json_value_each_are_dead_letters_never_other_values(
+    kafka_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, c_decoder: bool
+) -> None:
+    """Joined with commas into one array (the old batch decoder), these three records read as three
+    purchases of item0 (1000, 2000, 3000): not one of them is a JSON value by itself."""
+    if not c_decoder:
+        monkeypatch.setenv("CEC_NO_NATIVE", "1")
+    bad = [
+        b'{"item": "item0", "price": 1000.0, "ts": 1}, {"item": "item0", "price": 2000.0, "ts": 2}',
+        b'{"item": "item0", "price": 3000.0, "ts": 3, "note": "',  # cut inside a string...
+        b'"}',  # ...and the record holding its tail
+    ]
+    good, _topic, out = _bad_json_run(kafka_broker, tmp_path, bad)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, good)
+    dead = _dead_letters(tmp_path / "out.dead-letters.csv")
+    assert sorted(d["raw"] for d in dead) == sorted(value.decode() for value in bad)
+    assert all(d["partition"] == "0" and d["reason"].startswith("not JSON: ") for d in dead), dead
+    assert "dead letters: 3 records not processed" in out.stdout
+
+
+def test_poison_json_records_are_dead_letters_through_crashes_and_reruns(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """Records that made a traceback at every restart (RecursionError; a lone surrogate in the key, which
+    UTF-8 cannot hold) are dead letters with a reason; a run killed and recovered replays them as such."""
+    bad = [
+        b'{"item": "item0", "price": 1.0, "ts": 1, "deep": ' + b"[" * 5000 + b"]" * 5000 + b"}",
+        b'{"item": "item0", "price": 1.0, "ts": 2, "deep": ' + b'{"a": ' * 1500 + b"1" + b"}" * 1500 + b"}",
+        b'{"item": "\\ud800", "price": 1.0, "ts": 3}',
+        b'{"item": "item0\\udfff", "price": 1.0, "ts": 4}',
+        b'{"item": "item0", "price": 1.0, "ts": 5, "note": "\\udc00 in a field the run never reads"}',
+        b'{"item": "item0", "price": NaN, "ts": 6}',
+    ]
+    args = ("--store-dir", str(tmp_path / "store"), "--crash-after", "300")
+    good, topic, out = _bad_json_run(kafka_broker, tmp_path, bad, *args)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stdout + out.stderr
+    assert out.stdout.count("operator process SIGKILLed after 300 input records") == PARTITIONS
+    want = csv_reference(tmp_path, good)
+    assert per_key(tmp_path / "out.csv") == want
+    dead = _dead_letters(tmp_path / "out.dead-letters.csv")
+    lone = "holds a lone surrogate (not text; UTF-8 cannot hold it)"
+    assert sorted(d["reason"] for d in dead) == [
+        "not JSON: NaN is not a JSON number",
+        "not JSON: nested deeper than 512 levels",
+        "not JSON: nested deeper than 512 levels",
+        f"not JSON: string '\\ud800' {lone}",
+        f"not JSON: string '\\udc00 in a field the run never reads' {lone}",
+        f"not JSON: string 'item0\\udfff' {lone}",
+    ]
+    assert "dead letters: 6 records not processed" in out.stdout
+    # Started again on its finished log: the same files, no crash loop.
+    first = (tmp_path / "out.csv").read_bytes(), (tmp_path / "out.dead-letters.csv").read_bytes()
+    again = topic_run(kafka_broker, topic, tmp_path / "out.csv", "--format", "json", *args[:2])
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert ((tmp_path / "out.csv").read_bytes(), (tmp_path / "out.dead-letters.csv").read_bytes()) == first
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -8,9 +8,11 @@ import pytest
 
 from cec.config import Checkpointing
 from cec.exceptions import BadTupleError, ConfigError
-from cec.timeparse import format_time_ms, parse_duration_ms, parse_duration_s, parse_time_ms
+from cec.timeparse import format_time_ms, number_from_text, parse_duration_ms, parse_duration_s, parse_time_ms
 from operators.aggregate import KeyedAggregate
+from operators.base import InputTuple
 from operators.job import aggregate_operator
+from tests.operators.test_aggregate_fast_path import RecordingContext
 
 
 @pytest.mark.parametrize(
@@ -63,8 +65,10 @@ def test_spark_attach_reads_durations_with_the_same_parser() -> None:
     [
         (1714564800000, 1714564800000),
         ("1714564800000", 1714564800000),
-        (" 42 ", 42),
+        ("42", 42),
+        ("-42", -42),
         ("1e3", 1000),
+        (1000.0, 1000),
         ("2024-05-01T12:00:00Z", 1714564800000),
         ("2024-05-01T12:00:00+00:00", 1714564800000),
         ("2024-05-01T14:00:00+02:00", 1714564800000),
@@ -81,8 +85,25 @@ def test_event_times_as_integers_iso_8601_and_sql_style(given: object, ms: int) 
     assert parse_time_ms(given) == ms
 
 
-@pytest.mark.parametrize("bad", ["yesterday", "2024-13-01", "12:00", "nan", "inf"])
-def test_bad_times_raise_value_error(bad: str) -> None:
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "yesterday",
+        "2024-13-01",
+        "12:00",
+        "nan",
+        "inf",
+        # leniencies of int() / float() that cec does not share: ASCII decimal text only, no fraction
+        " 42 ",
+        " 2024-05-01",
+        "1_000",
+        "\u0661\u0662",  # Arabic-Indic digits
+        "1000.5",
+        1000.5,
+        "",
+    ],
+)
+def test_bad_times_raise_value_error(bad: object) -> None:
     with pytest.raises(ValueError):
         parse_time_ms(bad)
 
@@ -92,6 +113,34 @@ def test_the_aggregate_reads_iso_times_and_dead_letters_what_is_not_a_time() -> 
     assert agg.event_time({"t": "2024-05-01 12:00:00"}) == 1714564800000
     with pytest.raises(BadTupleError, match="neither integer milliseconds nor an ISO-8601 time"):
         agg.event_time({"t": "noon"})
+
+
+@pytest.mark.parametrize("good", ["12", "-12", "+12", "12.5", ".5", "5.", "1e3", "1E-3", "007"])
+def test_numbers_as_text_are_ascii_decimal(good: str) -> None:
+    assert number_from_text(good) == float(good)
+
+
+@pytest.mark.parametrize(
+    "bad", ["1_000", " 12 ", "12 ", "\t12", "\u0661\u0662", "\uff11\uff12", "12,5", "0x10", ""]
+)
+def test_numbers_as_text_refuse_what_only_python_reads(bad: str) -> None:
+    with pytest.raises(ValueError):
+        number_from_text(bad)
+
+
+def test_the_aggregate_dead_letters_numbers_and_times_only_python_reads() -> None:
+    agg = KeyedAggregate(key_field="k", value_field="v", window_ms=60_000, time_field="t")
+    assert agg.event_time({"t": "1000"}) == 1000 and agg.event_time({"t": 1000.0}) == 1000
+    for t in ("1_000", " 1000 ", "\u0661\u0660\u0660\u0660", 1000.5, "1000.5"):
+        with pytest.raises(BadTupleError, match="neither integer milliseconds nor an ISO-8601 time"):
+            agg.event_time({"t": t})
+    ctx = RecordingContext()
+    for v in ("1_000", " 12 ", "\u0661\u0662"):
+        with pytest.raises(BadTupleError, match="is not a number"):
+            agg.process(InputTuple(0, 0, {"k": "a", "v": v, "t": 5}, None, None), ctx)
+    assert ctx.events == []
+    agg.process(InputTuple(0, 1, {"k": "a", "v": "12.5", "t": 5}, None, None), ctx)  # text: a number
+    assert [window.state.total for window in ctx.registry] == [12.5]
 
 
 def test_times_print_as_iso_8601_utc_with_milliseconds() -> None:

@@ -59,6 +59,7 @@ def test_avro_from_an_avsc_file_and_wrong_bodies_are_reasons(tmp_path: Path) -> 
 def test_csv_lines_with_named_columns() -> None:
     dec = CsvDecoder(["item", "price", "ts"])
     assert dec.decode(b'a,"1,5",3\n') == {"item": "a", "price": "1,5", "ts": "3"}
+    assert dec.decode(b"\xef\xbb\xbfa,1,3") == {"item": "a", "price": "1", "ts": "3"}  # a BOM is not data
     with pytest.raises(DecodeError, match="2 fields, expected 3"):
         dec.decode(b"a,1")
 
@@ -93,6 +94,12 @@ def test_registry_wire_format_through_the_clients_own_test_double() -> None:
         dec.decode(b"\x01" + raw[1:])
     with pytest.raises(DecodeError, match="schema id 424242 is not in the registry"):
         dec.decode(struct.pack(">bI", 0, 424242) + raw[5:])
+    # A schema that cannot decode anything is each of its records' reason, not a traceback.
+    bad_id = client.register_schema(
+        "bad-value", Schema('{"type": "record", "name": "B", "fields": 7}', "AVRO")
+    )
+    with pytest.raises(DecodeError, match=f"invalid Avro schema \\(registry schema id {bad_id}\\)"):
+        dec.decode(struct.pack(">bI", 0, bad_id) + raw[5:])
 
 
 def _one_by_one(dec: Any, raws: list[bytes]) -> list[Any]:
@@ -113,14 +120,46 @@ def _one_by_one(dec: Any, raws: list[bytes]) -> list[Any]:
         [b'{"a": 1}', b"1, 2", b'{"b": 2}'],  # a top-level comma inside one value
         [b'{"a": 1}', b"", b"3"],
         [b'{"a": 1}', b"\xff", b"null"],
-        # json accepts these, the batch decoder (orjson) does not: the batch falls back to json.
         [b'{"a": Infinity}', b'{"b": 2}'],
         [b'{"a": 123456789012345678901234567890}', b'{"b": 2}'],
+        # Joined with commas into one array these read as three objects, one per record (issue 21).
+        [b'{"k": "a", "v": 1}, {"k": "a", "v": 2}', b'{"k": "a", "v": 3, "s": "', b'"}'],
+        [b'{"a": ' + b"[" * 2000 + b"]" * 2000 + b"}", b'{"b": 2}'],  # json.loads: RecursionError
+        [b'{"k": "\\ud800"}', b'{"k": "\\ud83c\\udf4e"}', b'\xef\xbb\xbf{"k": 1}'],
     ],
 )
 def test_json_batches_decode_exactly_as_one_value_at_a_time(raws: list[bytes]) -> None:
     dec = JsonDecoder()
     assert dec.decode_many(raws) == _one_by_one(dec, raws)
+
+
+def test_json_refuses_what_is_not_one_object_of_text() -> None:
+    dec = JsonDecoder()
+    assert dec.decode_many(
+        [
+            b'{"k": "a", "v": 1}, {"k": "a", "v": 2}',
+            b'{"v": NaN}',
+            b'{"k": "\\ud800"}',
+            b'{"a": ' + b"[" * 600 + b"]" * 600 + b"}",
+            b'\xef\xbb\xbf{"k": "bom"}',
+            b'{"n": 123456789012345678901234567890}',
+        ]
+    ) == [
+        "not JSON: Extra data: line 1 column 19 (char 18)",
+        "not JSON: NaN is not a JSON number",
+        "not JSON: string '\\ud800' holds a lone surrogate (not text; UTF-8 cannot hold it)",
+        "not JSON: nested deeper than 512 levels",
+        {"k": "bom"},
+        {"n": 123456789012345678901234567890},
+    ]
+
+
+def test_avro_reasons_are_the_same_in_every_run() -> None:
+    """A reason goes into the log and the dead-letters file: no object address in it."""
+    body = b"\x02a\x02\x00"  # item "a", then a double cut short: fastavro names its buffer object
+    assert AvroDecoder(SCHEMA).decode_many([body]) == [
+        "not Avro of the given schema: EOFError: cannot read double from <_io.BytesIO object>"
+    ]
 
 
 def test_avro_batches_decode_exactly_as_one_value_at_a_time() -> None:

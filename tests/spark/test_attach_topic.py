@@ -70,9 +70,24 @@ def _bad_value(i: int) -> tuple[bytes, str]:
     return json.dumps({"item": "item1", "price": "lots", "ts": i}).encode(), "price not a number"
 
 
+def _hostile_values(p: int) -> list[bytes]:
+    """Records, one after another in partition p, that are not one JSON object each but read as purchases
+    of a key of p when joined with commas into an array (three of them: 1000, 2000, 3000), and poison pills
+    that made a traceback (a RecursionError; a lone surrogate in the key, which UTF-8 cannot hold)."""
+    key = f"item{p}".encode()
+    return [
+        b'{"item": "%s", "price": 1000.0, "ts": 1}, {"item": "%s", "price": 2000.0, "ts": 2}' % (key, key),
+        b'{"item": "%s", "price": 3000.0, "ts": 3, "note": "' % key,
+        b'"}',
+        b'{"item": "%s", "price": 1.0, "ts": 4, "deep": ' % key + b"[" * 3000 + b"]" * 3000 + b"}",
+        b'{"item": "\\ud800", "price": 1.0, "ts": 5}',
+    ]
+
+
 @pytest.fixture(scope="module")
 def json_topic(spark_kafka_broker: Broker) -> JsonTopic:
-    """3000 purchases over 60 keys (each key in one partition), a few rare keys, and every 97th record bad."""
+    """3000 purchases over 60 keys (each key in one partition), a few rare keys, every 97th record bad, and
+    hostile records (`_hostile_values`) in the middle of each partition."""
     bootstrap = spark_kafka_broker.bootstrap
     topic = f"json-purchases-{uuid.uuid4().hex[:8]}"
     create_topic(bootstrap, topic, PARTITIONS)
@@ -82,6 +97,8 @@ def json_topic(spark_kafka_broker: Broker) -> JsonTopic:
             raw, why = _bad_value(i)
             values.append((p, raw, why))
         values.append((p, json.dumps(rec).encode(), None))
+        if 1500 <= i < 1500 + PARTITIONS:
+            values.extend((i % PARTITIONS, raw, "not JSON") for raw in _hostile_values(i % PARTITIONS))
         if i % 600 == 10:
             for r, name in enumerate(RARE):
                 values.append(
