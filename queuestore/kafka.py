@@ -148,6 +148,27 @@ _FENCED_CODES = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUC
 _PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
+def _lost_client_error(producer: Producer) -> KafkaException:
+    """The error a producer call failed with when confluent-kafka lost it (it raised SystemError).
+
+    Measured on Apache Kafka (confluent-kafka 2.16): when a writer is fenced, `flush` raises the fatal
+    error from librdkafka's error callback but leaves it pending instead of saving it; a Python callback
+    served after it in the same call (the log callback, a delivery report) can clear it, and `flush`
+    then fails with "returned NULL without setting an exception". The producer still holds the fatal
+    error in its transaction state: any transactional call reports it (`begin_transaction` changes
+    nothing in that state; the writer stops either way).
+    """
+    try:
+        producer.begin_transaction()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.fatal():
+            return exc
+    return KafkaException(
+        KafkaError(KafkaError._FAIL, "the Kafka client failed without reporting an error", fatal=True)
+    )
+
+
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
     """The transactional.id of the writer of `topic[partition]`: the same on every host, which is what
     makes a new writer fence the old one. The partition comes last, so the id is unambiguous."""
@@ -963,7 +984,10 @@ class KafkaPartitionWriter(PartitionWriter):
         """`producer.poll`/`flush`, which serve delivery reports, and which raise a fatal producer error
         themselves (a fenced producer that opened a new transaction learns it when adding the partition)."""
         try:
-            return call(timeout)
+            try:
+                return call(timeout)
+            except SystemError:
+                raise _lost_client_error(self._live_producer()) from None
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             # The producer's own error first: the records it purged report only its consequence.
@@ -1072,7 +1096,10 @@ class KafkaPartitionWriter(PartitionWriter):
             try:
                 # Delivery reports are appended to _delivered/_undelivered here: the caller's thread does
                 # not touch them until it joined this thread.
-                self._commit_remaining = producer.flush(self._timeout)
+                try:
+                    self._commit_remaining = producer.flush(self._timeout)
+                except SystemError:
+                    raise _lost_client_error(producer) from None
                 if self._commit_remaining > 0 or self._undelivered:
                     return
                 faults.hit("kafka.before_commit")
@@ -1102,8 +1129,11 @@ class KafkaPartitionWriter(PartitionWriter):
         exc = self._commit_error
         if exc is not None:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            # The producer's own error first (as in `_serve`): the records it purged report only that.
+            if self._failure is None:
+                self._failure = self._failed(err, "commit of")
             self._settle_undelivered()
-            raise self._stop(self._failure or self._failed(err, "commit of")) from None
+            raise self._stop(self._failure) from None
         self._settle_undelivered()
         if self._failure is not None:
             raise self._stop(self._failure)
