@@ -33,9 +33,10 @@ Each record's `RecordMeta` travels once, compactly (`encode_message`; docs/kafka
 Logs written in the legacy layout (meta packed in the message key plus four headers `cec.kind`,
 `cec.time`, `cec.key`, `cec.seq`; `meta_to_key`/`meta_to_headers`) still read.
 
-The readers never trust broker watermarks or time lookups to locate data: the broker we test against
-(Tansu 0.6) understates `get_watermark_offsets` and answers 0 to every `offsets_for_times`. The end of a
-partition is therefore always the offset of a `PARTITION_EOF` event reached by consuming. The only use of a
+The readers never trust broker watermarks or time lookups to locate data: some Kafka-protocol brokers
+get them wrong (Tansu 0.6 understates `get_watermark_offsets` and answers 0 to every
+`offsets_for_times`). The end of a partition is therefore always the offset of a `PARTITION_EOF` event
+reached by consuming. The only use of a
 watermark is the one cached from fetch responses, as a *suspicion* that a seek went past the end (Tansu
 answers such fetches with silence instead of OFFSET_OUT_OF_RANGE); the suspicion is then confirmed or
 refuted by consuming to EOF.

@@ -8,7 +8,7 @@ where Java 17 or those jars are missing, the Tansu binary shipped in the `calfki
 works, `start_broker` raises: a CI run without a broker must fail, not skip the Kafka tests silently.
 
 `CEC_TEST_BROKER` forces one of the started brokers: `apache-kafka` (fail rather than fall back to Tansu)
-or `tansu` (the Tansu lane: cec's `CEC_BROKER_COMPAT=tansu` workarounds under test).
+or `tansu`.
 """
 
 from __future__ import annotations
@@ -44,9 +44,6 @@ TEST_BROKERS = ("apache-kafka", "tansu")
 ENV_KAFKA_LIBS = "CEC_KAFKA_LIBS"
 # The broker's maximum heap: modest, the machines have 2 cores and tests never hold much in the broker.
 ENV_KAFKA_HEAP = "CEC_KAFKA_HEAP"
-# cec's broker-compatibility switch (operators.topic_source.BROKER_COMPAT_ENV): set when the fixture starts
-# Tansu, so cec works around its deviations (DESIGN-NOTES section 4) in this process and its children.
-ENV_BROKER_COMPAT = "CEC_BROKER_COMPAT"
 POM = ROOT / "tools" / "kafka" / "pom.xml"
 _READY_TIMEOUT = 30.0
 # A JVM starting on a loaded 2-core machine: measured 6-11 s, so the deadline leaves room for a busy CI.
@@ -59,7 +56,6 @@ class Broker:
 
     bootstrap: str
     kind: str  # "env", "testcontainers", "apache-kafka" or "tansu"
-    compat: str | None = None  # the CEC_BROKER_COMPAT mode this broker needs (None: Apache Kafka)
     log_path: Path | None = None
     version: str | None = None
     startup_s: float | None = None  # from launch to answering metadata requests (started brokers)
@@ -357,8 +353,6 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
             broker.stop()
             continue
         broker.startup_s = time.monotonic() - launched
-        # A Tansu switch inherited from the environment would make cec work around bugs Kafka lacks.
-        os.environ.pop(ENV_BROKER_COMPAT, None)
         return broker
     raise RuntimeError("Apache Kafka did not start:\n" + "\n".join(errors))
 
@@ -401,9 +395,7 @@ def _from_tansu(attempts: int = 3) -> Broker:
 
         # Safety net if the test session dies before teardown: never leave a broker running.
         atexit.register(stop)
-        broker = Broker(
-            bootstrap=f"127.0.0.1:{port}", kind="tansu", compat="tansu", log_path=log_path, _stop=stop
-        )
+        broker = Broker(bootstrap=f"127.0.0.1:{port}", kind="tansu", log_path=log_path, _stop=stop)
         try:
             wait_until_ready(broker.bootstrap, alive=partial(_alive, proc))
         except RuntimeError as exc:
@@ -411,7 +403,6 @@ def _from_tansu(attempts: int = 3) -> Broker:
             broker.stop()
             continue
         broker.startup_s = time.monotonic() - launched
-        os.environ[ENV_BROKER_COMPAT] = "tansu"
         return broker
     raise RuntimeError("Tansu did not start:\n" + "\n".join(errors))
 
