@@ -62,6 +62,12 @@ class Broker:
     note: str | None = None  # why this broker and not an earlier one in the order, when that matters
     _stop: Callable[[], None] | None = field(default=None, repr=False)
 
+    @property
+    def hides_aborted_records(self) -> bool:
+        """Whether read_committed consumers never see records of aborted transactions, as on Apache Kafka
+        (Tansu 0.6 shows them, DESIGN-NOTES section 4): tests assert the exact outcome for the broker."""
+        return self.kind != "tansu"
+
     def stop(self) -> None:
         stop, self._stop = self._stop, None
         if stop is not None:
