@@ -827,6 +827,41 @@ def test_commits_are_pipelined_appends_go_on_and_callbacks_wait_for_the_commit(
         s.close()
 
 
+def test_the_index_learns_records_whose_commit_an_append_settled(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A pipelined commit that is through is settled by whichever call comes next, an append too; the
+    output queue's next poll must still write what the index learnt. Failed before: only a poll that
+    itself served callbacks committed the index, so under a steady stream of appends (each settling the
+    commit the previous poll started) the index stayed at 0 until the run's final flush, and trimming,
+    which is bounded by the index, never happened during a run on Kafka."""
+    from queuestore.output import OutputQueue
+
+    clock = FakeClock()
+    s = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path, commit_interval=10.0, commit_records=1_000, clock=clock
+    )
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s.create_topic(name, 1)
+        out = OutputQueue(s, name, 0)
+        try:
+            for i in range(10):
+                out.append(value(i), meta(i))
+            clock.now = 10.0
+            assert out.poll() == 0  # the commit went to the committer thread
+            writer = out.writer
+            wait_for(lambda: not writer._committer.is_alive(), what="the commit")  # type: ignore[attr-defined]
+            out.append(value(10), meta(10))  # settles the commit that is through: 10 records durable
+            assert out.durable_count == 10
+            out.poll()
+            assert out.index.next_offset == 10
+        finally:
+            out.close()
+    finally:
+        s.close()
+
+
 def test_fenced_writer_stops_and_writes_nothing_further(kafka_broker: Broker, tmp_path: Path) -> None:
     """Two hosts (two state dirs, so the local lock sees nothing): the newer writer's init_transactions()
     fences the older, whose pending records fail and whose next appends are refused."""
