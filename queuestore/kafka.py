@@ -39,7 +39,9 @@ get them wrong (Tansu 0.6 understates `get_watermark_offsets` and answers 0 to e
 reached by consuming. The only use of a
 watermark is the one cached from fetch responses, as a *suspicion* that a seek went past the end (Tansu
 answers such fetches with silence instead of OFFSET_OUT_OF_RANGE); the suspicion is then confirmed or
-refuted by consuming to EOF.
+refuted by consuming to EOF. Apache Kafka answers a fetch below the log start (records deleted by
+trimming or retention) with OFFSET_OUT_OF_RANGE too: only then the reader asks for the log start, and a
+backward read stops there, while a forward read below it is `LogTrimmedError`, as on SQLite.
 """
 
 from __future__ import annotations
@@ -1598,6 +1600,8 @@ class KafkaPartitionReader(PartitionReader):
         start = max(0, from_offset)
         result = self._read(start, want=max_records, stop_before=None)
         if result.beyond_end:
+            if start < self.start_offset():  # "out of range" below the log start: trimmed, never a gap
+                raise self.trimmed(start)
             if start >= self.end_offset():
                 return []
             result = self._read(start, want=max_records, stop_before=None)
@@ -1610,7 +1614,10 @@ class KafkaPartitionReader(PartitionReader):
         offset = max(0, from_offset)
         while offset < end:
             result = self._read(offset, want=max(1, chunk), stop_before=end)
-            if result.beyond_end:  # a stale suspicion: `end` was found by consuming to EOF
+            if result.beyond_end:
+                if offset < self.start_offset():  # below the log start: trimmed, never a gap
+                    raise self.trimmed(offset)
+                # A stale suspicion: `end` was found by consuming to EOF.
                 result = self._read(offset, want=max(1, chunk), stop_before=end)
             if not result.records:
                 return  # only markers (or aborted records) left below the end
@@ -1623,11 +1630,16 @@ class KafkaPartitionReader(PartitionReader):
         # Offsets are not dense (transaction markers take offsets but are never delivered), so a window of
         # `max_records` offsets may hold fewer records: keep widening downwards until enough or offset 0.
         collected: list[StoredRecord] = []
-        upper = before_offset
-        while len(collected) < max_records and upper > 0:
-            lower = max(0, upper - (max_records - len(collected)))
+        upper, floor = before_offset, 0
+        while len(collected) < max_records and upper > floor:
+            lower = max(floor, upper - (max_records - len(collected)))
             result = self._read(lower, want=None, stop_before=upper)
             if result.beyond_end:
+                # "Out of range" below the log start (trimmed there): read down to the log start only.
+                log_start = self.start_offset()
+                if lower < log_start:
+                    floor = log_start
+                    continue
                 end = self.end_offset()
                 if end >= upper:  # stale suspicion: the data is there after all
                     result = self._read(lower, want=None, stop_before=upper)
@@ -1645,6 +1657,8 @@ class KafkaPartitionReader(PartitionReader):
         if stop_before <= start:
             return []
         result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
+        if result.beyond_end and start < self.start_offset():
+            raise self.trimmed(start)
         if result.beyond_end and self.end_offset() > start:  # stale suspicion: the data is there after all
             result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
         return result.rows
@@ -1658,12 +1672,17 @@ class KafkaPartitionReader(PartitionReader):
         if max_records <= 0 or before_offset <= 0:
             return []
         collected: list[Row] = []
-        upper = before_offset
-        while len(collected) < max_records and upper > 0:
+        upper, floor = before_offset, 0
+        while len(collected) < max_records and upper > floor:
             missing = max_records - len(collected)
-            lower = max(0, upper - missing - missing // 64 - 16)
+            lower = max(floor, upper - missing - missing // 64 - 16)
             result = self._read(lower, want=None, stop_before=upper, as_rows=True)
             if result.beyond_end:
+                # "Out of range" below the log start (trimmed there): read down to the log start only.
+                log_start = self.start_offset()
+                if lower < log_start:
+                    floor = log_start
+                    continue
                 end = self.end_offset()
                 if end >= upper:  # stale suspicion: the data is there after all
                     result = self._read(lower, want=None, stop_before=upper, as_rows=True)
