@@ -33,7 +33,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Broker", "kafka_libs", "start_broker", "wait_until_ready"]
+__all__ = ["Broker", "KafkaUnavailable", "kafka_libs", "start_broker", "wait_until_ready"]
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
@@ -60,6 +60,7 @@ class Broker:
     version: str | None = None
     startup_s: float | None = None  # from launch to answering metadata requests (started brokers)
     note: str | None = None  # why this broker and not an earlier one in the order, when that matters
+    pid: int | None = None  # the broker's process, when this module started it (benchmarks sample its CPU)
     _stop: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
@@ -198,6 +199,11 @@ def kafka_version() -> str:
     return (node.text or "").strip()
 
 
+class KafkaUnavailable(RuntimeError):
+    """Java 17 or Apache Kafka's jars are missing here: the one case where the tests fall back to Tansu
+    (a broker that is there but fails to start is an error, never a silent change of broker)."""
+
+
 def kafka_libs() -> Path:
     """The folder of Apache Kafka's jars: `CEC_KAFKA_LIBS`, else what `make kafka-jars` resolved."""
     given = os.environ.get(ENV_KAFKA_LIBS, "").strip()
@@ -211,14 +217,14 @@ def _java() -> str:
     home = os.environ.get("JAVA_HOME", "").strip()
     java = str(Path(home) / "bin" / "java") if home else shutil.which("java")
     if not java or not Path(java).exists():
-        raise RuntimeError("no java on PATH (Apache Kafka 4 needs Java 17 or newer)")
+        raise KafkaUnavailable("no java on PATH (Apache Kafka 4 needs Java 17 or newer)")
     out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
     found = re.search(r'version "(\d+)(?:\.(\d+))?', out)
     major = 0 if found is None else int(found.group(1))
     if major == 1 and found is not None and found.group(2):  # "1.8.0_x": Java 8
         major = int(found.group(2))
     if major < 17:
-        raise RuntimeError(f"{java} is Java {major or '?'}; Apache Kafka 4 needs Java 17 or newer")
+        raise KafkaUnavailable(f"{java} is Java {major or '?'}; Apache Kafka 4 needs Java 17 or newer")
     return java
 
 
@@ -284,14 +290,18 @@ logger.metadata.level = WARN
 
 
 def _cluster_id() -> str:
-    """A KRaft cluster id: a UUID, base64url without padding (22 characters)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id: a UUID, base64url without padding (22 characters), not starting with "-" (the
+    storage tool's argument parser would take it for an option: one start in 64 failed so)."""
+    while True:
+        found = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not found.startswith("-"):
+            return found
 
 
 def _from_apache_kafka(attempts: int = 3) -> Broker:
     libs = kafka_libs()
     if not any(libs.glob("kafka_2.13-*.jar")):
-        raise RuntimeError(f"no Apache Kafka jars in {libs} (run `make kafka-jars`; it needs Maven)")
+        raise KafkaUnavailable(f"no Apache Kafka jars in {libs} (run `make kafka-jars`; it needs Maven)")
     java = _java()
     version = re.sub(r"^kafka_2\.13-|\.jar$", "", next(libs.glob("kafka_2.13-*.jar")).name)
     heap = os.environ.get(ENV_KAFKA_HEAP, "").strip() or "512m"
@@ -350,6 +360,7 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
             kind="apache-kafka",
             version=version,
             log_path=log_path,
+            pid=proc.pid,
             _stop=stop,
         )
         try:
@@ -401,7 +412,9 @@ def _from_tansu(attempts: int = 3) -> Broker:
 
         # Safety net if the test session dies before teardown: never leave a broker running.
         atexit.register(stop)
-        broker = Broker(bootstrap=f"127.0.0.1:{port}", kind="tansu", log_path=log_path, _stop=stop)
+        broker = Broker(
+            bootstrap=f"127.0.0.1:{port}", kind="tansu", log_path=log_path, pid=proc.pid, _stop=stop
+        )
         try:
             wait_until_ready(broker.bootstrap, alive=partial(_alive, proc))
         except RuntimeError as exc:
@@ -437,8 +450,8 @@ def start_broker() -> Broker:
         reasons.append(f"testcontainers: {type(exc).__name__}: {exc}")
     try:
         return _from_apache_kafka()
-    except Exception as exc:
-        reasons.append(f"apache-kafka: {type(exc).__name__}: {exc}")
+    except KafkaUnavailable as exc:
+        reasons.append(f"apache-kafka: {exc}")
     try:
         broker = _from_tansu()
     except Exception as exc:
