@@ -142,6 +142,17 @@ _REDACTED = "***"
 # Offsets-out-of-range style answers: the seek went past the end of the partition (Apache Kafka answers
 # this way; with auto.offset.reset=error librdkafka surfaces it as _AUTO_OFFSET_RESET).
 _BEYOND_END_CODES = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+# A partition whose leadership is moving answers these for a moment: a topic just created (measured on
+# Apache Kafka: the first ListOffsets after CreateTopics can meet NOT_LEADER_FOR_PARTITION), a broker
+# restarting. Asked again until the request timeout.
+_LEADER_MOVING_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
@@ -1565,15 +1576,20 @@ class KafkaPartitionReader(PartitionReader):
     def start_offset(self) -> int:
         """The log start: the low watermark (Apache Kafka moves it on `delete_records`; Tansu reports 0)."""
         consumer = self._live_consumer()
-        try:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, self.partition), timeout=self._stall_timeout
-            )
-        except KafkaException as exc:
-            raise QueueStoreError(
-                f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
-            ) from None
-        return max(0, int(low))
+        deadline = time.monotonic() + self._stall_timeout
+        while True:
+            try:
+                low, _ = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, self.partition),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+                return max(0, int(low))
+            except KafkaException as exc:
+                if _error_code(exc) not in _LEADER_MOVING_CODES or time.monotonic() >= deadline:
+                    raise QueueStoreError(
+                        f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
+                    ) from None
+            time.sleep(0.05)  # pacing of a bounded poll while the leadership settles
 
     def end_offset(self) -> int:
         # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and

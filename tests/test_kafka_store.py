@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
@@ -443,6 +444,39 @@ def test_empty_partition(store: KafkaQueueStore, topic: str) -> None:
         assert r.read_forward(0, 10) == []
         assert r.read_backward(10, 10) == []
         assert list(r.scan_backward()) == []
+
+
+def test_the_log_start_is_asked_again_while_the_partition_has_no_leader(
+    store: KafkaQueueStore, topic: str
+) -> None:
+    """Measured on Apache Kafka: the first ListOffsets right after CreateTopics can be answered
+    NOT_LEADER_FOR_PARTITION (the broker has not taken the leadership yet; a restarting broker answers
+    the same). Failed before: the reader raised at once, so a run that created its output topic could
+    fail on its first look at the log. The answer is stood in (the real one is a race); the broker is
+    real."""
+    from confluent_kafka import Consumer as RealConsumer
+
+    with store.reader(topic, 0) as r:
+        real: RealConsumer = r._consumer  # type: ignore[attr-defined]
+        answers = [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE]
+
+        class LeaderMoving:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+                if answers:
+                    raise KafkaException(KafkaError(answers.pop(0)))
+                return real.get_watermark_offsets(*args, **kwargs)  # type: ignore[no-any-return]
+
+        r._consumer = LeaderMoving()  # type: ignore[attr-defined,assignment]
+        try:
+            assert r.start_offset() == 0 and not answers
+            answers.append(KafkaError.TOPIC_AUTHORIZATION_FAILED)  # not a moving leader: an error at once
+            with pytest.raises(QueueStoreError, match="cannot read the log start"):
+                r.start_offset()
+        finally:
+            r._consumer = real  # type: ignore[attr-defined]
 
 
 def test_read_forward_and_backward(store: KafkaQueueStore, topic: str) -> None:
