@@ -170,12 +170,11 @@ def _confirmed_ends(
     consumer: Consumer, topic: str, listed: Sequence[int], starts: Sequence[int]
 ) -> list[int]:
     """Each partition's end as the offset where consuming reports PARTITION_EOF, read from one below its
-    listed end (see the module docstring); an empty partition (listed end at its log start) is not read."""
+    listed end (see the module docstring), or from its log start when the listing says it is empty (a
+    broker that understates may say so of a partition that is not)."""
     ends = [max(s, e) for s, e in zip(starts, listed, strict=True)]
-    waiting = {p for p, (s, e) in enumerate(zip(starts, listed, strict=True)) if e > s}
-    if not waiting:
-        return ends
-    consumer.assign([TopicPartition(topic, p, listed[p] - 1) for p in sorted(waiting)])
+    waiting = set(range(len(ends)))
+    consumer.assign([TopicPartition(topic, p, max(starts[p], listed[p] - 1)) for p in sorted(waiting)])
     try:
         deadline = time.monotonic() + _TIMEOUT_S
         while waiting and time.monotonic() < deadline:
