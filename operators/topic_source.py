@@ -172,7 +172,7 @@ def _confirmed_ends(
     """Each partition's end as the offset where consuming reports PARTITION_EOF, read from one below its
     listed end (see the module docstring), or from its log start when the listing says it is empty (a
     broker that understates may say so of a partition that is not)."""
-    ends = [max(s, e) for s, e in zip(starts, listed, strict=True)]
+    ends = list(starts)
     waiting = set(range(len(ends)))
     consumer.assign([TopicPartition(topic, p, max(starts[p], listed[p] - 1)) for p in sorted(waiting)])
     try:
@@ -187,11 +187,12 @@ def _confirmed_ends(
             if err.code() == KafkaError._PARTITION_EOF:
                 offset = msg.offset()
                 assert offset is not None
-                ends[p] = max(ends[p], offset)
+                ends[p] = max(starts[p], offset)
                 waiting.discard(p)
                 consumer.incremental_unassign([TopicPartition(topic, p)])
             elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                # Records were deleted up to past the listed end meanwhile: read on from the log start.
+                # Out of range: the listing overstated the end, or records were deleted past it since:
+                # read on from the log start.
                 consumer.incremental_unassign([TopicPartition(topic, p)])
                 consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
             elif err.code() in _UNKNOWN_CODES:
