@@ -313,20 +313,20 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
         port, controller_port = _free_port(), _free_port()
         props.write_text(_server_properties(data, port, controller_port))
         (work / "log4j2.properties").write_text(_LOG4J2)
-        jvm = [
-            java,
-            f"-Xmx{heap}",
-            "-Xms128m",
-            "-XX:+UseG1GC",
-            "-XX:MaxGCPauseMillis=20",
+        common = [
             "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={work / 'log4j2.properties'}",
             "-cp",
             classpath,
         ]
+        # The broker as Kafka's own scripts run it (G1), only with a smaller heap.
+        jvm = [java, f"-Xmx{heap}", "-Xms128m", "-XX:+UseG1GC", "-XX:MaxGCPauseMillis=20", *common]
+        # The storage tool runs for a second: the quick compiler only and one GC thread start it in about
+        # half the time on a busy 2-core machine (measured 1.2-1.5 s against 2.0-3.5 s).
+        tool = [java, "-Xmx256m", "-XX:TieredStopAtLevel=1", "-XX:+UseSerialGC", *common]
         launched = time.monotonic()
         formatted = subprocess.run(
-            [*jvm, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)],
+            [*tool, "kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c", str(props)],
             capture_output=True,
             text=True,
             timeout=_KAFKA_READY_TIMEOUT,
