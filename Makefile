@@ -3,7 +3,14 @@ PYTHON ?= python3
 VENV := .venv
 STAMP := $(VENV)/.installed
 
-.PHONY: setup demo test lint bench clean
+# Apache Kafka's broker jars (tests/brokers.py starts a one-node KRaft broker from them): resolved from Maven
+# Central by tools/kafka/pom.xml, whose kafka.version is the one source of the version. Without Maven the
+# target says so and the tests fall back to Tansu (tests/brokers.py says which broker a run used).
+KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:p' tools/kafka/pom.xml)
+KAFKA_LIBS := .cache/kafka/$(KAFKA_VERSION)/libs
+KAFKA_STAMP := $(KAFKA_LIBS)/.complete
+
+.PHONY: setup demo test lint bench clean kafka-jars
 
 $(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -13,10 +20,22 @@ $(STAMP): pyproject.toml setup.py cec/_native.c
 
 setup: $(STAMP)
 
+$(KAFKA_STAMP): tools/kafka/pom.xml
+	@if command -v mvn >/dev/null 2>&1; then \
+		rm -rf $(KAFKA_LIBS) && \
+		mvn -q -B -Dstyle.color=never -f tools/kafka/pom.xml dependency:copy-dependencies \
+			-DoutputDirectory=$(CURDIR)/$(KAFKA_LIBS) && \
+		touch $@; \
+	else \
+		echo "kafka-jars: no mvn on PATH: the Kafka tests will run on Tansu instead of Apache Kafka"; \
+	fi
+
+kafka-jars: $(KAFKA_STAMP)
+
 demo: $(STAMP)
 	$(VENV)/bin/cec demo
 
-test: $(STAMP)
+test: $(STAMP) kafka-jars
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile
@@ -26,8 +45,8 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP)
+bench: $(STAMP) kafka-jars
 	$(VENV)/bin/python benchmarks/bench_recovery.py
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .cache build *.egg-info .pytest_cache .mypy_cache .ruff_cache .hypothesis

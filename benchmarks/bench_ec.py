@@ -1,11 +1,12 @@
-"""EC reconstruction and EC load at the paper's scale, on the embedded SQLite store and on Kafka (Tansu).
+"""EC reconstruction and EC load at the paper's scale, on the embedded SQLite store and on Kafka.
 
 The log is a real one: the paper's aggregate (average price per item, count windows of 10) over 500,000
 generated purchases of 100,000 items, stopped at half the input as a crash would stop it, with the CLI
 demo's policy (Q=20,000, U=100,000): about 92,000 windows are open at the crash, so the extent is about
 92,000 records, nearly all of them footprints. It is built once with the local engine
 (`operators.job.run_job`) and cached; for Kafka the same records (bytes and metadata) are copied into a
-topic of a Tansu broker this script starts.
+topic of the broker this script starts (`tests.brokers.start_broker`: Apache Kafka from the jars of
+`make kafka-jars`, unless `KAFKA_BOOTSTRAP_SERVERS` names one).
 
 Each measurement runs `RecoveryManager.recover()` (EC build, then EC load: every footprint and its window
 state decoded) in a fresh process, in these modes, interleaved over the repeats:

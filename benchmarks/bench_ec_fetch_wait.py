@@ -143,14 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
     broker = start_broker()
     try:
-        broker_pid = None
-        if broker.kind == "tansu":
-            found = subprocess.run(
-                ["pgrep", "-f", f"advertised-listener-url tcp://{broker.bootstrap}"],
-                capture_output=True,
-                text=True,
-            ).stdout.split()
-            broker_pid = int(found[0]) if found else None
+        broker_pid = broker.pid
         with tempfile.TemporaryDirectory(prefix="bench-ec-wait-") as tmp:
             inp = f"ecwait-{args.keys}-{args.count}-{os.getpid()}"
             bench_quix.produce_input(broker.bootstrap, inp, args.count, args.keys)

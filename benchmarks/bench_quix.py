@@ -3,7 +3,8 @@
 Workload: the paper's aggregate (mean price per item over count windows of 10) over the paper's purchases
 (`operators.sources.PurchaseGenerator`, seed 42), written once per key count by a plain confluent-kafka
 producer as JSON values keyed by item id into a one-partition topic of the broker `tests.brokers` starts
-(Tansu here; `KAFKA_BOOTSTRAP_SERVERS` if set). Every system reads that same topic:
+(Apache Kafka from the jars of `make kafka-jars`; `KAFKA_BOOTSTRAP_SERVERS` if set). Every system reads
+that same topic:
 
 - **cec**: the public CLI path, `cec run --input-topic T --format json --key item_id --value item_price
   --window-count 10 --agg avg --output-topic O --store-dir D` (output log on the same broker);
@@ -604,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
         blocks = {k: HERE / "out" / f"quix.partial-{k}.json" for k in key_counts}
         kept = {str(k): json.loads(path.read_text()) for k, path in blocks.items() if path.exists()}
         result = {
-            "broker": "tansu",
+            "broker": "tansu",  # the partial runs kept were all made on Tansu
             "quix_version": args.from_partial,
             "repeats": min(len(b["throughput"]) for b in kept.values()),
             "partial": True,

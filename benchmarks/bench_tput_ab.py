@@ -27,7 +27,6 @@ from bench_quix import produce_input  # noqa: E402
 
 def main() -> int:
     boot, count, reps, variants = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4:]
-    os.environ.setdefault("CEC_BROKER_COMPAT", "tansu")
     topic = f"ab-in-{os.getpid()}"
     produce_input(boot, topic, count, 1000)
     work = Path(f"/tmp/bench-tput-ab-{os.getpid()}")

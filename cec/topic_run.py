@@ -35,7 +35,7 @@ from operators.sinks import (
     result_formats,
     write_outputs,
 )
-from operators.topic_source import broker_compat, pin_bounds, topic_partition_count
+from operators.topic_source import pin_bounds, topic_partition_count
 from queuestore.factory import open_store, store_spec
 
 __all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_extra"]
@@ -80,9 +80,6 @@ def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
         "time_field": args.time,
         "follow": bool(args.follow),
     }
-    compat = broker_compat()
-    if compat is not None:
-        source["broker_compat"] = compat
     if fmt == "avro":
         if not args.schema:
             raise ConfigError("--format avro needs --schema FILE.avsc")

@@ -18,7 +18,6 @@ from cec.records import AvroCodec, Kind, RecordCodec
 from cec.timeparse import format_time_ms
 from cec.verified import verified_records
 from queuestore.base import QueueStore, RecordMeta
-from queuestore.exceptions import QueueStoreError
 from queuestore.output import OutputQueue
 
 __all__ = [
@@ -482,15 +481,6 @@ class ResultsTopicOutput(OutputQueue):
         self._records = RecordCodec()
         self._results = AvroCodec(result_schema)
         self.published = 0
-        self.republished = 0
-        try:
-            from operators.topic_source import broker_compat
-
-            if broker_compat() == "tansu":
-                self._republish_missing()
-        except BaseException:
-            self.close()
-            raise
 
     def _side_record(self, meta_key: str | None, payload: bytes) -> tuple[bytes | None, bytes]:
         row = self._results.decode(payload)
@@ -508,60 +498,3 @@ class ResultsTopicOutput(OutputQueue):
         # After the last part of a chunked R: in the transaction that completes the result in the log.
         self._append_side(self.results_topic, self.partition, key, body)
         self.published += 1
-
-    def _republish_missing(self) -> None:
-        """Tansu only: it shows the records of aborted transactions to read_committed consumers, so after a
-        crash the log can hold results (delivered, then aborted) whose side records were never produced
-        (`append_side` produces them at commit time, after the log's records are delivered). The results
-        partition is then the log's results minus a tail; publish that tail now, once this writer has
-        taken the partition. On Apache Kafka aborted records stay hidden and nothing is ever missing."""
-        published, last = self._published()
-        logged: list[tuple[bytes | None, bytes]] = []
-        with self.store.reader(self.topic, self.partition) as reader:
-            for verified in verified_records(reader, codec=self._records, decode=(Kind.R.value,)):
-                if verified.meta.kind == Kind.R.value and verified.record and verified.record.payload:
-                    logged.append(self._side_record(verified.meta.key, verified.record.payload))
-        if published > len(logged) or (published and logged[published - 1] != last):
-            raise ConfigError(
-                f"results topic {self.results_topic!r} partition {self.partition} holds records that are not "
-                f"the results of {self.topic}[{self.partition}]: give each job a results topic of its own"
-            )
-        for key, body in logged[published:]:
-            self._append_side(self.results_topic, self.partition, key, body)
-            self.republished += 1
-        if self.republished:
-            self.writer.flush()
-
-    def _published(self) -> tuple[int, tuple[bytes | None, bytes] | None]:
-        """How many records results partition p shows a read_committed consumer, and the last one."""
-        import time
-
-        from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-
-        # The store's own consumer settings (security, read_committed, partition EOF events).
-        consumer = Consumer(self.store.consumer_config("results"))  # type: ignore[attr-defined]
-        timeout = float(getattr(self.store, "request_timeout", 30.0))
-        try:
-            consumer.assign([TopicPartition(self.results_topic, self.partition, OFFSET_BEGINNING)])
-            count: int = 0
-            last: tuple[bytes | None, bytes] | None = None
-            quiet_since = time.monotonic()
-            while True:
-                msg = consumer.poll(0.1)
-                if msg is None:
-                    if time.monotonic() - quiet_since > timeout:
-                        raise QueueStoreError(
-                            f"results topic {self.results_topic!r}: no end of partition {self.partition} "
-                            f"within {timeout}s"
-                        )
-                    continue
-                quiet_since = time.monotonic()
-                error = msg.error()
-                if error is not None:
-                    if error.code() == KafkaError._PARTITION_EOF:
-                        return count, last
-                    raise QueueStoreError(f"cannot read results topic {self.results_topic!r}: {error.str()}")
-                count += 1
-                last = (msg.key(), msg.value() or b"")
-        finally:
-            consumer.close()

@@ -18,11 +18,13 @@ bounded runs stop there, `follow=True` runs until stopped). Both are resolved on
 and must be kept with the job's log (`TopicBounds.as_dict`, `KafkaTopicSource.identity`) so a restarted run
 reads exactly the same records: passing them back (`start_offsets`, `end_offsets`) pins them.
 
-**Where bounds come from.** On Apache Kafka: `AdminClient.list_offsets` with `OffsetSpec.earliest()`
-(the log start) and `OffsetSpec.latest()` under read_committed (the last stable offset); nothing is
-consumed. Brokers that misreport them are handled behind one switch, `broker_compat` (or the environment
-variable `CEC_BROKER_COMPAT`): with `"tansu"`, the end of a partition is where consuming reports
-`PARTITION_EOF`, starting at the (understated) high watermark minus one (DESIGN-NOTES section 4).
+**Where bounds come from.** The log start is `AdminClient.list_offsets` with `OffsetSpec.earliest()`.
+The end is where a read_committed consumer reports `PARTITION_EOF`, read from one offset below the end
+that `list_offsets` with `OffsetSpec.latest()` gives under read_committed (the last stable offset): on
+Apache Kafka that is one fetch per partition that ends where the listing said (or later, if records came
+in between: both are ends the topic really had). A broker whose listing understates the end (Tansu
+0.6 answers the last batch's base offset + 1, DESIGN-NOTES section 4) would otherwise cut each
+partition's last batch off a bounded run without a word; the fetch reads on to the real end.
 
 **Retention.** A seek to offset o of partition j with o below the partition's current log start is a
 `RetentionError` ("input retention shorter than the replay needs"), naming topic, partition, offset and
@@ -40,7 +42,6 @@ import gc
 import logging
 import math
 import operator
-import os
 import tempfile
 import time
 import uuid
@@ -50,7 +51,7 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cec.exceptions import ConfigError
@@ -61,12 +62,10 @@ from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
 
 __all__ = [
-    "BROKER_COMPAT_ENV",
     "KEY_FIELD",
     "TIMESTAMP_FIELD",
     "KafkaTopicSource",
     "TopicBounds",
-    "broker_compat",
     "open_topic_source",
     "resolve_bounds",
     "topic_partition_count",
@@ -78,8 +77,6 @@ _ACCESSORS = (Message.error, Message.partition, Message.offset, Message.value)
 _MSG_ERROR, _MSG_PARTITION, _MSG_OFFSET, _MSG_VALUE = _ACCESSORS
 _rdkafka_log = logging.getLogger(__name__ + ".librdkafka")
 
-BROKER_COMPAT_ENV = "CEC_BROKER_COMPAT"
-COMPAT_MODES = ("tansu",)
 TIMESTAMP_FIELD = "@timestamp"
 KEY_FIELD = "@key"
 _TIMEOUT_S = 30.0
@@ -88,14 +85,6 @@ _ERROR_REASON = "input retention shorter than the replay needs"
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
-
-
-def broker_compat(given: str | None = None) -> str | None:
-    """The broker-compatibility mode: `given`, else `CEC_BROKER_COMPAT`, else None (Apache Kafka)."""
-    mode = given if given is not None else os.environ.get(BROKER_COMPAT_ENV) or None
-    if mode is not None and mode not in COMPAT_MODES:
-        raise ConfigError(f"unknown broker compatibility mode {mode!r} (known: {', '.join(COMPAT_MODES)})")
-    return mode
 
 
 @dataclass(frozen=True)
@@ -178,61 +167,59 @@ def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spe
         raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
 
 
-def _eof_end(consumer: Consumer, topic: str, partition: int, from_offset: int, log_start: int) -> int:
-    """The end of a partition as the offset where consuming reports PARTITION_EOF (broker_compat)."""
-    start = max(from_offset, log_start)
-    for attempt in (start, log_start):
-        consumer.assign([TopicPartition(topic, partition, attempt)])
-        try:
-            deadline = time.monotonic() + _TIMEOUT_S
-            beyond = False
-            while time.monotonic() < deadline:
-                msg = consumer.poll(_POLL_S)
-                if msg is None:
-                    continue
-                err = msg.error()
-                if err is None:
-                    continue
-                if err.code() == KafkaError._PARTITION_EOF:
-                    offset = msg.offset()
-                    assert offset is not None
-                    return offset
-                if err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                    beyond = True  # the watermark hint overshot: scan again from the log start
-                    break
-                if err.code() in _UNKNOWN_CODES:
-                    raise TopicSourceError(f"{topic}[{partition}]: {err.str()}")
-            if not beyond:
-                break
-        finally:
-            consumer.unassign()
-    raise TopicSourceError(f"no end-of-partition from {topic}[{partition}] within {_TIMEOUT_S}s")
+def _confirmed_ends(
+    consumer: Consumer, topic: str, listed: Sequence[int], starts: Sequence[int]
+) -> list[int]:
+    """Each partition's end as the offset where consuming reports PARTITION_EOF, read from one below its
+    listed end (see the module docstring), or from its log start when the listing says it is empty (a
+    broker that understates may say so of a partition that is not)."""
+    ends = list(starts)
+    waiting = set(range(len(ends)))
+    consumer.assign([TopicPartition(topic, p, max(starts[p], listed[p] - 1)) for p in sorted(waiting)])
+    try:
+        deadline = time.monotonic() + _TIMEOUT_S
+        while waiting and time.monotonic() < deadline:
+            msg = consumer.poll(_POLL_S)
+            if msg is None:
+                continue
+            err, p = msg.error(), msg.partition()
+            if err is None or p not in waiting:
+                continue
+            if err.code() == KafkaError._PARTITION_EOF:
+                offset = msg.offset()
+                assert offset is not None
+                ends[p] = max(starts[p], offset)
+                waiting.discard(p)
+                consumer.incremental_unassign([TopicPartition(topic, p)])
+            elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
+                # Out of range: the listing overstated the end, or records were deleted past it since:
+                # read on from the log start.
+                consumer.incremental_unassign([TopicPartition(topic, p)])
+                consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
+            elif err.code() in _UNKNOWN_CODES:
+                raise TopicSourceError(f"{topic}[{p}]: {err.str()}")
+    finally:
+        consumer.unassign()
+    if waiting:
+        raise TopicSourceError(
+            f"no end of partition {sorted(waiting)} of {topic!r} within {_TIMEOUT_S}s: the broker does not "
+            "answer fetches"
+        )
+    return ends
 
 
 def resolve_bounds(
-    bootstrap_servers: str,
-    topic: str,
-    *,
-    config: Mapping[str, Any] | None = None,
-    compat: str | None = None,
+    bootstrap_servers: str, topic: str, *, config: Mapping[str, Any] | None = None
 ) -> TopicBounds:
     """Each partition's log start and end, now (see the module docstring for where they come from)."""
-    mode = broker_compat(compat)
     admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
     n = _partition_count(admin, bootstrap_servers, topic)
     partitions = list(range(n))
     starts = _list_offsets(admin, topic, partitions, OffsetSpec.earliest())
-    if mode is None:
-        ends = _list_offsets(admin, topic, partitions, OffsetSpec.latest())
-        return TopicBounds(tuple(starts), tuple(max(s, e) for s, e in zip(starts, ends, strict=True)))
+    listed = _list_offsets(admin, topic, partitions, OffsetSpec.latest())
     consumer = Consumer(_consumer_config(bootstrap_servers, config, None))
     try:
-        ends = []
-        for p in partitions:
-            # Tansu's high watermark is the last batch's base offset + 1: a lower bound of the end, so the
-            # EOF scan reads at most the last batch instead of the partition.
-            _low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=_TIMEOUT_S)
-            ends.append(_eof_end(consumer, topic, p, max(0, high - 1), starts[p]))
+        ends = _confirmed_ends(consumer, topic, listed, starts)
     except KafkaException as exc:
         raise TopicSourceError(f"cannot find the end of {topic!r}: {exc}") from None
     finally:
@@ -261,7 +248,6 @@ class KafkaTopicSource(InputSource):
         follow: bool = False,
         group_id: str | None = None,
         config: Mapping[str, Any] | None = None,
-        compat: str | None = None,
         registry: Any = None,
         decoder: ValueDecoder | None = None,
         commit_interval_s: float = 1.0,
@@ -276,7 +262,6 @@ class KafkaTopicSource(InputSource):
         self.key_field, self.value_field, self.time_field = key_field, value_field, time_field
         self.follow = follow
         self.group_id = group_id
-        self.compat = broker_compat(compat)
         self._config = dict(config or {})
         self._decoder = decoder or make_decoder(
             fmt, schema=schema, registry_url=registry_url, columns=columns, registry=registry
@@ -287,7 +272,7 @@ class KafkaTopicSource(InputSource):
         self.global_partitions = _partition_subset(partitions, total, f"input topic {topic!r}")
         self.partitions = len(self.global_partitions)
         if start_offsets is None or (end_offsets is None and not follow):
-            bounds = resolve_bounds(bootstrap_servers, topic, config=config, compat=self.compat)
+            bounds = resolve_bounds(bootstrap_servers, topic, config=config)
             start_offsets = bounds.starts if start_offsets is None else start_offsets
             end_offsets = bounds.ends if end_offsets is None else end_offsets
         for name, given in (("start_offsets", start_offsets), ("end_offsets", end_offsets)):
@@ -660,8 +645,8 @@ class KafkaTopicSource(InputSource):
         if code == KafkaError._PARTITION_EOF:
             j = self._local.get(msg.partition())
             offset = msg.offset()
-            # Bounded: an EOF at or past the pinned end ends the partition (on Tansu the pinned end is an
-            # EOF offset too). An EOF below it means records there were deleted or are transaction markers.
+            # Bounded: an EOF at or past the pinned end ends the partition (the pinned end is an EOF
+            # offset too). An EOF below it means records there were deleted or are transaction markers.
             ends = self._ends
             if (
                 j is not None
@@ -816,7 +801,6 @@ def open_topic_source(spec: Mapping[str, Any], schemas: Mapping[str, dict[str, A
         follow=bool(spec.get("follow", False)),
         group_id=spec.get("group_id"),
         config=spec.get("config"),
-        compat=spec.get("broker_compat"),
     )
 
 
@@ -826,9 +810,7 @@ def pin_bounds(spec: Mapping[str, Any]) -> dict[str, Any]:
     out = dict(spec)
     if out.get("format", "json") == "cec" or ("start_offsets" in out and "end_offsets" in out):
         return out
-    bounds = resolve_bounds(
-        out["bootstrap_servers"], out["topic"], config=out.get("config"), compat=out.get("broker_compat")
-    )
+    bounds = resolve_bounds(out["bootstrap_servers"], out["topic"], config=out.get("config"))
     out.setdefault("start_offsets", list(bounds.starts))
     out.setdefault("end_offsets", list(bounds.ends))
     return out

@@ -33,12 +33,15 @@ Each record's `RecordMeta` travels once, compactly (`encode_message`; docs/kafka
 Logs written in the legacy layout (meta packed in the message key plus four headers `cec.kind`,
 `cec.time`, `cec.key`, `cec.seq`; `meta_to_key`/`meta_to_headers`) still read.
 
-The readers never trust broker watermarks or time lookups to locate data: the broker we test against
-(Tansu 0.6) understates `get_watermark_offsets` and answers 0 to every `offsets_for_times`. The end of a
-partition is therefore always the offset of a `PARTITION_EOF` event reached by consuming. The only use of a
+The readers never trust broker watermarks or time lookups to locate data: some Kafka-protocol brokers
+get them wrong (Tansu 0.6 understates `get_watermark_offsets` and answers 0 to every
+`offsets_for_times`). The end of a partition is therefore always the offset of a `PARTITION_EOF` event
+reached by consuming. The only use of a
 watermark is the one cached from fetch responses, as a *suspicion* that a seek went past the end (Tansu
 answers such fetches with silence instead of OFFSET_OUT_OF_RANGE); the suspicion is then confirmed or
-refuted by consuming to EOF.
+refuted by consuming to EOF. Apache Kafka answers a fetch below the log start (records deleted by
+trimming or retention) with OFFSET_OUT_OF_RANGE too: only then the reader asks for the log start, and a
+backward read stops there, while a forward read below it is `LogTrimmedError`, as on SQLite.
 """
 
 from __future__ import annotations
@@ -139,6 +142,17 @@ _REDACTED = "***"
 # Offsets-out-of-range style answers: the seek went past the end of the partition (Apache Kafka answers
 # this way; with auto.offset.reset=error librdkafka surfaces it as _AUTO_OFFSET_RESET).
 _BEYOND_END_CODES = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE})
+# A partition whose leadership is moving answers these for a moment: a topic just created (measured on
+# Apache Kafka: the first ListOffsets after CreateTopics can meet NOT_LEADER_FOR_PARTITION), a broker
+# restarting. Asked again until the request timeout.
+_LEADER_MOVING_CODES = frozenset(
+    {
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
@@ -146,6 +160,27 @@ _UNKNOWN_CODES = frozenset(
 _FENCED_CODES = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH, KafkaError._FENCED})
 # What a record reports when librdkafka drops it from its queues because the producer failed.
 _PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
+
+
+def _lost_client_error(producer: Producer) -> KafkaException:
+    """The error a producer call failed with when confluent-kafka lost it (it raised SystemError).
+
+    Measured on Apache Kafka (confluent-kafka 2.16): when a writer is fenced, `flush` raises the fatal
+    error from librdkafka's error callback but leaves it pending instead of saving it; a Python callback
+    served after it in the same call (the log callback, a delivery report) can clear it, and `flush`
+    then fails with "returned NULL without setting an exception". The producer still holds the fatal
+    error in its transaction state: any transactional call reports it (`begin_transaction` changes
+    nothing in that state; the writer stops either way).
+    """
+    try:
+        producer.begin_transaction()
+    except KafkaException as exc:
+        err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+        if err is not None and err.fatal():
+            return exc
+    return KafkaException(
+        KafkaError(KafkaError._FAIL, "the Kafka client failed without reporting an error", fatal=True)
+    )
 
 
 def transactional_id(prefix: str, topic: str, partition: int) -> str:
@@ -963,7 +998,10 @@ class KafkaPartitionWriter(PartitionWriter):
         """`producer.poll`/`flush`, which serve delivery reports, and which raise a fatal producer error
         themselves (a fenced producer that opened a new transaction learns it when adding the partition)."""
         try:
-            return call(timeout)
+            try:
+                return call(timeout)
+            except SystemError:
+                raise _lost_client_error(self._live_producer()) from None
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             # The producer's own error first: the records it purged report only its consequence.
@@ -1072,7 +1110,10 @@ class KafkaPartitionWriter(PartitionWriter):
             try:
                 # Delivery reports are appended to _delivered/_undelivered here: the caller's thread does
                 # not touch them until it joined this thread.
-                self._commit_remaining = producer.flush(self._timeout)
+                try:
+                    self._commit_remaining = producer.flush(self._timeout)
+                except SystemError:
+                    raise _lost_client_error(producer) from None
                 if self._commit_remaining > 0 or self._undelivered:
                     return
                 faults.hit("kafka.before_commit")
@@ -1102,8 +1143,11 @@ class KafkaPartitionWriter(PartitionWriter):
         exc = self._commit_error
         if exc is not None:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            # The producer's own error first (as in `_serve`): the records it purged report only that.
+            if self._failure is None:
+                self._failure = self._failed(err, "commit of")
             self._settle_undelivered()
-            raise self._stop(self._failure or self._failed(err, "commit of")) from None
+            raise self._stop(self._failure) from None
         self._settle_undelivered()
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1532,15 +1576,20 @@ class KafkaPartitionReader(PartitionReader):
     def start_offset(self) -> int:
         """The log start: the low watermark (Apache Kafka moves it on `delete_records`; Tansu reports 0)."""
         consumer = self._live_consumer()
-        try:
-            low, _ = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, self.partition), timeout=self._stall_timeout
-            )
-        except KafkaException as exc:
-            raise QueueStoreError(
-                f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
-            ) from None
-        return max(0, int(low))
+        deadline = time.monotonic() + self._stall_timeout
+        while True:
+            try:
+                low, _ = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, self.partition),
+                    timeout=max(0.1, deadline - time.monotonic()),
+                )
+                return max(0, int(low))
+            except KafkaException as exc:
+                if _error_code(exc) not in _LEADER_MOVING_CODES or time.monotonic() >= deadline:
+                    raise QueueStoreError(
+                        f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
+                    ) from None
+            time.sleep(0.05)  # pacing of a bounded poll while the leadership settles
 
     def end_offset(self) -> int:
         # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and
@@ -1567,6 +1616,8 @@ class KafkaPartitionReader(PartitionReader):
         start = max(0, from_offset)
         result = self._read(start, want=max_records, stop_before=None)
         if result.beyond_end:
+            if start < self.start_offset():  # "out of range" below the log start: trimmed, never a gap
+                raise self.trimmed(start)
             if start >= self.end_offset():
                 return []
             result = self._read(start, want=max_records, stop_before=None)
@@ -1579,7 +1630,10 @@ class KafkaPartitionReader(PartitionReader):
         offset = max(0, from_offset)
         while offset < end:
             result = self._read(offset, want=max(1, chunk), stop_before=end)
-            if result.beyond_end:  # a stale suspicion: `end` was found by consuming to EOF
+            if result.beyond_end:
+                if offset < self.start_offset():  # below the log start: trimmed, never a gap
+                    raise self.trimmed(offset)
+                # A stale suspicion: `end` was found by consuming to EOF.
                 result = self._read(offset, want=max(1, chunk), stop_before=end)
             if not result.records:
                 return  # only markers (or aborted records) left below the end
@@ -1592,11 +1646,16 @@ class KafkaPartitionReader(PartitionReader):
         # Offsets are not dense (transaction markers take offsets but are never delivered), so a window of
         # `max_records` offsets may hold fewer records: keep widening downwards until enough or offset 0.
         collected: list[StoredRecord] = []
-        upper = before_offset
-        while len(collected) < max_records and upper > 0:
-            lower = max(0, upper - (max_records - len(collected)))
+        upper, floor = before_offset, 0
+        while len(collected) < max_records and upper > floor:
+            lower = max(floor, upper - (max_records - len(collected)))
             result = self._read(lower, want=None, stop_before=upper)
             if result.beyond_end:
+                # "Out of range" below the log start (trimmed there): read down to the log start only.
+                log_start = self.start_offset()
+                if lower < log_start:
+                    floor = log_start
+                    continue
                 end = self.end_offset()
                 if end >= upper:  # stale suspicion: the data is there after all
                     result = self._read(lower, want=None, stop_before=upper)
@@ -1614,6 +1673,8 @@ class KafkaPartitionReader(PartitionReader):
         if stop_before <= start:
             return []
         result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
+        if result.beyond_end and start < self.start_offset():
+            raise self.trimmed(start)
         if result.beyond_end and self.end_offset() > start:  # stale suspicion: the data is there after all
             result = self._read(max(0, start), want=None, stop_before=stop_before, as_rows=True)
         return result.rows
@@ -1627,12 +1688,17 @@ class KafkaPartitionReader(PartitionReader):
         if max_records <= 0 or before_offset <= 0:
             return []
         collected: list[Row] = []
-        upper = before_offset
-        while len(collected) < max_records and upper > 0:
+        upper, floor = before_offset, 0
+        while len(collected) < max_records and upper > floor:
             missing = max_records - len(collected)
-            lower = max(0, upper - missing - missing // 64 - 16)
+            lower = max(floor, upper - missing - missing // 64 - 16)
             result = self._read(lower, want=None, stop_before=upper, as_rows=True)
             if result.beyond_end:
+                # "Out of range" below the log start (trimmed there): read down to the log start only.
+                log_start = self.start_offset()
+                if lower < log_start:
+                    floor = log_start
+                    continue
                 end = self.end_offset()
                 if end >= upper:  # stale suspicion: the data is there after all
                     result = self._read(lower, want=None, stop_before=upper, as_rows=True)

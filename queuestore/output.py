@@ -108,8 +108,10 @@ class OutputQueue:
 
     def poll(self, timeout: float = 0.0) -> int:
         served = self.writer.poll(timeout)
-        if served:
-            self.index.commit()
+        # Not only what this call served: a writer may settle completions in `append` too (the Kafka
+        # writer reaps a pipelined commit that is through there), and the index must learn them now, not
+        # at the final flush. A no-op when the index learnt nothing.
+        self.index.commit()
         return served
 
     def flush(self) -> None:

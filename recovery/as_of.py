@@ -290,7 +290,7 @@ def _copy_prefix(store: QueueStore, topic: str, partition: int, at: AsOf, scratc
     copied = 0
     try:
         with store.reader(topic, partition) as reader:
-            first = reader.read_forward(0, 1)
+            first = reader.read_forward(reader.start_offset(), 1)  # a trimmed log: from its log start
             for verified in verified_records(
                 reader, first[0].offset if first else 0, codec=codec, decode=kinds if at.positions else ()
             ):

@@ -3,7 +3,9 @@
 The broker is session-scoped and started lazily: only a test that requests `kafka_broker` (directly or
 through the "kafka" parameter of `store_backend`) starts one, so SQLite-only runs never pay for it. When
 no broker can be started the requesting tests ERROR instead of being skipped: a CI run that silently
-skipped every Kafka test would look green while testing nothing (DESIGN-NOTES section 4).
+skipped every Kafka test would look green while testing nothing (DESIGN-NOTES section 4). Each process
+of the run (each pytest-xdist worker) starts its own broker; the terminal summary says which broker the
+run used, once ("broker: apache-kafka 4.3.1 at 127.0.0.1:PORT ...").
 """
 
 from __future__ import annotations
@@ -38,17 +40,59 @@ def sqlite_store(tmp_path: Path) -> SqliteQueueStore:
     return SqliteQueueStore(tmp_path / "store")
 
 
+# Where the broker lines of this process and (on the xdist controller) of its workers are kept.
+_BROKERS_KEY = pytest.StashKey[list[str]]()
+_WORKER_OUTPUT = "cec_brokers"
+
+
+def _broker_lines(config: pytest.Config) -> list[str]:
+    return config.stash.setdefault(_BROKERS_KEY, [])
+
+
 @pytest.fixture(scope="session")
-def kafka_broker() -> Iterator[Broker]:
+def kafka_broker(pytestconfig: pytest.Config) -> Iterator[Broker]:
     try:
         broker = start_broker()
     except RuntimeError as exc:
         # pytest.fail, not pytest.skip: see the module docstring.
         pytest.fail(f"no Kafka broker could be started for the Kafka tests:\n{exc}", pytrace=False)
+    _broker_lines(pytestconfig).append(broker.describe())
     try:
         yield broker
     finally:
         broker.stop()
+
+
+@pytest.fixture(autouse=True)
+def _kafka_transactions(request: pytest.FixtureRequest) -> None:
+    """Tests marked `kafka_transactions` check what only a broker with Kafka's transactions shows: records
+    of aborted transactions hidden from read_committed consumers, `delete_records`. Skipped, with the
+    reason, on the Tansu fallback (DESIGN-NOTES section 4), which has neither; CI runs on Apache Kafka."""
+    if request.node.get_closest_marker("kafka_transactions") is None:
+        return
+    if request.getfixturevalue("kafka_broker").kind == "tansu":
+        pytest.skip("Tansu 0.6 shows aborted transactions' records to read_committed readers, deletes none")
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    output = getattr(session.config, "workeroutput", None)  # set on pytest-xdist workers only
+    if output is not None:
+        output[_WORKER_OUTPUT] = _broker_lines(session.config)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist, on the controller: collect the broker lines a worker reported."""
+    lines = getattr(node, "workeroutput", {}).get(_WORKER_OUTPUT, [])
+    worker = getattr(node, "gateway", None)
+    name = getattr(worker, "id", "worker")
+    _broker_lines(node.config).extend(f"{line} [{name}]" for line in lines)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    lines = _broker_lines(config)
+    if lines and getattr(config, "workeroutput", None) is None:
+        terminalreporter.write_line("broker: " + "; ".join(sorted(lines)))
 
 
 class StoreBackend:

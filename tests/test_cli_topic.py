@@ -481,6 +481,7 @@ def results_topic_per_key(rows: list[tuple[str, dict[str, Any]]]) -> dict[str, l
     return out
 
 
+@pytest.mark.kafka_transactions
 def test_results_topic_holds_each_result_once_through_crash_after(
     kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
 ) -> None:
@@ -497,6 +498,7 @@ def test_results_topic_holds_each_result_once_through_crash_after(
     assert results_topic_per_key(read_results_topic(kafka_broker.bootstrap, results_topic)) == want
 
 
+@pytest.mark.kafka_transactions
 def test_results_topic_holds_each_result_once_through_an_outside_sigkill(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
@@ -570,6 +572,7 @@ def test_an_error_inside_a_crash_after_worker_is_one_line(kafka_broker: Broker, 
     assert "Traceback" not in out.stderr
 
 
+@pytest.mark.kafka_transactions
 def test_results_topic_of_a_csv_run_on_kafka(
     kafka_broker: Broker, tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]]
 ) -> None:

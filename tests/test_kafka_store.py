@@ -17,9 +17,10 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from multiprocessing.synchronize import Event as EventType
 from pathlib import Path
+from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from cec.records import RecordCodec
 from queuestore.base import RecordMeta, StoredRecord
@@ -445,6 +446,39 @@ def test_empty_partition(store: KafkaQueueStore, topic: str) -> None:
         assert list(r.scan_backward()) == []
 
 
+def test_the_log_start_is_asked_again_while_the_partition_has_no_leader(
+    store: KafkaQueueStore, topic: str
+) -> None:
+    """Measured on Apache Kafka: the first ListOffsets right after CreateTopics can be answered
+    NOT_LEADER_FOR_PARTITION (the broker has not taken the leadership yet; a restarting broker answers
+    the same). Failed before: the reader raised at once, so a run that created its output topic could
+    fail on its first look at the log. The answer is stood in (the real one is a race); the broker is
+    real."""
+    from confluent_kafka import Consumer as RealConsumer
+
+    with store.reader(topic, 0) as r:
+        real: RealConsumer = r._consumer  # type: ignore[attr-defined]
+        answers = [KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE]
+
+        class LeaderMoving:
+            def __getattr__(self, name: str) -> object:
+                return getattr(real, name)
+
+            def get_watermark_offsets(self, *args: Any, **kwargs: Any) -> tuple[int, int]:
+                if answers:
+                    raise KafkaException(KafkaError(answers.pop(0)))
+                return real.get_watermark_offsets(*args, **kwargs)  # type: ignore[no-any-return]
+
+        r._consumer = LeaderMoving()  # type: ignore[attr-defined,assignment]
+        try:
+            assert r.start_offset() == 0 and not answers
+            answers.append(KafkaError.TOPIC_AUTHORIZATION_FAILED)  # not a moving leader: an error at once
+            with pytest.raises(QueueStoreError, match="cannot read the log start"):
+                r.start_offset()
+        finally:
+            r._consumer = real  # type: ignore[attr-defined]
+
+
 def test_read_forward_and_backward(store: KafkaQueueStore, topic: str) -> None:
     n = 1_000
     assert append_n(store, topic, 0, 0, n) == list(range(n))  # one transaction: dense inside it
@@ -827,6 +861,41 @@ def test_commits_are_pipelined_appends_go_on_and_callbacks_wait_for_the_commit(
         s.close()
 
 
+def test_the_index_learns_records_whose_commit_an_append_settled(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A pipelined commit that is through is settled by whichever call comes next, an append too; the
+    output queue's next poll must still write what the index learnt. Failed before: only a poll that
+    itself served callbacks committed the index, so under a steady stream of appends (each settling the
+    commit the previous poll started) the index stayed at 0 until the run's final flush, and trimming,
+    which is bounded by the index, never happened during a run on Kafka."""
+    from queuestore.output import OutputQueue
+
+    clock = FakeClock()
+    s = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path, commit_interval=10.0, commit_records=1_000, clock=clock
+    )
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        s.create_topic(name, 1)
+        out = OutputQueue(s, name, 0)
+        try:
+            for i in range(10):
+                out.append(value(i), meta(i))
+            clock.now = 10.0
+            assert out.poll() == 0  # the commit went to the committer thread
+            writer = out.writer
+            wait_for(lambda: not writer._committer.is_alive(), what="the commit")  # type: ignore[attr-defined]
+            out.append(value(10), meta(10))  # settles the commit that is through: 10 records durable
+            assert out.durable_count == 10
+            out.poll()
+            assert out.index.next_offset == 10
+        finally:
+            out.close()
+    finally:
+        s.close()
+
+
 def test_fenced_writer_stops_and_writes_nothing_further(kafka_broker: Broker, tmp_path: Path) -> None:
     """Two hosts (two state dirs, so the local lock sees nothing): the newer writer's init_transactions()
     fences the older, whose pending records fail and whose next appends are refused."""
@@ -855,9 +924,12 @@ def test_fenced_writer_stops_and_writes_nothing_further(kafka_broker: Broker, tm
             old.close()
             with new_store.reader(name, 0) as r:
                 held = values(r.scan_forward())
-            # The old writer's uncommitted records were aborted by the takeover; Tansu 0.6 still delivers
-            # records of aborted transactions (docs/kafka.md), the records appended after it never.
+            # The old writer's uncommitted records were aborted by the takeover: hidden on Apache Kafka;
+            # Tansu 0.6 still delivers records of aborted transactions (docs/kafka.md), the records
+            # appended after the takeover never.
             assert held[:10] == [(value(i), meta(i)) for i in range(10)]
+            if kafka_broker.hides_aborted_records:
+                assert held[10:] == []
             assert held[10:] in ([], [(value(i), meta(i)) for i in range(10, 10 + len(held) - 10)])
             assert len(held) <= 15
             for i in range(100, 105):
@@ -865,6 +937,112 @@ def test_fenced_writer_stops_and_writes_nothing_further(kafka_broker: Broker, tm
             new.flush(DEADLINE)
         with new_store.reader(name, 0) as r:
             assert values(r.scan_forward()) == held + [(value(i), meta(i)) for i in range(100, 105)]
+    finally:
+        old_store.close()
+        new_store.close()
+
+
+class _LosesItsError:
+    """A fenced producer as confluent-kafka 2.16 sometimes leaves it (queuestore.kafka._lost_client_error):
+    `flush` (or `poll`: the same code) fails with SystemError instead of the fatal error, which only the
+    transaction state still holds. Measured on Apache Kafka as a rare race, so stood in here: the broker fences for real."""
+
+    def __init__(self, real: Producer) -> None:
+        self._real = real
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._real, name)
+
+    def flush(self, timeout: float = -1) -> int:
+        return self._losing(self._real.flush, timeout)
+
+    def poll(self, timeout: float = -1) -> int:
+        return self._losing(self._real.poll, timeout)
+
+    @staticmethod
+    def _losing(call: Callable[[float], int], timeout: float) -> int:
+        try:
+            return int(call(timeout))
+        except KafkaException:
+            raise SystemError(f"{call!r} returned NULL without setting an exception") from None
+
+
+def _fence_for_real(old_store: KafkaQueueStore, new_store: KafkaQueueStore, name: str) -> Producer:
+    """The old store's producer of name[0] after a newer writer fenced it and it learnt so (fatal)."""
+    old = old_store.writer(name, 0)
+    old.append(value(0), meta(0))
+    old.flush(DEADLINE)
+    new_store.writer(name, 0).close()  # init_transactions: the broker fences the old producer id
+    producer: Producer = old._producer  # type: ignore[attr-defined]
+    producer.begin_transaction()
+    producer.produce(name, b"late", partition=0)
+    with pytest.raises(KafkaException) as fatal:
+        producer.flush(DEADLINE)  # AddPartitionsToTxn answers: fenced
+        producer.commit_transaction(DEADLINE)
+    assert fatal.value.args[0].fatal()
+    return producer
+
+
+@pytest.mark.filterwarnings("ignore:Producer abort_transaction failed during close:RuntimeWarning")
+def test_a_fatal_error_the_client_lost_is_found_in_its_transaction_state(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """Asked after a SystemError, a fenced producer still says it was fenced."""
+    from queuestore.kafka import _lost_client_error
+
+    old_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-a")
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        producer = _fence_for_real(old_store, new_store, name)
+        err = _lost_client_error(producer).args[0]
+        assert err.fatal() and err.code() == KafkaError._FENCED
+    finally:
+        old_store.close()
+        new_store.close()
+
+
+@pytest.mark.parametrize("commit", ["flush", "poll"])
+def test_a_fenced_writer_whose_client_lost_the_error_stops_fenced(
+    kafka_broker: Broker, tmp_path: Path, commit: str
+) -> None:
+    """Failed before: the SystemError escaped `flush()` and `poll()` as a traceback (in the committer thread
+    it was not caught at all, and the commit counted as done). Now the writer stops with the one-line
+    fenced error, commits nothing more and reports no record durable."""
+    clock = FakeClock()
+    old_store = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path / "host-a", commit_interval=10.0, commit_records=1_000, clock=clock
+    )
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        with old_store.writer(name, 0) as w:
+            w.append(value(0), meta(0))
+            w.flush(DEADLINE)
+            new_store.writer(name, 0).close()  # init_transactions: the broker fences w's producer id
+            w._producer = _LosesItsError(w._producer)  # type: ignore[attr-defined,assignment]
+            reports: list[tuple[int | None, Exception | None]] = []
+            for i in range(1, 6):  # the next transaction: adding the partition to it fails, fatally
+                w.append(value(i), meta(i), lambda off, err: reports.append((off, err)))
+            with pytest.raises(WriterFencedError) as fenced:
+                if commit == "flush":
+                    w.flush(DEADLINE)
+                else:
+                    clock.now = 10.0
+                    deadline = time.monotonic() + DEADLINE
+                    # poll() serves the error, or hands the due commit to the committer thread, whose
+                    # failure the next poll() reports: a race, either way fenced.
+                    while time.monotonic() < deadline:
+                        w.poll(0.05)
+            assert str(fenced.value).startswith(f"fenced: another writer took over {name}[0]")
+            assert all(off is None for off, _ in reports) and w.commits == 1
+        assert len(reports) == 5 and all(
+            off is None for off, _ in reports
+        )  # each one failed, at the latest on close
+        with new_store.reader(name, 0) as r:
+            assert values(r.scan_forward()) == [(value(0), meta(0))]
     finally:
         old_store.close()
         new_store.close()
@@ -935,7 +1113,8 @@ def test_older_writer_process_is_fenced(kafka_broker: Broker, store: KafkaQueueS
         _, err = newer.communicate(timeout=DEADLINE)
         assert newer.returncode == 0, err.decode()[-2000:]
         taken_over_at = len(_log(store, name)) - 300
-        assert 400 <= taken_over_at <= 450  # Tansu shows A's aborted transaction too (docs/kafka.md)
+        # A's open transaction was aborted by B's init_transactions(); Tansu shows it anyway (docs/kafka.md).
+        assert taken_over_at == 400 if kafka_broker.hides_aborted_records else 400 <= taken_over_at <= 450
     finally:
         gate.touch()  # A goes on appending: it must find itself fenced
         _, err = older.communicate(timeout=DEADLINE)
@@ -969,5 +1148,5 @@ def test_sigkill_inside_a_commit_leaves_only_committed_records(
     log = _log(store, name)
     assert log[:750] == committed
     # Apache Kafka hides the aborted 250 records; Tansu 0.6 delivers them (docs/kafka.md): a prefix either way.
-    assert len(log) in (850, 1_100)
+    assert len(log) == (850 if kafka_broker.hides_aborted_records else 1_100)
     _check_sequence(log)

@@ -79,7 +79,6 @@ from operators.spark.session import check_session
 from operators.spark.sink import SINK_FAULT_SITE, CecSink
 from operators.spark.topic_reader import TOPIC_FORMAT, register_topic_source
 from operators.spark.writer import WRITER_KILL_SITE, ExecutorSink
-from operators.topic_source import broker_compat
 from queuestore.output import OutputQueue
 
 if TYPE_CHECKING:
@@ -359,9 +358,6 @@ def _source_options(
         if not registry_url:
             raise ConfigError("input_format='registry' needs schema_registry_url")
         options["schema.registry.url"] = registry_url
-    compat = broker_compat()
-    if compat:
-        options["brokerCompat"] = compat
     return options
 
 

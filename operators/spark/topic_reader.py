@@ -3,8 +3,8 @@
 Reading is `operators.topic_source.KafkaTopicSource`, the one reader of ordinary topics that the local
 engine and `cec run --input-topic` use (values decoded by `operators.formats`): each Spark input partition
 is one slice [start, end) of one Kafka partition, read by a KafkaTopicSource pinned to exactly that slice.
-Ends and log starts come from `operators.topic_source.resolve_bounds` (watermarks on Apache Kafka, the
-EOF scan behind the broker-compatibility switch on Tansu).
+Ends and log starts come from `operators.topic_source.resolve_bounds` (the listed offsets, each end
+confirmed where a read_committed consumer reaches the end of the partition).
 
 Rows carry the record's position and either the three fields the operator needs or why it could not:
 `cec_partition`, `cec_offset`, `cec_error` (None, or the dead-letter reason: undecodable, or the key,
@@ -21,8 +21,8 @@ per chunk one row of arrays per output partition, keys in canonical form (`opera
 Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), `key`, `value`, `time`
 (optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
 `schema.registry.url` (registry), `columns` (csv: comma-separated names), `startingOffsets`
-(`{"<partition>": offset}`, default the log start), `maxRecordsPerTrigger`, `kafka.*` client settings,
-`brokerCompat`. A seek below a partition's log start is `RetentionError` ("input retention shorter than
+(`{"<partition>": offset}`, default the log start), `maxRecordsPerTrigger`, `kafka.*` client settings.
+A seek below a partition's log start is `RetentionError` ("input retention shorter than
 the replay needs"), never a silent gap.
 """
 
@@ -85,7 +85,6 @@ class TopicOptions:
     columns: tuple[str, ...] = ()
     starting_offsets: str = "earliest"
     max_records_per_trigger: int | None = None
-    compat: str | None = None
     client_config: dict[str, str] = field(default_factory=dict)
     pack: PackSpec | None = None  # the attached query's packed rows (`operators.spark.packing`)
 
@@ -124,7 +123,6 @@ class TopicOptions:
             columns=tuple(c.strip() for c in opts.get("columns", "").split(",") if c.strip()),
             starting_offsets=opts.get("startingoffsets", "earliest").strip(),
             max_records_per_trigger=int(limit) if limit else None,
-            compat=opts.get("brokercompat") or None,
             client_config=client,
             pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
         )
@@ -141,13 +139,13 @@ class TopicOptions:
         schema = json.dumps(self.schema, sort_keys=True, default=str)
         config = tuple(sorted(self.client_config.items()))
         return (self.bootstrap, self.topic, self.fmt, self.key, self.value, self.time, schema,
-                self.registry_url, self.columns, self.compat, config, partition, total)  # fmt: skip
+                self.registry_url, self.columns, config, partition, total)  # fmt: skip
 
     def bounds(self) -> tuple[list[int], list[int]]:
         """(log starts, ends) of every partition now."""
         from operators.topic_source import resolve_bounds
 
-        found = resolve_bounds(self.bootstrap, self.topic, config=self.client_config, compat=self.compat)
+        found = resolve_bounds(self.bootstrap, self.topic, config=self.client_config)
         return list(found.starts), list(found.ends)
 
 
@@ -247,7 +245,6 @@ def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: li
         start_offsets=starts,
         end_offsets=ends,
         config=opts.client_config,
-        compat=opts.compat,
     )
 
 

@@ -109,6 +109,40 @@ def test_bounded_reads_every_partition_and_restarts_stop_at_the_first_runs_end(
     assert sum(fresh.ends) == len(purchases) + len(more)
 
 
+def test_a_broker_that_understates_the_end_of_a_partition_cuts_nothing_off_a_bounded_run(
+    kafka_broker: Broker,
+    json_topic: tuple[str, list[tuple[int, dict[str, Any]]]],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Tansu 0.6 lists a partition's end as its last batch's base offset + 1 (DESIGN-NOTES section 4).
+    Failed before: a bounded run took the listed end as its end and silently missed each partition's last
+    batch (the issue's `cec run --input-topic` over three partitions: 4,423 windows instead of 4,589, exit
+    0). Now the end is where consuming reaches the end of the partition, whatever the listing says.
+    The listing is stood in (Apache Kafka answers it exactly); everything else is the real broker."""
+    from confluent_kafka.admin import OffsetSpec
+
+    import operators.topic_source as topic_source
+
+    topic, purchases = json_topic
+    want = expected(purchases)
+    assert resolve_bounds(kafka_broker.bootstrap, topic).ends == tuple(len(want[p]) for p in range(3))
+    listed = topic_source._list_offsets
+    latest = OffsetSpec.latest()
+
+    def understated(admin: Any, topic: str, partitions: Any, spec: OffsetSpec) -> list[int]:
+        real = listed(admin, topic, partitions, spec)
+        return [max(0, end - 37) for end in real] if type(spec) is type(latest) else real
+
+    monkeypatch.setattr(topic_source, "_list_offsets", understated)
+    assert resolve_bounds(kafka_broker.bootstrap, topic).ends == tuple(len(want[p]) for p in range(3))
+    source = _source(kafka_broker, topic)
+    try:
+        source.seek([0, 0, 0])
+        assert by_partition(drain(source)) == want
+    finally:
+        source.close()
+
+
 def test_seek_is_a_replay_from_kafka_offsets(
     kafka_broker: Broker, json_topic: tuple[str, list[tuple[int, dict[str, Any]]]]
 ) -> None:

@@ -264,6 +264,58 @@ def test_kafka_topic_with_a_finite_retention_is_refused_at_start(kafka_broker: A
         plain.close()
 
 
+@pytest.mark.kafka_transactions
+def test_kafka_reads_of_a_trimmed_log_hold_what_is_kept_and_refuse_what_is_not(
+    kafka_broker: Any, tmp_path: Path
+) -> None:
+    """The Kafka reader on a log whose head `delete_records` removed, as the SQLite one above: backward
+    reads whose window reaches below the log start return the records kept (recovery's EC build reads
+    so), forward reads below it are `LogTrimmedError`. Failed before: the broker answers a fetch below the
+    log start with OFFSET_OUT_OF_RANGE, which the reader took for "past the end", so a backward window
+    reaching below the log start came back empty (recovery and `cec inspect` saw an empty log) and a
+    forward read there silently returned nothing."""
+    from queuestore.kafka import KafkaQueueStore
+
+    topic = f"trimmed-{uuid.uuid4().hex[:10]}"
+    store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path)
+    try:
+        store.create_topic(topic, 1)
+        codec = RecordCodec()
+        with store.writer(topic, 0) as writer:
+            for i in range(300):
+                record = OutputRecord(Kind.DEAD, i, (i,), 0, payload=b"x")
+                writer.append(codec.encode(record), record.meta())
+                if i % 50 == 49:
+                    writer.flush()  # a transaction marker after every 50 records: offsets are not dense
+            writer.flush()
+            kept = [r.offset for r in _kafka_records(store, topic)]
+            cut = kept[200]
+            assert writer.trim(cut) == cut
+        with store.reader(topic, 0) as reader:
+            assert reader.start_offset() == cut
+            want = kept[200:]
+            end = reader.end_offset()
+            assert [r[0] for r in reader.read_backward_rows(end, 1_000)] == want[::-1]
+            assert [r.offset for r in reader.read_backward(end, 1_000)] == want[::-1]
+            assert [r.offset for r in reader.read_backward(end, 30)] == want[::-1][:30]
+            assert [r.offset for r in reader.scan_backward(chunk=64)] == want[::-1]
+            assert [r.offset for r in reader.scan_forward(cut)] == want
+            assert [r[0] for r in reader.read_range_rows(cut, end)] == want
+            with pytest.raises(LogTrimmedError, match=rf"offset 3 was trimmed: the log starts at {cut}"):
+                reader.read_forward(3, 10)
+            with pytest.raises(LogTrimmedError):
+                list(reader.scan_forward(0))
+            with pytest.raises(LogTrimmedError):
+                reader.read_range_rows(0, end)
+    finally:
+        store.close()
+
+
+def _kafka_records(store: Any, topic: str) -> list[Any]:
+    with store.reader(topic, 0) as reader:
+        return list(reader.scan_forward(0))
+
+
 def test_kafka_trim_and_acknowledgements(kafka_broker: Any, tmp_path: Path) -> None:
     """delete_records where the broker has it; where it does not (Tansu 0.6 drops the connection on
     DeleteRecords), nothing is deleted, the writer goes on, and reads stay exact."""
