@@ -51,7 +51,15 @@ from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Message, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Message,
+    TopicCollection,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from cec.exceptions import ConfigError
@@ -165,6 +173,19 @@ def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spe
         return [futures[tp].result().offset for tp in request]
     except KafkaException as exc:
         raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+
+
+def _topic_id(admin: AdminClient, topic: str) -> str | None:
+    """The topic's id (Kafka >= 2.8 gives every topic one; a topic created again under the same name gets
+    a new one), or None where the broker does not say."""
+    try:
+        described = admin.describe_topics(TopicCollection([topic]), request_timeout=_TIMEOUT_S)[
+            topic
+        ].result()
+    except (KafkaException, ValueError):
+        return None
+    topic_id = str(getattr(described, "topic_id", None) or "")
+    return topic_id if topic_id.strip("A") else None  # all zero bits (base64 "AAAA..."): no id
 
 
 def _confirmed_ends(
@@ -308,6 +329,7 @@ class KafkaTopicSource(InputSource):
         self._committed: list[int] | None = None
         self._idle_check_s = idle_check_s
         self._last_delivery = clock()  # when a poll last delivered records (or the input was last checked)
+        self._topic_id = _topic_id(self._admin, topic)  # a topic deleted and created again has another
 
     def _required_fields(self) -> list[str]:
         return [f for f in (self.key_field, self.value_field, self.time_field) if f]
@@ -624,19 +646,19 @@ class KafkaTopicSource(InputSource):
                 f"{self.global_partitions[j]} at offset {self._next[j]:,}): the rest of the run's input is "
                 "gone; its log is intact but its results cannot be completed"
             )
+        topic_id = _topic_id(self._admin, self.topic)
+        if self._topic_id is not None and topic_id is not None and topic_id != self._topic_id:
+            raise TopicDeletedError(
+                f"the input topic {self.topic!r} was deleted and created again while this run read it (its "
+                f"topic id changed from {self._topic_id} to {topic_id}): the run's input is gone; its log is "
+                "intact but its results cannot be completed"
+            )
         for j in waiting:
             tp = TopicPartition(self.topic, self.global_partitions[j])
             try:
-                low, high = self._live().get_watermark_offsets(tp, timeout=_TIMEOUT_S)
+                low, _high = self._live().get_watermark_offsets(tp, timeout=_TIMEOUT_S)
             except KafkaException:
                 return  # as above: no answer is no evidence
-            if high < self._next[j] and self.compat is None:  # Tansu's high watermark is understated
-                raise TopicDeletedError(
-                    f"the input topic {self.topic!r} was deleted and created again while this run read it "
-                    f"(partition {tp.partition} now ends at offset {high:,}, below the run's position "
-                    f"{self._next[j]:,}): the run's input is gone; its log is intact but its results cannot "
-                    "be completed"
-                )
             if low > self._next[j]:
                 raise self._retention_error(j, self._next[j], low)
 
