@@ -55,8 +55,8 @@ _IDENT = b"M:ident"
 _U64 = struct.Struct(">Q")
 _I64_BIAS = 1 << 63  # maps signed times onto unsigned so that byte order equals numeric order
 _FOOTPRINT_KINDS = frozenset({"GOPEN", "GCHECK"})  # cec.records.FOOTPRINT_KINDS (no import: see reconcile)
-# RocksDB's answer when another live process holds the database's LOCK file.
-_LOCKED_ELSEWHERE = "Resource temporarily unavailable"
+# RocksDB's answers when a live process (another, or this one through another handle) holds the LOCK.
+_LOCK_HELD = ("Resource temporarily unavailable", "lock hold by current process")
 _aside = itertools.count()
 
 T = TypeVar("T")
@@ -98,15 +98,14 @@ class StreamIndex:
         self.passed_over: list[int] = []  # offsets of damaged footprints `reconcile` did not index
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._batch = WriteBatch(raw_mode=True)
-        self._db = self._open()
+        self._db: Rdict | None = None
         try:
+            self._db = self._connect()
             self._load()
         except _Unusable as damage:
-            if self._read_only:
-                raise self._error(damage) from None
-            self._reset(damage)  # empty: the next `reconcile` indexes the whole log
+            self._rebuilt(damage, now=log is not None)  # without a log: the next `reconcile` rebuilds it
 
-    def _open(self) -> Rdict:
+    def _connect(self) -> Rdict:
         options = Options(raw_mode=True)
         try:
             if self._read_only:
@@ -114,19 +113,7 @@ class StreamIndex:
             options.create_if_missing(True)
             return Rdict(str(self.path), options)
         except Exception as exc:
-            damage = _Unusable(exc)
-        if self._read_only:
-            raise self._error(damage)
-        if _LOCKED_ELSEWHERE in str(damage):
-            raise IndexError_(
-                f"the stream index at {self.path} is in use by another process ({damage}); stop it first"
-            )
-        self._warn(damage)
-        self._discard()
-        try:
-            return Rdict(str(self.path), options)
-        except Exception as exc:
-            raise IndexError_(f"cannot create the stream index at {self.path}: {_Unusable(exc)}") from None
+            raise _Unusable(exc) from None
 
     def _load(self) -> None:
         """Read the index's own metadata (identity, next offset, log start) and reset the batch."""
@@ -145,9 +132,14 @@ class StreamIndex:
         self._batch_next = self._next_offset
 
     # -- RocksDB calls: every failure is `_Unusable` ---------------------------------------------------
+    def _rdict(self) -> Rdict:
+        if self._db is None:  # a reset that could not open a new index raised: nothing to use
+            raise _Unusable("no database open")
+        return self._db
+
     def _get(self, key: bytes) -> bytes | None:
         try:
-            value = self._db.get(key)
+            value = self._rdict().get(key)
         except Exception as exc:
             raise _Unusable(exc) from None
         return None if value is None else bytes(value)
@@ -162,7 +154,7 @@ class StreamIndex:
 
     def _write(self, batch: WriteBatch) -> None:
         try:
-            self._db.write(batch)
+            self._rdict().write(batch)
         except Exception as exc:
             raise _Unusable(exc) from None
 
@@ -175,8 +167,9 @@ class StreamIndex:
         """Entries whose key starts with `prefix`, in key order, from the greatest key below `before`
         (when given) or from the first. A read that fails midway raises (RocksDB ends such an iteration
         as if the data ended there, and says so only when asked: `status()`)."""
+        it = None
         try:
-            it = self._db.iter()
+            it = self._rdict().iter()
             if before is None:
                 it.seek(prefix)
             else:
@@ -190,6 +183,10 @@ class StreamIndex:
             it.status()
         except Exception as exc:
             raise _Unusable(exc) from None
+        finally:
+            # An iterator keeps its database open (and locked) while it lives: the error's traceback must
+            # not keep it alive into a rebuild, which reopens the database at the same path.
+            it = None
 
     # -- damage ------------------------------------------------------------------------------------------
     def _error(self, damage: _Unusable) -> IndexError_:
@@ -212,24 +209,35 @@ class StreamIndex:
         shutil.rmtree(aside, ignore_errors=True)
 
     def _reset(self, damage: _Unusable | None) -> None:
-        """Start over with an empty index (the next `reconcile` indexes the log from its start); with a
-        warning when it replaces a damaged one."""
+        """Start over with an empty index (a `reconcile` then indexes the log from its start); with a
+        warning when it replaces a damaged one. A lock held by a live process (this one included: RocksDB
+        refuses a second open of a database in one process) is not damage: whoever holds it may be using
+        the index, so it is an error and the index is left alone."""
         if damage is not None:
+            for held in _LOCK_HELD:
+                if held in str(damage):
+                    raise IndexError_(
+                        f"the stream index at {self.path} is in use by another process or handle ({damage})"
+                    )
             self._warn(damage)
-        with contextlib.suppress(Exception):  # a damaged database may fail to close: its files go anyway
-            self._db.close()
+        if self._db is not None:
+            with contextlib.suppress(Exception):  # a damaged database may fail to close: its files go anyway
+                self._db.close()
+            self._db = None
         self._discard()
-        self._db = self._open()
         try:
+            self._db = self._connect()
             self._load()
         except _Unusable as again:
             raise IndexError_(f"cannot create the stream index at {self.path}: {again}") from None
 
-    def _rebuilt(self, damage: _Unusable) -> None:
-        """An index found damaged after it was opened: rebuild it from the log now, or say why not."""
-        if self._read_only or self._log is None:
+    def _rebuilt(self, damage: _Unusable, *, now: bool = True) -> None:
+        """An index found damaged: drop it and (`now`) rebuild it from the log at once, or say why not."""
+        if self._read_only or (now and self._log is None):
             raise self._error(damage)
         self._reset(damage)
+        if not now or self._log is None:
+            return
         try:
             with self._log() as reader:
                 self._reconcile(reader, None)
@@ -413,6 +421,8 @@ class StreamIndex:
             raise _Unusable(f"a malformed key entry: {exc}") from None
 
     def close(self) -> None:
+        if self._db is None:
+            return
         try:
             self._db.close()
         except Exception as exc:  # derived data: what was not flushed is reconciled from the log next time
