@@ -141,6 +141,26 @@ def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
     return conn
 
 
+def _newest_offset(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The offset of the newest record (None: the log holds none), checked. SQLite takes the end of the
+    rowid B-tree as it finds it: a last page cut short or zeroed reads as cells of offset 0, and a flipped
+    bit in the last cell's rowid moves it anywhere, so a damaged end could pass for a shorter log, read
+    without a word. The two newest offsets of a log are consecutive (appends are dense, trimming removes
+    only the oldest): anything else is damage."""
+    try:
+        rows = conn.execute("SELECT offset FROM log ORDER BY offset DESC LIMIT 2").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise _failed(path, exc) from None
+    if not rows:
+        return None
+    newest: int = rows[0][0]
+    if len(rows) == 2 and rows[1][0] != newest - 1:
+        raise DamagedLogError(
+            f"the output log {path} is damaged (its newest offsets read {newest} and {rows[1][0]}); {WAY_OUT}"
+        )
+    return newest
+
+
 def _log_start(conn: sqlite3.Connection, path: Path) -> int:
     try:
         row = conn.execute("SELECT value FROM meta WHERE name = 'log_start'").fetchone()
@@ -193,11 +213,11 @@ class SqlitePartitionWriter(PartitionWriter):
         try:
             self._conn = _connect(path, read_only=False, fsync=fsync)
             try:
-                row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-            except sqlite3.DatabaseError as exc:
+                newest = _newest_offset(self._conn, path)
+                self._next_offset = max(_log_start(self._conn, path), 0 if newest is None else newest + 1)
+            except BaseException:
                 self._conn.close()
-                raise _failed(path, exc) from None
-            self._next_offset = max(_log_start(self._conn, path), 0 if row[0] is None else row[0] + 1)
+                raise
         except BaseException:
             self._lock_file.close()
             raise
@@ -447,11 +467,8 @@ class SqlitePartitionReader(PartitionReader):
         return rows
 
     def end_offset(self) -> int:
-        try:
-            row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-        except sqlite3.DatabaseError as exc:
-            raise _failed(self._path, exc) from None
-        return self.start_offset() if row[0] is None else row[0] + 1
+        newest = _newest_offset(self._conn, self._path)
+        return self.start_offset() if newest is None else newest + 1
 
     def start_offset(self) -> int:
         return _log_start(self._conn, self._path)
@@ -570,7 +587,7 @@ class SqliteQueueStore(QueueStore):
         except (FileNotFoundError, NotADirectoryError):
             raise UnknownTopicError(f"no topic {topic!r} in {self.root}") from None
         except (ValueError, KeyError, TypeError):
-            raise DamagedLogError(f"{meta} is damaged; restore it or use a new store") from None
+            raise DamagedLogError(f"{meta} is damaged; {WAY_OUT}") from None
 
     def _partition_path(self, topic: str, partition: int) -> Path:
         count = self.partitions(topic)
@@ -642,7 +659,7 @@ class SqliteQueueStore(QueueStore):
             except FileNotFoundError:  # unregistered meanwhile
                 continue
             except ValueError:
-                raise QueueStoreError(f"damaged acknowledgement {path}") from None
+                raise DamagedLogError(f"the acknowledgement {path} is damaged; {WAY_OUT}") from None
         return acks
 
     def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:

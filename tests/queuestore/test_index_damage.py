@@ -13,18 +13,25 @@ import logging
 import os
 import subprocess
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from cec.config import Checkpointing
 from cec.records import Kind, OutputRecord, RecordCodec
+from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta
 from queuestore.exceptions import IndexError_
 from queuestore.index import StreamIndex
+from queuestore.kafka import KafkaQueueStore
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
 from recovery.as_of import _time_cut_start
+from tests.brokers import Broker
+from tests.helpers import per_key, results
 
 TOPIC = "idx"
 KEYS = 2000
@@ -303,3 +310,54 @@ def test_an_index_left_by_a_killed_writer_opens_as_it_is(store: SqliteQueueStore
     with StreamIndex(_path(store), f"{TOPIC}/0", log=lambda: store.reader(TOPIC, 0)) as index:
         _assert_exact(_answers(index), store)
         assert index.rebuilds == 0
+
+
+def test_a_kafka_stores_damaged_index_is_rebuilt_from_the_topic_with_exact_results(
+    kafka_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The Kafka store keeps its stream index in RocksDB under its state dir, by the same rule: a resumed
+    run whose index is damaged rebuilds it from the output topic and finishes exactly."""
+
+    def spec(store: dict[str, Any], topic: str) -> JobSpec:
+        return JobSpec(
+            operator={
+                "type": "aggregate",
+                "key_field": "item_id",
+                "value_field": "item_price",
+                "agg": "sum",
+                "window_count": 2,
+            },
+            source={"type": "generator", "count": 6000, "keys": 2500, "seed": 9, "partitions": 2},
+            store=store,
+            output_topic=topic,
+            checkpointing=Checkpointing(q_target=None),
+            batch_size=64,
+        )
+
+    reference = spec({"type": "sqlite", "root": str(tmp_path / "ref")}, "agg")
+    run_job(reference)
+    want = per_key(results(SqliteQueueStore(tmp_path / "ref"), "agg"))
+
+    state = tmp_path / "state"
+    topic = f"damaged-index-{uuid.uuid4().hex[:12]}"
+    job = spec({"type": "kafka", "bootstrap_servers": kafka_broker.bootstrap, "state_dir": str(state)}, topic)
+    run_job(job, max_inputs=4000)
+    store = KafkaQueueStore(kafka_broker.bootstrap, state)
+    try:
+        index = store.index_path(topic, 0)
+        tables = sorted(index.glob("*.sst"))
+        assert tables
+        for table in tables:
+            _flip(table, 40)
+        caplog.set_level(logging.WARNING, logger="queuestore.index")
+        run_job(job)
+        assert len(_rebuild_warnings(caplog)) == 1, _rebuild_warnings(caplog)
+        assert per_key(results(store, topic)) == want
+        with store.reader(topic, 0) as reader:
+            stored = list(reader.scan_forward(0))
+        closed = {r.meta.key: r.meta.seq for r in stored if r.meta.kind == "R"}
+        with StreamIndex(index, f"{topic}/0", read_only=True) as rebuilt:
+            assert dict(rebuilt.closed_windows()) == closed
+            assert rebuilt.next_offset == stored[-1].offset + 1  # (transaction markers take offsets too)
+    finally:
+        store.close()
