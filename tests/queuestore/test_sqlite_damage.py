@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from cec import inspection
 from cec.config import Checkpointing
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
@@ -254,3 +255,55 @@ def test_a_log_start_that_is_not_a_number_is_damage(tmp_path: Path) -> None:
         pytest.raises(DamagedLogError, match=f"the output log {path} is damaged \\(log start 'x'\\)"),
     ):
         reader.start_offset()
+
+
+def _newest_leaf(path: Path) -> int:
+    """The page holding the newest records (1-based), which every reader meets."""
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        (page,) = conn.execute(
+            "SELECT max(pageno) FROM dbstat WHERE name = 'log' AND pagetype = 'leaf'"
+        ).fetchone()
+    finally:
+        conn.close()
+    return int(page)
+
+
+@pytest.mark.parametrize("damage", ["last page cut short", "last rowid flipped"])
+def test_a_damaged_end_of_the_log_is_damage_never_a_shorter_log(
+    crashed: tuple[JobSpec, list[Any], list[dict[str, Any]]], damage: str
+) -> None:
+    """SQLite takes the end of the rowid B-tree as it finds it. Before: a last page cut short read as
+    cells of offset 0 (`cec inspect`: a log of one record, exit 0), and one flipped bit in the newest
+    rowid made the log shorter to every reader (found by the damage fuzzer); a resumed run then failed on
+    `UNIQUE constraint failed`."""
+    spec, _, _ = crashed
+    root = Path(spec.store["root"])
+    path = root / "agg" / "0.sqlite"
+    page = _newest_leaf(path)
+    data = bytearray(path.read_bytes())
+    if damage == "last page cut short":
+        del data[(page - 1) * 4096 + 1024 :]
+    else:
+        # A table leaf page: an 8-byte header, then the cell pointers (2 bytes each, in rowid order);
+        # a cell is its payload length (a varint: 1-2 bytes here) then its rowid (a varint).
+        start = (page - 1) * 4096
+        cells = int.from_bytes(data[start + 3 : start + 5], "big")
+        last = start + int.from_bytes(data[start + 8 + 2 * (cells - 1) : start + 10 + 2 * (cells - 1)], "big")
+        rowid = last + (1 if data[last] < 0x80 else 2)
+        while data[rowid] & 0x80:
+            rowid += 1  # the rowid's last byte
+        low = data[rowid] & 0x7F
+        assert low, "the newest rowid's last byte must have a bit to clear"
+        data[rowid] ^= low & -low  # its lowest set bit: the rowid reads smaller
+    path.write_bytes(bytes(data))
+    store = SqliteQueueStore(root)
+    with (
+        store.reader("agg", 0) as reader,
+        pytest.raises(DamagedLogError, match=f"the output log {path} is damaged"),
+    ):
+        reader.end_offset()
+    with pytest.raises(DamagedLogError, match=f"the output log {path} is damaged"):
+        inspection.inspect_topic(store, "agg")
+    with pytest.raises(DamagedLogError, match=f"the output log {path} is damaged"):
+        run_job(spec)
