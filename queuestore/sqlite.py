@@ -162,19 +162,31 @@ def _newest_offset(conn: sqlite3.Connection, path: Path) -> int | None:
 
 
 def _log_start(conn: sqlite3.Connection, path: Path) -> int:
+    """The log start, checked against the oldest record: a trim deletes every record below its bound and
+    sets the log start to it in one transaction, so a log that holds records starts exactly at the log
+    start (0 if never trimmed). Anything else is damage: a log start read too high would make readers
+    start late without a word, an oldest record gone is a record lost."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE name = 'log_start'").fetchone()
     except sqlite3.OperationalError as exc:
-        if str(exc).startswith("no such table"):  # a partition file from before trimming: never trimmed
-            return 0
-        raise _failed(path, exc) from None
+        if not str(exc).startswith("no such table"):
+            raise _failed(path, exc) from None
+        row = None  # a partition file from before trimming existed: never trimmed
     except sqlite3.DatabaseError as exc:
         raise _failed(path, exc) from None
-    if row is None:
-        return 0
-    if type(row[0]) is not int or row[0] < 0:
-        raise DamagedLogError(f"the output log {path} is damaged (log start {row[0]!r}); {WAY_OUT}")
-    return row[0]
+    start = 0 if row is None else row[0]
+    if type(start) is not int or start < 0:
+        raise DamagedLogError(f"the output log {path} is damaged (log start {start!r}); {WAY_OUT}")
+    try:
+        oldest = conn.execute("SELECT offset FROM log ORDER BY offset LIMIT 1").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise _failed(path, exc) from None
+    if oldest is not None and oldest[0] != start:
+        raise DamagedLogError(
+            f"the output log {path} is damaged (its oldest offset reads {oldest[0]}, its log start {start}); "
+            f"{WAY_OUT}"
+        )
+    return start
 
 
 class SqlitePartitionWriter(PartitionWriter):
