@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -24,7 +25,7 @@ from cec.config import Checkpointing
 from cec.records import Kind, OutputRecord, RecordCodec
 from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta
-from queuestore.exceptions import IndexError_
+from queuestore.exceptions import DamagedLogError, IndexError_
 from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
 from queuestore.output import OutputQueue
@@ -361,3 +362,30 @@ def test_a_kafka_stores_damaged_index_is_rebuilt_from_the_topic_with_exact_resul
             assert rebuilt.next_offset == stored[-1].offset + 1  # (transaction markers take offsets too)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("kind", ["GOPEN", "R"])
+def test_a_rebuild_takes_nothing_from_a_damaged_record(
+    store: SqliteQueueStore, kind: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The index is built from checked records only (before: from whatever metadata a damaged record had
+    beside it). A damaged footprint is passed over, as recovery passes over it; a damaged result is an
+    error naming it: its window's sequence number cannot be known."""
+    offset = next(o for o, m in _metas(store) if m.kind == kind and o > 4000)
+    store.corrupt_record_for_testing(TOPIC, 0, offset)
+    shutil.rmtree(_path(store))
+    caplog.set_level(logging.WARNING, logger="queuestore.index")
+    if kind == "R":
+        with pytest.raises(
+            DamagedLogError, match=f"{TOPIC}\\[0\\] offset {offset} is damaged: checksum mismatch"
+        ):
+            OutputQueue(store, TOPIC, 0)
+        return
+    out = OutputQueue(store, TOPIC, 0)
+    try:
+        assert out.index.passed_over == [offset]
+        _assert_exact(_answers(out.index), store)
+    finally:
+        out.close()
+    (warning,) = [r.getMessage() for r in caplog.records if "not indexed" in r.getMessage()]
+    assert f"1 damaged footprint(s) not indexed (offsets {offset}); recovery falls back" in warning
