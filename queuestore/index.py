@@ -41,7 +41,7 @@ from typing import TypeVar
 from rocksdict import AccessType, Options, Rdict, WriteBatch
 
 from queuestore.base import PartitionReader, RecordMeta
-from queuestore.exceptions import IndexError_
+from queuestore.exceptions import IndexError_, StoreClosedError
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ _START = b"M:start"  # the log start after trimming: no entry points below it
 _IDENT = b"M:ident"
 _U64 = struct.Struct(">Q")
 _I64_BIAS = 1 << 63  # maps signed times onto unsigned so that byte order equals numeric order
-_FOOTPRINT_KINDS = frozenset({"GOPEN", "GCHECK"})  # cec.records.FOOTPRINT_KINDS (no import: see reconcile)
+_FOOTPRINT_KINDS = frozenset({"GOPEN", "GCHECK"})  # cec.records.FOOTPRINT_KINDS (no import: see _intact)
 # RocksDB's answers when a live process (another, or this one through another handle) holds the LOCK.
 _LOCK_HELD = ("Resource temporarily unavailable", "lock hold by current process")
 _aside = itertools.count()
@@ -100,10 +100,14 @@ class StreamIndex:
         self._batch = WriteBatch(raw_mode=True)
         self._db: Rdict | None = None
         try:
-            self._db = self._connect()
-            self._load()
-        except _Unusable as damage:
-            self._rebuilt(damage, now=log is not None)  # without a log: the next `reconcile` rebuilds it
+            try:
+                self._db = self._connect()
+                self._load()
+            except _Unusable as damage:
+                self._rebuilt(damage, now=log is not None)  # without a log: the next `reconcile` rebuilds it
+        except BaseException:
+            self.close()  # a foreign or unusable index: its LOCK must not stay held by this process
+            raise
 
     def _connect(self) -> Rdict:
         options = Options(raw_mode=True)
@@ -133,13 +137,14 @@ class StreamIndex:
 
     # -- RocksDB calls: every failure is `_Unusable` ---------------------------------------------------
     def _rdict(self) -> Rdict:
-        if self._db is None:  # a reset that could not open a new index raised: nothing to use
-            raise _Unusable("no database open")
+        if self._db is None:  # closed (or a reset that could not open a new index raised)
+            raise StoreClosedError(f"the stream index at {self.path} is closed")
         return self._db
 
     def _get(self, key: bytes) -> bytes | None:
+        db = self._rdict()
         try:
-            value = self._rdict().get(key)
+            value = db.get(key)
         except Exception as exc:
             raise _Unusable(exc) from None
         return None if value is None else bytes(value)
@@ -153,8 +158,9 @@ class StreamIndex:
         return int(_U64.unpack(value)[0])
 
     def _write(self, batch: WriteBatch) -> None:
+        db = self._rdict()
         try:
-            self._rdict().write(batch)
+            db.write(batch)
         except Exception as exc:
             raise _Unusable(exc) from None
 
@@ -167,9 +173,9 @@ class StreamIndex:
         """Entries whose key starts with `prefix`, in key order, from the greatest key below `before`
         (when given) or from the first. A read that fails midway raises (RocksDB ends such an iteration
         as if the data ended there, and says so only when asked: `status()`)."""
-        it = None
+        db, it = self._rdict(), None
         try:
-            it = self._rdict().iter()
+            it = db.iter()
             if before is None:
                 it.seek(prefix)
             else:
@@ -421,10 +427,11 @@ class StreamIndex:
             raise _Unusable(f"a malformed key entry: {exc}") from None
 
     def close(self) -> None:
-        if self._db is None:
+        db, self._db = self._db, None
+        if db is None:
             return
         try:
-            self._db.close()
+            db.close()
         except Exception as exc:  # derived data: what was not flushed is reconciled from the log next time
             log.debug("closing the stream index at %s: %s", self.path, _Unusable(exc))
 
