@@ -258,6 +258,12 @@ class PartitionReader(abc.ABC):
 
     def scan_forward(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[StoredRecord]:
         """Every record from `from_offset` to the end as it is now, oldest first."""
+        for records in self.scan_forward_chunks(from_offset, chunk):
+            yield from records
+
+    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+        """`scan_forward` in the lists it reads (up to `chunk` records each): what a checker of whole
+        batches (`cec.verified.LogVerifier.check`, in C when built) takes."""
         end = self.end_offset()
         offset = from_offset
         dense = self.dense_offsets
@@ -271,7 +277,7 @@ class PartitionReader(abc.ABC):
                 return
             if dense and (records[0].offset != offset or records[-1].offset - offset != len(records) - 1):
                 _check_dense(self, records, offset, 1)
-            yield from records
+            yield records
             offset = records[-1].offset + 1
 
     @abc.abstractmethod

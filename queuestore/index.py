@@ -469,11 +469,12 @@ def _intact(
     verifier = LogVerifier(reader, passable=_FOOTPRINT_KINDS, passed_over=damaged)
     verifier.seek(start)
     seen = 0
-    for record in verifier.check(reader.scan_forward(start)):
-        while seen < len(damaged):
-            yield damaged[seen], None
-            seen += 1
-        yield record.offset, record.meta
+    for records in reader.scan_forward_chunks(start):  # whole lists: checked in one C call when plain
+        for record in verifier.check(records):
+            while seen < len(damaged):
+                yield damaged[seen], None
+                seen += 1
+            yield record.offset, record.meta
     yield from ((offset, None) for offset in damaged[seen:])
     if damaged:
         passed_over.extend(damaged)

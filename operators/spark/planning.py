@@ -195,12 +195,13 @@ def _closed_windows(
         # recovery passes over it), any other damaged record is an error, never a window directory entry.
         verifier = LogVerifier(reader, passable=(Kind.GOPEN.value, Kind.GCHECK.value))
         verifier.seek(tail)
-        for record in verifier.check(reader.scan_forward(tail)):
-            if record.offset >= end:
+        for records in reader.scan_forward_chunks(tail):
+            for record in verifier.check(records):
+                meta = record.meta
+                if record.offset < end and meta.kind == _R and meta.key is not None:
+                    closed[meta.key] = max(meta.seq, closed.get(meta.key, -1))
+            if records[-1].offset >= end:
                 break
-            meta = record.meta
-            if meta.kind == _R and meta.key is not None:
-                closed[meta.key] = max(meta.seq, closed.get(meta.key, -1))
     return closed
 
 
