@@ -389,3 +389,17 @@ def test_a_rebuild_takes_nothing_from_a_damaged_record(
         out.close()
     (warning,) = [r.getMessage() for r in caplog.records if "not indexed" in r.getMessage()]
     assert f"1 damaged footprint(s) not indexed (offsets {offset}); recovery falls back" in warning
+
+
+def test_the_spark_planner_reads_the_closed_windows_from_the_log_when_the_drivers_index_is_damaged(
+    store: SqliteQueueStore,
+) -> None:
+    """A planning task only reads the driver's index (read-only): a damaged one is not its to rebuild, so
+    it takes the closed-window directory from the log instead (before: RocksDB's `Exception`)."""
+    from operators.spark.planning import _closed_windows
+
+    DAMAGE["table: a flipped byte in its first data block"](store)
+    with store.reader(TOPIC, 0) as reader:
+        end = reader.end_offset()
+        closed = _closed_windows(store, reader, TOPIC, 0, end, current=True)  # type: ignore[arg-type]
+    assert closed == _closed(store)
