@@ -488,6 +488,8 @@ class RecordCodec:
         ]
 
     def _header(self, data: bytes) -> tuple[int, int]:
+        if not isinstance(data, bytes | bytearray | memoryview):  # a damaged store cell of another type
+            raise CodecError(f"a stored value of type {type(data).__name__}, not bytes")
         if len(data) < _HEADER.size + 1:
             raise CodecError(f"record too short ({len(data)} bytes)")
         if len(data) > self.max_bytes:
@@ -508,15 +510,21 @@ class RecordCodec:
         keeps, while never trusting a damaged record or damaged metadata. (Written flat: it runs once per
         record of every recovery scan.)
         """
-        if len(data) <= _HEADER.size or len(data) > self.max_bytes or data[0] != MAGIC:
+        if (
+            type(data) is not bytes
+            or len(data) <= _HEADER.size
+            or len(data) > self.max_bytes
+            or data[0] != MAGIC
+        ):
             self._header(data)  # raises the precise error
         version = data[1]
         if version not in self._parsed:
             self._header(data)
-        if (
-            _crc_extend(_crc_value(_meta_bytes(version, *meta)), data[_HEADER.size :])
-            != _U32.unpack_from(data, 2)[0]
-        ):
+        try:
+            crc = _crc_extend(_crc_value(_meta_bytes(version, *meta)), data[_HEADER.size :])
+        except (TypeError, UnicodeEncodeError) as exc:  # metadata of other types: damaged store cells
+            raise CodecError(f"malformed metadata beside the record ({exc})") from None
+        if crc != _U32.unpack_from(data, 2)[0]:
             raise CodecError("checksum mismatch: torn or corrupt record (or metadata)")
 
     def failing_rows(self, rows: list[Row]) -> list[int]:
@@ -666,8 +674,10 @@ class RecordCodec:
                 raise
             except Exception as exc:  # fastavro raises many types on malformed input
                 raise CodecError(f"checksum mismatch or malformed record body: {exc!s:.200}") from None
-        if not verified and (
-            _checksum(
+        if verified:
+            return record
+        try:
+            computed = _checksum(
                 version,
                 _KIND_VALUE[record.kind],
                 record.time,
@@ -675,8 +685,9 @@ class RecordCodec:
                 record.seq,
                 memoryview(data)[_HEADER.size :],
             )
-            != crc
-        ):
+        except (TypeError, UnicodeEncodeError) as exc:  # metadata of other types: damaged store cells
+            raise CodecError(f"malformed metadata beside the record ({exc})") from None
+        if computed != crc:
             raise CodecError("checksum mismatch: torn or corrupt record")
         return record
 

@@ -48,11 +48,22 @@ class LogVerifier:
     reader pays for one checksum per result, not two)."""
 
     def __init__(
-        self, reader: PartitionReader, codec: RecordCodec | None = None, *, decode: Collection[str] = ()
+        self,
+        reader: PartitionReader,
+        codec: RecordCodec | None = None,
+        *,
+        decode: Collection[str] = (),
+        passable: Collection[str] = (),
+        passed_over: list[int] | None = None,
     ) -> None:
+        """`passable`: stored kinds whose damaged records are passed over (their offsets appended to
+        `passed_over`) instead of raising: only for a reader that follows recovery's rule (the stream
+        index passes over damaged footprints as the EC scan does); any other damage still raises."""
         self.reader = reader
         self.codec = codec or RecordCodec()
         self._decode = frozenset(decode)
+        self._passable = frozenset(passable)
+        self.passed_over = [] if passed_over is None else passed_over
         self._next: int | None = None  # the offset the next record must have, on a dense store
         self._parts: list[StoredRecord] = []
 
@@ -62,7 +73,7 @@ class LogVerifier:
         self._parts = []
 
     def damaged(self, offset: int, reason: object) -> DamagedLogError:
-        return DamagedLogError(f"{self.reader.where(offset)} is damaged: {reason}")
+        return self.reader.damaged(offset, reason)
 
     def check(self, records: Iterable[StoredRecord]) -> Iterator[VerifiedRecord]:
         if native is not None and isinstance(records, list) and len(records) > 1:
@@ -106,6 +117,9 @@ class LogVerifier:
                 else:
                     verify(value, meta)
             except (CodecError, TornRecordError) as exc:
+                if kind in self._passable:
+                    self.passed_over.append(offset)
+                    continue
                 raise self.damaged(offset, exc) from None
             yield VerifiedRecord(offset, meta, value, record)
 

@@ -96,6 +96,8 @@ class PartitionWriter(abc.ABC):
     def _check_failed(self) -> None:
         if self._failure is not None:
             self._failure_raised = True
+            if isinstance(self._failure, DamagedLogError):  # restarting will not help: say what will
+                raise self._failure
             raise WriterFailedError(
                 f"append to {self.topic}[{self.partition}] failed ({self._failure}); the writer stopped "
                 "there and writes nothing more: restart the operator to recover from the log"
@@ -153,15 +155,26 @@ class PartitionReader(abc.ABC):
     partition: int
     dense_offsets: bool = True
     store_name: str = "queue store"
+    # What a user can do about a damaged log, said after every damage error (a backend says it its way).
+    way_out: str = "restore it from a backup, or start over with a new output topic"
+
+    @property
+    def log_name(self) -> str:
+        """How an error names the log: the store (a backend may name the file) and topic[partition]."""
+        return f"{self.store_name}: {self.topic}[{self.partition}]"
 
     def where(self, offset: int) -> str:
-        """How an error names a record: the store, topic[partition] and offset."""
-        return f"{self.store_name}: {self.topic}[{self.partition}] offset {offset}"
+        """How an error names a record: the log (`log_name`) and the offset."""
+        return f"{self.log_name} offset {offset}"
+
+    def damaged(self, offset: int, reason: object) -> DamagedLogError:
+        """The error for a record that fails its checksum (or is otherwise not what was written)."""
+        return DamagedLogError(f"{self.where(offset)} is damaged: {reason}; {self.way_out}")
 
     def missing(self, offset: int) -> DamagedLogError:
         """The error for an offset missing from a dense log (a record lost to damage)."""
         return DamagedLogError(
-            f"{self.where(offset)} is missing: the log is damaged (its offsets must be dense)"
+            f"{self.where(offset)} is missing: the log is damaged (its offsets must be dense); {self.way_out}"
         )
 
     @abc.abstractmethod
@@ -245,6 +258,12 @@ class PartitionReader(abc.ABC):
 
     def scan_forward(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[StoredRecord]:
         """Every record from `from_offset` to the end as it is now, oldest first."""
+        for records in self.scan_forward_chunks(from_offset, chunk):
+            yield from records
+
+    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+        """`scan_forward` in the lists it reads (up to `chunk` records each): what a checker of whole
+        batches (`cec.verified.LogVerifier.check`, in C when built) takes."""
         end = self.end_offset()
         offset = from_offset
         dense = self.dense_offsets
@@ -258,7 +277,7 @@ class PartitionReader(abc.ABC):
                 return
             if dense and (records[0].offset != offset or records[-1].offset - offset != len(records) - 1):
                 _check_dense(self, records, offset, 1)
-            yield from records
+            yield records
             offset = records[-1].offset + 1
 
     @abc.abstractmethod

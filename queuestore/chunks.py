@@ -55,14 +55,19 @@ def split(value: bytes, meta: RecordMeta, limit: int) -> list[tuple[bytes, Recor
 
 def is_manifest(stored: StoredRecord) -> bool:
     value = stored.value
-    return len(value) == _MANIFEST.size and value[0] == _MANIFEST_MAGIC and stored.meta.kind != PART_KIND
+    return (
+        type(value) is bytes  # a damaged store may hand back another type (SQLite keeps one per cell)
+        and len(value) == _MANIFEST.size
+        and value[0] == _MANIFEST_MAGIC
+        and stored.meta.kind != PART_KIND
+    )
 
 
 def is_part(stored: StoredRecord) -> bool:
     """Whether a record stored as a part is shaped like one (parts carry no checksum of their own: the
     manifest's covers them; this tells a part from another record whose kind was damaged into PART)."""
     value = stored.value
-    if len(value) < _PART.size:
+    if type(value) is not bytes or len(value) < _PART.size:
         return False
     magic, index, count = _PART.unpack_from(value)
     return magic == _PART_MAGIC and index < count
@@ -93,7 +98,7 @@ def join(parts: list[StoredRecord], manifest: StoredRecord) -> bytes:
     pieces: list[bytes] = []
     for expected, part in enumerate(parts):
         value = part.value
-        if part.meta.kind != PART_KIND or len(value) < _PART.size:
+        if part.meta.kind != PART_KIND or type(value) is not bytes or len(value) < _PART.size:
             raise TornRecordError(f"offset {part.offset}: expected part {expected} of {manifest.offset}")
         magic, index, part_count = _PART.unpack_from(value)
         if magic != _PART_MAGIC or index != expected or part_count != count:

@@ -1623,7 +1623,7 @@ class KafkaPartitionReader(PartitionReader):
             result = self._read(start, want=max_records, stop_before=None)
         return result.records
 
-    def scan_forward(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[StoredRecord]:
+    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
         # Not the base class's record counting: with transaction markers in the way, `chunk` records from
         # `offset` can lie past the end found at the start, and the scan must stop at that end.
         end = self.end_offset()
@@ -1637,7 +1637,7 @@ class KafkaPartitionReader(PartitionReader):
                 result = self._read(offset, want=max(1, chunk), stop_before=end)
             if not result.records:
                 return  # only markers (or aborted records) left below the end
-            yield from result.records
+            yield result.records
             offset = result.records[-1].offset + 1
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:

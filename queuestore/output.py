@@ -36,7 +36,12 @@ class OutputQueue:
         self.partition = partition
         self.writer: PartitionWriter = store.writer(topic, partition)
         try:
-            self.index = StreamIndex(store.index_path(topic, partition), identity=f"{topic}/{partition}")
+            # Given the log: an index found damaged in the middle of the run is rebuilt from it there.
+            self.index = StreamIndex(
+                store.index_path(topic, partition),
+                identity=f"{topic}/{partition}",
+                log=lambda: store.reader(topic, partition),
+            )
         except BaseException:
             self.writer.close()  # else the partition's writer lock stays held by this process
             raise

@@ -92,6 +92,36 @@ def _create_partition_file(path: Path) -> None:
     os.replace(tmp, path)
 
 
+# What a user can do about a damaged partition file (the CLI's --store-dir is the store directory).
+WAY_OUT = "restore it from a backup, or start over with a new store directory (--store-dir)"
+
+
+def _is_damage(exc: sqlite3.DatabaseError) -> bool:
+    """Whether SQLite says the file itself is damaged (rather than busy, read-only, out of space...)."""
+    name = getattr(exc, "sqlite_errorname", "") or ""
+    if name.startswith(("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_FORMAT")):
+        return True
+    return not isinstance(exc, sqlite3.OperationalError) or "malformed" in str(exc)
+
+
+def _failed(path: Path, exc: sqlite3.DatabaseError) -> QueueStoreError:
+    """The one-line error for what SQLite raised on a partition file: naming it, and the way out."""
+    if _is_damage(exc):
+        return DamagedLogError(f"the output log {path} is damaged ({exc}); {WAY_OUT}")
+    return QueueStoreError(f"cannot use the output log {path}: {exc}")
+
+
+def _undecodable(exc: sqlite3.DatabaseError) -> bool:
+    """A TEXT cell that is not UTF-8 (sqlite3 decodes TEXT columns as it fetches them)."""
+    return isinstance(exc, sqlite3.OperationalError) and str(exc).startswith("Could not decode to UTF-8")
+
+
+def _lenient_text(raw: bytes) -> str:
+    # Undecodable bytes become U+FFFD: the text then differs from what was written, and the record's
+    # checksum, which covers its metadata, names the damage (what sqlite3 raises names no record).
+    return raw.decode("utf-8", "replace")
+
+
 def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
     if read_only:
         conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, check_same_thread=False, timeout=30)
@@ -107,16 +137,56 @@ def _connect(path: Path, *, read_only: bool, fsync: bool) -> sqlite3.Connection:
             conn.execute(_META_SCHEMA)
     except sqlite3.DatabaseError as exc:  # a file that is not a log: one clear error, not a traceback
         conn.close()
-        raise DamagedLogError(f"{path} is damaged ({exc}); restore it or use a new store") from None
+        raise _failed(path, exc) from None
     return conn
 
 
-def _log_start(conn: sqlite3.Connection) -> int:
+def _newest_offset(conn: sqlite3.Connection, path: Path) -> int | None:
+    """The offset of the newest record (None: the log holds none), checked. SQLite takes the end of the
+    rowid B-tree as it finds it: a last page cut short or zeroed reads as cells of offset 0, and a flipped
+    bit in the last cell's rowid moves it anywhere, so a damaged end could pass for a shorter log, read
+    without a word. The two newest offsets of a log are consecutive (appends are dense, trimming removes
+    only the oldest): anything else is damage."""
+    try:
+        rows = conn.execute("SELECT offset FROM log ORDER BY offset DESC LIMIT 2").fetchall()
+    except sqlite3.DatabaseError as exc:
+        raise _failed(path, exc) from None
+    if not rows:
+        return None
+    newest: int = rows[0][0]
+    if len(rows) == 2 and rows[1][0] != newest - 1:
+        raise DamagedLogError(
+            f"the output log {path} is damaged (its newest offsets read {newest} and {rows[1][0]}); {WAY_OUT}"
+        )
+    return newest
+
+
+def _log_start(conn: sqlite3.Connection, path: Path) -> int:
+    """The log start, checked against the oldest record: a trim deletes every record below its bound and
+    sets the log start to it in one transaction, so a log that holds records starts exactly at the log
+    start (0 if never trimmed). Anything else is damage: a log start read too high would make readers
+    start late without a word, an oldest record gone is a record lost."""
     try:
         row = conn.execute("SELECT value FROM meta WHERE name = 'log_start'").fetchone()
-    except sqlite3.OperationalError:  # a partition file from before trimming existed: never trimmed
-        return 0
-    return 0 if row is None else int(row[0])
+    except sqlite3.OperationalError as exc:
+        if not str(exc).startswith("no such table"):
+            raise _failed(path, exc) from None
+        row = None  # a partition file from before trimming existed: never trimmed
+    except sqlite3.DatabaseError as exc:
+        raise _failed(path, exc) from None
+    start = 0 if row is None else row[0]
+    if type(start) is not int or start < 0:
+        raise DamagedLogError(f"the output log {path} is damaged (log start {start!r}); {WAY_OUT}")
+    try:
+        oldest = conn.execute("SELECT offset FROM log ORDER BY offset LIMIT 1").fetchone()
+    except sqlite3.DatabaseError as exc:
+        raise _failed(path, exc) from None
+    if oldest is not None and oldest[0] != start:
+        raise DamagedLogError(
+            f"the output log {path} is damaged (its oldest offset reads {oldest[0]}, its log start {start}); "
+            f"{WAY_OUT}"
+        )
+    return start
 
 
 class SqlitePartitionWriter(PartitionWriter):
@@ -152,9 +222,17 @@ class SqlitePartitionWriter(PartitionWriter):
         except BlockingIOError:
             self._lock_file.close()
             raise PartitionLockedError(f"{topic}[{partition}] already has a writer") from None
-        self._conn = _connect(path, read_only=False, fsync=fsync)
-        row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-        self._next_offset = max(_log_start(self._conn), 0 if row[0] is None else row[0] + 1)
+        try:
+            self._conn = _connect(path, read_only=False, fsync=fsync)
+            try:
+                newest = _newest_offset(self._conn, path)
+                self._next_offset = max(_log_start(self._conn, path), 0 if newest is None else newest + 1)
+            except BaseException:
+                self._conn.close()
+                raise
+        except BaseException:
+            self._lock_file.close()
+            raise
         self._path = path
         self._fsync = fsync
         self._trim_conn: sqlite3.Connection | None = None
@@ -275,9 +353,15 @@ class SqlitePartitionWriter(PartitionWriter):
         if self._trim_conn is None:
             self._trim_conn = _connect(self._path, read_only=False, fsync=self._fsync)
         conn = self._trim_conn
+        try:
+            return self._trim(conn, before_offset)
+        except sqlite3.DatabaseError as exc:
+            raise _failed(self._path, exc) from None
+
+    def _trim(self, conn: sqlite3.Connection, before_offset: int) -> int:
         conn.execute("BEGIN IMMEDIATE")
         try:
-            start = _log_start(conn)
+            start = _log_start(conn, self._path)
             row = conn.execute("SELECT MAX(offset) FROM log").fetchone()
             durable_end = 0 if row[0] is None else row[0] + 1
             if before_offset > durable_end:
@@ -346,6 +430,8 @@ class SqlitePartitionWriter(PartitionWriter):
                         faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
                     self._conn.execute("COMMIT")
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed
+                    if isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc):
+                        exc = _failed(self._path, exc)  # a restart will not help: say what will
                     error = exc
                     self._fail(exc)
                     with contextlib.suppress(sqlite3.Error):
@@ -356,6 +442,12 @@ class SqlitePartitionWriter(PartitionWriter):
 
 
 class SqlitePartitionReader(PartitionReader):
+    """Reads one partition file. Whatever SQLite raises on it becomes one line naming the file
+    (`DamagedLogError` with the way out when the file is damaged); a row whose text is not UTF-8 is read
+    with that text replaced, so that its record fails its checksum like any other damaged record."""
+
+    way_out = WAY_OUT
+
     def __init__(self, path: Path, topic: str, partition: int) -> None:
         self.topic = topic
         self.partition = partition
@@ -363,23 +455,44 @@ class SqlitePartitionReader(PartitionReader):
         self._path = path
         _create_partition_file(path)  # a reader may come before the first writer
         self._conn = _connect(path, read_only=True, fsync=False)
+        self._lenient: sqlite3.Connection | None = None
+
+    @property
+    def log_name(self) -> str:
+        return f"{self._path}: {self.topic}[{self.partition}]"
+
+    def _rows(self, sql: str, parameters: tuple[int, ...]) -> list[Row]:
+        # Rows straight from sqlite3: the column order is the Row layout.
+        try:
+            rows: list[Row] = self._conn.execute(sql, parameters).fetchall()
+            return rows
+        except sqlite3.DatabaseError as exc:
+            if not _undecodable(exc):
+                raise _failed(self._path, exc) from None
+        try:
+            if self._lenient is None:
+                self._lenient = _connect(self._path, read_only=True, fsync=False)
+                self._lenient.text_factory = _lenient_text
+            rows = self._lenient.execute(sql, parameters).fetchall()
+        except sqlite3.DatabaseError as exc:
+            raise _failed(self._path, exc) from None
+        return rows
 
     def end_offset(self) -> int:
-        row = self._conn.execute("SELECT MAX(offset) FROM log").fetchone()
-        return self.start_offset() if row[0] is None else row[0] + 1
+        newest = _newest_offset(self._conn, self._path)
+        return self.start_offset() if newest is None else newest + 1
 
     def start_offset(self) -> int:
-        return _log_start(self._conn)
+        return _log_start(self._conn, self._path)
 
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
         return [_row_to_record(r) for r in self.read_forward_rows(from_offset, max_records)]
 
     def read_forward_rows(self, from_offset: int, max_records: int) -> list[Row]:
-        # Rows straight from sqlite3: the column order is the Row layout.
-        rows: list[Row] = self._conn.execute(
+        rows = self._rows(
             f"SELECT {_COLUMNS} FROM log WHERE offset >= ? ORDER BY offset LIMIT ?",
             (from_offset, max_records),
-        ).fetchall()
+        )
         # Only when the first row is not the one asked for: was it trimmed (a clear error), or is it
         # past the end or lost (the caller's dense check says which)?
         if (not rows or rows[0][0] != from_offset) and from_offset < self.start_offset():
@@ -387,19 +500,13 @@ class SqlitePartitionReader(PartitionReader):
         return rows
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
-        rows = self._conn.execute(
-            f"SELECT {_COLUMNS} FROM log WHERE offset < ? ORDER BY offset DESC LIMIT ?",
-            (before_offset, max_records),
-        ).fetchall()
-        return [_row_to_record(r) for r in rows]
+        return [_row_to_record(r) for r in self.read_backward_rows(before_offset, max_records)]
 
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
-        # Rows straight from sqlite3: the column order is the Row layout.
-        rows: list[Row] = self._conn.execute(
+        return self._rows(
             f"SELECT {_COLUMNS} FROM log WHERE offset < ? ORDER BY offset DESC LIMIT ?",
             (before_offset, max_records),
-        ).fetchall()
-        return rows
+        )
 
     def tail(
         self,
@@ -425,6 +532,8 @@ class SqlitePartitionReader(PartitionReader):
 
     def close(self) -> None:
         self._conn.close()
+        if self._lenient is not None:
+            self._lenient.close()
 
 
 class SqliteQueueStore(QueueStore):
@@ -490,7 +599,7 @@ class SqliteQueueStore(QueueStore):
         except (FileNotFoundError, NotADirectoryError):
             raise UnknownTopicError(f"no topic {topic!r} in {self.root}") from None
         except (ValueError, KeyError, TypeError):
-            raise DamagedLogError(f"{meta} is damaged; restore it or use a new store") from None
+            raise DamagedLogError(f"{meta} is damaged; {WAY_OUT}") from None
 
     def _partition_path(self, topic: str, partition: int) -> Path:
         count = self.partitions(topic)
@@ -562,7 +671,7 @@ class SqliteQueueStore(QueueStore):
             except FileNotFoundError:  # unregistered meanwhile
                 continue
             except ValueError:
-                raise QueueStoreError(f"damaged acknowledgement {path}") from None
+                raise DamagedLogError(f"the acknowledgement {path} is damaged; {WAY_OUT}") from None
         return acks
 
     def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:

@@ -146,8 +146,8 @@ class EventualCheckpointBuilder:
         # kind of a damaged record is itself unverified, so this is the best that can be known.
         if stored.meta.kind not in _FOOTPRINT_CODES:
             raise RecoveryError(
-                f"{self.reader.topic}[{self.reader.partition}] offset {stored.offset}: a damaged record "
-                f"(kind {stored.meta.kind!r}) {where}; the output log itself is damaged"
+                f"{self.reader.where(stored.offset)} is damaged (a record of kind {stored.meta.kind!r} "
+                f"{where}, not a footprint recovery could fall back past); {self.reader.way_out}"
             )
         corrupt.append(stored.offset)
 
@@ -185,7 +185,7 @@ class EventualCheckpointBuilder:
         if newest is None:
             if corrupt:
                 raise RecoveryError(
-                    f"{self.reader.topic}[{self.reader.partition}]: no intact record in the log"
+                    f"{self.reader.log_name}: no intact record in the log; {self.reader.way_out}"
                 )
             return EventualCheckpoint(
                 {}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started
@@ -235,8 +235,8 @@ class EventualCheckpointBuilder:
                 self.progress(records_read, len(windows), n)
         if len(windows) < n:
             raise RecoveryError(
-                f"{self.reader.topic}[{self.reader.partition}]: found {len(windows)} of N={n} open windows "
-                "before the start of the log (truncated by retention, or a G-open is damaged)"
+                f"{self.reader.log_name}: found {len(windows)} of N={n} open windows before the start of "
+                f"the log (truncated by retention, or a G-open is damaged); {self.reader.way_out}"
             )
         if self.progress:
             self.progress(records_read, len(windows), n)

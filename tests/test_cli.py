@@ -538,10 +538,10 @@ def test_a_hidden_row_is_a_clear_error_naming_the_offset(tmp_path: Path) -> None
     offset = r_offsets[len(r_offsets) // 3]
     hide_row(store, topic, offset)
     again = cec(*_run_in_store_args(data, tmp_path / "again.csv", store))
-    _one_line_error(again, f"{store}: {topic}[0] offset {offset} is missing")
+    _one_line_error(again, f"{store}/{topic}/0.sqlite: {topic}[0] offset {offset} is missing")
     assert not (tmp_path / "again.csv").exists()
     shown = cec("inspect", topic, "--store-dir", str(store))
-    _one_line_error(shown, f"{store}: {topic}[0] offset {offset} is missing")
+    _one_line_error(shown, f"{store}/{topic}/0.sqlite: {topic}[0] offset {offset} is missing")
 
 
 def test_a_failed_append_stops_the_run_and_a_rerun_recovers_exactly(tmp_path: Path) -> None:

@@ -249,7 +249,7 @@ def test_a_hidden_row_inside_the_extent_stops_recovery_naming_it(tmp_path: Path)
     hidden = (ec.extent_start + ec.end_offset) // 2
     assert ec.extent_start < hidden < ec.end_offset - 1
     hide_row(spec.store["root"], "agg", hidden)
-    where = f"{spec.store['root']}: agg\\[0\\] offset {hidden} is missing"
+    where = f"{spec.store['root']}/agg/0.sqlite: agg\\[0\\] offset {hidden} is missing"
     with store.reader("agg", 0) as reader, pytest.raises(DamagedLogError, match=where):
         EventualCheckpointBuilder(reader).build()
     with pytest.raises(DamagedLogError, match=where):
@@ -269,6 +269,6 @@ def test_a_result_damaged_into_a_part_inside_the_extent_is_an_error(tmp_path: Pa
     set_stored_kind(spec.store["root"], "agg", r_offset, "PART")
     with (
         store.reader("agg", 0) as reader,
-        pytest.raises(RecoveryError, match=f"offset {r_offset}: a damaged"),
+        pytest.raises(RecoveryError, match=f"offset {r_offset} is damaged \\(a record of kind 'PART'"),
     ):
         EventualCheckpointBuilder(reader).build()

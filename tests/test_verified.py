@@ -72,7 +72,7 @@ def test_a_result_whose_stored_kind_is_flipped_is_an_error_for_every_reader(tmp_
     store, records = _aggregate_log(tmp_path)
     target = _middle(records, Kind.R)
     assert flip_stored_kind(tmp_path, TOPIC, target) == "Q"
-    where = f"{tmp_path}: {TOPIC}\\[0\\] offset {target} is damaged"
+    where = f"{tmp_path}/{TOPIC}/0.sqlite: {TOPIC}\\[0\\] offset {target} is damaged"
     # A reader that filtered by kind first would drop it silently (the result would just be missing).
     with pytest.raises(DamagedLogError, match=where):
         list(iter_payloads(store, TOPIC, RESULT_SCHEMA))
@@ -92,7 +92,7 @@ def test_a_hidden_row_is_an_offset_gap_for_every_reader(tmp_path: Path) -> None:
     store, records = _aggregate_log(tmp_path)
     target = _middle(records, Kind.GOPEN)  # a control tuple: a reader of results would never look at it
     hide_row(tmp_path, TOPIC, target)
-    where = f"{tmp_path}: {TOPIC}\\[0\\] offset {target} is missing"
+    where = f"{tmp_path}/{TOPIC}/0.sqlite: {TOPIC}\\[0\\] offset {target} is missing"
     with pytest.raises(DamagedLogError, match=where):
         list(iter_payloads(store, TOPIC, RESULT_SCHEMA))
     with pytest.raises(DamagedLogError, match=where):

@@ -43,8 +43,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 from cec.exceptions import ConfigError
 from cec.records import Kind
+from cec.verified import LogVerifier
 from operators.spark.generations import Generation
 from queuestore.base import PartitionReader
+from queuestore.exceptions import IndexError_
 from queuestore.index import StreamIndex
 from recovery.contract import ReplayContract
 from recovery.eventual import EventualCheckpointBuilder
@@ -168,28 +170,38 @@ def _closed_windows(
     path = store.index_path(topic, q)
     identity = f"{topic}/{q}"
     closed: dict[str, int] = {}
+    tail = 0
     if current:
         if path.exists():
-            with StreamIndex(path, identity=identity, read_only=True) as index:
-                closed.update(index.closed_windows())
-                tail = index.next_offset
+            try:
+                with StreamIndex(path, identity=identity, read_only=True) as index:
+                    closed.update(index.closed_windows())
+                    tail = index.next_offset
+            except IndexError_ as exc:  # the driver's index, damaged: only the driver may rebuild it
+                log.warning("%s; reading the closed windows of %s[%d] from the log", exc, topic, q)
+                closed.clear()
+                tail = 0
         else:  # an executor on another host than the driver: no index here, the log is the index
             log.info(
                 "%s[%d]: no stream index on this host; reading the closed windows from the log", topic, q
             )
-            tail = 0
     else:
-        with StreamIndex(path, identity=identity) as index:
+        with StreamIndex(path, identity=identity) as index:  # rebuilt from the log if damaged
             index.reconcile(reader)
             closed.update(index.closed_windows())
             tail = index.next_offset
     if tail < end:
-        for record in reader.scan_forward(tail):
-            if record.offset >= end:
+        # Checked records only, as the index itself takes them: a damaged footprint is passed over (as
+        # recovery passes over it), any other damaged record is an error, never a window directory entry.
+        verifier = LogVerifier(reader, passable=(Kind.GOPEN.value, Kind.GCHECK.value))
+        verifier.seek(tail)
+        for records in reader.scan_forward_chunks(tail):
+            for record in verifier.check(records):
+                meta = record.meta
+                if record.offset < end and meta.kind == _R and meta.key is not None:
+                    closed[meta.key] = max(meta.seq, closed.get(meta.key, -1))
+            if records[-1].offset >= end:
                 break
-            meta = record.meta
-            if meta.kind == _R and meta.key is not None:
-                closed[meta.key] = max(meta.seq, closed.get(meta.key, -1))
     return closed
 
 
