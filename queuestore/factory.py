@@ -10,14 +10,28 @@ from queuestore.base import QueueStore
 from queuestore.exceptions import QueueStoreError
 from queuestore.sqlite import SqliteQueueStore
 
-__all__ = ["open_store", "store_spec"]
+__all__ = ["REQUEST_TIMEOUT_ENV", "open_store", "store_spec"]
+
+
+# How long (seconds, default 30) the Kafka store waits on a broker that does not answer before the operator
+# stops with one line (`BrokerUnavailableError`); a rerun resumes from the log.
+REQUEST_TIMEOUT_ENV = "CEC_KAFKA_REQUEST_TIMEOUT"
 
 
 def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> dict[str, Any]:
     """Embedded store under `store_dir`, or Kafka when bootstrap servers are given (indexes under store_dir)."""
     bootstrap = bootstrap_servers or os.environ.get("CEC_BOOTSTRAP_SERVERS") or None
     if bootstrap:
-        return {"type": "kafka", "bootstrap_servers": bootstrap, "state_dir": str(store_dir)}
+        spec: dict[str, Any] = {"type": "kafka", "bootstrap_servers": bootstrap, "state_dir": str(store_dir)}
+        timeout = os.environ.get(REQUEST_TIMEOUT_ENV, "").strip()
+        if timeout:
+            try:
+                spec["request_timeout"] = float(timeout)
+            except ValueError:
+                raise QueueStoreError(f"{REQUEST_TIMEOUT_ENV} must be seconds, got {timeout!r}") from None
+            if not spec["request_timeout"] > 0:
+                raise QueueStoreError(f"{REQUEST_TIMEOUT_ENV} must be > 0 seconds, got {timeout!r}")
+        return spec
     return {"type": "sqlite", "root": str(store_dir)}
 
 
@@ -38,7 +52,13 @@ def open_store(spec: dict[str, Any]) -> QueueStore:
         # Optional writer settings: the transactional.id prefix and the commit cadence (see KafkaQueueStore).
         writer_settings: dict[str, Any] = {
             name: spec[name]
-            for name in ("transactional_id_prefix", "commit_interval", "commit_records", "max_outstanding")
+            for name in (
+                "transactional_id_prefix",
+                "commit_interval",
+                "commit_records",
+                "max_outstanding",
+                "request_timeout",
+            )
             if spec.get(name) is not None
         }
         kafka = KafkaQueueStore(

@@ -742,3 +742,65 @@ def test_deleting_the_input_topic_while_it_is_read_is_one_line(
     assert len(lines) == 1 and lines[0].startswith(
         f"cec: error: the input topic {topic!r} was deleted "  # "while ..." or "and created again ..."
     ), err
+
+
+def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The broker stalls (SIGSTOP) mid-run for longer than the store waits: one line naming the broker and
+    the way out, exit 2; once it answers again the same command completes exactly."""
+    if kafka_broker.pid is None:
+        pytest.skip("needs a broker process this test session started (to stall it)")
+    from queuestore.base import PartitionReader
+    from queuestore.exceptions import QueueStoreError
+    from queuestore.kafka import KafkaQueueStore
+
+    purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-stall")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
+    args = ["--store-dir", str(store), "--output-topic", output]
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *args],
+        env={**child_env(), "CEC_KAFKA_REQUEST_TIMEOUT": "4"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
+    readers: list[PartitionReader] = []
+
+    def logged() -> int:
+        if not readers:
+            if not checker.topic_exists(output):
+                return 0
+            readers.append(checker.reader(output, 0))
+        try:
+            return readers[0].end_offset()
+        except QueueStoreError:
+            return 0
+
+    stalled = False
+    try:
+        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
+        for reader in readers:
+            reader.close()
+        checker.close()
+        assert proc.poll() is None, "the run ended before the broker could be stalled"
+        os.kill(kafka_broker.pid, signal.SIGSTOP)
+        stalled = True
+        _, err = proc.communicate(timeout=300)
+    finally:
+        if stalled:
+            os.kill(kafka_broker.pid, signal.SIGCONT)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.strip().splitlines() if " INFO cec.progress: " not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"cec: error: Kafka at {kafka_broker.bootstrap} did not answer for 4 s ("), err
+    assert lines[0].endswith("run the same command again to resume from it"), err
+    again = topic_run(kafka_broker, topic, results, *args)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert per_key(results) == csv_reference(tmp_path, purchases)
