@@ -968,6 +968,10 @@ class KafkaPartitionWriter(PartitionWriter):
                 f"fenced: another writer took over {self.topic}[{self.partition}] (transactional.id "
                 f"{self.transactional_id!r}); this writer stopped and wrote nothing further"
             )
+        if err is not None and err.code() in _NO_ANSWER_CODES:
+            return BrokerUnavailableError(
+                self._store.bootstrap_servers, f"{what} {self.topic}[{self.partition}]", self._timeout
+            )
         detail = err.str() if err is not None else "unknown error"
         return QueueStoreError(f"{what} {self.topic}[{self.partition}] failed: {detail}")
 

@@ -804,3 +804,60 @@ def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
     again = topic_run(kafka_broker, topic, results, *args)
     assert again.returncode == 0, again.stdout + again.stderr
     assert per_key(results) == csv_reference(tmp_path, purchases)
+
+
+def test_a_broker_that_dies_mid_run_is_one_line_without_the_clients_retries(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The broker process is SIGKILLed mid-run (a broker of this test's own): one line naming the broker,
+    exit 2, and none of the client library's lines about each refused reconnection."""
+    if kafka_broker.kind != "apache-kafka":
+        pytest.skip("starts an Apache Kafka broker of its own to kill")
+    from tests.brokers import _from_apache_kafka
+
+    own = _from_apache_kafka()
+    try:
+        assert own.pid is not None
+        topic = _new_topic(own, "purchases-death")
+        produce(
+            own.bootstrap, topic, encoded(make_purchases(60_000, keys=300, partitions=PARTITIONS), as_json)
+        )
+        script = Path(sys.executable).parent / "cec"
+        proc = subprocess.Popen(
+            [str(script), "run", "--input-topic", topic, "--bootstrap-servers", own.bootstrap, "--key", "item",
+             "--value", "price", *WINDOW, "--results", str(tmp_path / "out.csv"), "--store-dir",
+             str(tmp_path / "store")],
+            env={**child_env(), "CEC_KAFKA_REQUEST_TIMEOUT": "4"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        try:
+            wait_for(lambda: proc.poll() is not None or _logged_any(own), timeout=120, interval=0.01)
+            assert proc.poll() is None, "the run ended before the broker could be killed"
+            os.kill(own.pid, signal.SIGKILL)
+            _, err = proc.communicate(timeout=300)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
+    finally:
+        own.stop()
+    assert proc.returncode == 2, err
+    lines = [line for line in err.strip().splitlines() if " INFO cec.progress: " not in line]
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"cec: error: Kafka at {own.bootstrap} did not answer for 4 s ("), err
+
+
+def _logged_any(broker: Broker) -> bool:
+    """Whether some output log of `broker` (a `cec-run-*` topic) holds a record yet."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient, OffsetSpec
+
+    admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+    topics = [t for t in admin.list_topics(timeout=10).topics if t.startswith("cec-run-")]
+    if not topics:
+        return False
+    request = {TopicPartition(topics[0], 0): OffsetSpec.latest()}
+    try:
+        return any(f.result().offset > 0 for f in admin.list_offsets(request, request_timeout=10).values())
+    except Exception:  # a topic this new may have no leader yet
+        return False
