@@ -64,7 +64,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from cec.exceptions import CodecError
 from cec.native import native
 from cec.records import read_zigzag, zigzag
-from queuestore import faults
 from queuestore.base import (
     ATTACHMENT_NAME,
     DurableCallback,
@@ -1055,6 +1054,11 @@ class KafkaPartitionWriter(PartitionWriter):
         finally:
             self._settle_undelivered()
 
+    def _commit_transaction(self, producer: Producer) -> None:
+        """Commit the open transaction, its records delivered: the one place a transaction of this writer
+        becomes visible (the tests' crash points wrap it: tests/killpoints)."""
+        producer.commit_transaction(self._timeout)
+
     def _commit(self, flush_timeout: float | None) -> int:
         """Commit the open transaction, then serve its records' callbacks; returns how many were served."""
         if not self._in_transaction:
@@ -1071,15 +1075,13 @@ class KafkaPartitionWriter(PartitionWriter):
             raise self._stop(self._failure)
         if self._side:
             self._produce_side(producer, flush_timeout)
-        faults.hit("kafka.before_commit")
         try:
-            producer.commit_transaction(self._timeout)
+            self._commit_transaction(producer)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             raise self._stop(self._failed(err, "commit of")) from None
         self._in_transaction = False
         self.commits += 1
-        faults.hit("kafka.after_commit")
         delivered, self._delivered = self._delivered, []
         for on_durable, offset in delivered:
             self._served += 1
@@ -1159,9 +1161,7 @@ class KafkaPartitionWriter(PartitionWriter):
                     raise _lost_client_error(producer) from None
                 if self._commit_remaining > 0 or self._undelivered:
                     return
-                faults.hit("kafka.before_commit")
-                producer.commit_transaction(self._timeout)
-                faults.hit("kafka.after_commit")
+                self._commit_transaction(producer)
             except KafkaException as exc:
                 self._commit_error = exc
 
