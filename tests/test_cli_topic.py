@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -22,7 +21,7 @@ from typing import Any
 import pytest
 
 from tests.brokers import Broker
-from tests.helpers import child_env, wait_for
+from tests.helpers import cec, child_env, wait_for
 from tests.topic_data import (
     PURCHASE_AVSC,
     as_json,
@@ -36,14 +35,6 @@ from tests.topic_data import (
 
 PARTITIONS = 3
 WINDOW = ["--window-count", "5"]
-
-
-def cec(*args: str, faults: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env(faults)
-    )
 
 
 def per_key(path: Path) -> dict[str, list[tuple[str, str, str]]]:
