@@ -66,11 +66,17 @@ def csv_reference(tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]], *
 
 
 def topic_run(
-    broker: Broker, topic: str, results: Path, *extra: str, faults: str | None = None
+    broker: Broker,
+    topic: str,
+    results: Path,
+    *extra: str,
+    faults: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return cec(
         "run", "--input-topic", topic, "--bootstrap-servers", broker.bootstrap, "--key", "item", "--value", "price",
         *WINDOW, "--agg", "avg", "--results", str(results), *extra, faults=faults,
+        env=None if env is None else {**child_env(faults), **env},
     )  # fmt: skip
 
 
