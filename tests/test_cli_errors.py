@@ -210,7 +210,7 @@ def test_demo_without_pyspark_says_how_to_install_it_or_run_locally(tmp_path: Pa
     env["PYTHONPATH"] = str(shim.parent) + ":" + env["PYTHONPATH"]
     store = tmp_path / "store"
     out = cec("demo", "--input", "1000", "--store-dir", str(store), env=env)
-    line = assert_one_line_error(out, "pip install 'cec[spark]'")
+    line = assert_one_line_error(out, "pip install 'cec-stream[spark]'")
     assert "--engine local" in line and out.returncode == 2
     assert nothing_written(store)
     # The same environment runs the demo locally: only Spark was missing.
