@@ -784,13 +784,19 @@ def _read_store_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+# The name on PyPI (`cec` there is an unrelated project); the import package and the command are `cec`.
+DISTRIBUTION = "cec-stream"
+
+
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("cec")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown (not installed)"
+        from cec import __version__
+
+        return f"{__version__} (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
