@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "CommitOutcomeUnknownError",
     "DamagedLogError",
     "IndexError_",
     "LogTrimmedError",
@@ -63,6 +64,13 @@ class LogTrimmedError(QueueStoreError):
 class WriterFailedError(QueueStoreError):
     """An append failed; the writer stopped there (fail-stop), so nothing after the failed record is ever
     written and the log stays a gapless prefix. The operator must stop and recover from the log."""
+
+
+class CommitOutcomeUnknownError(WriterFailedError):
+    """A commit failed in a way that leaves its outcome unknown (on Kafka: the EndTxn timed out or its
+    connection was lost): the transaction's records may or may not be in the log. The writer has fenced
+    its own producer (a new producer epoch) before raising, so the log no longer changes behind the
+    owner's back: it must recover from the log, which says what was committed."""
 
 
 class WriterFencedError(QueueStoreError):

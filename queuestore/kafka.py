@@ -17,6 +17,20 @@ committer thread while the operator goes on (its appends meanwhile wait in order
 produced, in a new transaction, once the commit is through); the callbacks still fire only after the
 commit, in the caller's thread, in append order.
 
+No transaction ends in doubt and goes on in the same producer epoch. librdkafka implements Kafka's
+transactions v1 only (no KIP-890 transactions v2): the broker knows a transaction by the producer id and
+epoch alone, so a request of an earlier transaction that arrives late acts on whatever transaction is open
+then. Measured on Apache Kafka 4.3.1 with librdkafka 2.16 (tests/test_kafka_txn_faults.py): an EndTxn
+held in the network past `socket.timeout.ms` is retried by librdkafka, the retry commits and
+`commit_transaction()` reports success; when the held request arrives it commits the next transaction half
+way (its first records visible to read_committed readers, the rest refused, its side records never
+written). So whenever the transaction coordinator's connection failed or one of its requests timed out
+while a transaction was open (librdkafka's log says so on the coordinator's connection, `_CoordinatorWatch`),
+the writer replaces its producer after the commit: the new producer's `init_transactions()` bumps the
+epoch and every late request of the old one is fenced. A commit that failed (its outcome unknown) replaces
+the producer the same way before the writer stops with `CommitOutcomeUnknownError`: the log is final when
+the owner recovers from it.
+
 Readers consume with `isolation.level=read_committed`. Transaction markers take offsets that are never
 delivered, so offsets are not dense (`dense_offsets = False`): every read path steps by the offsets it is
 given, never by counting.
@@ -76,6 +90,7 @@ from queuestore.base import (
     StoredRecord,
 )
 from queuestore.exceptions import (
+    CommitOutcomeUnknownError,
     PartitionLockedError,
     QueueStoreError,
     RecordTooLargeError,
@@ -850,6 +865,33 @@ class _PartitionLock:
                 self._fh = None
 
 
+# librdkafka's log facilities that say a request may be lost in transit: its connection failed (FAIL) or it
+# timed out in flight (REQTMOUT). On the transaction coordinator's connection (librdkafka's logical broker
+# "TxnCoordinator"), either one means a transactional request (AddPartitionsToTxn, EndTxn) may still
+# reach the broker later, in this producer's epoch.
+_TRANSIT_FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+_COORDINATOR = "TxnCoordinator"
+
+
+class _CoordinatorWatch:
+    """The `logger` of one writer's producer: forwards every line to the store's librdkafka logger and counts
+    the ones that say a request to the transaction coordinator was lost in transit. librdkafka retries such
+    requests by itself (an EndTxn too) and reports nothing else to the application when a retry succeeds,
+    so its log is the only place that tells. Lines are queued (`log.queue`) and served by the producer's
+    poll and flush, in the thread that owns the producer."""
+
+    __slots__ = ("incidents",)
+
+    def __init__(self) -> None:
+        self.incidents = 0
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        # confluent-kafka calls log(level, "%s [%s] %s", facility, client name, text).
+        if len(args) == 3 and args[0] in _TRANSIT_FACILITIES and _COORDINATOR in str(args[2]):
+            self.incidents += 1
+        _rdkafka_log.log(level, fmt, *args)
+
+
 class KafkaPartitionWriter(PartitionWriter):
     """The single transactional producer of one partition.
 
@@ -861,7 +903,9 @@ class KafkaPartitionWriter(PartitionWriter):
     nothing more, because anything appended later could no longer be guaranteed to follow the failed
     record in the log; the owner must recover from the log. The records of the failed transaction report
     failure. A fenced writer (a newer writer of the partition called `init_transactions()`) raises
-    `WriterFencedError`.
+    `WriterFencedError`; a failed commit, whose outcome is unknown, `CommitOutcomeUnknownError` once the
+    writer has fenced its own producer (module docstring: no transaction in doubt goes on in the same
+    epoch; `renewals` counts the producers replaced so).
     """
 
     def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
@@ -877,20 +921,14 @@ class KafkaPartitionWriter(PartitionWriter):
         self.transactional_id = transactional_id(store.transactional_id_prefix, topic, partition)
         self._lock = _PartitionLock(store.state_dir / "locks" / f"{topic}.{partition}.lock")
         try:
-            producer = Producer(store._producer_config(topic, partition))
-            try:
-                # Aborts the open transaction of a previous writer with this id (crashed, or alive on another
-                # host) and fences it: from here on this writer alone can add to the partition.
-                producer.init_transactions(self._timeout)
-            except KafkaException as exc:
-                raise QueueStoreError(
-                    f"cannot take over {topic}[{partition}] as transactional.id {self.transactional_id!r}: "
-                    f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
-                ) from None
+            producer, watch = self._new_producer("take over")
         except BaseException:
             self._lock.release()
             raise
         self._producer: Producer | None = producer
+        self._watch = watch
+        self.renewals = 0  # producers replaced after a transaction in doubt (module docstring)
+        self._incidents_at_begin = 0  # the watch's count when the open transaction began
         self._appended = 0
         self._served = 0
         self._failure: QueueStoreError | None = None
@@ -913,6 +951,65 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
+
+    def _new_producer(self, purpose: str) -> tuple[Producer, _CoordinatorWatch]:
+        """A producer with this writer's transactional.id, initialised: its `init_transactions()` aborts the
+        open transaction of any earlier producer with the id (a crashed writer, one alive on another host,
+        this writer's own previous producer) and fences it: from here on this producer alone can add to
+        the partition, in a new epoch."""
+        watch = _CoordinatorWatch()
+        conf = self._store._producer_config(self.topic, self.partition)
+        conf["logger"] = watch
+        producer = Producer(conf)
+        try:
+            producer.init_transactions(self._timeout)
+        except KafkaException as exc:
+            raise QueueStoreError(
+                f"cannot {purpose} {self.topic}[{self.partition}] as transactional.id "
+                f"{self.transactional_id!r}: "
+                f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
+            ) from None
+        return producer, watch
+
+    def _renew(self, producer: Producer) -> None:
+        """Replace `producer` (this writer's, owned by the calling thread) by a new one in a new epoch, so
+        that no request of a transaction in doubt can act on a later one (module docstring). The old one is
+        dropped without waiting: anything it still sends is fenced. Raises QueueStoreError if the new one
+        cannot be initialised: the writer must then stop (the old producer stays only to be closed: its
+        epoch is not safe to go on in)."""
+        with contextlib.suppress(KafkaException, SystemError):
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.poll(0)
+        new, watch = self._new_producer("fence the previous producer of")
+        self._producer, self._watch = new, watch
+        self.renewals += 1
+        log.info("%r: producer replaced (epoch bumped) after a transaction in doubt", self)
+
+    def _settled(self, producer: Producer) -> None:
+        """After a successful commit: replace the producer if its transaction was in doubt at some moment
+        (the coordinator's connection failed or a request on it timed out since the transaction began)."""
+        with contextlib.suppress(KafkaException, SystemError):
+            producer.poll(0)  # serve the log lines queued during the commit
+        if self._watch.incidents != self._incidents_at_begin:
+            self._renew(producer)
+
+    def _commit_failed(self, producer: Producer, err: KafkaError | None) -> QueueStoreError:
+        """The failure a failed `commit_transaction()` stands for. Unless fenced (then the newer writer's
+        epoch must stand), its outcome is unknown: fence this writer's own producer first."""
+        failure = self._failed(err, "commit of")
+        if isinstance(failure, WriterFencedError):
+            return failure
+        detail = err.str() if err is not None else "unknown error"
+        try:
+            self._renew(producer)
+        except QueueStoreError as exc:
+            return QueueStoreError(
+                f"commit of {self.topic}[{self.partition}] failed ({detail}), its outcome unknown, and {exc}"
+            )
+        return CommitOutcomeUnknownError(
+            f"commit of {self.topic}[{self.partition}] failed ({detail}): its outcome is unknown; the producer "
+            "was replaced (a new epoch: nothing of the old one can land any more); recover from the log"
+        )
 
     @property
     def outstanding(self) -> int:
@@ -1033,10 +1130,19 @@ class KafkaPartitionWriter(PartitionWriter):
             producer.commit_transaction(self._timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            raise self._stop(self._failed(err, "commit of")) from None
+            raise self._stop(self._commit_failed(producer, err)) from None
         self._in_transaction = False
         self.commits += 1
         faults.hit("kafka.after_commit")
+        try:
+            self._settled(producer)
+        except QueueStoreError as exc:
+            self._serve_delivered()  # committed: their callbacks say so, then the writer stops
+            raise self._stop(exc) from None
+        return self._serve_delivered()
+
+    def _serve_delivered(self) -> int:
+        """Serve the committed transaction's callbacks, in append order."""
         delivered, self._delivered = self._delivered, []
         for on_durable, offset in delivered:
             self._served += 1
@@ -1117,13 +1223,17 @@ class KafkaPartitionWriter(PartitionWriter):
                 if self._commit_remaining > 0 or self._undelivered:
                     return
                 faults.hit("kafka.before_commit")
+                self._commit_sent = True
                 producer.commit_transaction(self._timeout)
                 faults.hit("kafka.after_commit")
+                with contextlib.suppress(KafkaException, SystemError):
+                    producer.poll(0)  # serve the log lines queued during the commit (the watch counts)
             except KafkaException as exc:
                 self._commit_error = exc
 
         self._commit_remaining = 0
         self._commit_error = None
+        self._commit_sent = False
         self._committer = threading.Thread(target=commit, name=f"cec-commit-{self.topic}-{self.partition}")
         self._committer.daemon = True
         self._committer.start()
@@ -1145,7 +1255,12 @@ class KafkaPartitionWriter(PartitionWriter):
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             # The producer's own error first (as in `_serve`): the records it purged report only that.
             if self._failure is None:
-                self._failure = self._failed(err, "commit of")
+                producer = self._live_producer()
+                self._failure = (
+                    self._commit_failed(producer, err)
+                    if self._commit_sent
+                    else self._failed(err, "commit of")
+                )
             self._settle_undelivered()
             raise self._stop(self._failure) from None
         self._settle_undelivered()
@@ -1160,11 +1275,13 @@ class KafkaPartitionWriter(PartitionWriter):
             )
         self._in_transaction = False
         self.commits += 1
-        delivered, self._delivered = self._delivered, []
-        for on_durable, offset in delivered:
-            self._served += 1
-            if on_durable is not None:
-                on_durable(offset, None)
+        if self._watch.incidents != self._incidents_at_begin:
+            try:
+                self._renew(self._live_producer())
+            except QueueStoreError as renewal:
+                self._serve_delivered()  # committed: their callbacks say so, then the writer stops
+                raise self._stop(renewal) from None
+        self._serve_delivered()
         waiting, self._waiting = self._waiting, []
         if waiting:
             producer = self._live_producer()
@@ -1184,6 +1301,7 @@ class KafkaPartitionWriter(PartitionWriter):
         self._in_transaction = True
         self._transaction_started = self._clock()
         self._transaction_records = 0
+        self._incidents_at_begin = self._watch.incidents
 
     def append_side(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         """Add a plain record (no cec headers) for another topic to the open transaction (one is begun if
