@@ -68,6 +68,7 @@ from operators.base import InputTuple
 from operators.exceptions import DecodeError, RetentionError, TopicDeletedError, TopicSourceError
 from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
+from queuestore.kafka_config import environment_config
 
 __all__ = [
     "KEY_FIELD",
@@ -114,7 +115,11 @@ def _client_config(
         "client.id": client_id,
         "logger": _rdkafka_log,
         "log.queue": True,
+        # A lost answer (a fetch's, a metadata request's) is asked again after this, not after librdkafka's
+        # 60 s: the source would otherwise sit idle for a minute (the store's clients do the same).
+        "socket.timeout.ms": int(_TIMEOUT_S * 1000 / 3),
     }
+    conf.update(environment_config())
     conf.update(config or {})
     return conf
 

@@ -99,6 +99,7 @@ from queuestore.exceptions import (
     UnknownTopicError,
     WriterFencedError,
 )
+from queuestore.kafka_config import environment_config
 
 __all__ = [
     "ATTACHMENT_TOPIC_PREFIX",
@@ -515,7 +516,13 @@ class KafkaQueueStore(QueueStore):
             # Without a log queue, warnings raised while the client is being built bypass the logger and
             # land on stderr; queued, they are served by poll() like everything else.
             "log.queue": True,
+            # How long librdkafka waits for any answer before it gives the request up and sends it again
+            # (its default, 60 s, is twice the store's own bound): a third of `request_timeout`, so that
+            # a lost answer (a produce's, a fetch's) is asked again well within the time this store
+            # gives an operation before it fails it.
+            "socket.timeout.ms": max(1000, int(self.request_timeout * 1000 / 3)),
         }
+        conf.update(environment_config())
         conf.update(self._config)
         return conf
 

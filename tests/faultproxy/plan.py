@@ -1,7 +1,8 @@
 """What the fault proxy does to which request: rules that fire by count or by chance, from a seed.
 
 A `FaultPlan` holds rules in order; for each request the proxy reads, the first rule that matches it (API
-key, client id prefix) and fires decides its fate. Chance comes from the plan's own `random.Random(seed)`,
+key, client id prefix) and fires decides its fate (every matching rule counts the request, so `nth` is
+the n-th matching request whatever earlier rules did). Chance comes from the plan's own `random.Random(seed)`,
 so a plan is reproducible as far as the order of requests is: `describe()` prints the seed and the rules,
 for a failure message.
 
@@ -136,29 +137,36 @@ class FaultPlan:
         self.fired = [0] * len(rules)
 
     def decide(self, header: RequestHeader) -> Injection | None:
-        rng = self._rng
+        """The fate of a request: the first rule (in order) that matches it and fires. Every rule that
+        matches counts the request, whichever fires (`nth` counts all matching requests)."""
+        chosen: Injection | None = None
         for i, rule in enumerate(self.rules):
             if not rule.matches(header):
                 continue
             self.matched[i] += 1
-            if rule.times is not None and self.fired[i] >= rule.times:
-                continue
-            if isinstance(rule, Rule):
-                if rule.nth is not None:
-                    if self.matched[i] != rule.nth:
-                        continue
-                elif rule.probability < 1.0 and rng.random() >= rule.probability:
-                    continue
-                self.fired[i] += 1
-                return Injection(rule.fault, rule.delay_s)
-            if rng.random() >= rule.rate:
-                continue
-            faults = list(rule.mix)
-            fault = rng.choices(faults, weights=[rule.mix[f] for f in faults])[0]
-            lo, hi = rule.delay_s
+            if chosen is None:
+                chosen = self._fire(i, rule)
+        return chosen
+
+    def _fire(self, i: int, rule: Rule | Chaos) -> Injection | None:
+        rng = self._rng
+        if rule.times is not None and self.fired[i] >= rule.times:
+            return None
+        if isinstance(rule, Rule):
+            if rule.nth is not None:
+                if self.matched[i] != rule.nth:
+                    return None
+            elif rule.probability < 1.0 and rng.random() >= rule.probability:
+                return None
             self.fired[i] += 1
-            return Injection(fault, rng.uniform(lo, hi) if fault is Fault.DELAY else 0.0)
-        return None
+            return Injection(rule.fault, rule.delay_s)
+        if rng.random() >= rule.rate:
+            return None
+        faults = list(rule.mix)
+        fault = rng.choices(faults, weights=[rule.mix[f] for f in faults])[0]
+        lo, hi = rule.delay_s
+        self.fired[i] += 1
+        return Injection(fault, rng.uniform(lo, hi) if fault is Fault.DELAY else 0.0)
 
     def exhausted(self) -> bool:
         """Every rule has a limit and reached it: nothing more will fire."""

@@ -81,6 +81,7 @@ class FaultProxy:
         self._requests: Counter[str] = Counter()
         self._late: Counter[str] = Counter()  # delayed requests sent on to the broker, by API
         self._late_answers: Counter[str] = Counter()  # ... and answered by the broker, by API
+        self._clients: Counter[str | None] = Counter()  # connections by the client id of their first request
         self._events: deque[str] = deque(maxlen=_EVENTS)
         self._blackholed_clients: set[str] = set()
         self._blackholed_conns: set[int] = set()
@@ -205,6 +206,11 @@ class FaultProxy:
         with self._lock:
             return Counter(self._late)
 
+    def clients(self) -> Counter[str | None]:
+        """Connections so far by client id (of their first request)."""
+        with self._lock:
+            return Counter(self._clients)
+
     def late_answers(self) -> Counter[str]:
         """Delayed requests the broker has answered (so acted on), by API, whether or not the client
         was still there to get the answer."""
@@ -224,6 +230,7 @@ class FaultProxy:
             self._requests.clear()
             self._late.clear()
             self._late_answers.clear()
+            self._clients.clear()
             self._events.clear()
 
     def describe(self, last: int = 40) -> str:
@@ -305,8 +312,10 @@ class FaultProxy:
                 injection: Injection | None = None
                 if header is not None:
                     conn.requests += 1
-                    if conn.client_id is None:
+                    if conn.requests == 1:
                         conn.client_id = header.client_id
+                        with self._lock:
+                            self._clients[header.client_id] += 1
                     with self._lock:
                         self._requests[header.api] += 1
                     if self._is_blackholed(conn):

@@ -19,13 +19,19 @@ after the fence, and the operator recovers from the log, whose content is final 
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
 
+from cec.records import Kind
+from operators.aggregate import RESULT_SCHEMA
+from operators.job import JobSpec, aggregate_operator, run_job
+from operators.sinks import iter_payloads
 from queuestore.base import RecordMeta
 from queuestore.exceptions import CommitOutcomeUnknownError, QueueStoreError
 from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
@@ -272,3 +278,103 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
         store.close()
     assert _payloads(_read(proxied_broker.bootstrap, output)) == [b"rec-0", b"rec-2"]
     assert b"rec-1" not in b"".join(_read(proxied_broker.bootstrap, output, "read_uncommitted"))
+
+
+def test_a_lost_produce_answer_is_asked_again_within_the_commit_timeout(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
+) -> None:
+    """librdkafka waits socket.timeout.ms for an answer before it sends a request again; its default (60 s)
+    was twice the store's own bound, so one lost produce answer stopped the writer ("not delivered after
+    30 s") although the client would have resolved it. The store now derives the socket timeout from its
+    request timeout (a third): the produce is sent again and the commit goes through, nothing doubled."""
+    output = f"txn-{uuid.uuid4().hex[:10]}"
+    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=6)
+    try:
+        store.create_topic(output, 1)
+        writer = _writer(store, output)
+        with writer:
+            writer.append(b"rec-0", _meta(0))
+            writer.flush(DEADLINE)
+            fault_proxy.plan = FaultPlan(Rule(Fault.DROP, apis=PRODUCE, nth=1))
+            writer.append(b"rec-1", _meta(1))
+            writer.append(b"rec-2", _meta(2))
+            _commit(writer, "poll")
+            assert fault_proxy.injected() == {("drop", "Produce"): 1}
+    finally:
+        store.close()
+    assert _payloads(_read(proxied_broker.bootstrap, output)) == [b"rec-0", b"rec-1", b"rec-2"]
+
+
+def test_a_lost_fetch_answer_is_asked_again_within_the_read_timeout(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
+) -> None:
+    """The same for a reader: a lost fetch answer made `read_forward` fail after the store's 30 s ("no data
+    nor end-of-partition") while librdkafka would ask again only after 60 s."""
+    output = f"txn-{uuid.uuid4().hex[:10]}"
+    direct = KafkaQueueStore(proxied_broker.bootstrap, tmp_path / "direct")
+    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=6)
+    try:
+        direct.create_topic(output, 1)
+        writer = _writer(direct, output)
+        with writer:
+            for i in range(50):
+                writer.append(b"rec-%d" % i, _meta(i))
+            writer.flush(DEADLINE)
+        fault_proxy.plan = FaultPlan(Rule(Fault.DROP, apis=frozenset({API_KEYS["Fetch"]}), nth=1))
+        with store.reader(output, 0) as reader:
+            records = reader.read_forward(0, 50)
+        assert fault_proxy.injected() == {("drop", "Fetch"): 1}
+    finally:
+        store.close()
+        direct.close()
+    assert [r.value for r in records] == [b"rec-%d" % i for i in range(50)]
+
+
+def test_an_operator_recovers_in_its_process_from_a_commit_in_doubt(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`run_job`: the answers of two EndTxns are lost (librdkafka would wait 60 s, the commit gives up after
+    4 s): each time the writer fences its producer and the instance recovers from its log in the same
+    process, and its results equal a run without faults."""
+    operator = aggregate_operator("item_id", "item_price", "avg", window_count=5)
+    source = {"type": "generator", "count": 20_000, "keys": 60, "seed": 3}
+
+    def spec(bootstrap: str, name: str, **store: Any) -> JobSpec:
+        return JobSpec(
+            operator=operator,
+            source=source,
+            store={
+                "type": "kafka",
+                "bootstrap_servers": bootstrap,
+                "state_dir": str(tmp_path / name),
+                **store,
+            },
+            output_topic=f"{name}-{uuid.uuid4().hex[:10]}",
+            batch_size=50,
+        )
+
+    reference = spec(proxied_broker.bootstrap, "clean")
+    run_job(reference)
+    chaotic = spec(
+        fault_proxy.address,
+        "doubt",
+        request_timeout=4,
+        config={"socket.timeout.ms": "60000"},
+        commit_interval=0.05,
+    )
+    fault_proxy.plan = FaultPlan(Rule(Fault.DROP, apis=ENDTXN, nth=2), Rule(Fault.DROP, apis=ENDTXN, nth=4))
+    with caplog.at_level(logging.WARNING, logger="operators.job"):
+        stats = run_job(chaotic)
+    assert fault_proxy.injected() == {("drop", "EndTxn"): 2}
+    assert stats.completed and stats.recovery is not None
+    recovered = [r for r in caplog.records if "outcome is unknown" in r.getMessage()]
+    assert len(recovered) == 2 and all(
+        r.getMessage().endswith(": recovering in this process") for r in recovered
+    )
+    store = KafkaQueueStore(proxied_broker.bootstrap, tmp_path / "probe")
+    try:
+        want = list(iter_payloads(store, reference.output_topic, RESULT_SCHEMA, Kind.R))
+        got = list(iter_payloads(store, chaotic.output_topic, RESULT_SCHEMA, Kind.R))
+    finally:
+        store.close()
+    assert len(want) > 500 and got == want
