@@ -52,7 +52,7 @@ from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
 from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
-from queuestore.kafka_config import read_properties
+from queuestore.kafka_config import quiet_librdkafka, read_properties
 from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
@@ -1001,11 +1001,7 @@ def _setup_output(args: argparse.Namespace) -> progress_tasks.Reporter:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # librdkafka warns about settings cec makes on purpose (e.g. the experimental gapless guarantee) on
-    # every client; real failures surface as errors of cec itself. Its lines show from --log-level info.
-    logging.getLogger("queuestore.kafka.librdkafka").setLevel(
-        level if level <= logging.INFO else logging.ERROR
-    )
+    quiet_librdkafka(level)
     progress_tasks.set_reporter(reporter)
     return reporter
 

@@ -169,6 +169,20 @@ _LEADER_MOVING_CODES = frozenset(
         KafkaError.UNKNOWN_LEADER_EPOCH,
     }
 )
+# A connection lost under a request or a request that timed out: a call that does not send its request
+# again by itself (a watermark query) reports these, and asking again resolves them (found with the
+# fault proxy: one cut connection under a ListOffsets stopped an operator).
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,  # the connection's broker handle went (a bootstrap one, after the cut)
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
+    }
+)
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
 )
@@ -1029,6 +1043,12 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def _failed(self, err: KafkaError | None, what: str) -> QueueStoreError:
         """The error a failed delivery or commit stands for; a fenced writer gets its own, one line."""
+        if err is not None and err.code() == KafkaError._FATAL and self._producer is not None:
+            # "Local: Fatal error" says only that the producer failed earlier: the cause is its fatal
+            # error (fenced, most often), which a transactional call reports (`_lost_client_error`).
+            cause = _lost_client_error(self._producer).args[0]
+            if isinstance(cause, KafkaError) and cause.code() != KafkaError._FATAL:
+                err = cause
         if err is not None and err.code() in _FENCED_CODES:
             return WriterFencedError(
                 f"fenced: another writer took over {self.topic}[{self.partition}] (transactional.id "
@@ -1442,7 +1462,9 @@ class KafkaPartitionWriter(PartitionWriter):
     _trim_refused = False
 
     def _purge(self, producer: Producer) -> None:
-        with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error again here
+        # A fenced or failed producer raises its fatal error again here, or confluent-kafka loses it on the
+        # way (SystemError, see `_lost_client_error`): either way there is nothing left to deliver.
+        with contextlib.suppress(KafkaException, SystemError):
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.flush(5.0)
         self._settle_undelivered()
@@ -1710,11 +1732,13 @@ class KafkaPartitionReader(PartitionReader):
                 )
                 return max(0, int(low))
             except KafkaException as exc:
-                if _error_code(exc) not in _LEADER_MOVING_CODES or time.monotonic() >= deadline:
+                code = _error_code(exc)
+                settling = code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES
+                if not settling or time.monotonic() >= deadline:
                     raise QueueStoreError(
                         f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
                     ) from None
-            time.sleep(0.05)  # pacing of a bounded poll while the leadership settles
+            time.sleep(0.05)  # pacing of a bounded poll while the leadership or the connection settles
 
     def end_offset(self) -> int:
         # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and

@@ -11,12 +11,13 @@ settings the store's guarantees depend on are forced over both.
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
 from cec.exceptions import ConfigError
 
-__all__ = ["ENV", "environment_config", "read_properties"]
+__all__ = ["ENV", "LIBRDKAFKA_LOGGERS", "environment_config", "quiet_librdkafka", "read_properties"]
 
 ENV = "CEC_KAFKA_CONFIG"
 
@@ -62,3 +63,16 @@ def environment_config() -> dict[str, str]:
         _cache.clear()
         _cache[key] = found
     return dict(found)
+
+
+# The loggers librdkafka's own lines go to (every client cec makes logs through one of them).
+LIBRDKAFKA_LOGGERS = ("queuestore.kafka.librdkafka", "operators.topic_source.librdkafka")
+
+
+def quiet_librdkafka(level: int) -> None:
+    """A command's logging at `level`: librdkafka's lines only from INFO (--log-level info). It warns
+    about settings cec makes on purpose (the experimental gapless guarantee) and reports every lost
+    connection, retried request and failed producer on its own; cec reports the failures that matter as
+    its own one-line errors, with their cause."""
+    for name in LIBRDKAFKA_LOGGERS:
+        logging.getLogger(name).setLevel(level if level <= logging.INFO else logging.CRITICAL + 10)

@@ -32,12 +32,14 @@ from cec.records import Kind
 from operators.aggregate import RESULT_SCHEMA
 from operators.job import JobSpec, aggregate_operator, run_job
 from operators.sinks import iter_payloads
+from operators.topic_source import resolve_bounds
 from queuestore.base import RecordMeta
 from queuestore.exceptions import CommitOutcomeUnknownError, QueueStoreError
 from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
 from tests.brokers import Broker
 from tests.faultproxy import API_KEYS, Fault, FaultPlan, FaultProxy, Rule
 from tests.helpers import wait_for
+from tests.topic_data import create_topic, produce
 
 pytestmark = pytest.mark.kafka_transactions
 
@@ -378,3 +380,39 @@ def test_an_operator_recovers_in_its_process_from_a_commit_in_doubt(
     finally:
         store.close()
     assert len(want) > 500 and got == want
+
+
+@pytest.mark.parametrize("fault", [Fault.DISCONNECT_BEFORE, Fault.DISCONNECT_AFTER])
+def test_a_cut_connection_under_the_log_start_query_is_asked_again(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path, fault: Fault
+) -> None:
+    """The log start is a watermark query (ListOffsets) that librdkafka does not send again by itself: one
+    cut connection under it stopped the operator ("cannot read the log start ... transport failure").
+    It is asked again within the request timeout."""
+    output = f"txn-{uuid.uuid4().hex[:10]}"
+    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=10)
+    try:
+        store.create_topic(output, 1)
+        with store.reader(output, 0) as reader:
+            assert reader.end_offset() == 0  # the reader knows the new topic's partition
+            fault_proxy.plan = FaultPlan(Rule(fault, apis=frozenset({API_KEYS["ListOffsets"]}), nth=1))
+            assert reader.start_offset() == 0
+        assert fault_proxy.injected() == {(fault.value, "ListOffsets"): 1}
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("fault", [Fault.DISCONNECT_BEFORE, Fault.DISCONNECT_AFTER, Fault.DROP])
+def test_the_input_topics_bounds_are_listed_again_after_a_lost_answer(
+    fault_proxy: FaultProxy, proxied_broker: Broker, fault: Fault
+) -> None:
+    """A bounded topic run pins its input's bounds (ListOffsets through the admin client) at its start, and
+    checks its log starts at every restart: one lost answer there stopped the run ("cannot list the
+    offsets ... No leaders found", "... transport failure"). They are asked again within the timeout."""
+    topic = f"bounds-{uuid.uuid4().hex[:10]}"
+    create_topic(proxied_broker.bootstrap, topic, 2)
+    produce(proxied_broker.bootstrap, topic, [(p, None, b"v%d" % i) for i, p in enumerate([0, 1, 1, 0, 1])])
+    fault_proxy.plan = FaultPlan(Rule(fault, apis=frozenset({API_KEYS["ListOffsets"]}), nth=1))
+    bounds = resolve_bounds(fault_proxy.address, topic)
+    assert (bounds.starts, bounds.ends) == ((0, 0), (2, 3))
+    assert fault_proxy.injected() == {(fault.value, "ListOffsets"): 1}
