@@ -27,7 +27,7 @@ from operators.runtime import OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
 from operators.stateless import Filter
 from queuestore.base import QueueStore
-from queuestore.exceptions import CommitOutcomeUnknownError, PartitionLockedError
+from queuestore.exceptions import PartitionLockedError, WriterResetError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
 from recovery.identity import bind_log, check_log, record_source
@@ -302,9 +302,10 @@ def _metrics(spec: JobSpec) -> OperatorMetrics | None:
     return OperatorMetrics(spec.output_topic, spec.output_partition)
 
 
-# A commit in doubt (`CommitOutcomeUnknownError`) was resolved by the writer, which fenced its own producer:
-# the log is final, and the instance recovers from it in this process. Bounded: this many in a row with no
-# transaction committed in between stop it instead (a broker that loses every commit is the user's to see).
+# A writer that failed in a way a new producer resolves (a commit in doubt, a producer that failed
+# mid-transaction: `WriterResetError`) has fenced its own producer: the log is final, and the instance
+# recovers from it in this process. Bounded: this many in a row with no transaction committed in between
+# stop it instead (a broker that fails every transaction is the user's to see).
 IN_DOUBT_LIMIT = 5
 
 
@@ -323,13 +324,13 @@ def run_job(
     """Run one operator instance, recovering from its log first, to the end of its input (or until
     `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
     is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written.
-    A commit whose outcome is unknown is recovered from here, from the log (`IN_DOUBT_LIMIT`)."""
+    A writer failure that a new producer resolves is recovered from here, from the log (`IN_DOUBT_LIMIT`)."""
     in_doubt = 0
     while True:
         attempt = _Attempt()
         try:
             return _run_once(spec, attempt, stop=stop, max_inputs=max_inputs, lock_wait_s=lock_wait_s)
-        except CommitOutcomeUnknownError as exc:
+        except WriterResetError as exc:
             in_doubt = 1 if attempt.commits else in_doubt + 1
             if in_doubt >= IN_DOUBT_LIMIT or (stop is not None and stop()):
                 raise

@@ -16,6 +16,7 @@ __all__ = [
     "UnknownTopicError",
     "WriterFailedError",
     "WriterFencedError",
+    "WriterResetError",
 ]
 
 
@@ -66,11 +67,18 @@ class WriterFailedError(QueueStoreError):
     written and the log stays a gapless prefix. The operator must stop and recover from the log."""
 
 
-class CommitOutcomeUnknownError(WriterFailedError):
+class WriterResetError(WriterFailedError):
+    """The writer stopped after a failure of its client that a new client resolves (on Kafka: a producer
+    that failed mid-transaction, or a commit whose outcome is unknown). Before raising it fenced its own
+    client (on Kafka: a new producer, a new epoch), so nothing of the failed one can land any more and the
+    log is final: the owner recovers from the log and goes on (`operators.job.run_job` does, in the same
+    process)."""
+
+
+class CommitOutcomeUnknownError(WriterResetError):
     """A commit failed in a way that leaves its outcome unknown (on Kafka: the EndTxn timed out or its
-    connection was lost): the transaction's records may or may not be in the log. The writer has fenced
-    its own producer (a new producer epoch) before raising, so the log no longer changes behind the
-    owner's back: it must recover from the log, which says what was committed."""
+    connection was lost): the transaction's records may or may not be in the log, which says which now
+    that the writer has fenced its own producer."""
 
 
 class WriterFencedError(QueueStoreError):

@@ -98,6 +98,7 @@ from queuestore.exceptions import (
     TopicMismatchError,
     UnknownTopicError,
     WriterFencedError,
+    WriterResetError,
 )
 from queuestore.kafka_config import environment_config
 
@@ -913,6 +914,10 @@ class _CoordinatorWatch:
         _rdkafka_log.log(level, fmt, *args)
 
 
+class _InDoubt(QueueStoreError):
+    """A commit that failed with its outcome unknown, before the writer fenced its producer (`_reset`)."""
+
+
 class KafkaPartitionWriter(PartitionWriter):
     """The single transactional producer of one partition.
 
@@ -950,6 +955,7 @@ class KafkaPartitionWriter(PartitionWriter):
         self._watch = watch
         self.renewals = 0  # producers replaced after a transaction in doubt (module docstring)
         self._incidents_at_begin = 0  # the watch's count when the open transaction began
+        self._reset_decided = False  # the first stop decided whether to fence the own producer
         self._appended = 0
         self._served = 0
         self._failure: QueueStoreError | None = None
@@ -1014,22 +1020,30 @@ class KafkaPartitionWriter(PartitionWriter):
         if self._watch.incidents != self._incidents_at_begin:
             self._renew(producer)
 
-    def _commit_failed(self, producer: Producer, err: KafkaError | None) -> QueueStoreError:
-        """The failure a failed `commit_transaction()` stands for. Unless fenced (then the newer writer's
-        epoch must stand), its outcome is unknown: fence this writer's own producer first."""
+    def _commit_failed(self, err: KafkaError | None) -> QueueStoreError:
+        """The failure a failed `commit_transaction()` stands for: fenced (the newer writer's epoch must
+        stand), or in doubt (`_stop` then fences this writer's own producer before it reports it)."""
         failure = self._failed(err, "commit of")
         if isinstance(failure, WriterFencedError):
             return failure
         detail = err.str() if err is not None else "unknown error"
+        return _InDoubt(f"commit of {self.topic}[{self.partition}] failed ({detail}): its outcome is unknown")
+
+    def _reset(self, failure: QueueStoreError) -> QueueStoreError:
+        """`failure` after fencing this writer's own producer (module docstring): a failed producer, or a
+        commit in doubt, may still have requests on their way; once a new producer's init_transactions()
+        bumped the epoch none of them can land, and the log is final for the owner to recover from."""
+        producer = self._producer
+        if producer is None:
+            return failure
         try:
             self._renew(producer)
         except QueueStoreError as exc:
-            return QueueStoreError(
-                f"commit of {self.topic}[{self.partition}] failed ({detail}), its outcome unknown, and {exc}"
-            )
-        return CommitOutcomeUnknownError(
-            f"commit of {self.topic}[{self.partition}] failed ({detail}): its outcome is unknown; the producer "
-            "was replaced (a new epoch: nothing of the old one can land any more); recover from the log"
+            return QueueStoreError(f"{failure}; and {exc}")
+        kind = CommitOutcomeUnknownError if isinstance(failure, _InDoubt) else WriterResetError
+        return kind(
+            f"{failure}; the producer was replaced (a new epoch: nothing of the old one can land any more); "
+            "recover from the log"
         )
 
     @property
@@ -1057,10 +1071,17 @@ class KafkaPartitionWriter(PartitionWriter):
         detail = err.str() if err is not None else "unknown error"
         return QueueStoreError(f"{what} {self.topic}[{self.partition}] failed: {detail}")
 
-    def _stop(self, exc: QueueStoreError) -> QueueStoreError:
-        """Stop for good: the records of the open transaction will never be committed by this writer."""
+    def _stop(self, exc: QueueStoreError, *, reset: bool = True) -> QueueStoreError:
+        """Stop for good: the records of the open transaction will never be committed by this writer. The
+        first failure that a new producer resolves is reported once the own producer is fenced (`_reset`):
+        not a fenced writer's (the newer epoch stands), nor a broker that does not answer (`reset=False`:
+        a new producer would wait as long again), nor a writer being closed."""
         if self._failure is None:
             self._failure = exc
+        if not self._reset_decided:  # the first stop decides
+            self._reset_decided = True
+            if reset and not isinstance(self._failure, WriterFencedError | WriterResetError):
+                self._failure = self._reset(self._failure)
         failure = self._failure
         self._side.clear()
         delivered, self._delivered = self._delivered, []
@@ -1109,11 +1130,13 @@ class KafkaPartitionWriter(PartitionWriter):
         return self._producer
 
     def _check_failure(self) -> None:
-        failure = self._failure
-        if failure is None:
+        if self._failure is None:
             return
+        failure = self._stop(self._failure)  # a failure a serving call recorded: settled (and fenced) once
         if isinstance(failure, WriterFencedError):
             raise WriterFencedError(str(failure))
+        if isinstance(failure, WriterResetError):  # the owner may recover from it: keep its kind
+            raise type(failure)(f"writer of {self.topic}[{self.partition}] failed earlier ({failure})")
         raise QueueStoreError(
             f"writer of {self.topic}[{self.partition}] failed earlier ({failure}); recover from the log"
         )
@@ -1157,7 +1180,7 @@ class KafkaPartitionWriter(PartitionWriter):
             producer.commit_transaction(self._timeout)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            raise self._stop(self._commit_failed(producer, err)) from None
+            raise self._stop(self._commit_failed(err)) from None
         self._in_transaction = False
         self.commits += 1
         faults.hit("kafka.after_commit")
@@ -1282,11 +1305,8 @@ class KafkaPartitionWriter(PartitionWriter):
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             # The producer's own error first (as in `_serve`): the records it purged report only that.
             if self._failure is None:
-                producer = self._live_producer()
                 self._failure = (
-                    self._commit_failed(producer, err)
-                    if self._commit_sent
-                    else self._failed(err, "commit of")
+                    self._commit_failed(err) if self._commit_sent else self._failed(err, "commit of")
                 )
             self._settle_undelivered()
             raise self._stop(self._failure) from None
@@ -1298,7 +1318,8 @@ class KafkaPartitionWriter(PartitionWriter):
                 QueueStoreError(
                     f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
                     f"{self._timeout}s: the broker is unreachable or too slow"
-                )
+                ),
+                reset=False,
             )
         self._in_transaction = False
         self.commits += 1
@@ -1388,7 +1409,9 @@ class KafkaPartitionWriter(PartitionWriter):
         try:
             self._commit(self._timeout)
         except TimeoutError as exc:
-            raise self._stop(QueueStoreError(f"{exc}: the broker is unreachable or too slow")) from None
+            raise self._stop(
+                QueueStoreError(f"{exc}: the broker is unreachable or too slow"), reset=False
+            ) from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit everything appended; every callback is served when this returns."""
@@ -1468,7 +1491,9 @@ class KafkaPartitionWriter(PartitionWriter):
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.flush(5.0)
         self._settle_undelivered()
-        self._stop(self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"))
+        self._stop(
+            self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"), reset=False
+        )
 
 
 @dataclass
@@ -1733,7 +1758,9 @@ class KafkaPartitionReader(PartitionReader):
                 return max(0, int(low))
             except KafkaException as exc:
                 code = _error_code(exc)
-                settling = code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES
+                # Unknown partition too: the store saw the topic when it made this reader, so the reader's
+                # client has not learnt it yet (a topic just created; found by the chaos runs).
+                settling = code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES or code in _UNKNOWN_CODES
                 if not settling or time.monotonic() >= deadline:
                     raise QueueStoreError(
                         f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"

@@ -94,6 +94,14 @@ def _writer(store: KafkaQueueStore, topic: str) -> KafkaPartitionWriter:
     return writer
 
 
+def _patient_store(proxy: FaultProxy, tmp_path: Path) -> KafkaQueueStore:
+    """A store whose operations give up after 4 s while librdkafka would wait 60 s for an answer before it
+    sends a request again: a lost answer fails the operation instead of being asked again (the case of a
+    broker that answers nothing for longer than the store's timeout)."""
+    config = {"socket.timeout.ms": "60000"}
+    return KafkaQueueStore(proxy.address, tmp_path / "state", config=config, request_timeout=4)
+
+
 def _meta(i: int) -> RecordMeta:
     return RecordMeta("R", i, f"k{i}", 0)
 
@@ -186,11 +194,11 @@ def test_a_lost_endtxn_answer_fences_the_producer_and_the_log_decides(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path, path: str
 ) -> None:
     """The EndTxn's answer is dropped: the broker committed, the writer cannot know. Its commit times out
-    (librdkafka's own socket timeout, 60 s, is longer), the writer fences its producer and stops with
+    (librdkafka's own socket timeout is longer here), the writer fences its producer and stops with
     CommitOutcomeUnknownError, the records' callbacks report that error, and the log is final at once:
     it holds the transaction. A new writer (the operator recovering) reads it there and goes on."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
-    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=4)
+    store = _patient_store(fault_proxy, tmp_path)
     errors: list[Exception | None] = []
     try:
         store.create_topic(output, 1)
@@ -224,7 +232,7 @@ def test_an_endtxn_held_past_the_commit_timeout_is_fenced_when_it_lands(
     open transaction is aborted there and then) and stops; the operator recovers and writes the records
     again, in a new transaction. When the held EndTxn lands it is refused (old epoch): nothing doubled."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
-    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=4)
+    store = _patient_store(fault_proxy, tmp_path)
     try:
         store.create_topic(output, 1)
         writer = _writer(store, output)
@@ -257,7 +265,7 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
     transaction is open, after its partition joined it, and before its commit: a read_committed reader
     never sees rec-1 (nor does any reader: the old epoch is refused)."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
-    store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=4)
+    store = _patient_store(fault_proxy, tmp_path)
     try:
         store.create_topic(output, 1)
         writer = _writer(store, output)
@@ -387,15 +395,15 @@ def test_a_cut_connection_under_the_log_start_query_is_asked_again(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path, fault: Fault
 ) -> None:
     """The log start is a watermark query (ListOffsets) that librdkafka does not send again by itself: one
-    cut connection under it stopped the operator ("cannot read the log start ... transport failure").
-    It is asked again within the request timeout."""
+    cut connection under it stopped the operator ("cannot read the log start ... transport failure"), and
+    so did a reader's client that had not learnt the partition of a topic just created ("unknown
+    partition"). Both are asked again within the request timeout."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
     store = KafkaQueueStore(fault_proxy.address, tmp_path / "state", request_timeout=10)
     try:
         store.create_topic(output, 1)
-        with store.reader(output, 0) as reader:
-            assert reader.end_offset() == 0  # the reader knows the new topic's partition
-            fault_proxy.plan = FaultPlan(Rule(fault, apis=frozenset({API_KEYS["ListOffsets"]}), nth=1))
+        fault_proxy.plan = FaultPlan(Rule(fault, apis=frozenset({API_KEYS["ListOffsets"]}), nth=1))
+        with store.reader(output, 0) as reader:  # right after the topic's creation, as recovery does
             assert reader.start_offset() == 0
         assert fault_proxy.injected() == {(fault.value, "ListOffsets"): 1}
     finally:

@@ -90,6 +90,7 @@ class ChaosReport:
     kills: int = 0
     stops: Counter[str] = field(default_factory=Counter)  # one-line errors the host stopped with
     attempts: int = 0
+    attempt_s: list[float] = field(default_factory=list)  # each process's life, in order
     wall_s: float = 0.0
     results: dict[str, Compared] = field(default_factory=dict)  # per output checked (CSV, topic, log)
 
@@ -116,6 +117,7 @@ class ChaosReport:
             "kills": self.kills,
             "stops": dict(self.stops),
             "attempts": self.attempts,
+            "attempt_s": [round(t, 1) for t in self.attempt_s],
             "wall_s": round(self.wall_s, 1),
             "lost": self.lost,
             "duplicated": self.duplicated,
@@ -193,18 +195,22 @@ def read_topic_rows(bootstrap: str, topic: str) -> list[tuple[str, str]]:
         consumer.close()
 
 
-# What a stop may print besides its one line: cec's own warnings about faults it resolved earlier in the
-# same life (a commit in doubt recovered in the process), never a traceback nor a line of librdkafka's.
-_OWN_WARNING = re.compile(r"^\d\d:\d\d:\d\d WARNING (cec|operators|queuestore|recovery)\.[\w.]+: ")
+# What a stop may print besides its one line: cec's own progress lines and warnings about faults it
+# resolved earlier in the same life (a commit in doubt recovered in the process), never a traceback nor
+# a line of librdkafka's.
+_OWN_WARNING = re.compile(r"^\d\d:\d\d:\d\d (WARNING|INFO) (cec|operators|queuestore|recovery)\.[\w.]+: ")
 _STOP_LINE = ("cec: error: ", "chaos-driver: error: ")
 
 
-def _one_clear_line(stderr: str) -> bool:
-    """A stop's stderr: its last line is the one error line, and nothing else but cec's own warnings."""
+def _stop_line(stderr: str) -> str | None:
+    """A stop's one clear line: the last line of its stderr, when it is the error line and nothing else is
+    there but cec's own progress and warnings; else None."""
     lines = [line for line in stderr.splitlines() if line.strip()]
     if not lines or "Traceback" in stderr or not lines[-1].startswith(_STOP_LINE):
-        return False
-    return all(_OWN_WARNING.match(line) and "librdkafka" not in line for line in lines[:-1])
+        return None
+    if not all(_OWN_WARNING.match(line) and "librdkafka" not in line for line in lines[:-1]):
+        return None
+    return lines[-1]
 
 
 def run_under_chaos(
@@ -218,12 +224,16 @@ def run_under_chaos(
     kills: int,
     requests_between_kills: tuple[int, int],
     crash_loop: int = 8,
+    reruns: int = 0,
     on_attempt: Callable[[ChaosReport], None] | None = None,
     logs: Path | None = None,
+    stop_line: Callable[[str], str | None] | None = None,
 ) -> None:
     """Restart the host's process (`start`) under `chaos` (its `times` caps the faults) and at most `kills`
     SIGKILLs (`kill`, each after a seeded number of the host's requests) until it exits 0; stops (a
-    non-zero exit of its own) must be one clear line each. Fills `report` as it goes."""
+    non-zero exit of its own) must be one clear line each. While budgets are left, a completed job is
+    started again, at most `reruns` times: a restart after the end must find the job done (its recovery
+    reads the log under the same faults and kills). Fills `report` as it goes."""
     rng = random.Random(report.seed)
     plan = FaultPlan(chaos, seed=report.seed)
     proxy.reset()
@@ -238,7 +248,8 @@ def run_under_chaos(
             due = rng.randint(*requests_between_kills)
             base = _faultable(proxy)
             proc = start()
-            deadline = time.monotonic() + ATTEMPT_DEADLINE_S
+            born = time.monotonic()
+            deadline = born + ATTEMPT_DEADLINE_S
             killed = False
             while proc.poll() is None:
                 if time.monotonic() > deadline:
@@ -253,6 +264,7 @@ def run_under_chaos(
                     break
                 time.sleep(_POLL_S)  # pacing of the watch over the process and the proxy's counts
             _, err = proc.communicate(timeout=120)
+            report.attempt_s.append(time.monotonic() - born)
             attempt = Attempt(proc.returncode, killed, err)
             if logs is not None:
                 logs.mkdir(parents=True, exist_ok=True)
@@ -261,14 +273,20 @@ def run_under_chaos(
             if on_attempt is not None:
                 on_attempt(report)
             if attempt.returncode == 0 and not killed:
-                break  # completed: what is left of the budgets is for the next round (a new input)
+                left = not plan.exhausted() or report.kills < kills
+                if not left or reruns <= 0:
+                    break  # completed: what is left of the budgets is for the next round (a new input)
+                reruns -= 1
+                stalled, last = 0, progress()
+                continue
             if not killed:
-                if not _one_clear_line(err):
+                line = (stop_line or _stop_line)(err)
+                if line is None:
                     shown = err if len(err) < 6000 else f"{err[:3000]}\n[...]\n{err[-3000:]}"
                     raise ChaosError(
                         f"{report.host} stopped (exit {attempt.returncode}) without one clear line:\n{shown}"
                     )
-                report.stops[err.strip().splitlines()[-1][:160]] += 1
+                report.stops[line[:160]] += 1
             now = progress()
             stalled = stalled + 1 if now == last else 0
             last = now

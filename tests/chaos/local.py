@@ -86,7 +86,15 @@ class LocalChaos:
         return rows, read_topic_rows(self.broker.bootstrap, results_topic)
 
     def round(
-        self, name: str, *, seed: int, faults: int, rate: float, kills: int, between_kills: tuple[int, int]
+        self,
+        name: str,
+        *,
+        seed: int,
+        faults: int,
+        rate: float,
+        kills: int,
+        between_kills: tuple[int, int],
+        reruns: int = 0,
     ) -> ChaosReport:
         """The chaos run of one new output (log, results topic, store dir) over the input."""
         command, results, results_topic = self._command(self.proxy.address, name)
@@ -112,6 +120,7 @@ class LocalChaos:
             chaos=Chaos(rate, mix=CHAOS_MIX, delay_s=(0.01, 3.0), times=faults),
             kills=kills,
             requests_between_kills=between_kills,
+            reruns=reruns,
             logs=self.work / name / "attempts",
         )
         want_rows, want_topic = self.reference
