@@ -41,6 +41,8 @@ __all__ = [
     "Compared",
     "committed_ends",
     "compare",
+    "kill_process_group",
+    "one_stop_line",
     "read_topic_rows",
     "run_under_chaos",
 ]
@@ -202,7 +204,7 @@ _OWN_WARNING = re.compile(r"^\d\d:\d\d:\d\d (WARNING|INFO) (cec|operators|queues
 _STOP_LINE = ("cec: error: ", "chaos-driver: error: ")
 
 
-def _stop_line(stderr: str) -> str | None:
+def one_stop_line(stderr: str) -> str | None:
     """A stop's one clear line: the last line of its stderr, when it is the error line and nothing else is
     there but cec's own progress and warnings; else None."""
     lines = [line for line in stderr.splitlines() if line.strip()]
@@ -280,7 +282,7 @@ def run_under_chaos(
                 stalled, last = 0, progress()
                 continue
             if not killed:
-                line = (stop_line or _stop_line)(err)
+                line = (stop_line or one_stop_line)(err)
                 if line is None:
                     shown = err if len(err) < 6000 else f"{err[:3000]}\n[...]\n{err[-3000:]}"
                     raise ChaosError(

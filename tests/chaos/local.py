@@ -9,6 +9,7 @@ import csv
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from tests.chaos.harness import (
     CHAOS_MIX,
     ChaosError,
     ChaosReport,
+    Compared,
     committed_ends,
     compare,
     read_topic_rows,
@@ -61,7 +63,8 @@ class LocalChaos:
         produce(self.broker.bootstrap, self.topic, encoded(purchases, as_json))
         self.reference = self._run_clean()
 
-    def _command(self, bootstrap: str, name: str) -> tuple[list[str], Path, str]:
+    def command(self, bootstrap: str, name: str) -> tuple[list[str], Path, str]:
+        """The `cec run` command of output `name` through `bootstrap`: (argv, results CSV, results topic)."""
         out = self.work / name
         out.mkdir(parents=True, exist_ok=True)
         results, results_topic = out / "results.csv", f"chaos-res-{name}-{uuid.uuid4().hex[:8]}"
@@ -74,9 +77,17 @@ class LocalChaos:
         ]  # fmt: skip
         return command, results, results_topic
 
+    def check(self, results: Path, results_topic: str) -> dict[str, Compared]:
+        """A completed run's results CSV and results topic against the failure-free ones."""
+        want_rows, want_topic = self.reference
+        return {
+            "results CSV": compare(_csv_rows(results), want_rows),
+            "results topic": compare(read_topic_rows(self.broker.bootstrap, results_topic), want_topic),
+        }
+
     def _run_clean(self) -> tuple[list[tuple[str, ...]], list[tuple[str, str]]]:
         """The failure-free output: the same command straight to the broker."""
-        command, results, results_topic = self._command(self.broker.bootstrap, f"clean-{self.window}")
+        command, results, results_topic = self.command(self.broker.bootstrap, f"clean-{self.window}")
         done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=child_env())
         if done.returncode != 0:
             raise ChaosError(f"the failure-free run failed:\n{done.stderr[-3000:]}")
@@ -95,9 +106,10 @@ class LocalChaos:
         kills: int,
         between_kills: tuple[int, int],
         reruns: int = 0,
+        on_attempt: Callable[[ChaosReport], None] | None = None,
     ) -> ChaosReport:
         """The chaos run of one new output (log, results topic, store dir) over the input."""
-        command, results, results_topic = self._command(self.proxy.address, name)
+        command, results, results_topic = self.command(self.proxy.address, name)
         output = command[command.index("--output-topic") + 1]
         report = ChaosReport(host=f"cec run ({self.window} windows)", seed=seed)
 
@@ -121,13 +133,10 @@ class LocalChaos:
             kills=kills,
             requests_between_kills=between_kills,
             reruns=reruns,
+            on_attempt=on_attempt,
             logs=self.work / name / "attempts",
         )
-        want_rows, want_topic = self.reference
-        report.results["results CSV"] = compare(_csv_rows(results), want_rows)
-        report.results["results topic"] = compare(
-            read_topic_rows(self.broker.bootstrap, results_topic), want_topic
-        )
+        report.results.update(self.check(results, results_topic))
         return report
 
 

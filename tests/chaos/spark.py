@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,7 @@ class SparkChaos:
         kills: int,
         between_kills: tuple[int, int],
         reruns: int = 0,
+        on_attempt: Callable[[ChaosReport], None] | None = None,
     ) -> ChaosReport:
         """The chaos run of one new output (generations, state dir, checkpoints) over the input."""
         out = self.work / name
@@ -125,6 +127,7 @@ class SparkChaos:
             kills=kills,
             requests_between_kills=between_kills,
             reruns=reruns,
+            on_attempt=on_attempt,
             logs=out / "attempts",
             stop_line=_driver_stop,
         )

@@ -82,6 +82,7 @@ class FaultProxy:
         self._late: Counter[str] = Counter()  # delayed requests sent on to the broker, by API
         self._late_answers: Counter[str] = Counter()  # ... and answered by the broker, by API
         self._clients: Counter[str | None] = Counter()  # connections by the client id of their first request
+        self._by_client: Counter[tuple[str | None, str]] = Counter()  # requests by (client id, API)
         self._events: deque[str] = deque(maxlen=_EVENTS)
         self._blackholed_clients: set[str] = set()
         self._blackholed_conns: set[int] = set()
@@ -206,6 +207,15 @@ class FaultProxy:
         with self._lock:
             return Counter(self._late)
 
+    def requests_of(self, client: str) -> Counter[str]:
+        """Requests so far by API, of the clients whose id starts with `client`."""
+        with self._lock:
+            out: Counter[str] = Counter()
+            for (client_id, api), n in self._by_client.items():
+                if (client_id or "").startswith(client):
+                    out[api] += n
+            return out
+
     def clients(self) -> Counter[str | None]:
         """Connections so far by client id (of their first request)."""
         with self._lock:
@@ -231,6 +241,7 @@ class FaultProxy:
             self._late.clear()
             self._late_answers.clear()
             self._clients.clear()
+            self._by_client.clear()
             self._events.clear()
 
     def describe(self, last: int = 40) -> str:
@@ -318,6 +329,7 @@ class FaultProxy:
                             self._clients[header.client_id] += 1
                     with self._lock:
                         self._requests[header.api] += 1
+                        self._by_client[(conn.client_id, header.api)] += 1
                     if self._is_blackholed(conn):
                         self._record(conn, Fault.BLACKHOLE, header.api_key, header.correlation_id)
                         continue
