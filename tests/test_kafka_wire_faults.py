@@ -34,7 +34,7 @@ from operators.job import JobSpec, aggregate_operator, run_job
 from operators.sinks import iter_payloads
 from operators.topic_source import resolve_bounds
 from queuestore.base import RecordMeta
-from queuestore.exceptions import CommitOutcomeUnknownError, QueueStoreError
+from queuestore.exceptions import BrokerUnavailableError, CommitOutcomeUnknownError, QueueStoreError
 from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
 from tests.brokers import Broker
 from tests.faultproxy import API_KEYS, Fault, FaultPlan, FaultProxy, Rule
@@ -109,9 +109,9 @@ def _meta(i: int) -> RecordMeta:
 def test_a_late_endtxn_never_commits_the_next_transaction(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
 ) -> None:
-    """The first EndTxn(commit) is held for 6 s, past librdkafka's 3 s socket timeout: librdkafka retries
-    it and the commit succeeds. The writer goes on with the next transaction while the held EndTxn is on
-    its way: one record reaches the broker, then the held EndTxn, then a second record and a side record.
+    """The first EndTxn(commit) is held past librdkafka's 3 s socket timeout: librdkafka retries it and
+    the commit succeeds. The writer goes on with the next transaction while the held EndTxn is on its way:
+    one record reaches the broker, then (released) the held EndTxn, then a second record and a side record.
     The transaction commits whole. Without the defence the held request committed the first record alone,
     the second one's produce was refused (the partition was no longer in a transaction), the writer
     stopped, and the first record was in the log without its side record: a result lost for the side
@@ -125,13 +125,15 @@ def test_a_late_endtxn_never_commits_the_next_transaction(
         with writer:
             writer.append(b"rec-0", _meta(0))
             writer.flush(DEADLINE)  # a first transaction, unharmed: the coordinator is known
-            fault_proxy.plan = FaultPlan(Rule(Fault.DELAY, apis=ENDTXN, nth=1, delay_s=6.0))
+            fault_proxy.plan = FaultPlan(Rule(Fault.HOLD, apis=ENDTXN, nth=1))
             writer.append(b"rec-1", _meta(1))
             writer.append_side(side, 0, b"k1", b"rec-1-side")
             writer.flush(DEADLINE)  # librdkafka's retry of the held EndTxn commits it
-            assert fault_proxy.injected()[("delay", "EndTxn")] == 1
+            assert fault_proxy.injected()[("hold", "EndTxn")] == 1
             writer.append(b"rec-2", _meta(2))
             wait_for(lambda: len(_read(proxied_broker.bootstrap, output, "read_uncommitted")) == 3, DEADLINE)
+            assert fault_proxy.late_answers()["EndTxn"] == 0
+            fault_proxy.release()
             # The broker has acted on the held EndTxn (it answered it) before the next produce.
             wait_for(lambda: fault_proxy.late_answers()["EndTxn"] == 1, DEADLINE, interval=0.02)
             writer.append(b"rec-3", _meta(3))
@@ -228,9 +230,10 @@ def test_a_lost_endtxn_answer_fences_the_producer_and_the_log_decides(
 def test_an_endtxn_held_past_the_commit_timeout_is_fenced_when_it_lands(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
 ) -> None:
-    """The EndTxn is held 8 s, past the writer's 4 s commit timeout: the writer fences its producer (the
-    open transaction is aborted there and then) and stops; the operator recovers and writes the records
-    again, in a new transaction. When the held EndTxn lands it is refused (old epoch): nothing doubled."""
+    """The EndTxn is held past the writer's 4 s commit timeout: the writer fences its producer (the open
+    transaction is aborted there and then) and stops; the operator recovers and writes the records again,
+    in a new transaction. When the held EndTxn lands (released) it is refused (old epoch): nothing
+    doubled."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
     store = _patient_store(fault_proxy, tmp_path)
     try:
@@ -238,7 +241,7 @@ def test_an_endtxn_held_past_the_commit_timeout_is_fenced_when_it_lands(
         writer = _writer(store, output)
         writer.append(b"rec-0", _meta(0))
         writer.flush(DEADLINE)
-        fault_proxy.plan = FaultPlan(Rule(Fault.DELAY, apis=ENDTXN, nth=1, delay_s=8.0))
+        fault_proxy.plan = FaultPlan(Rule(Fault.HOLD, apis=ENDTXN, nth=1))
         writer.append(b"rec-1", _meta(1))
         with pytest.raises(CommitOutcomeUnknownError):
             writer.flush(DEADLINE)
@@ -249,6 +252,8 @@ def test_an_endtxn_held_past_the_commit_timeout_is_fenced_when_it_lands(
             again.append(b"rec-1", _meta(1))  # recovery writes it again
             again.append(b"rec-2", _meta(2))
             again.flush(DEADLINE)
+            assert fault_proxy.late_answers()["EndTxn"] == 0
+            fault_proxy.release()
             wait_for(lambda: fault_proxy.late_answers()["EndTxn"] == 1, DEADLINE, interval=0.02)
     finally:
         store.close()
@@ -259,11 +264,11 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
 ) -> None:
     """Jepsen's case (a produce of an aborted transaction that reaches the broker after the abort, in the
-    same producer epoch, lands in the next transaction). The writer's produce of rec-1 is held for 10 s:
-    it cannot deliver within its 4 s timeout and stops; the operator recovers with a new writer, whose
-    epoch aborts the old transaction, and writes rec-2 in a new one. The held produce lands while that
-    transaction is open, after its partition joined it, and before its commit: a read_committed reader
-    never sees rec-1 (nor does any reader: the old epoch is refused)."""
+    same producer epoch, lands in the next transaction). The writer's produce of rec-1 is held: it cannot
+    deliver within its 4 s timeout and stops (the broker did not answer); the operator recovers with a new
+    writer, whose epoch aborts the old transaction, and writes rec-2 in a new one. The held produce is
+    released while that transaction is open, after its partition joined it, and before its commit: a
+    read_committed reader never sees rec-1 (nor does any reader: the old epoch is refused)."""
     output = f"txn-{uuid.uuid4().hex[:10]}"
     store = _patient_store(fault_proxy, tmp_path)
     try:
@@ -271,9 +276,9 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
         writer = _writer(store, output)
         writer.append(b"rec-0", _meta(0))
         writer.flush(DEADLINE)
-        fault_proxy.plan = FaultPlan(Rule(Fault.DELAY, apis=PRODUCE, nth=1, delay_s=10.0))
+        fault_proxy.plan = FaultPlan(Rule(Fault.HOLD, apis=PRODUCE, nth=1))
         writer.append(b"rec-1", _meta(1))
-        with pytest.raises(QueueStoreError, match="not delivered"):
+        with pytest.raises(BrokerUnavailableError, match="not delivered"):
             _commit(writer, "poll")
         writer.close()
         fault_proxy.plan = None
@@ -282,6 +287,7 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
             again.append(b"rec-2", _meta(2))
             wait_for(lambda: len(_read(proxied_broker.bootstrap, output, "read_uncommitted")) == 2, DEADLINE)
             assert fault_proxy.late_answers()["Produce"] == 0  # rec-2's transaction is open: rec-1 comes now
+            assert fault_proxy.release() == 1
             wait_for(lambda: fault_proxy.late_answers()["Produce"] == 1, DEADLINE, interval=0.02)
             again.flush(DEADLINE)
     finally:

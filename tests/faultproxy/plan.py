@@ -11,6 +11,8 @@ The faults (`Fault`):
   before the broker gets it; if the client gives up and closes meanwhile, the held requests still reach the
   broker, late, as packets still in the network do (the Jepsen case of a produce that outlives its
   transaction);
+- `hold`: a delay that ends when the test says so (`FaultProxy.release()`), not after a time: a test puts
+  the late request exactly where it wants it, whatever the machine's load (rules only, never by chance);
 - `drop`: the broker gets the request, the client never gets the response (it times out);
 - `disconnect_before`: the connection is cut when the request arrives; the broker never gets it;
 - `disconnect_after`: the broker gets the request and answers; the connection is cut instead of the
@@ -36,6 +38,7 @@ class Fault(str, Enum):
     DISCONNECT_BEFORE = "disconnect_before"
     DISCONNECT_AFTER = "disconnect_after"
     BLACKHOLE = "blackhole"
+    HOLD = "hold"
 
 
 @dataclass(frozen=True)
@@ -109,7 +112,7 @@ class Chaos:
     def __post_init__(self) -> None:
         if not 0.0 <= self.rate <= 1.0:
             raise ValueError(f"rate {self.rate} outside [0, 1]")
-        if not self.mix or min(self.mix.values()) < 0 or Fault.BLACKHOLE in self.mix:
+        if not self.mix or min(self.mix.values()) < 0 or {Fault.BLACKHOLE, Fault.HOLD} & set(self.mix):
             raise ValueError(f"bad mix {dict(self.mix)}")
 
     def matches(self, header: RequestHeader) -> bool:

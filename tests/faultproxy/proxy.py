@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import socket
 import threading
 import time
@@ -52,9 +53,9 @@ class _Conn:
     upstream: asyncio.StreamWriter
     client_id: str | None = None
     requests: int = 0
-    # (release time on the loop's clock, frame, API of a delayed request); None: the client side ended,
-    # close after what is held.
-    queue: asyncio.Queue[tuple[float, bytes, str | None] | None] = field(default_factory=asyncio.Queue)
+    # (release time on the loop's clock, or inf: held until `FaultProxy.release()`; the hold generation
+    # at queueing; frame; API of a delayed request); None: the client side ended, close after what is held.
+    queue: asyncio.Queue[tuple[float, int, bytes, str | None] | None] = field(default_factory=asyncio.Queue)
     release_at: float = 0.0  # the latest release time queued: a delay holds everything behind it too
     pending: dict[int, int] = field(default_factory=dict)  # correlation id -> API key
     drop: set[int] = field(default_factory=set)  # correlation ids whose responses are swallowed
@@ -93,6 +94,11 @@ class FaultProxy:
         self._server: asyncio.base_events.Server | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._started = time.monotonic()
+        # Held requests (Fault.HOLD) wait for a release of their generation: `release()` frees every
+        # generation up to the current one and opens the next.
+        self._hold_generation = 0
+        self._released_generation = -1
+        self._release_event: asyncio.Event | None = None
         self.address = ""
 
     # -- lifecycle -------------------------------------------------------------------------------------
@@ -117,6 +123,7 @@ class FaultProxy:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
     async def _serve(self) -> None:
+        self._release_event = asyncio.Event()
         if self._listen is not None:
             sock = self._listen.dup()
             self._server = await asyncio.start_server(self._accept, sock=sock)
@@ -162,6 +169,26 @@ class FaultProxy:
         with self._lock:
             self._blackholed_clients.clear()
             self._blackholed_conns.clear()
+
+    def release(self) -> int:
+        """Send on every request held by a `hold` rule (and what waits behind it on its connection), in
+        order; returns how many connections were holding. Later holds wait for the next release."""
+
+        async def release() -> int:
+            loop = asyncio.get_running_loop()
+            holding = 0
+            for conn in self._conns.values():
+                if math.isinf(conn.release_at):
+                    conn.release_at = loop.time()
+                    holding += 1
+            self._released_generation = self._hold_generation
+            self._hold_generation += 1
+            event, self._release_event = self._release_event, asyncio.Event()
+            if event is not None:
+                event.set()
+            return holding
+
+        return self._call(release())
 
     def cut(self, client: str | None = None) -> int:
         """Cut every connection (of clients whose id starts with `client`); returns how many."""
@@ -316,7 +343,8 @@ class FaultProxy:
             if not data:
                 rest = frames.rest()
                 if rest:  # a torn last frame goes through as it came (the broker judges it)
-                    conn.queue.put_nowait((max(loop.time(), conn.release_at), rest, None))
+                    release = max(loop.time(), conn.release_at)
+                    conn.queue.put_nowait((release, self._hold_generation, rest, None))
                 return
             for frame in frames.feed(data):
                 header = None if frames.raw else request_header(frame)
@@ -339,7 +367,7 @@ class FaultProxy:
                 if header is None or injection is None:
                     if header is not None:
                         conn.pending[header.correlation_id] = header.api_key
-                    conn.queue.put_nowait((release, frame, None))
+                    conn.queue.put_nowait((release, self._hold_generation, frame, None))
                     conn.release_at = release
                     continue
                 fault = injection.fault
@@ -352,12 +380,15 @@ class FaultProxy:
                 if fault is Fault.DELAY:
                     release += injection.delay_s
                     conn.delayed.add(header.correlation_id)
+                elif fault is Fault.HOLD:
+                    release = math.inf
+                    conn.delayed.add(header.correlation_id)
                 elif fault is Fault.DROP:
                     conn.drop.add(header.correlation_id)
                 elif fault is Fault.DISCONNECT_AFTER:
                     conn.cut.add(header.correlation_id)
-                late = header.api if fault is Fault.DELAY else None
-                conn.queue.put_nowait((release, frame, late))
+                late = header.api if fault in (Fault.DELAY, Fault.HOLD) else None
+                conn.queue.put_nowait((release, self._hold_generation, frame, late))
                 conn.release_at = release
 
     async def _send_upstream(self, conn: _Conn) -> None:
@@ -370,10 +401,13 @@ class FaultProxy:
                 item = await conn.queue.get()
                 if item is None:
                     break
-                release, frame, late = item
-                wait = release - loop.time()
-                if wait > 0:
-                    await asyncio.sleep(wait)
+                release, generation, frame, late = item
+                if math.isinf(release):
+                    await self._released(generation)
+                else:
+                    wait = release - loop.time()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
                 writer.write(frame)
                 if conn.queue.empty() or late is not None:
                     await writer.drain()
@@ -387,6 +421,13 @@ class FaultProxy:
                 if writer.can_write_eof():
                     writer.write_eof()
                 await writer.drain()
+
+    async def _released(self, generation: int) -> None:
+        """Until a `release()` has freed the holds of `generation`."""
+        while self._released_generation < generation:
+            event = self._release_event
+            assert event is not None  # made by _serve, before any connection
+            await event.wait()
 
     async def _pump_down(self, conn: _Conn, reader: asyncio.StreamReader) -> None:
         """Broker -> client: responses, each swallowed, forwarded or turned into a cut."""

@@ -231,6 +231,43 @@ def test_a_delayed_request_still_reaches_the_broker_after_its_client_left(
     wait_for(lambda: proxy.late_answers() == {"Produce": 1}, DEADLINE)  # answered, to nobody
 
 
+def test_a_hold_keeps_the_request_until_released_even_after_its_client_left(
+    fake: FakeBroker, proxy: FaultProxy
+) -> None:
+    """A held request (and what follows it on its connection) reaches the broker at `release()`, not
+    before, whenever that is; the client leaving meanwhile changes nothing; the next hold waits for the
+    next release."""
+    proxy.plan = FaultPlan(Rule(Fault.HOLD, apis=frozenset({PRODUCE}), nth=1))
+    client = Client(proxy.address)
+    client.send(_request(PRODUCE, 1) + _request(FETCH, 2))
+    other = Client(proxy.address)
+    try:
+        other.send(_request(FETCH, 3))
+        assert len(other.read(1)) == 1  # the other connection is not held
+        client.close()  # gives up, as a client whose request timed out
+        assert [h.correlation_id for h in fake.all_seen()] == [3]
+        assert proxy.delivered_late() == {} and proxy.late_answers() == {}
+        assert proxy.release() == 1
+        wait_for(lambda: proxy.late_answers() == {"Produce": 1}, DEADLINE)  # answered, to nobody
+        assert sorted(h.correlation_id for h in fake.all_seen()) == [1, 2, 3]
+        proxy.plan = FaultPlan(Rule(Fault.HOLD, apis=frozenset({PRODUCE}), nth=1))
+        other.send(_request(PRODUCE, 4) + _request(FETCH, 5))
+        wait_for(lambda: proxy.injected()[("hold", "Produce")] == 2, DEADLINE)
+        other.send(_request(FETCH, 6))
+        with pytest.raises(TimeoutError):  # nothing answers while held: the socket's timeout shows it
+            other.sock.settimeout(0.5)
+            other.read(2)
+        assert [h.correlation_id for h in fake.all_seen()].count(4) == 0
+        other.sock.settimeout(DEADLINE)
+        proxy.release()
+        assert len(other.read(4)) == 4  # 4, 5 and 6, in order, after the release
+    finally:
+        other.close()
+    assert proxy.injected() == {("hold", "Produce"): 2}
+    with pytest.raises(ValueError, match="bad mix"):
+        Chaos(0.5, mix={Fault.HOLD: 1.0})
+
+
 def test_drop_swallows_the_answer_and_only_it(fake: FakeBroker, proxy: FaultProxy) -> None:
     proxy.plan = FaultPlan(Rule(Fault.DROP, apis=frozenset({PRODUCE}), nth=2))
     client = Client(proxy.address)
