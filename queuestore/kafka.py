@@ -1213,17 +1213,31 @@ class KafkaPartitionWriter(PartitionWriter):
         finally:
             self._settle_undelivered()
 
+    def _deliver(self, producer: Producer, flush_timeout: float | None) -> tuple[int, float]:
+        """Deliver what the producer holds: (what is left, the seconds waited without a delivery). Within
+        `flush_timeout`; with None, for as long as the broker keeps answering: the producer never times a
+        record out (message.timeout.ms=0), so a wait with no bound would hold the run forever on a broker
+        that went away (a run's last flush); a request timeout that delivered nothing ends it."""
+        if flush_timeout is not None:
+            return self._serve(producer.flush, flush_timeout), flush_timeout
+        remaining = len(producer)
+        while True:
+            before = remaining
+            remaining = self._serve(producer.flush, self._timeout)
+            if remaining == 0 or remaining >= before:
+                return remaining, self._timeout
+
     def _commit(self, flush_timeout: float | None) -> int:
         """Commit the open transaction, then serve its records' callbacks; returns how many were served."""
         if not self._in_transaction:
             return 0
         producer = self._live_producer()
-        remaining = self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout)
+        remaining, waited = self._deliver(producer, flush_timeout)
         if remaining > 0:
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
-                -1 if flush_timeout is None else flush_timeout,
+                waited,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1434,11 +1448,12 @@ class KafkaPartitionWriter(PartitionWriter):
                     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                     raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
             self._appended += 1
-        if self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout) > 0:
+        remaining, waited = self._deliver(producer, flush_timeout)
+        if remaining > 0:
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"side records of {self.topic}[{self.partition}] not delivered",
-                -1 if flush_timeout is None else flush_timeout,
+                waited,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1469,7 +1484,9 @@ class KafkaPartitionWriter(PartitionWriter):
             raise self._stop(exc, reset=False) from None
 
     def flush(self, timeout: float | None = None) -> None:
-        """Commit everything appended; every callback is served when this returns."""
+        """Commit everything appended; every callback is served when this returns. Without `timeout` it
+        waits as long as the broker keeps taking records, and stops (`BrokerUnavailableError`) once a
+        request timeout passed with nothing delivered."""
         self._live_producer()
         self._check_failure()
         self._reap(block=True)
@@ -1478,7 +1495,7 @@ class KafkaPartitionWriter(PartitionWriter):
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not durable",
-                -1 if timeout is None else timeout,
+                self._timeout if timeout is None else timeout,
             )
 
     def close(self, timeout: float | None = 60.0) -> None:

@@ -296,6 +296,34 @@ def test_a_produce_delayed_past_its_transactions_abort_never_lands_in_the_next(
     assert b"rec-1" not in b"".join(_read(proxied_broker.bootstrap, output, "read_uncommitted"))
 
 
+def test_a_flush_without_a_timeout_stops_once_the_broker_answers_nothing_for_the_request_timeout(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
+) -> None:
+    """An operator's last flush (the end of its input) has no timeout of its own; the producer never times
+    a record out (message.timeout.ms=0). A broker that then answers nothing (the writer's client cut off)
+    must stop it once a whole request timeout passed with nothing delivered, with the broker's one line,
+    not hold the run forever (found with a broker SIGKILLed at the end of a run's input)."""
+    output = f"txn-{uuid.uuid4().hex[:10]}"
+    store = _patient_store(fault_proxy, tmp_path)
+    try:
+        store.create_topic(output, 1)
+        writer = _writer(store, output)
+        writer.append(b"rec-0", _meta(0))
+        writer.flush()
+        fault_proxy.blackhole(client=f"cec-writer-{output}-0")
+        writer.append(b"rec-1", _meta(1))
+        with pytest.raises(
+            BrokerUnavailableError, match=r"did not answer for 4 s \(1 appends to .* not delivered"
+        ):
+            writer.flush()
+        assert fault_proxy.by_fault()["blackhole"] > 0
+        writer.close(timeout=1)
+    finally:
+        fault_proxy.heal()
+        store.close()
+    assert _payloads(_read(proxied_broker.bootstrap, output)) == [b"rec-0"]
+
+
 def test_a_lost_produce_answer_is_asked_again_within_the_commit_timeout(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
 ) -> None:
