@@ -243,12 +243,14 @@ def run_under_chaos(
     started = time.monotonic()
     stalled = 0
     last = progress()
+    kill_at: int | None = None  # the count of the host's requests to SIGKILL it at
     try:
         while True:
             report.attempts += 1
-            want_kill = report.kills < kills
-            due = rng.randint(*requests_between_kills)
-            base = _faultable(proxy)
+            if kill_at is None and report.kills < kills:
+                # Counted across attempts: an attempt that ends first carries it to the next (a rerun of
+                # a completed job is short), so every kill happens whatever the machine's pace.
+                kill_at = _faultable(proxy) + rng.randint(*requests_between_kills)
             proc = start()
             born = time.monotonic()
             deadline = born + ATTEMPT_DEADLINE_S
@@ -259,9 +261,10 @@ def run_under_chaos(
                     raise ChaosError(
                         f"{report.host}: attempt {report.attempts} hung for {ATTEMPT_DEADLINE_S} s"
                     )
-                if want_kill and _faultable(proxy) - base >= due:
+                if kill_at is not None and _faultable(proxy) >= kill_at:
                     kill(proc)
                     killed = True
+                    kill_at = None
                     report.kills += 1
                     break
                 time.sleep(_POLL_S)  # pacing of the watch over the process and the proxy's counts

@@ -86,6 +86,8 @@ class FaultProxy:
         self._by_client: Counter[tuple[str | None, str]] = Counter()  # requests by (client id, API)
         self._events: deque[str] = deque(maxlen=_EVENTS)
         self._blackholed_clients: set[str] = set()
+        # Blackholes that start after a count of requests: [client prefix, API name or None, requests left].
+        self._armed_blackholes: list[list[Any]] = []
         self._blackholed_conns: set[int] = set()
         self._conns: dict[int, _Conn] = {}
         self._ids = itertools.count(1)
@@ -154,12 +156,20 @@ class FaultProxy:
         await asyncio.gather(*tasks, return_exceptions=True)
 
     # -- controls (any thread) ---------------------------------------------------------------------------
-    def blackhole(self, client: str | None = None, conn: int | None = None) -> None:
+    def blackhole(
+        self, client: str | None = None, conn: int | None = None, *, after: int = 0, api: str | None = None
+    ) -> None:
         """Swallow every request, from now on, of clients whose id starts with `client` (their new
-        connections too) or of connection `conn`: nothing reaches the broker, nothing answers."""
+        connections too) or of connection `conn`: nothing reaches the broker, nothing answers. With
+        `after` (clients only), the blackhole starts once `after` more requests of those clients (of `api`
+        only, if given) have gone through: decided by the proxy in the clients' own request stream, so a
+        test cuts a client off at a chosen point of its work whatever the machine's pace."""
         with self._lock:
             if client is not None:
-                self._blackholed_clients.add(client)
+                if after > 0:
+                    self._armed_blackholes.append([client, api, after])
+                else:
+                    self._blackholed_clients.add(client)
             if conn is not None:
                 self._blackholed_conns.add(conn)
 
@@ -169,6 +179,7 @@ class FaultProxy:
         with self._lock:
             self._blackholed_clients.clear()
             self._blackholed_conns.clear()
+            self._armed_blackholes.clear()
 
     def release(self) -> int:
         """Send on every request held by a `hold` rule (and what waits behind it on its connection), in
@@ -324,10 +335,18 @@ class FaultProxy:
                 f"{at:9.3f}s conn {conn.id} ({conn.client_id}) {name} corr {correlation}: {fault.value}{extra}"
             )
 
-    def _is_blackholed(self, conn: _Conn) -> bool:
+    def _is_blackholed(self, conn: _Conn, api: str) -> bool:
         if conn.blackholed:
             return True
         with self._lock:
+            for armed in list(self._armed_blackholes):
+                prefix, counted, left = armed
+                if (conn.client_id or "").startswith(prefix) and counted in (None, api):
+                    armed[2] = left - 1
+                    if armed[2] <= 0:  # this request is the last one through
+                        self._armed_blackholes.remove(armed)
+                        self._blackholed_clients.add(prefix)
+                        return False
             if conn.id in self._blackholed_conns or any(
                 (conn.client_id or "").startswith(c) for c in self._blackholed_clients
             ):
@@ -358,7 +377,7 @@ class FaultProxy:
                     with self._lock:
                         self._requests[header.api] += 1
                         self._by_client[(conn.client_id, header.api)] += 1
-                    if self._is_blackholed(conn):
+                    if self._is_blackholed(conn, header.api):
                         self._record(conn, Fault.BLACKHOLE, header.api_key, header.correlation_id)
                         continue
                     plan = self.plan

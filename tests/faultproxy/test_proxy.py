@@ -335,6 +335,35 @@ def test_a_blackholed_client_is_swallowed_whole_until_healed(fake: FakeBroker, p
     assert proxy.injected() == {("blackhole", "Metadata"): 1, ("blackhole", "Produce"): 1}
 
 
+def test_a_blackhole_armed_after_a_count_of_requests_starts_at_that_request(
+    fake: FakeBroker, proxy: FaultProxy
+) -> None:
+    """`blackhole(client, after=2, api=...)`: the client's requests go through until its second request
+    of that API, which goes through too; from the next one on it is swallowed, other clients untouched."""
+    proxy.blackhole(client="victim", after=2, api="EndTxn")
+    victim, other = Client(proxy.address), Client(proxy.address)
+    try:
+        victim.send(
+            _request(ENDTXN, 1, "victim") + _request(PRODUCE, 2, "victim") + _request(ENDTXN, 3, "victim")
+        )
+        assert len(victim.read(3)) == 3
+        victim.send(_request(PRODUCE, 4, "victim"))
+        other.send(_request(PRODUCE, 5, "other"))
+        assert len(other.read(1)) == 1
+        wait_for(lambda: proxy.by_fault().get("blackhole") == 1, DEADLINE)
+        assert sorted(h.correlation_id for h in fake.all_seen()) == [1, 2, 3, 5]
+    finally:
+        victim.close()
+        other.close()
+    again = Client(proxy.address)  # a new connection of the client: swallowed from its first request
+    try:
+        again.send(_request(FETCH, 6, "victim-2"))
+        wait_for(lambda: proxy.by_fault().get("blackhole") == 2, DEADLINE)
+    finally:
+        again.close()
+    assert 6 not in [h.correlation_id for h in fake.all_seen()]
+
+
 def test_a_blackholed_connection_only(fake: FakeBroker, proxy: FaultProxy) -> None:
     first, second = Client(proxy.address), Client(proxy.address)
     try:
