@@ -2,10 +2,10 @@
 0 duplicated (issue 22). The CI-sized run is tests/chaos/test_chaos.py; this is the same harness
 (tests/chaos) at length.
 
-Two lanes run side by side, each with an Apache Kafka broker of its own from its jars (tests/brokers.py)
+Lanes run side by side, each with an Apache Kafka broker of its own from its jars (tests/brokers.py)
 and the fault proxy (tests/faultproxy) in front of it (a fault run is mostly waiting: on lost answers, on
 delays, on restarts), each in rounds until its own share and the totals are reached:
-- the local lane: `cec run --input-topic` over a 4-partition JSON topic, count windows and time windows
+- the local lanes (`--local-lanes`): `cec run --input-topic` over a 4-partition JSON topic, count windows and time windows
   in turn (one input and one failure-free run of each; a new output log, results topic and store per
   round), `--results-topic`; its process SIGKILLed after a seeded number of its requests and restarted;
 - the Spark lane: `cec_aggregate` in a driver process (local[2,3], writers on the executors) over another
@@ -237,7 +237,12 @@ def main() -> None:
     )
     parser.add_argument("--spark-kills", type=int, default=40, help="the Spark lane's own share of kills")
     parser.add_argument("--local-records", type=int, default=30_000)
-    parser.add_argument("--spark-records", type=int, default=12_000)
+    parser.add_argument("--spark-records", type=int, default=6_000)
+    parser.add_argument("--local-lanes", type=int, default=2, help="`cec run` lanes, each on its own broker")
+    parser.add_argument(
+        "--rate", type=float, default=0.5, help="the share of faultable requests given a fault"
+    )
+    parser.add_argument("--max-delay", type=float, default=1.5, help="the longest injected delay (seconds)")
     parser.add_argument("--minutes", type=float, default=120.0, help="no new round after this")
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--out", type=Path, default=Path("benchmarks/out/chaos.json"))
@@ -259,27 +264,32 @@ def main() -> None:
         print(f"broker {broker.describe()}; proxy {proxy.address}; work {work}", flush=True)
         return broker, proxy
 
-    def local_lane() -> None:
+    lanes_n = max(1, args.local_lanes)
+    local_share = Share(
+        (args.faults - args.spark_faults + lanes_n - 1) // lanes_n,
+        (args.kills - args.spark_kills + lanes_n - 1) // lanes_n,
+    )
+
+    def local_lane(lane: str, lane_seed: int) -> None:
         broker, proxy = proxied()
         inputs = {
             window: LocalChaos(
-                broker, proxy, work / f"local-{window}", window=window, records=args.local_records, keys=400,
-                seed=args.seed,
+                broker, proxy, work / f"{lane}-{window}", window=window, records=args.local_records, keys=400,
+                seed=lane_seed,
             )
             for window in ("count", "time")
         }  # fmt: skip
 
         def play(n: int, on_attempt: Callable[[ChaosReport], None]) -> tuple[str, ChaosReport]:
             window = ("count", "time")[n % 2]
-            name = f"local-{n}"
+            name = f"{lane}-{n}"
             report = inputs[window].round(
-                name, seed=args.seed * 1000 + n, faults=600, rate=0.3, kills=10, between_kills=(30, 220),
-                reruns=4, on_attempt=on_attempt,
+                name, seed=lane_seed * 1000 + n, faults=600, rate=args.rate, kills=10, between_kills=(30, 220),
+                reruns=4, on_attempt=on_attempt, delay_s=(0.01, args.max_delay),
             )  # fmt: skip
             return name, report
 
-        local_share = Share(args.faults - args.spark_faults, args.kills - args.spark_kills)
-        run_lane("local", totals, local_share, deadline, play)
+        run_lane(lane, totals, local_share, deadline, play)
 
     def spark_lane() -> None:
         broker, proxy = proxied()
@@ -290,8 +300,8 @@ def main() -> None:
         def play(n: int, on_attempt: Callable[[ChaosReport], None]) -> tuple[str, ChaosReport]:
             name = f"spark-{n}"
             report = spark.round(
-                name, seed=args.seed * 1000 + 500 + n, faults=300, rate=0.2, kills=5, between_kills=(120, 600),
-                reruns=2, on_attempt=on_attempt,
+                name, seed=args.seed * 1000 + 500 + n, faults=300, rate=args.rate, kills=5,
+                between_kills=(60, 200), reruns=2, on_attempt=on_attempt, delay_s=(0.01, args.max_delay),
             )  # fmt: skip
             return name, report
 
@@ -306,10 +316,14 @@ def main() -> None:
 
         return run
 
+    def local_lane_at(i: int) -> Callable[[], None]:
+        return lambda: local_lane(f"local{i}", args.seed + 100 * i)
+
     lanes = [
-        threading.Thread(target=guarded(local_lane, "local"), name="local"),
-        threading.Thread(target=guarded(spark_lane, "spark"), name="spark"),
+        threading.Thread(target=guarded(local_lane_at(i), f"local{i}"), name=f"local{i}")
+        for i in range(lanes_n)
     ]
+    lanes.append(threading.Thread(target=guarded(spark_lane, "spark"), name="spark"))
     try:
         for lane in lanes:
             lane.start()

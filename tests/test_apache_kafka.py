@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
 
 from operators.job import aggregate_operator
@@ -85,12 +85,26 @@ def _positions(bootstrap: str, topic: str, isolation: str) -> Positions:
         consumer.close()
 
 
+# A partition whose leadership is still settling (a topic the run has just created) answers these.
+_SETTLING = frozenset(
+    {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+)
+
+
 def _offsets(bootstrap: str, topic: str, spec: OffsetSpec) -> list[int]:
+    """Every partition's offset by `spec`; asked again while a partition's leadership settles."""
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    partitions = len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
-    request = {TopicPartition(topic, p): spec for p in range(partitions)}
-    futures = admin.list_offsets(request, request_timeout=30)
-    return [futures[tp].result().offset for tp in request]
+    deadline = time.monotonic() + 60
+    while True:
+        partitions = len(admin.list_topics(topic, timeout=30).topics[topic].partitions)
+        request = {TopicPartition(topic, p): spec for p in range(partitions)}
+        futures = admin.list_offsets(request, request_timeout=30)
+        try:
+            return [futures[tp].result().offset for tp in request]
+        except KafkaException as exc:
+            if exc.args[0].code() not in _SETTLING or time.monotonic() > deadline:
+                raise
+        time.sleep(0.1)  # pacing of the question while the leadership settles
 
 
 def _output_topic() -> str:

@@ -107,6 +107,7 @@ class LocalChaos:
         between_kills: tuple[int, int],
         reruns: int = 0,
         on_attempt: Callable[[ChaosReport], None] | None = None,
+        delay_s: tuple[float, float] = (0.01, 3.0),
     ) -> ChaosReport:
         """The chaos run of one new output (log, results topic, store dir) over the input."""
         command, results, results_topic = self.command(self.proxy.address, name)
@@ -129,7 +130,7 @@ class LocalChaos:
             start=start,
             kill=kill,
             progress=lambda: committed_ends(self.broker.bootstrap, [output, results_topic]),
-            chaos=Chaos(rate, mix=CHAOS_MIX, delay_s=(0.01, 3.0), times=faults),
+            chaos=Chaos(rate, mix=CHAOS_MIX, delay_s=delay_s, times=faults),
             kills=kills,
             requests_between_kills=between_kills,
             reruns=reruns,

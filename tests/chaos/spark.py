@@ -78,6 +78,7 @@ class SparkChaos:
         between_kills: tuple[int, int],
         reruns: int = 0,
         on_attempt: Callable[[ChaosReport], None] | None = None,
+        delay_s: tuple[float, float] = (0.01, 3.0),
     ) -> ChaosReport:
         """The chaos run of one new output (generations, state dir, checkpoints) over the input."""
         out = self.work / name
@@ -123,7 +124,7 @@ class SparkChaos:
             start=start,
             kill=kill_process_group,
             progress=progress,
-            chaos=Chaos(rate, mix=CHAOS_MIX, delay_s=(0.01, 3.0), times=faults),
+            chaos=Chaos(rate, mix=CHAOS_MIX, delay_s=delay_s, times=faults),
             kills=kills,
             requests_between_kills=between_kills,
             reruns=reruns,
