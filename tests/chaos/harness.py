@@ -7,8 +7,9 @@ process, its Kafka clients behind the fault proxy whose seeded `Chaos` rule inje
 requests; SIGKILL it after a seeded number of its requests (of the APIs faults go to), or let it stop
 by itself when a fault is one its client cannot resolve (its stderr must then be exactly one clear line);
 start it again; and so on until it exits 0. Waits are on conditions (the
-proxy's counts, the process's exit), each bounded by a deadline. A host that makes no progress through
-`crash_loop` attempts in a row (its output log's committed ends unchanged) is a crash loop: the run fails.
+proxy's counts, the process's exit), each bounded by a deadline. A host that stops by itself `crash_loop`
+times with no progress in between (its output log's committed ends unchanged; the lives the harness
+SIGKILLed do not count) is a crash loop: the run fails.
 """
 
 from __future__ import annotations
@@ -293,12 +294,13 @@ def run_under_chaos(
                     )
                 report.stops[line[:160]] += 1
             now = progress()
-            stalled = stalled + 1 if now == last else 0
+            if now != last:
+                stalled = 0
+            elif not killed:  # a life the harness cut short says nothing of the host's own progress
+                stalled += 1
             last = now
             if stalled >= crash_loop:
-                raise ChaosError(
-                    f"{report.host}: {stalled} attempts in a row made no progress (a crash loop)"
-                )
+                raise ChaosError(f"{report.host}: {stalled} stops in a row made no progress (a crash loop)")
     except ChaosError as exc:
         raise ChaosError(f"{exc}\nseed {report.seed}\n{proxy.describe(last=60)}") from None
     finally:
