@@ -70,6 +70,7 @@ from operators.base import InputTuple
 from operators.exceptions import DecodeError, RetentionError, TopicDeletedError, TopicSourceError
 from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
+from queuestore.kafka_config import environment_config
 
 __all__ = [
     "KEY_FIELD",
@@ -125,7 +126,11 @@ def _client_config(
         "client.id": client_id,
         "logger": _rdkafka_log,
         "log.queue": True,
+        # A lost answer (a fetch's, a metadata request's) is asked again after this, not after librdkafka's
+        # 60 s: the source would otherwise sit idle for a minute (the store's clients do the same).
+        "socket.timeout.ms": int(_TIMEOUT_S * 1000 / 3),
     }
+    conf.update(environment_config())
     conf.update(config or {})
     return conf
 
@@ -173,17 +178,53 @@ def _partition_count(admin: AdminClient, bootstrap_servers: str, topic: str) -> 
     return len(tmd.partitions)
 
 
+# Answers to a ListOffsets that asking again cannot change: the topic or partition is not there, or the
+# client may not see it. Anything else (a connection lost under the request, no answer, the leaders not
+# found because the metadata request before it failed) is asked again until _TIMEOUT_S: found with the
+# fault proxy, one cut connection under the request stopped the run, or (no error at all) gave -1001.
+_LIST_OFFSETS_FINAL = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError._INVALID_ARG,
+    }
+)
+
+
 def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spec: OffsetSpec) -> list[int]:
     from confluent_kafka import IsolationLevel
 
     request = {TopicPartition(topic, p): spec for p in partitions}
-    try:
-        futures = admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
-        )
-        return [futures[tp].result().offset for tp in request]
-    except KafkaException as exc:
-        raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            futures = admin.list_offsets(
+                request,
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=max(1.0, deadline - time.monotonic()),
+            )
+            offsets = [futures[tp].result().offset for tp in request]
+            if min(offsets, default=0) >= 0:
+                return offsets
+            # Measured (confluent-kafka 2.16, through the fault proxy): when the ListOffsets request is
+            # lost (its connection cut, its answer dropped) the result is offset -1001 (OFFSET_INVALID)
+            # for every partition, without an error. Never a bound: ask again.
+            if time.monotonic() >= deadline:
+                raise TopicSourceError(
+                    f"cannot list the offsets of {topic!r}: no valid answer within {_TIMEOUT_S:.0f}s "
+                    f"(got {offsets})"
+                )
+            log.debug("listing the offsets of %s gave %s; asking again", topic, offsets)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            final = err is None or err.code() in _LIST_OFFSETS_FINAL or err.fatal()
+            if final or time.monotonic() >= deadline:
+                raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+            log.debug("listing the offsets of %s: %s; asking again", topic, exc)
+        time.sleep(0.1)  # pacing of a bounded retry while the connection settles
 
 
 def _topic_id(admin: AdminClient, topic: str) -> str | None:

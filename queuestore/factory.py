@@ -67,7 +67,8 @@ def open_store(spec: dict[str, Any]) -> QueueStore:
     if kind == "kafka":
         from queuestore.kafka import KafkaQueueStore  # optional backend: imported only when used
 
-        # Optional writer settings: the transactional.id prefix and the commit cadence (see KafkaQueueStore).
+        # Optional settings: the transactional.id prefix, the commit cadence, the time an operation may go
+        # without progress (see KafkaQueueStore).
         writer_settings: dict[str, Any] = {
             name: spec[name]
             for name in (

@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.brokers import Broker
+from tests.faultproxy import FaultProxy
 from tests.helpers import cec, child_env, wait_for
 from tests.topic_data import (
     PURCHASE_AVSC,
@@ -747,6 +748,44 @@ def test_deleting_the_input_topic_while_it_is_read_is_one_line(
     assert len(lines) == 1 and lines[0].startswith(
         f"cec: error: the input topic {topic!r} was deleted "  # "while ..." or "and created again ..."
     ), err
+
+
+@pytest.mark.kafka_transactions  # the fault proxy's broker is Apache Kafka
+def test_kafka_config_reaches_every_kafka_client_of_the_run(
+    fault_proxy: FaultProxy,
+    proxied_broker: Broker,
+    tmp_path: Path,
+    purchases: list[tuple[int, dict[str, Any]]],
+) -> None:
+    """`--kafka-config FILE`: its properties go to every client the run makes (the input's consumer and
+    admin, the output log's writers and readers, the results topic's), here a client.id that the proxy in
+    front of the broker sees on every request; the results are those of a run without it."""
+    topic = _new_topic(proxied_broker, "purchases-config")
+    produce(proxied_broker.bootstrap, topic, encoded(purchases, as_json))
+    config = tmp_path / "client.properties"
+    config.write_text("# every client of the run\nclient.id = cfg-probe\nsocket.timeout.ms: 20000\n\n")
+    out = cec(
+        "run", "--input-topic", topic, "--bootstrap-servers", fault_proxy.address, "--key", "item", "--value",
+        "price", *WINDOW, "--results", str(tmp_path / "out.csv"), "--results-topic", f"res-{topic}",
+        "--store-dir", str(tmp_path / "store"), "--kafka-config", str(config),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, purchases)
+    assert set(fault_proxy.clients()) == {"cfg-probe"} and sum(fault_proxy.requests().values()) > 100
+    assert fault_proxy.requests()["EndTxn"] > 0 and fault_proxy.requests()["Fetch"] > 0
+
+
+def test_a_mistake_in_the_kafka_config_file_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.password\n")
+    out = cec("inspect", "--list", "--bootstrap-servers", "127.0.0.1:1", "--kafka-config", str(config))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"cec: error: {config}:2: not a key=value line: 'sasl.password'\n"
+    missing = cec(
+        "inspect", "--list", "--bootstrap-servers", "127.0.0.1:1", "--kafka-config", str(tmp_path / "none")
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("cec: error: cannot read the Kafka client")
+    assert missing.stderr.count("\n") == 1
 
 
 def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
