@@ -186,10 +186,8 @@ class KafkaRowPacker:
 def _millis(batch: pa.RecordBatch, name: str) -> list[int]:
     """A timestamp column (Spark's, microseconds) as Kafka's milliseconds."""
     import pyarrow as pa
-    import pyarrow.compute as pc
 
-    micros = batch.column(name).cast(pa.int64())
-    return pc.floor_divide(micros, pa.scalar(1000, pa.int64())).to_pylist()
+    return [micros // 1000 for micros in batch.column(name).cast(pa.int64()).to_pylist()]
 
 
 _RECORDS: dict[tuple[Any, ...], RecordTuples] = {}
