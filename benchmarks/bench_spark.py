@@ -2029,10 +2029,9 @@ def plot_connector(folder: Path, out: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    runs = sorted(
-        (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_JSON.format(keys="*"))),
-        key=lambda r: r["keys"],
-    )
+    # The glob also matches the recovery files (spark-connector-recovery-*.json): no throughput there.
+    loaded = (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_JSON.format(keys="*")))
+    runs = sorted((r for r in loaded if "cec_attached" in r), key=lambda r: r["keys"])
     recoveries = {
         r["keys"]: r
         for r in (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_RECOVERY_JSON.format(keys="*")))
