@@ -26,7 +26,9 @@ and offsets are not assumed dense (transaction markers). `max_records_per_trigge
 
 from __future__ import annotations
 
+import gc
 import json
+import math
 from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -38,6 +40,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
+    from operators.base import InputTuple
     from operators.topic_tuples import RecordTuples
 
 __all__ = [
@@ -175,12 +178,52 @@ class KafkaRowPacker:
             )
             offsets = part.column("offset").to_pylist()
             raws = part.column("value").to_pylist()
-            timestamps = keys = None
             if records.needs_message:
                 timestamps = _millis(part, "timestamp") if records.inject_ts else [0] * len(raws)
                 keys = part.column("key").to_pylist() if records.inject_key else [None] * len(raws)
-            tuples = records.tuples([p] * len(raws), offsets, raws, timestamps=timestamps, keys=keys)
+                tuples = records.tuples([p] * len(raws), offsets, raws, timestamps=timestamps, keys=keys)
+            else:
+                tuples = _value_tuples(records, p, offsets, raws)
             yield rows.of(p, tuples)
+
+
+def _value_tuples(records: RecordTuples, p: int, offsets: list[int], raws: list[Any]) -> list[InputTuple]:
+    """The tuples of records whose values are all the operator reads, as `records.tuples` makes them, in one
+    C call where the decoder has one (`cec._native.topic_batch`, the Python source's own fast path: the
+    records are read-only mappings holding the wanted fields, no dict per record); a record it declines
+    (malformed, a field missing or null, a tombstone...) is made by `records.tuples` on its own, which gives
+    its value or its reason exactly."""
+    from cec.native import native
+    from operators.base import InputTuple
+
+    spec_of = getattr(records.decoder, "native_spec", None)
+    spec = spec_of(records.required) if native is not None and spec_of is not None else None
+    if spec is None:
+        return records.tuples([p] * len(raws), offsets, raws)
+    assert native is not None
+    count = len(raws)
+    # topic_batch reads confluent-kafka messages through accessors; here a message is its row's index.
+    accessors = ([None] * count).__getitem__, ([p] * count).__getitem__, offsets.__getitem__, raws.__getitem__
+    identity = list(range(p + 1))  # input partition j = the Kafka partition
+    collecting = gc.isenabled()  # a batch makes no cyclic garbage: the collector's passes are pure cost
+    if collecting:
+        gc.disable()
+    try:
+        got = native.topic_batch(
+            list(range(count)), accessors, InputTuple, identity, [math.inf] * (p + 1), [0] * (p + 1), spec
+        )
+    finally:
+        if collecting:
+            gc.enable()
+    if got is None:
+        return records.tuples([p] * count, offsets, raws)
+    out, declined = got
+    if declined:
+        redo = [i for i, t in enumerate(out) if t is None]
+        again = records.tuples([p] * len(redo), [offsets[i] for i in redo], [raws[i] for i in redo])
+        for i, tup in zip(redo, again, strict=True):
+            out[i] = tup
+    return out
 
 
 def _millis(batch: pa.RecordBatch, name: str) -> list[int]:
