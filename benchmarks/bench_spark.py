@@ -13,9 +13,15 @@ Python workers, pandas/pyarrow, RocksDB), which would otherwise swamp every figu
 reported on its own. Failure-free throughputs are the best of --repeats runs (default 2, --quick 1); CEC
 attached runs once.
 
-1. Spark native: `readStream.format("cec-kafka")` -> `groupBy(item_id).applyInPandasWithState(count-window
-   average)` with Spark's own state checkpoints (RocksDB state store provider, a checkpointLocation) ->
-   foreachBatch sink (counts results, sums their values). Trigger.AvailableNow, shuffle partitions = P.
+1. Spark native, as a Spark user writes it (the default, `--native-io kafka`): Spark's own Kafka source
+   (`readStream.format("kafka")`, the connector from `make spark-kafka-jars`) over the JSON twin of the
+   purchases topic (the same tuples, one JSON object per record, same partitions) -> from_json ->
+   `groupBy(item_id).applyInPandasWithState(count-window average)` with Spark's own state checkpoints
+   (RocksDB state store provider with changelog checkpointing, a checkpointLocation) -> a Kafka sink (JSON
+   rows; at-least-once, so the results are read back deduplicated by (item, window) and the rows written
+   twice are counted). `--native-io cec`: the earlier baseline, `readStream.format("cec-kafka")` over the
+   cec queue and a foreachBatch sink (counts results, sums their values). Trigger.AvailableNow, shuffle
+   partitions = P.
    Two micro-batch plans, in one driver process of their own: `maxRecordsPerTrigger` = input / --batches
    (the plan the recovery run uses; the ratio baseline), and one batch with everything (Spark's best case).
 2. CEC long-running host: `SparkOperatorHost` (chained mode, local[P,4]), the aggregate stage (G-open
@@ -23,7 +29,9 @@ attached runs once.
    `host.run()` wall time. Plus CEC's local engine (`run_job` per partition, in this process, one after the
    other, no Spark) as a reference point.
 3. CEC attached: `operators.spark.attach.cec_aggregate` (transformWithStateInPandas), AvailableNow, the same
-   micro-batch plan as Spark native, in the CEC session. `run_attached` is the hook: it raises
+   micro-batch plan as Spark native, in the CEC session; over the cec queue, or with `--focus attached
+   --attached-readers spark-kafka,python` over the JSON twin through each input reader
+   (`cec_aggregate(input_reader=...)`), one attached system per reader, interleaved with Spark native. `run_attached` is the hook: it raises
    NotImplementedError when that module is not importable, and the output then says why there is no figure.
 4. Recovery after a kill at half the input.
    - CEC host: partition 0's Python worker is SIGKILLed (pid file, as tests/spark/test_host.py does) halfway
@@ -1561,8 +1569,11 @@ DEFINITIONS: dict[str, str] = {
     "processed; session start excluded; measured after a warm-up run in the same driver (JVM); best of "
     "`repeats` runs (CEC attached: one run)",
     "throughput_ratio_to_spark_native": "tuples_per_s / spark_native.native_plan.tuples_per_s of this run",
-    "spark_native.native_plan": "applyInPandasWithState, RocksDB state store, maxRecordsPerTrigger = "
-    "(input offsets) / batches, Trigger.AvailableNow, foreachBatch sink; driver in its own process",
+    "spark_native.native_plan": "applyInPandasWithState, RocksDB state store with changelog checkpointing, "
+    "Trigger.AvailableNow, driver in its own process; native_io kafka: Spark's Kafka source over the JSON "
+    "twin (maxOffsetsPerTrigger = tuples / batches), from_json, a Kafka sink whose output is read back "
+    "deduplicated by (item, window) (duplicates: rows written twice); native_io cec: the cec-kafka source "
+    "(maxRecordsPerTrigger = input offsets / batches), a foreachBatch sink",
     "spark_native.native_one_batch": "the same query with no maxRecordsPerTrigger: all input in one batch",
     "spark_native.cold_start_seconds": "wall of the first (warm-up) query of a fresh driver, 4k tuples",
     "recovery.spark_native.recovery_seconds": "restarted query's wall (start() -> all input processed, in a "
@@ -1838,6 +1849,9 @@ def _attached_focus(
         checks[f"spark_native.{i}"] = run
     for i, run in enumerate(attached["runs"]):
         checks[f"cec_attached.{i}"] = run
+    for name, other in attached.get("others", {}).items():
+        for i, run in enumerate(other["runs"]):
+            checks[f"{name}.{i}"] = run
     for i, run in enumerate(result["spark_native"].get("tws_plan", {}).get("runs", [])):
         checks[f"spark_native_tws.{i}"] = run
     if recovery:
