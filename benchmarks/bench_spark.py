@@ -1857,11 +1857,26 @@ def _attached_focus(
     if recovery:
         say("Spark native: driver SIGKILLed at half the input, restarted from its checkpoint")
         native_rec = measure_native_recovery(w, result["spark_native"]["native_plan"])
-        say("CEC attached: driver SIGKILLed at half the input, restarted (recovers from its output logs)")
-        attached_rec = measure_attached_recovery(w, attached)
-        result["recovery"] = {"spark_native": native_rec, "cec_attached": attached_rec}
+        result["recovery"] = {"spark_native": native_rec}
         checks["spark_native_recovered"] = native_rec
-        checks["cec_attached_recovered"] = attached_rec
+        # Each attached system (one per input reader) is killed and restarted through its own reader,
+        # against its own failure-free run.
+        for system, reader in _attached_systems(w).items():
+            failure_free = attached if system == "attached" else attached["others"][system]
+            say(
+                f"CEC {system} ({reader or 'cec-kafka'}): driver SIGKILLed at half the input, restarted "
+                "(recovers from its output logs)"
+            )
+            rec = measure_attached_recovery(w, failure_free, reader=reader, system=system)
+            result["recovery"][f"cec_{system}"] = rec
+            checks[f"cec_{system}_recovered"] = rec
+            if native_rec["recovery_seconds"] > 0:
+                result[f"recovery_ratio_{system}_to_native"] = (
+                    rec["recovery_seconds"] / native_rec["recovery_seconds"]
+                )
+            result[f"cold_recovery_ratio_{system}_to_native"] = (
+                rec["recovery_with_cold_driver_seconds"] / native_rec["recovery_with_cold_driver_seconds"]
+            )
     else:
         result["recovery"] = None
     result["same_results_as_local_engine"] = {k: _same(v, local) for k, v in checks.items()}
@@ -1903,8 +1918,13 @@ def _attached_focus(
         f"{base:,.0f} tuples/s); steady state (batches after the first) "
         f"{result['steady_ratio_attached_to_native']:.2f}"
         + (
-            f"; recovery after a driver kill: attached {recovered['cec_attached']['recovery_seconds']:.2f} s, "
-            f"native {recovered['spark_native']['recovery_seconds']:.2f} s"
+            "; recovery after a driver kill: "
+            + ", ".join(
+                f"{name.removeprefix('cec_')} {row['recovery_seconds']:.2f} s"
+                for name, row in recovered.items()
+                if name != "spark_native"
+            )
+            + f", native {recovered['spark_native']['recovery_seconds']:.2f} s"
             if recovered
             else "; recovery not measured (--skip-recovery)"
         )
@@ -2034,6 +2054,13 @@ def _recovery_pane(
     right.legend(loc="upper left")
 
 
+def _recovery_label(system: str, row: dict[str, Any]) -> str:
+    """A recovery bar's label: Spark native, or CEC attached with the input reader it restarted through."""
+    if system in ("native", "spark_native"):
+        return "Spark native"
+    return f"CEC attached ({row.get('input_reader', system)})"
+
+
 def plot_connector(folder: Path, out: Path) -> None:
     """The connector section's chart: per key count, throughput of Spark native (Kafka source and sink,
     RocksDB + changelog checkpointing) and CEC attached through each input reader (median of the runs,
@@ -2046,10 +2073,24 @@ def plot_connector(folder: Path, out: Path) -> None:
     # The glob also matches the recovery files (spark-connector-recovery-*.json): no throughput there.
     loaded = (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_JSON.format(keys="*")))
     runs = sorted((r for r in loaded if "cec_attached" in r), key=lambda r: r["keys"])
-    recoveries = {
-        r["keys"]: r
-        for r in (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_RECOVERY_JSON.format(keys="*")))
-    }
+    # Recovery per key count, as {system: recovery_seconds}: from a throughput run that measured it (one
+    # kill per system, the same run as its throughput), else the median of a --recovery-only file's pairs.
+    recoveries: dict[int, dict[str, float]] = {}
+    for path in folder.glob(CONNECTOR_RECOVERY_JSON.format(keys="*")):
+        r = json.loads(path.read_text())
+        systems = list(r["pairs"][0]["order"])
+        recoveries[r["keys"]] = {
+            _recovery_label(s, r["pairs"][0][s]): statistics.median(
+                p[s]["recovery_seconds"] for p in r["pairs"]
+            )
+            for s in systems
+        }
+    for r in runs:
+        if r.get("recovery"):
+            recoveries[r["keys"]] = {
+                _recovery_label(name, row): row["recovery_seconds"] for name, row in r["recovery"].items()
+            }
+    tuples_of = {r["keys"]: r["tuples"] for r in runs}
     if not runs and not recoveries:
         return
     fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
@@ -2081,25 +2122,25 @@ def plot_connector(folder: Path, out: Path) -> None:
     left.set_xticks(range(len(runs)), [f"{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs])
     left.set_ylabel("tuples/s (median of interleaved runs; label: median per-pair ratio to native)")
     left.legend(loc="upper left", fontsize=8)
-    for x, (_keys, r) in enumerate(sorted(recoveries.items())):
-        systems = list(r["pairs"][0]["order"])
-        width = 0.8 / len(systems)
-        for k, system in enumerate(sorted(systems, key=lambda name: name != "native")):
-            secs = statistics.median(p[system]["recovery_seconds"] for p in r["pairs"])
-            label = "Spark native" if system == "native" else f"CEC {system.replace('_', ' ')}"
-            color = (
-                colors["native"]
-                if system == "native"
-                else colors["attached" if system == "attached" else "other"]
-            )
+    for x, (_keys, seconds) in enumerate(sorted(recoveries.items())):
+        width = 0.8 / len(seconds)
+        for k, label in enumerate(sorted(seconds, key=lambda name: name != "Spark native")):
+            secs = seconds[label]
+            color = colors[
+                "native" if label == "Spark native" else "attached" if "spark-kafka" in label else "other"
+            ]
             bar = right.bar(
                 x - 0.4 + width * (k + 0.5), secs, width, color=color, label=label if x == 0 else None
             )
             right.bar_label(bar, fmt="%.1f s", fontsize=8)
     right.set_xticks(
-        range(len(recoveries)), [f"{k:,} keys, {r['tuples']:,} tuples" for k, r in sorted(recoveries.items())]
+        range(len(recoveries)),
+        [
+            f"{k:,} keys" + (f", {tuples_of[k]:,} tuples" if k in tuples_of else "")
+            for k in sorted(recoveries)
+        ],
     )
-    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver; median of pairs)")
+    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
     right.legend(loc="upper left", fontsize=8)
     fig.suptitle(
         "CEC attached vs Spark native with Spark's Kafka connector (Kafka source and sink, RocksDB state store, "
