@@ -13,7 +13,8 @@
    source when the connector is there and no librdkafka settings are given.
 
 The connector comes from `make spark-kafka-jars` (`operators.spark.connector`). Without its jars these tests
-are skipped with that reason, except under CI, where they fail: CI must not go green without them.
+are skipped with that reason, except under CI (`CI` set, or `CEC_TEST_SPARK_KAFKA=required`, which .ci/run
+sets), where they fail: CI must not go green without them.
 """
 
 from __future__ import annotations
@@ -51,6 +52,8 @@ from tests.topic_data import create_topic
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
+REQUIRE_ENV = "CEC_TEST_SPARK_KAFKA"  # "required": fail instead of skipping without the connector
+
 __all__ = ["json_topic"]  # the module-scoped fixture, shared with test_attach_topic.py
 
 
@@ -59,7 +62,7 @@ def _connector(spark: SparkSession) -> None:
     if has_kafka_connector(spark):
         return
     why = "Spark's Kafka connector is not on the classpath: run `make spark-kafka-jars`"
-    if os.environ.get("CI"):
+    if os.environ.get("CI") or os.environ.get(REQUIRE_ENV) == "required":
         pytest.fail(why, pytrace=False)
     pytest.skip(why)
 
