@@ -64,7 +64,7 @@ sink's output per batch id, a batch re-run after the restart counted once).
     .venv/bin/python benchmarks/bench_spark.py --tuples 400000 --keys 4000 --partitions 2 --batches 4 --repeats 3
     # Spark's Kafka connector section of RESULTS.md: CEC attached through both input readers vs Spark native
     # (Kafka source and sink, RocksDB + changelog checkpointing), throughput and driver-kill recovery, one run
-    .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 2 --recovery-target 10s
+    .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 1 --recovery-target 10s
 Writes benchmarks/out/spark.json and benchmarks/spark.png. Progress on stderr.
 """
 
