@@ -275,7 +275,7 @@ def run_keys(
     window_ms = args.window_ms or 10 * keys
     # Event time for Kafka Streams: item_time (ms from 0) on a recent base, a multiple of the window so that
     # windows start where cec's do; 1970 timestamps would be deleted by the changelogs' retention at once.
-    base = int(time.time() * 1000) // (window_ms * 1000) * (window_ms * 1000)
+    base = int(time.time() * 1000) // window_ms * window_ms
     _say(f"{keys:,} keys: {count:,} purchases in {input_topic}; time windows of {window_ms:,} ms")
     block: dict[str, Any] = {
         "count": count,
