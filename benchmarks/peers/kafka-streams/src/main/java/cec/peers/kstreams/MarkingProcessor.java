@@ -6,13 +6,14 @@ import org.apache.kafka.streams.processor.api.FixedKeyProcessorContext;
 import org.apache.kafka.streams.processor.api.FixedKeyRecord;
 
 /**
- * First node after the source: marks the first and the last input tuple processed, kills this JVM with
- * SIGKILL when it reaches `crashAt` (the crash run), and marks "recovered" when a restarted run reaches
- * `recoverUntil` again (the recovery run). Forwards every tuple unchanged.
+ * First node after the source: marks the first, the middle and the last input tuple processed, kills this
+ * JVM with SIGKILL when it reaches `crashAt` (the crash run), and marks "recovered" when a restarted run
+ * reaches `recoverUntil` again (the recovery run). Forwards every tuple unchanged.
  */
 final class MarkingProcessor implements FixedKeyProcessor<String, Purchase, Purchase> {
     private final Marks marks;
     private final long last;
+    private final long half;
     private final Long crashAt;
     private final Long recoverUntil;
     private FixedKeyProcessorContext<String, Purchase> context;
@@ -21,6 +22,7 @@ final class MarkingProcessor implements FixedKeyProcessor<String, Purchase, Purc
     MarkingProcessor(Marks marks, long count, Long crashAt, Long recoverUntil) {
         this.marks = marks;
         this.last = count - 1;
+        this.half = count / 2;
         this.crashAt = crashAt;
         this.recoverUntil = recoverUntil;
     }
@@ -46,6 +48,9 @@ final class MarkingProcessor implements FixedKeyProcessor<String, Purchase, Purc
             marks.done.countDown();
         }
         context.forward(record);
+        if (offset >= half) {
+            marks.first("half"); // from here to the last tuple: the JVM's steady rate, its warm-up behind it
+        }
         if (offset >= last) {
             marks.first("last");
             marks.done.countDown();
