@@ -989,10 +989,10 @@ def _setup_output(args: argparse.Namespace) -> progress_tasks.Reporter:
     root.handlers[:] = [handler]
     root.setLevel(level)
     # librdkafka warns about settings cec makes on purpose (e.g. the experimental gapless guarantee) on
-    # every client; real failures surface as errors of cec itself. Its lines show from --log-level info.
-    logging.getLogger("queuestore.kafka.librdkafka").setLevel(
-        level if level <= logging.INFO else logging.ERROR
-    )
+    # every client, and logs every refused reconnection to a broker that went away as an error; real
+    # failures surface as one error line of cec itself. Its lines show from --log-level info.
+    for client_log in ("queuestore.kafka.librdkafka", "operators.topic_source.librdkafka"):
+        logging.getLogger(client_log).setLevel(level if level <= logging.INFO else logging.CRITICAL)
     progress_tasks.set_reporter(reporter)
     return reporter
 

@@ -38,6 +38,7 @@ when the source closes.
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import logging
 import math
@@ -54,6 +55,7 @@ from typing import Any
 from confluent_kafka import (
     OFFSET_BEGINNING,
     Consumer,
+    ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
     Message,
@@ -89,6 +91,15 @@ TIMESTAMP_FIELD = "@timestamp"
 KEY_FIELD = "@key"
 _TIMEOUT_S = 30.0
 _POLL_S = 0.05
+_CLOSE_COMMIT_S = 5.0  # how long a monitoring commit may wait on the broker
+_QUIET_COMMIT_CODES = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
 _ERROR_REASON = "input retention shorter than the replay needs"
 _UNKNOWN_CODES = frozenset(
     {KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_PARTITION, KafkaError._UNKNOWN_TOPIC}
@@ -327,6 +338,7 @@ class KafkaTopicSource(InputSource):
         self._commit_interval_s = commit_interval_s
         self._last_commit = clock()
         self._committed: list[int] | None = None
+        self._commit_future: Any = None  # the monitoring commit in flight (`_maybe_commit`)
         self._idle_check_s = idle_check_s
         self._last_delivery = clock()  # when a poll last delivered records (or the input was last checked)
         self._topic_id = _topic_id(self._admin, topic)  # a topic deleted and created again has another
@@ -635,7 +647,7 @@ class KafkaTopicSource(InputSource):
         try:
             md = self._admin.list_topics(timeout=_TIMEOUT_S)  # all topics: naming one may auto-create it
         except KafkaException as exc:
-            log.warning("Kafka at %s did not answer a metadata request: %s", self.bootstrap_servers, exc)
+            log.info("Kafka at %s did not answer a metadata request: %s", self.bootstrap_servers, exc)
             return
         waiting = [j for j, ended in enumerate(self._ended) if not ended]
         tmd = md.topics.get(self.topic)
@@ -692,28 +704,55 @@ class KafkaTopicSource(InputSource):
         log.debug("transient consumer error on %s: %s", self.topic, err.str())
 
     def _maybe_commit(self, *, force: bool = False) -> None:
+        """Commit the delivered positions to the monitoring group, through the admin client: its requests
+        have a timeout, where the consumer's own commits (and its close() after one) wait on a group
+        coordinator that does not answer for as long as it does not answer. At most one commit is in flight;
+        `force` (closing) waits for it, bounded."""
         if self.group_id is None or self._consumer is None:
             return
         now = self._clock()
         if not force and now - self._last_commit < self._commit_interval_s:
             return
         self._last_commit = now
+        pending = self._commit_future
+        if pending is not None and not pending.done():
+            if not force:
+                return  # the broker is slow: the next interval commits newer positions
+            self._settle_commit(pending, _CLOSE_COMMIT_S)
         if self._committed == self._next:
             return
-        offsets = [TopicPartition(self.topic, g, self._next[i]) for i, g in enumerate(self.global_partitions)]
+        positions = list(self._next)
+        offsets = [TopicPartition(self.topic, g, positions[i]) for i, g in enumerate(self.global_partitions)]
         try:
-            if force:  # closing: wait for it, the consumer goes away next
-                self._consumer.commit(offsets=offsets, asynchronous=False)
-            else:
-                self._consumer.commit(offsets=offsets, asynchronous=True)
-            self._committed = list(self._next)
-        except KafkaException as exc:  # monitoring only: a failed commit must not stop the operator
-            # A deleted topic's commits fail until `_check_input` says why, in one line.
-            error = exc.args[0] if exc.args else None
-            gone = isinstance(error, KafkaError) and error.code() == KafkaError.UNKNOWN_TOPIC_OR_PART
-            (log.debug if gone else log.warning)(
-                "committing positions of %s to group %s failed: %s", self.topic, self.group_id, exc
+            (future,) = self._admin.alter_consumer_group_offsets(
+                [ConsumerGroupTopicPartitions(self.group_id, offsets)], request_timeout=_CLOSE_COMMIT_S
+            ).values()
+        except KafkaException as exc:
+            self._commit_failed(exc)
+            return
+        self._commit_future = future
+        self._committed = positions
+        if force:  # closing: the admin client goes away next
+            self._settle_commit(future, _CLOSE_COMMIT_S)
+
+    def _settle_commit(self, future: Any, timeout: float) -> None:
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as exc:
+            self._commit_failed(exc)
+        except concurrent.futures.TimeoutError:
+            log.info(
+                "committing positions of %s to group %s: no answer in %gs", self.topic, self.group_id, timeout
             )
+
+    def _commit_failed(self, exc: KafkaException) -> None:
+        # Monitoring only: a failed commit must not stop the operator. A deleted topic's commits fail until
+        # `_check_input` says why, in one line; a broker that does not answer is the output log's to report.
+        error = exc.args[0] if exc.args else None
+        quiet = isinstance(error, KafkaError) and error.code() in _QUIET_COMMIT_CODES
+        (log.debug if quiet else log.warning)(
+            "committing positions of %s to group %s failed: %s", self.topic, self.group_id, exc
+        )
 
     def committed_positions(self) -> list[int] | None:
         """The positions last committed to the monitoring group (None before the first commit)."""

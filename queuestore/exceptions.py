@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "BrokerUnavailableError",
     "DamagedLogError",
     "IndexError_",
     "LogTrimmedError",
@@ -68,3 +69,17 @@ class WriterFailedError(QueueStoreError):
 class WriterFencedError(QueueStoreError):
     """A newer writer of the partition took over (on Kafka: called `init_transactions()` with the same
     transactional.id); this writer has stopped and must not write anything further."""
+
+
+class BrokerUnavailableError(QueueStoreError):
+    """The broker did not answer in time (down, stalled or unreachable): the operator stops, its log intact
+    up to what the broker had confirmed, and a rerun resumes from it. One message form for every site."""
+
+    def __init__(self, bootstrap_servers: str, waiting_for: str, seconds: float) -> None:
+        super().__init__(
+            f"Kafka at {bootstrap_servers} did not answer for {seconds:g} s ({waiting_for}): is the broker "
+            "running and reachable? The output log is intact up to what the broker confirmed: run the same "
+            "command again to resume from it"
+        )
+        self.bootstrap_servers = bootstrap_servers
+        self.waiting_for = waiting_for

@@ -76,6 +76,7 @@ from queuestore.base import (
     StoredRecord,
 )
 from queuestore.exceptions import (
+    BrokerUnavailableError,
     PartitionLockedError,
     QueueStoreError,
     RecordTooLargeError,
@@ -145,6 +146,26 @@ _BEYOND_END_CODES = frozenset({KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_
 # A partition whose leadership is moving answers these for a moment: a topic just created (measured on
 # Apache Kafka: the first ListOffsets after CreateTopics can meet NOT_LEADER_FOR_PARTITION), a broker
 # restarting. Asked again until the request timeout.
+# What a client reports when the broker does not answer (stalled, down, unreachable): said as such.
+_NO_ANSWER_CODES = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError._DESTROY_BROKER,
+        KafkaError.REQUEST_TIMED_OUT,
+    }
+)
+
+
+def _store_error(exc: KafkaException, bootstrap_servers: str, doing: str, timeout: float) -> QueueStoreError:
+    """`doing` failed with `exc`: a broker that did not answer is said as such (`BrokerUnavailableError`,
+    with the way out), any other answer as `cannot <doing>: <the broker's error>`."""
+    if _error_code(exc) in _NO_ANSWER_CODES:
+        return BrokerUnavailableError(bootstrap_servers, doing, timeout)
+    return QueueStoreError(f"cannot {doing}: {exc}")
+
+
 _LEADER_MOVING_CODES = frozenset(
     {
         KafkaError.NOT_LEADER_FOR_PARTITION,
@@ -594,7 +615,9 @@ class KafkaQueueStore(QueueStore):
         try:
             md = self._admin_client().list_topics(timeout=self.request_timeout)
         except KafkaException as exc:
-            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+            raise _store_error(
+                exc, self.bootstrap_servers, "read cluster metadata", self.request_timeout
+            ) from None
         tmd = md.topics.get(topic)
         if tmd is None or tmd.error is not None or not tmd.partitions:
             return None
@@ -629,7 +652,9 @@ class KafkaQueueStore(QueueStore):
             future.result()
         except KafkaException as exc:
             if _error_code(exc) != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise QueueStoreError(f"cannot create topic {topic!r}: {exc}") from exc
+                raise _store_error(
+                    exc, self.bootstrap_servers, f"create topic {topic!r}", self.request_timeout
+                ) from None
             if not exist_ok:
                 raise TopicMismatchError(f"topic {topic!r} already exists") from exc
             existing = self._wait_partitions(topic)
@@ -651,7 +676,9 @@ class KafkaQueueStore(QueueStore):
         try:
             md = self._admin_client().list_topics(timeout=self.request_timeout)
         except KafkaException as exc:
-            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+            raise _store_error(
+                exc, self.bootstrap_servers, "read cluster metadata", self.request_timeout
+            ) from None
         return sorted(
             name
             for name, tmd in md.topics.items()
@@ -664,7 +691,9 @@ class KafkaQueueStore(QueueStore):
         try:
             md = self._admin_client().list_topics(timeout=self.request_timeout)
         except KafkaException as exc:
-            raise QueueStoreError(f"cannot read cluster metadata: {exc}") from exc
+            raise _store_error(
+                exc, self.bootstrap_servers, "read cluster metadata", self.request_timeout
+            ) from None
         return md.cluster_id or self.bootstrap_servers
 
     def partitions(self, topic: str) -> int:
@@ -746,9 +775,16 @@ class KafkaQueueStore(QueueStore):
             on_delivery=lambda err, _msg: failures.append(err) if err is not None else None,
         )
         left = producer.flush(self.request_timeout)
-        if left or failures:
-            reason = failures[0].str() if failures else f"not acknowledged within {self.request_timeout}s"
-            raise QueueStoreError(f"cannot write {name} of {topic}[{partition}] to {companion}: {reason}")
+        if failures:
+            raise QueueStoreError(
+                f"cannot write {name} of {topic}[{partition}] to {companion}: {failures[0].str()}"
+            )
+        if left:
+            raise BrokerUnavailableError(
+                self.bootstrap_servers,
+                f"writing {name} of {topic}[{partition}] to {companion}",
+                self.request_timeout,
+            )
 
     # -- trimming (DESIGN-NOTES section 3): cec trims; the broker must not -----------------------------
     def check_retention(self, topic: str) -> None:
@@ -759,7 +795,9 @@ class KafkaQueueStore(QueueStore):
             futures = self._admin_client().describe_configs([resource], request_timeout=self.request_timeout)
             configs = next(iter(futures.values())).result(self.request_timeout)
         except KafkaException as exc:
-            raise QueueStoreError(f"cannot read the configs of topic {topic!r}: {exc}") from None
+            raise _store_error(
+                exc, self.bootstrap_servers, f"read the configs of topic {topic!r}", self.request_timeout
+            ) from None
         problems = []
         for name in ("retention.ms", "retention.bytes"):
             entry = configs.get(name)
@@ -930,6 +968,10 @@ class KafkaPartitionWriter(PartitionWriter):
                 f"fenced: another writer took over {self.topic}[{self.partition}] (transactional.id "
                 f"{self.transactional_id!r}); this writer stopped and wrote nothing further"
             )
+        if err is not None and err.code() in _NO_ANSWER_CODES:
+            return BrokerUnavailableError(
+                self._store.bootstrap_servers, f"{what} {self.topic}[{self.partition}]", self._timeout
+            )
         detail = err.str() if err is not None else "unknown error"
         return QueueStoreError(f"{what} {self.topic}[{self.partition}] failed: {detail}")
 
@@ -1020,9 +1062,10 @@ class KafkaPartitionWriter(PartitionWriter):
         producer = self._live_producer()
         remaining = self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout)
         if remaining > 0:
-            raise TimeoutError(
-                f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
-                f"{flush_timeout}s"
+            raise BrokerUnavailableError(
+                self._store.bootstrap_servers,
+                f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
+                -1 if flush_timeout is None else flush_timeout,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1153,9 +1196,10 @@ class KafkaPartitionWriter(PartitionWriter):
             raise self._stop(self._failure)
         if self._commit_remaining > 0:
             raise self._stop(
-                QueueStoreError(
-                    f"{self.outstanding} appends to {self.topic}[{self.partition}] not delivered after "
-                    f"{self._timeout}s: the broker is unreachable or too slow"
+                BrokerUnavailableError(
+                    self._store.bootstrap_servers,
+                    f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
+                    self._timeout,
                 )
             )
         self._in_transaction = False
@@ -1214,8 +1258,10 @@ class KafkaPartitionWriter(PartitionWriter):
                     raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
             self._appended += 1
         if self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout) > 0:
-            raise TimeoutError(
-                f"side records of {self.topic}[{self.partition}] not delivered after {flush_timeout}s"
+            raise BrokerUnavailableError(
+                self._store.bootstrap_servers,
+                f"side records of {self.topic}[{self.partition}] not delivered",
+                -1 if flush_timeout is None else flush_timeout,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1242,8 +1288,8 @@ class KafkaPartitionWriter(PartitionWriter):
         request timeout stops the writer (the caller did not ask to wait; flush() is the bounded wait)."""
         try:
             self._commit(self._timeout)
-        except TimeoutError as exc:
-            raise self._stop(QueueStoreError(f"{exc}: the broker is unreachable or too slow")) from None
+        except BrokerUnavailableError as exc:
+            raise self._stop(exc) from None
 
     def flush(self, timeout: float | None = None) -> None:
         """Commit everything appended; every callback is served when this returns."""
@@ -1252,8 +1298,10 @@ class KafkaPartitionWriter(PartitionWriter):
         self._reap(block=True)
         self._commit(timeout)
         if self.outstanding > 0:
-            raise TimeoutError(
-                f"{self.outstanding} appends to {self.topic}[{self.partition}] not durable after {timeout}s"
+            raise BrokerUnavailableError(
+                self._store.bootstrap_servers,
+                f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not durable",
+                -1 if timeout is None else timeout,
             )
 
     def close(self, timeout: float | None = 60.0) -> None:
@@ -1273,7 +1321,7 @@ class KafkaPartitionWriter(PartitionWriter):
             if self._failure is None:
                 try:
                     self.flush(timeout)
-                except TimeoutError:
+                except BrokerUnavailableError:
                     log.warning(
                         "closing %r with %d appends not durable: purging them", self, self.outstanding
                     )
@@ -1547,9 +1595,10 @@ class KafkaPartitionReader(PartitionReader):
                 result.beyond_end = True
                 return None
             if idle >= self._stall_timeout:
-                raise QueueStoreError(
-                    f"no data nor end-of-partition from {self.topic}[{self.partition}] at offset "
-                    f"{start} for {self._stall_timeout}s"
+                raise BrokerUnavailableError(
+                    self._store.bootstrap_servers,
+                    f"no data nor end-of-partition from {self.topic}[{self.partition}] at offset {start:,}",
+                    self._stall_timeout,
                 )
             return []
         # poll() delivers one message; drain what librdkafka already prefetched without waiting
@@ -1586,6 +1635,12 @@ class KafkaPartitionReader(PartitionReader):
                 return max(0, int(low))
             except KafkaException as exc:
                 if _error_code(exc) not in _LEADER_MOVING_CODES or time.monotonic() >= deadline:
+                    if _error_code(exc) in _NO_ANSWER_CODES:
+                        raise BrokerUnavailableError(
+                            self._store.bootstrap_servers,
+                            f"reading the log start of {self.topic}[{self.partition}]",
+                            self._stall_timeout,
+                        ) from None
                     raise QueueStoreError(
                         f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
                     ) from None

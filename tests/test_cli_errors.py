@@ -3,24 +3,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import child_env
-
-
-def cec(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=env or child_env()
-    )
+from tests.helpers import cec, child_env
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -> str:
