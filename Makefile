@@ -10,7 +10,7 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_LIBS := .cache/kafka/$(KAFKA_VERSION)/libs
 KAFKA_STAMP := $(KAFKA_LIBS)/.complete
 
-.PHONY: setup demo test lint bench clean kafka-jars
+.PHONY: setup demo test lint bench clean kafka-jars kstreams-peer
 
 $(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -31,6 +31,11 @@ $(KAFKA_STAMP): tools/kafka/pom.xml
 	fi
 
 kafka-jars: $(KAFKA_STAMP)
+
+# The Kafka Streams peer of benchmarks/bench_kafka_streams.py (JDK 17 + Maven; its jars from Maven Central):
+# benchmarks/peers/kafka-streams/target/kstreams-peer.jar and target/lib/.
+kstreams-peer:
+	mvn -q -B -Dstyle.color=never -f benchmarks/peers/kafka-streams/pom.xml package
 
 demo: $(STAMP)
 	$(VENV)/bin/cec demo

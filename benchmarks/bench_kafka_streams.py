@@ -103,6 +103,16 @@ class Progress:
         )
 
 
+def _cec_commit() -> str:
+    """The commit of cec that ran ("+dirty" with uncommitted changes to tracked files)."""
+    git = ["git", "-C", str(ROOT)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    if head.returncode != 0:
+        return "unknown"
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"]).returncode != 0
+    return head.stdout.strip() + ("+dirty" if dirty else "")
+
+
 # -- the Kafka Streams peer -------------------------------------------------------------------------------
 def ensure_peer_jar() -> None:
     """`mvn -q package` when the jar is missing or older than its sources or pom."""
@@ -543,6 +553,7 @@ def main(argv: list[str] | None = None) -> int:
         "broker": broker.kind,
         "broker_version": broker.version,
         "quix_version": quix_version,
+        "cec_commit": _cec_commit(),
         "systems": systems,
         "repeats": repeats,
         "kstreams_config": {
