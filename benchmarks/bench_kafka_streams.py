@@ -40,6 +40,7 @@ Ratios are cec / system per repeat (cec-time / kstreams-time for the time window
 
     .venv/bin/python benchmarks/bench_kafka_streams.py                 # 1,000 and 100,000 keys, 3 repeats
     .venv/bin/python benchmarks/bench_kafka_streams.py --quick         # small sizes, one repeat: a smoke run
+    .venv/bin/python benchmarks/bench_kafka_streams.py --from-json benchmarks/out/kafka-streams.json   # plot again
 Writes benchmarks/out/kafka-streams.json and benchmarks/kafka-streams.png (not with --quick unless asked).
 """
 
@@ -508,9 +509,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quix-python", type=Path, help="a Python with Quix Streams (bench_quix.py's)")
     parser.add_argument("--out", type=Path, help="result JSON (default benchmarks/out/kafka-streams.json)")
     parser.add_argument(
+        "--from-json",
+        type=Path,
+        help="no run: the summary, the report and the plot again from a result JSON this script wrote",
+    )
+    parser.add_argument(
         "--plot", type=Path, help="plot (default benchmarks/kafka-streams.png; none with --quick)"
     )
     args = parser.parse_args(argv)
+    if args.from_json:
+        saved = json.loads(args.from_json.read_text())
+        saved["summary"] = summarize(saved)
+        report(saved)
+        plot(saved, args.plot or HERE / "kafka-streams.png")
+        return 0
     systems = [s.strip() for s in args.systems.split(",") if s.strip()]
     unknown = sorted(set(systems) - set(ALL_SYSTEMS))
     if unknown:
