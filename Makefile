@@ -19,7 +19,7 @@ SPARK_VERSION := $(shell sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:
 SPARK_KAFKA_LIBS := .cache/spark-kafka/$(SPARK_VERSION)/libs
 SPARK_KAFKA_STAMP := $(SPARK_KAFKA_LIBS)/.complete
 
-.PHONY: setup demo test lint bench clean kafka-jars spark-kafka-jars
+.PHONY: setup demo test lint bench clean kafka-jars spark-kafka-jars kstreams-peer
 
 $(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,11 @@ $(SPARK_KAFKA_STAMP): tools/spark-kafka/pom.xml
 	fi
 
 spark-kafka-jars: $(SPARK_KAFKA_STAMP)
+
+# The Kafka Streams peer of benchmarks/bench_kafka_streams.py (JDK 17 + Maven; its jars from Maven Central):
+# benchmarks/peers/kafka-streams/target/kstreams-peer.jar and target/lib/.
+kstreams-peer:
+	mvn -q -B -Dstyle.color=never -f benchmarks/peers/kafka-streams/pom.xml package
 
 demo: $(STAMP)
 	$(VENV)/bin/cec demo
