@@ -10,7 +10,16 @@ KAFKA_VERSION := $(shell sed -n 's:.*<kafka.version>\(.*\)</kafka.version>.*:\1:
 KAFKA_LIBS := .cache/kafka/$(KAFKA_VERSION)/libs
 KAFKA_STAMP := $(KAFKA_LIBS)/.complete
 
-.PHONY: setup demo test lint bench clean kafka-jars
+# Spark's Kafka connector (spark-sql-kafka-0-10, the `kafka` source and sink of Structured Streaming), which
+# PySpark from PyPI does not ship: resolved from Maven Central by tools/spark-kafka/pom.xml at the pinned
+# PySpark's version; operators.spark.connector puts these jars on a session's classpath (spark.jars).
+# Without Maven the target says so: the benchmarks' Spark native baseline then cannot run, and cec_aggregate
+# reads its input through its Python data source.
+SPARK_VERSION := $(shell sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:p' tools/spark-kafka/pom.xml)
+SPARK_KAFKA_LIBS := .cache/spark-kafka/$(SPARK_VERSION)/libs
+SPARK_KAFKA_STAMP := $(SPARK_KAFKA_LIBS)/.complete
+
+.PHONY: setup demo test lint bench clean kafka-jars spark-kafka-jars kstreams-peer
 
 $(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -32,10 +41,27 @@ $(KAFKA_STAMP): tools/kafka/pom.xml
 
 kafka-jars: $(KAFKA_STAMP)
 
+$(SPARK_KAFKA_STAMP): tools/spark-kafka/pom.xml
+	@if command -v mvn >/dev/null 2>&1; then \
+		rm -rf $(SPARK_KAFKA_LIBS) && \
+		mvn -q -B -Dstyle.color=never -f tools/spark-kafka/pom.xml dependency:copy-dependencies \
+			-DoutputDirectory=$(CURDIR)/$(SPARK_KAFKA_LIBS) && \
+		touch $@; \
+	else \
+		echo "spark-kafka-jars: no mvn on PATH: Spark sessions run without Spark's Kafka connector"; \
+	fi
+
+spark-kafka-jars: $(SPARK_KAFKA_STAMP)
+
+# The Kafka Streams peer of benchmarks/bench_kafka_streams.py (JDK 17 + Maven; its jars from Maven Central):
+# benchmarks/peers/kafka-streams/target/kstreams-peer.jar and target/lib/.
+kstreams-peer:
+	mvn -q -B -Dstyle.color=never -f benchmarks/peers/kafka-streams/pom.xml package
+
 demo: $(STAMP)
 	$(VENV)/bin/cec demo
 
-test: $(STAMP) kafka-jars
+test: $(STAMP) kafka-jars spark-kafka-jars
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile
@@ -45,7 +71,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-bench: $(STAMP) kafka-jars
+bench: $(STAMP) kafka-jars spark-kafka-jars
 	$(VENV)/bin/python benchmarks/bench_recovery.py
 
 clean:

@@ -44,6 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -245,8 +246,17 @@ def _quix_run(
 
 
 # -- cec (the CLI, its own process) -----------------------------------------------------------------------
+# The paper's window: count windows of 10 per key (bench_kafka_streams.py also passes a time window).
+COUNT_WINDOW = ("--window-count", str(WINDOW))
+
+
 def _cec_cmd(
-    bootstrap: str, input_topic: str, out_topic: str, store_dir: Path, extra: list[str]
+    bootstrap: str,
+    input_topic: str,
+    out_topic: str,
+    store_dir: Path,
+    extra: list[str],
+    window: Sequence[str] = COUNT_WINDOW,
 ) -> list[str]:
     return [
         str(Path(sys.executable).with_name("cec")),
@@ -256,7 +266,7 @@ def _cec_cmd(
         "--format", "json",
         "--key", "item_id",
         "--value", "item_price",
-        "--window-count", str(WINDOW),
+        *window,
         "--agg", "avg",
         "--output-topic", out_topic,
         "--results", str(store_dir.parent / f"{out_topic}.results.csv"),
@@ -269,10 +279,12 @@ def _cec_stats(store_dir: Path, out_topic: str) -> dict[str, Any]:
     return json.loads((store_dir / f".{out_topic}.0.stats.json").read_text())
 
 
-def cec_throughput(bootstrap: str, input_topic: str, tag: str, work: Path) -> dict[str, Any]:
+def cec_throughput(
+    bootstrap: str, input_topic: str, tag: str, work: Path, window: Sequence[str] = COUNT_WINDOW
+) -> dict[str, Any]:
     store_dir = work / f"{tag}-store"
     out_topic = f"{tag}-out"
-    proc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, store_dir, []), cwd=ROOT,
+    proc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, store_dir, [], window), cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"cec run failed ({proc.returncode}): {proc.stderr[-2000:]}")
@@ -289,24 +301,34 @@ def cec_throughput(bootstrap: str, input_topic: str, tag: str, work: Path) -> di
 
 
 def cec_recovery(
-    bootstrap: str, input_topic: str, count: int, tag: str, work: Path, target_s: float
+    bootstrap: str,
+    input_topic: str,
+    count: int,
+    tag: str,
+    work: Path,
+    target_s: float,
+    window: Sequence[str] = COUNT_WINDOW,
 ) -> dict[str, Any]:
     out_topic = f"{tag}-out"
     extra = ["--recovery-target", f"{max(target_s, 0.001) * 1000:.0f}ms"]
     first = work / f"{tag}-store-1"
     env = child_env(f"runtime.after_input:{count // 2}")  # tests/killpoints
-    rc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, first, extra), env=env, cwd=ROOT,
+    rc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, first, extra, window), env=env, cwd=ROOT,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode  # fmt: skip
     if rc != -signal.SIGKILL:
         raise RuntimeError(f"cec was to be SIGKILLed at {count // 2} inputs, exited {rc}")
     shutil.rmtree(first)  # the state directory is lost with the process
     second = work / f"{tag}-store-2"
-    proc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, second, extra), cwd=ROOT,
+    proc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, second, extra, window), cwd=ROOT,
                           capture_output=True, text=True)  # fmt: skip
     if proc.returncode != 0:
         raise RuntimeError(f"cec recovery run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     stats = _cec_stats(second, out_topic)
     rec = stats["recovery"]
+    if rec is None:  # nothing of the first run reached the log (a crash before its first commit)
+        raise RuntimeError(
+            f"the restarted cec run {tag} found no log to recover from: crash at input too early"
+        )
     return {
         "recovery_s": rec["recovery_seconds"],
         "target_s": target_s,
@@ -315,6 +337,7 @@ def cec_recovery(
         "extent": rec["extent_records"],
         "records_read": rec["records_read"],
         "replay_span": rec["replay_span"],
+        "crash_pos": rec["crash_pos"],  # the last input position in the log: where its recovery ends
         "catch_up_s": rec["catch_up_seconds"],
         "ec_windows": rec["ec_windows"],
         "replayed": rec["tuples_replayed"],

@@ -13,9 +13,15 @@ Python workers, pandas/pyarrow, RocksDB), which would otherwise swamp every figu
 reported on its own. Failure-free throughputs are the best of --repeats runs (default 2, --quick 1); CEC
 attached runs once.
 
-1. Spark native: `readStream.format("cec-kafka")` -> `groupBy(item_id).applyInPandasWithState(count-window
-   average)` with Spark's own state checkpoints (RocksDB state store provider, a checkpointLocation) ->
-   foreachBatch sink (counts results, sums their values). Trigger.AvailableNow, shuffle partitions = P.
+1. Spark native, as a Spark user writes it (the default, `--native-io kafka`): Spark's own Kafka source
+   (`readStream.format("kafka")`, the connector from `make spark-kafka-jars`) over the JSON twin of the
+   purchases topic (the same tuples, one JSON object per record, same partitions) -> from_json ->
+   `groupBy(item_id).applyInPandasWithState(count-window average)` with Spark's own state checkpoints
+   (RocksDB state store provider with changelog checkpointing, a checkpointLocation) -> a Kafka sink (JSON
+   rows; at-least-once, so the results are read back deduplicated by (item, window) and the rows written
+   twice are counted). `--native-io cec`: the earlier baseline, `readStream.format("cec-kafka")` over the
+   cec queue and a foreachBatch sink (counts results, sums their values). Trigger.AvailableNow, shuffle
+   partitions = P.
    Two micro-batch plans, in one driver process of their own: `maxRecordsPerTrigger` = input / --batches
    (the plan the recovery run uses; the ratio baseline), and one batch with everything (Spark's best case).
 2. CEC long-running host: `SparkOperatorHost` (chained mode, local[P,4]), the aggregate stage (G-open
@@ -23,7 +29,9 @@ attached runs once.
    `host.run()` wall time. Plus CEC's local engine (`run_job` per partition, in this process, one after the
    other, no Spark) as a reference point.
 3. CEC attached: `operators.spark.attach.cec_aggregate` (transformWithStateInPandas), AvailableNow, the same
-   micro-batch plan as Spark native, in the CEC session. `run_attached` is the hook: it raises
+   micro-batch plan as Spark native, in the CEC session; over the cec queue, or with `--focus attached
+   --attached-readers spark-kafka,python` over the JSON twin through each input reader
+   (`cec_aggregate(input_reader=...)`), one attached system per reader, interleaved with Spark native. `run_attached` is the hook: it raises
    NotImplementedError when that module is not importable, and the output then says why there is no figure.
 4. Recovery after a kill at half the input.
    - CEC host: partition 0's Python worker is SIGKILLed (pid file, as tests/spark/test_host.py does) halfway
@@ -54,6 +62,9 @@ sink's output per batch id, a batch re-run after the restart counted once).
     .venv/bin/python benchmarks/bench_spark.py            # 200k tuples, 2,000 keys, P=2: ~4-5 minutes
     .venv/bin/python benchmarks/bench_spark.py --quick    # 50k tuples, 500 keys: ~2-2.5 minutes
     .venv/bin/python benchmarks/bench_spark.py --tuples 400000 --keys 4000 --partitions 2 --batches 4 --repeats 3
+    # Spark's Kafka connector section of RESULTS.md: CEC attached through both input readers vs Spark native
+    # (Kafka source and sink, RocksDB + changelog checkpointing), throughput and driver-kill recovery, one run
+    .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 1 --recovery-target 10s
 Writes benchmarks/out/spark.json and benchmarks/spark.png. Progress on stderr.
 """
 
@@ -114,6 +125,7 @@ OUT_PNG = ROOT / "benchmarks" / "spark.png"
 WINDOW = 10
 ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 PROVIDER_CONF = "spark.sql.streaming.stateStore.providerClass"
+CHANGELOG_CONF = "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled"
 CHILD_TIMEOUT_S = 1800.0  # a hang guard: at load ~20 on 2 cores one driver took over 5 minutes
 # Every driver (JVM) first runs its system over this many tuples of a separate topic: the first micro-batch
 # of a fresh JVM took 7-8 s here (JIT, Python workers, pandas/pyarrow imports, RocksDB) against ~1 s warm,
@@ -143,6 +155,12 @@ class Workload:
     recovery_target: str | None = None  # cec_aggregate(checkpointing=Checkpointing(recovery_target=...))
     offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
     tws_baseline: bool = False  # --focus attached: also Spark native under transformWithStateInPandas
+    # Spark native's input and output: "kafka" (Spark's Kafka source over the JSON twin of the input, a Kafka
+    # sink: what a Spark user writes; the default) or "cec" (the cec-kafka source, a foreachBatch sink).
+    native_io: str = "kafka"
+    # cec_aggregate over the JSON twin with these input readers (operators.spark.kafka_input), one attached
+    # system each; () = one attached system over the cec queue itself (input_format="cec").
+    attached_readers: tuple[str, ...] = ()
 
     @property
     def master(self) -> str:
@@ -160,6 +178,16 @@ class Workload:
         # the topic (a trailing micro-batch of a few rows would add one batch's fixed cost to every plan).
         offsets = self.offsets or self.tuples + self.partitions
         return -(-offsets // self.batches)
+
+    @property
+    def json_topic(self) -> str:
+        """The input's JSON twin: the same tuples, one JSON object per record, in the same partitions."""
+        return self.input_topic + "-json"
+
+    @property
+    def json_batch_rows(self) -> int:
+        # A plain producer's topic: offsets are the tuples, no EOS, no markers.
+        return -(-self.tuples // self.batches)
 
     def warmup(self) -> Workload:
         """A small input of its own that each driver runs through first (see `WARMUP_TUPLES`)."""
@@ -205,6 +233,72 @@ def write_input(w: Workload) -> dict[str, Any]:
     seconds = time.perf_counter() - started
     assert written == w.tuples, (written, w.tuples)
     return {"tuples": written, "seconds": seconds, "tuples_per_s": written / seconds}
+
+
+def write_json_input(w: Workload) -> dict[str, Any]:
+    """The JSON twin of the purchases topic (`Workload.json_topic`): each generated tuple as a JSON object,
+    in its generator partition, in order, by a plain idempotent producer (what Spark users read)."""
+    from confluent_kafka import Producer
+
+    from tests.topic_data import create_topic
+
+    create_topic(w.bootstrap, w.json_topic, w.partitions)
+    gen = PurchaseGenerator(w.tuples, w.keys, seed=42, partitions=w.partitions)
+    producer = Producer(
+        {"bootstrap.servers": w.bootstrap, "linger.ms": 20, "enable.idempotence": True, "batch.size": 1 << 20}
+    )
+    started = time.perf_counter()
+    dumps = json.dumps
+    for j, size in enumerate(gen.sizes):
+        for o in range(size):
+            while True:
+                try:
+                    producer.produce(w.json_topic, dumps(gen.tuple_at(j, o)).encode(), partition=j)
+                    break
+                except BufferError:
+                    producer.poll(0.05)
+    assert producer.flush(120) == 0
+    return {"tuples": w.tuples, "seconds": time.perf_counter() - started}
+
+
+def kafka_sink_digest(bootstrap: str, topic: str) -> dict[str, Any]:
+    """Spark native's Kafka sink output (JSON rows item_id, window, value): window results counted once
+    per (item, window), as a reader that deduplicates would (the sink is at-least-once: a micro-batch re-run
+    after a restart writes its rows again), with the rows written twice counted beside them."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(timeout=30).topics[topic].partitions)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"digest-{uuid.uuid4().hex}",
+            "enable.partition.eof": True,
+        }
+    )
+    seen: dict[tuple[int, int], float] = {}
+    rows = 0
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        ended: set[int] = set()
+        deadline = time.monotonic() + 300
+        while len(ended) < partitions and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.5):
+                if msg.error() is not None:
+                    ended.add(msg.partition())  # PARTITION_EOF (the topic is not being written)
+                    continue
+                row = json.loads(msg.value())
+                rows += 1
+                seen[(int(row["item_id"]), int(row["window"]))] = float(row["value"])
+    finally:
+        consumer.close()
+    return {
+        "results": len(seen),
+        "value_sum": sum(seen.values()),
+        "rows_written": rows,
+        "duplicates": rows - len(seen),
+    }
 
 
 def input_offsets(w: Workload) -> int:
@@ -378,11 +472,38 @@ def purchases_stream(
     return reader.load().select("cec_offset", "item_id", "item_price")
 
 
+def kafka_purchases_stream(spark: SparkSession, topic: str, bootstrap: str, batch_rows: int | None) -> Any:
+    """The JSON purchases topic through Spark's own Kafka source, as a Spark user reads it: from_json of
+    the value, the record's offset beside it (the count windows follow each key's order in its partition)."""
+    from pyspark.sql import functions as F
+
+    reader = (
+        spark.readStream.format("kafka")
+        .option("kafka.bootstrap.servers", bootstrap)
+        .option("subscribe", topic)
+        .option("startingOffsets", "earliest")
+    )
+    if batch_rows:
+        reader = reader.option("maxOffsetsPerTrigger", str(batch_rows))
+    purchase = F.from_json(F.col("value").cast("string"), "item_id long, item_price long, item_time long")
+    return (
+        reader.load()
+        .select(F.col("offset").alias("cec_offset"), purchase.alias("p"))
+        .select("cec_offset", "p.item_id", "p.item_price")
+    )
+
+
 def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> StreamingQuery:
     from pyspark.sql import functions as F
     from pyspark.sql.streaming.state import GroupStateTimeout
 
-    rows = purchases_stream(spark, spec["topic"], spec["bootstrap"], spec["state_dir"], spec["batch_rows"])
+    kafka_io = spec.get("io") == "kafka"
+    if kafka_io:
+        rows = kafka_purchases_stream(spark, spec["json_topic"], spec["bootstrap"], spec["batch_rows"])
+    else:
+        rows = purchases_stream(
+            spark, spec["topic"], spec["bootstrap"], spec["state_dir"], spec["batch_rows"]
+        )
     if spec.get("api") == "tws":
         results = rows.groupBy("item_id").transformWithStateInPandas(
             statefulProcessor=NativeCountWindowAvg(spec["window"]),
@@ -399,6 +520,20 @@ def _native_query(spark: SparkSession, spec: dict[str, Any], progress: Path) -> 
             timeoutConf=GroupStateTimeout.NoTimeout,
         )
     name = spec["name"]
+    if kafka_io:  # a Kafka sink, JSON rows (at-least-once: a batch re-run after a restart is written again)
+        out = results.select(
+            F.col("item_id").cast("string").alias("key"),
+            F.to_json(F.struct("item_id", "window", "value")).alias("value"),
+        )
+        return (
+            out.writeStream.format("kafka")
+            .option("kafka.bootstrap.servers", spec["bootstrap"])
+            .option("topic", spec["output"])
+            .option("checkpointLocation", spec["checkpoint"])
+            .queryName(name)
+            .trigger(availableNow=True)
+            .start()
+        )
 
     def sink(df: Any, batch_id: int) -> None:
         # One action per batch (a second one would run the stateful operator twice).
@@ -459,15 +594,13 @@ def native_child(args_path: Path) -> int:
         args["master"],
         app_name="bench-spark-native",
         shuffle_partitions=args["partitions"],  # = state partitions; Spark's default 200 is absurd here
-        extra_conf={PROVIDER_CONF: ROCKSDB_PROVIDER},
+        # Spark's recommended state store configuration: RocksDB with changelog checkpointing.
+        extra_conf={PROVIDER_CONF: ROCKSDB_PROVIDER, CHANGELOG_CONF: "true"},
     )
     register(spark)
     out: dict[str, Any] = {"session_seconds": time.perf_counter() - started, "queries": []}
     sink_profile = _profile_attached_sink() if args.get("profile") else None
-    out["conf"] = {
-        key: spark.conf.get(key, None)
-        for key in (PROVIDER_CONF, "spark.sql.streaming.stateStore.rocksdb.changelogCheckpointing.enabled")
-    }
+    out["conf"] = {key: spark.conf.get(key, None) for key in (PROVIDER_CONF, CHANGELOG_CONF, "spark.jars")}
     for spec in args["queries"]:
         with progress.open("a") as f:
             f.write(json.dumps({"event": "start", "query": spec["name"], "t": time.time()}) + "\n")
@@ -588,6 +721,8 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         state_dir=spec["state_dir"], checkpoint_location=spec["checkpoint"], partitions=spec["partitions"],
         available_now=True, writers=spec.get("writers", "executors"),
     )  # fmt: skip
+    if spec.get("input_format"):
+        kwargs.update(input_format=spec["input_format"], input_reader=spec["input_reader"])
     if spec.get("recovery_target"):
         from cec.config import Checkpointing
 
@@ -685,8 +820,9 @@ def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]], profile
 
 
 def _native_query_spec(w: Workload, name: str, batch_rows: int | None) -> dict[str, Any]:
-    return {
+    spec = {
         "name": name,
+        "io": w.native_io,
         "topic": w.input_topic,
         "bootstrap": w.bootstrap,
         "window": WINDOW,
@@ -694,6 +830,23 @@ def _native_query_spec(w: Workload, name: str, batch_rows: int | None) -> dict[s
         "checkpoint": str(w.work / "checkpoints" / f"{name}-{uuid.uuid4().hex[:6]}"),
         "state_dir": str(w.work / "source-state"),
     }
+    if w.native_io == "kafka":
+        from tests.topic_data import create_topic
+
+        # The same plan over the JSON twin (its offsets are the tuples), results to a topic of its own.
+        spec["json_topic"] = w.json_topic
+        spec["batch_rows"] = w.json_batch_rows if batch_rows else None
+        spec["output"] = f"native-{name}-{uuid.uuid4().hex[:6]}"
+        create_topic(w.bootstrap, spec["output"], w.partitions)
+    return spec
+
+
+def _native_digest(spec: dict[str, Any], events: list[dict[str, Any]]) -> dict[str, Any]:
+    """The window results a native run produced: from its output topic (Kafka sink) or from what its
+    foreachBatch sink saw."""
+    if spec.get("io") == "kafka":
+        return kafka_sink_digest(spec["bootstrap"], spec["output"])
+    return _batch_digest(events, spec["name"])
 
 
 def _batch_digest(events: list[dict[str, Any]], query: str) -> dict[str, Any]:
@@ -752,7 +905,7 @@ def measure_native(w: Workload, one_batch: bool = True) -> dict[str, Any]:
         if not specs:
             continue
         rows = [
-            _native_run_row(w, _query(result, spec["name"]), _batch_digest(child.events(), spec["name"]))
+            _native_run_row(w, _query(result, spec["name"]), _native_digest(spec, child.events()))
             for spec in specs
         ]
         best = dict(min(rows, key=lambda r: r["wall_seconds"]))
@@ -794,7 +947,7 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
     second = _spawn_native(w, "recovery_restarted", [warm2, spec])
     result = second.wait()
     q = _query(result, spec["name"])
-    digest = _batch_digest(first.events() + second.events(), spec["name"])
+    digest = _native_digest(spec, first.events() + second.events())
     # The failure-free run to compare with: the first plan run of the failure-free driver, which like the
     # killed and the restarted queries ran right after the warm-up query only (later runs are warmer still:
     # the first two plan runs differed by up to 1.4x here).
@@ -838,9 +991,13 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
 # -- CEC attached, in driver processes like Spark native's ---------------------------------------------------
 
 
-def _attached_spec(w: Workload, name: str, output: str | None = None) -> dict[str, Any]:
+def _attached_spec(
+    w: Workload, name: str, output: str | None = None, reader: str | None = None
+) -> dict[str, Any]:
+    """CEC attached's query: over the cec queue (`reader` None), or over the JSON twin through
+    cec_aggregate(input_reader=reader), with the same micro-batch plan as Spark native's."""
     output = output or f"agg-{name}-{uuid.uuid4().hex[:6]}"
-    return {
+    spec = {
         "name": name,
         "system": "attached",
         "topic": w.input_topic,
@@ -854,6 +1011,20 @@ def _attached_spec(w: Workload, name: str, output: str | None = None) -> dict[st
         "writers": w.attached_writers,
         "recovery_target": w.recovery_target,
     }
+    if reader is not None:
+        spec.update(
+            topic=w.json_topic, input_format="json", input_reader=reader, batch_rows=w.json_batch_rows
+        )
+    return spec
+
+
+def _attached_systems(w: Workload) -> dict[str, str | None]:
+    """The attached systems of a run, by name: `attached` (the first reader, or the cec queue), then
+    `attached_<reader>` for each further reader."""
+    if not w.attached_readers:
+        return {"attached": None}
+    first, *rest = w.attached_readers
+    return {"attached": first, **{f"attached_{r.replace('-', '_')}": r for r in rest}}
 
 
 def _attached_digest(w: Workload, spec: dict[str, Any]) -> dict[str, Any]:
@@ -864,9 +1035,10 @@ def _attached_digest(w: Workload, spec: dict[str, Any]) -> dict[str, Any]:
 def measure_attached(w: Workload, profile: bool = False) -> dict[str, Any]:
     """Failure-free CEC attached runs (cec_aggregate, the micro-batch plan of Spark native) in one fresh
     driver process, after the same warm-up as Spark native's driver: best of `repeats`."""
-    warm = _attached_spec(w.warmup(), "attached-warmup")
+    reader = _attached_systems(w)["attached"]
+    warm = _attached_spec(w.warmup(), "attached-warmup", reader=reader)
     warm["batch_rows"] = None
-    runs = [_attached_spec(w, f"attached.{i}") for i in range(w.repeats)]
+    runs = [_attached_spec(w, f"attached.{i}", reader=reader) for i in range(w.repeats)]
     child = _spawn_native(w, "attached_failure_free", [warm, *runs], profile=profile)
     result = child.wait()
     rows = []
@@ -901,18 +1073,21 @@ def steady_rate(progress: list[dict[str, Any]]) -> float:
 
 
 def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], list[float]]:
-    """Failure-free Spark native (plan) and CEC attached runs, interleaved: repeat i runs one native driver
-    process and one attached driver process (each: warm-up query, then the measured run), native first on
-    even i and attached first on odd i, so that a drift of the shared machine's load falls on both sides.
+    """Failure-free Spark native (plan) and CEC attached runs, interleaved: repeat i runs one driver process
+    per system (each: warm-up query, then the measured run), the order rotated by one system per repeat,
+    so that a drift of the shared machine's load falls on every side.
     Returns (native, attached, the ratio attached / native of each pair); each side's figures are its best
-    run, with every run kept, in the shapes `measure_native` / `measure_attached` give."""
-    systems = ["native", "native_tws", "attached"] if w.tws_baseline else ["native", "attached"]
+    run, with every run kept, in the shapes `measure_native` / `measure_attached` give. With several
+    attached readers (`Workload.attached_readers`), the further ones are under attached["others"], each
+    with its own per-pair ratios."""
+    attached_systems = _attached_systems(w)
+    systems = ["native", *(["native_tws"] if w.tws_baseline else []), *attached_systems]
     rows_of: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     sessions: dict[str, list[float]] = {system: [] for system in systems}
     colds: dict[str, list[float]] = {system: [] for system in systems}
     conf: dict[str, Any] = {}
-    pairs: list[float] = []
-    steady: list[float] = []
+    pairs: dict[str, list[float]] = {system: [] for system in attached_systems}
+    steady: dict[str, list[float]] = {system: [] for system in attached_systems}
     tws_pairs: list[float] = []
     tws_steady: list[float] = []
     for i in range(w.repeats):
@@ -926,23 +1101,25 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 child = _spawn_native(w, f"{system}_failure_free.{i}", [warm, spec])
                 result = child.wait()
                 q = _query(result, spec["name"])
-                row[system] = _native_run_row(w, q, _batch_digest(child.events(), spec["name"]))
+                row[system] = _native_run_row(w, q, _native_digest(spec, child.events()))
                 colds[system].append(_query(result, "warmup")["wall_seconds"])
                 conf = result["conf"]
             else:
-                warm = _attached_spec(w.warmup(), "attached-warmup")
+                reader = attached_systems[system]
+                warm = _attached_spec(w.warmup(), f"{system}-warmup", reader=reader)
                 warm["batch_rows"] = None
-                spec = _attached_spec(w, f"attached.{i}")
-                child = _spawn_native(w, f"attached_failure_free.{i}", [warm, spec])
+                spec = _attached_spec(w, f"{system}.{i}", reader=reader)
+                child = _spawn_native(w, f"{system}_failure_free.{i}", [warm, spec])
                 result = child.wait()
                 q = _query(result, spec["name"])
                 row[system] = {
                     **_native_run_row(w, q, _attached_digest(w, spec)),
+                    "input_reader": reader or "cec-kafka",
                     "start_seconds": q.get("start_seconds"),
                     "recovery_at_start": q.get("recovery"),
                     "write_tasks": q.get("write_tasks"),
                 }
-                colds[system].append(_query(result, "attached-warmup")["wall_seconds"])
+                colds[system].append(_query(result, f"{system}-warmup")["wall_seconds"])
             sessions[system].append(result["session_seconds"])
             tasks = row[system].get("write_tasks")
             say(
@@ -960,11 +1137,13 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         for system in order:
             row[system]["steady_tuples_per_s"] = steady_rate(row[system]["progress"])
             rows_of[system].append(row[system])
-        pairs.append(row["attached"]["tuples_per_s"] / row["native"]["tuples_per_s"])
-        steady.append(row["attached"]["steady_tuples_per_s"] / row["native"]["steady_tuples_per_s"])
-        say(
-            f"  repeat {i}: attached / native {pairs[-1]:.2f}, steady state (batches after the first) {steady[-1]:.2f}"
-        )
+        for system in attached_systems:
+            pairs[system].append(row[system]["tuples_per_s"] / row["native"]["tuples_per_s"])
+            steady[system].append(row[system]["steady_tuples_per_s"] / row["native"]["steady_tuples_per_s"])
+            say(
+                f"  repeat {i}: {system} / native {pairs[system][-1]:.2f}, steady state (batches after the "
+                f"first) {steady[system][-1]:.2f}"
+            )
         if "native_tws" in row:
             tws_pairs.append(row["attached"]["tuples_per_s"] / row["native_tws"]["tuples_per_s"])
             tws_steady.append(
@@ -982,9 +1161,11 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 k: r.get(k)
                 for k in (
                     "wall_seconds",
+                    "tuples_per_s",
                     "progress",
                     "results",
                     "value_sum",
+                    "duplicates",
                     "steady_tuples_per_s",
                     "write_tasks",
                 )
@@ -995,25 +1176,32 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         best["session_seconds"] = sessions[system][0]
         best["cold_start_seconds"] = colds[system][0]
         out[system] = best
-    out["attached"]["steady_pair_ratios"] = steady
+    for system in attached_systems:
+        out[system]["pair_ratios"] = pairs[system]
+        out[system]["steady_pair_ratios"] = steady[system]
     native = {"conf": conf, "native_plan": out["native"]}
     if "native_tws" in out:
         native["tws_plan"] = out["native_tws"]
         out["attached"]["tws_pair_ratios"] = tws_pairs
         out["attached"]["tws_steady_pair_ratios"] = tws_steady
-    return native, out["attached"], pairs
+    others = [system for system in attached_systems if system != "attached"]
+    if others:
+        out["attached"]["others"] = {system: out[system] for system in others}
+    return native, out["attached"], pairs["attached"]
 
 
-def measure_attached_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[str, Any]:
+def measure_attached_recovery(
+    w: Workload, failure_free: dict[str, Any], reader: str | None = None, system: str = "attached"
+) -> dict[str, Any]:
     """As `measure_native_recovery`, for CEC attached: SIGKILL the driver's process group once the batch that
     completes half the input has committed, then start the same `cec_aggregate` call in a new driver (warm-up
     first), which recovers from the output logs and runs to the end of the input."""
-    warm = _attached_spec(w.warmup(), "attached-warmup")
+    warm = _attached_spec(w.warmup(), f"{system}-warmup", reader=reader)
     warm["batch_rows"] = None
-    spec = _attached_spec(w, "attached_recovery")
+    spec = _attached_spec(w, f"{system}_recovery", reader=reader)
     kill_after = max(0, w.batches // 2 - 1)
     checkpoints = Path(spec["checkpoint"])
-    first = _spawn_native(w, "attached_killed", [warm, spec])
+    first = _spawn_native(w, f"{system}_killed", [warm, spec])
     # Each start makes a fresh Spark checkpoint under checkpoint_location (recovery comes from the logs).
     while not any(checkpoints.glob(f"**/commits/{kill_after}")):
         if first.proc.poll() is not None:
@@ -1026,14 +1214,15 @@ def measure_attached_recovery(w: Workload, failure_free: dict[str, Any]) -> dict
     say(
         f"  killed the attached driver {to_kill:.2f} s into its query, right after batch {kill_after} committed"
     )
-    second = _spawn_native(w, "attached_restarted", [dict(warm, output=warm["output"] + "-2"), spec])
+    second = _spawn_native(w, f"{system}_restarted", [dict(warm, output=warm["output"] + "-2"), spec])
     result = second.wait()
     q = _query(result, spec["name"])
     ff = failure_free["runs"][0]
     ff_remaining = sum(p["trigger_ms"] for p in ff["progress"] if p["batch"] > kill_after) / 1000
     recovery = q["wall_seconds"] - ff_remaining
-    cold = _query(result, "attached-warmup")["wall_seconds"]
+    cold = _query(result, f"{system}-warmup")["wall_seconds"]
     row = {
+        "input_reader": reader or "cec-kafka",
         "kill_after_batch": kill_after,
         "seconds_to_kill": to_kill,
         "restart_wall_seconds": q["wall_seconds"],
@@ -1383,8 +1572,11 @@ DEFINITIONS: dict[str, str] = {
     "processed; session start excluded; measured after a warm-up run in the same driver (JVM); best of "
     "`repeats` runs (CEC attached: one run)",
     "throughput_ratio_to_spark_native": "tuples_per_s / spark_native.native_plan.tuples_per_s of this run",
-    "spark_native.native_plan": "applyInPandasWithState, RocksDB state store, maxRecordsPerTrigger = "
-    "(input offsets) / batches, Trigger.AvailableNow, foreachBatch sink; driver in its own process",
+    "spark_native.native_plan": "applyInPandasWithState, RocksDB state store with changelog checkpointing, "
+    "Trigger.AvailableNow, driver in its own process; native_io kafka: Spark's Kafka source over the JSON "
+    "twin (maxOffsetsPerTrigger = tuples / batches), from_json, a Kafka sink whose output is read back "
+    "deduplicated by (item, window) (duplicates: rows written twice); native_io cec: the cec-kafka source "
+    "(maxRecordsPerTrigger = input offsets / batches), a foreachBatch sink",
     "spark_native.native_one_batch": "the same query with no maxRecordsPerTrigger: all input in one batch",
     "spark_native.cold_start_seconds": "wall of the first (warm-up) query of a fresh driver, 4k tuples",
     "recovery.spark_native.recovery_seconds": "restarted query's wall (start() -> all input processed, in a "
@@ -1488,6 +1680,22 @@ def main(argv: list[str] | None = None) -> int:
         "transformWithStateInPandas (per-key ValueState), interleaved with the other two; its ratios are "
         "reported beside the applyInPandasWithState ones",
     )
+    parser.add_argument(
+        "--native-io",
+        choices=("kafka", "cec"),
+        default="kafka",
+        help="Spark native's input and output: kafka (the default: Spark's Kafka source over a JSON twin of "
+        "the input topic, from_json, a Kafka sink: what a Spark user writes) or cec (the cec-kafka source "
+        "over the cec queue, a foreachBatch sink: the baseline of the earlier sections)",
+    )
+    parser.add_argument(
+        "--attached-readers",
+        default=None,
+        help="with --focus attached: comma-separated cec_aggregate(input_reader=...) values (spark-kafka, "
+        "python); CEC attached then reads the JSON twin through each, one attached system per reader, "
+        "interleaved with Spark native; writes benchmarks/out/spark-connector-<keys>.json (or "
+        "spark-connector-recovery-<keys>.json) and redraws benchmarks/spark-connector.png",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1528,6 +1736,8 @@ def main(argv: list[str] | None = None) -> int:
             args.attached_writers,
             args.recovery_target,
             tws_baseline=args.tws_baseline,
+            native_io=args.native_io,
+            attached_readers=tuple(r.strip() for r in (args.attached_readers or "").split(",") if r.strip()),
         )
         result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
@@ -1535,6 +1745,12 @@ def main(argv: list[str] | None = None) -> int:
         say(f"input: {tuples:,} purchases over {keys:,} items, P={w.partitions}, count windows of {WINDOW}")
         result["input"] = write_input(w)
         result["warmup_input"] = write_input(w.warmup())
+        result["native_io"] = w.native_io
+        result["attached_readers"] = list(w.attached_readers)
+        if w.native_io == "kafka" or w.attached_readers:
+            result["json_input"] = write_json_input(w)
+            write_json_input(w.warmup())
+            say(f"  and its JSON twin {w.json_topic} in {result['json_input']['seconds']:.2f} s")
         w = replace(w, offsets=input_offsets(w))
         result["input"]["offsets"] = w.offsets
         result["input"]["batch_rows"] = w.batch_rows
@@ -1636,16 +1852,39 @@ def _attached_focus(
         checks[f"spark_native.{i}"] = run
     for i, run in enumerate(attached["runs"]):
         checks[f"cec_attached.{i}"] = run
+    for name, other in attached.get("others", {}).items():
+        for i, run in enumerate(other["runs"]):
+            checks[f"{name}.{i}"] = run
     for i, run in enumerate(result["spark_native"].get("tws_plan", {}).get("runs", [])):
         checks[f"spark_native_tws.{i}"] = run
     if recovery:
         say("Spark native: driver SIGKILLed at half the input, restarted from its checkpoint")
         native_rec = measure_native_recovery(w, result["spark_native"]["native_plan"])
-        say("CEC attached: driver SIGKILLed at half the input, restarted (recovers from its output logs)")
-        attached_rec = measure_attached_recovery(w, attached)
-        result["recovery"] = {"spark_native": native_rec, "cec_attached": attached_rec}
+        result["recovery"] = {"spark_native": native_rec}
         checks["spark_native_recovered"] = native_rec
-        checks["cec_attached_recovered"] = attached_rec
+        # Each attached system (one per input reader) is killed and restarted through its own reader,
+        # against its own failure-free run.
+        for system, reader in _attached_systems(w).items():
+            failure_free = attached if system == "attached" else attached["others"][system]
+            say(
+                f"CEC {system} ({reader or 'cec-kafka'}): driver SIGKILLed at half the input, restarted "
+                "(recovers from its output logs)"
+            )
+            try:
+                rec = measure_attached_recovery(w, failure_free, reader=reader, system=system)
+            except RuntimeError as exc:  # a driver that failed: the other systems' figures are kept
+                say(f"  NO FIGURE: {exc}")
+                result["recovery"][f"cec_{system}"] = {"input_reader": reader, "error": str(exc)}
+                continue
+            result["recovery"][f"cec_{system}"] = rec
+            checks[f"cec_{system}_recovered"] = rec
+            if native_rec["recovery_seconds"] > 0:
+                result[f"recovery_ratio_{system}_to_native"] = (
+                    rec["recovery_seconds"] / native_rec["recovery_seconds"]
+                )
+            result[f"cold_recovery_ratio_{system}_to_native"] = (
+                rec["recovery_with_cold_driver_seconds"] / native_rec["recovery_with_cold_driver_seconds"]
+            )
     else:
         result["recovery"] = None
     result["same_results_as_local_engine"] = {k: _same(v, local) for k, v in checks.items()}
@@ -1661,12 +1900,25 @@ def _attached_focus(
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
+    for name, other in attached.get("others", {}).items():
+        result[f"throughput_ratio_{name}_to_native"] = statistics.median(other["pair_ratios"])
+        result[f"steady_ratio_{name}_to_native"] = statistics.median(other["steady_pair_ratios"])
+        say(
+            f"{name} / Spark native throughput: {result[f'throughput_ratio_{name}_to_native']:.2f} (median of "
+            f"pairs {', '.join(f'{r:.2f}' for r in other['pair_ratios'])}); steady state "
+            f"{result[f'steady_ratio_{name}_to_native']:.2f}"
+        )
     path = OUT_JSON.parent / ATTACHED_JSON.format(keys=w.keys)
+    if w.attached_readers:
+        path = OUT_JSON.parent / CONNECTOR_JSON.format(keys=w.keys)
     if w.attached_writers != "executors":
         result.setdefault("label", f"writers={w.attached_writers}")
         path = path.with_name(f"{path.stem}-{w.attached_writers}-writers{path.suffix}")
     path.write_text(json.dumps(result, indent=2))
-    plot_attached(sorted(OUT_JSON.parent.glob(ATTACHED_JSON.format(keys="*"))), ATTACHED_PNG)
+    if w.attached_readers:
+        plot_connector(OUT_JSON.parent, CONNECTOR_PNG)
+    else:
+        plot_attached(sorted(OUT_JSON.parent.glob(ATTACHED_JSON.format(keys="*"))), ATTACHED_PNG)
     recovered = result["recovery"]
     say(
         f"CEC attached / Spark native throughput: {result['throughput_ratio_attached_to_native']:.2f} (median "
@@ -1674,8 +1926,13 @@ def _attached_focus(
         f"{base:,.0f} tuples/s); steady state (batches after the first) "
         f"{result['steady_ratio_attached_to_native']:.2f}"
         + (
-            f"; recovery after a driver kill: attached {recovered['cec_attached']['recovery_seconds']:.2f} s, "
-            f"native {recovered['spark_native']['recovery_seconds']:.2f} s"
+            "; recovery after a driver kill: "
+            + ", ".join(
+                f"{name.removeprefix('cec_')} {row.get('recovery_seconds', math.nan):.2f} s"
+                for name, row in recovered.items()
+                if name != "spark_native"
+            )
+            + f", native {recovered['spark_native']['recovery_seconds']:.2f} s"
             if recovered
             else "; recovery not measured (--skip-recovery)"
         )
@@ -1690,10 +1947,15 @@ def _attached_focus(
 
 
 RECOVERY_JSON = "spark-attached-recovery-{keys}.json"
+CONNECTOR_JSON = "spark-connector-{keys}.json"
+CONNECTOR_RECOVERY_JSON = "spark-connector-recovery-{keys}.json"
+CONNECTOR_PNG = ROOT / "benchmarks" / "spark-connector.png"
 
 
 def _recovery_json(w: Workload) -> str:
     name = RECOVERY_JSON.format(keys=w.keys)
+    if w.attached_readers:  # --attached-readers: the connector section's files
+        name = CONNECTOR_RECOVERY_JSON.format(keys=w.keys)
     return name if w.recovery_target is None else name.replace(".json", f"-rto-{w.recovery_target}.json")
 
 
@@ -1701,14 +1963,17 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     """`--focus attached --recovery-only`: recovery after a driver SIGKILL at half the input, CEC attached vs
     Spark native, in the same run. Per repeat i: one failure-free run of each system (the baseline its
     recovery_seconds subtracts), then each system's kill and restart (`measure_native_recovery`,
-    `measure_attached_recovery`); native first on even i, attached first on odd i, so that a drift of the
-    shared machine's load falls on both sides. The ratio is per pair, the median reported."""
+    `measure_attached_recovery`); the order of the systems rotates by one per repeat, so that a drift of
+    the shared machine's load falls on every side. The ratios are per pair (each attached system against
+    the native run of the same repeat), the medians reported."""
     started = time.perf_counter()
     say("CEC local engine (the reference results)")
     result["cec_local"] = local = measure_cec_local(replace(w, repeats=1))
+    attached_systems = _attached_systems(w)
+    systems = ["native", *attached_systems]
     pairs: list[dict[str, Any]] = []
     for i in range(w.repeats):
-        order = ("native", "attached") if i % 2 == 0 else ("attached", "native")
+        order = systems[i % len(systems) :] + systems[: i % len(systems)]
         pair: dict[str, Any] = {"order": list(order)}
         for system in order:
             if system == "native":
@@ -1717,52 +1982,60 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
                 pair["native_failure_free"] = ff
                 pair["native"] = measure_native_recovery(w, ff)
             else:
-                say(f"repeat {i}: CEC attached failure-free, then driver SIGKILLed at half the input")
-                ff = measure_attached(replace(w, repeats=1))
-                pair["attached_failure_free"] = ff
-                pair["attached"] = measure_attached_recovery(w, ff)
+                reader = attached_systems[system]
+                say(f"repeat {i}: CEC {system} failure-free, then driver SIGKILLed at half the input")
+                alone = replace(w, repeats=1, attached_readers=(reader,) if reader else ())
+                ff = measure_attached(alone)
+                pair[f"{system}_failure_free"] = ff
+                pair[system] = measure_attached_recovery(w, ff, reader=reader, system=system)
             say(f"  load {os.getloadavg()[0]:.1f}")
-        for side in ("native", "attached"):
+        for side in systems:
             pair[f"{side}_same_results"] = _same(pair[side], local) and _same(
                 pair[f"{side}_failure_free"], local
             )
-        nat, att = pair["native"], pair["attached"]
-        pair["ratio_recovery_attached_to_native"] = (
-            att["recovery_seconds"] / nat["recovery_seconds"] if nat["recovery_seconds"] > 0 else math.nan
-        )
-        pair["ratio_cold_recovery_attached_to_native"] = (
-            att["recovery_with_cold_driver_seconds"] / nat["recovery_with_cold_driver_seconds"]
-        )
-        pair["ratio_total_overhead_attached_to_native"] = (
-            att["total_overhead_seconds"] / nat["total_overhead_seconds"]
-            if nat["total_overhead_seconds"] > 0
-            else math.nan
-        )
-        plan = att.get("restart_plan") or {}
-        say(
-            f"repeat {i}: recovery attached {att['recovery_seconds']:.2f} s (plan {plan.get('seconds', math.nan):.2f}"
-            f" s, {plan.get('ec_windows', '?')} windows, driver rows {plan.get('driver_rows', '?')}) vs native "
-            f"{nat['recovery_seconds']:.2f} s: {pair['ratio_recovery_attached_to_native']:.2f}; with a cold "
-            f"driver {pair['ratio_cold_recovery_attached_to_native']:.2f}; results "
-            f"{'match' if pair['native_same_results'] and pair['attached_same_results'] else 'DIFFER'}"
-        )
+        nat = pair["native"]
+        for system in attached_systems:
+            att = pair[system]
+            suffix = "" if system == "attached" else f"_{system}"
+            pair[f"ratio_recovery_attached_to_native{suffix}"] = (
+                att["recovery_seconds"] / nat["recovery_seconds"] if nat["recovery_seconds"] > 0 else math.nan
+            )
+            pair[f"ratio_cold_recovery_attached_to_native{suffix}"] = (
+                att["recovery_with_cold_driver_seconds"] / nat["recovery_with_cold_driver_seconds"]
+            )
+            pair[f"ratio_total_overhead_attached_to_native{suffix}"] = (
+                att["total_overhead_seconds"] / nat["total_overhead_seconds"]
+                if nat["total_overhead_seconds"] > 0
+                else math.nan
+            )
+            plan = att.get("restart_plan") or {}
+            say(
+                f"repeat {i}: recovery {system} {att['recovery_seconds']:.2f} s (plan "
+                f"{plan.get('seconds', math.nan):.2f} s, {plan.get('ec_windows', '?')} windows, driver rows "
+                f"{plan.get('driver_rows', '?')}) vs native {nat['recovery_seconds']:.2f} s: "
+                f"{pair[f'ratio_recovery_attached_to_native{suffix}']:.2f}; with a cold driver "
+                f"{pair[f'ratio_cold_recovery_attached_to_native{suffix}']:.2f}; results "
+                f"{'match' if pair['native_same_results'] and pair[f'{system}_same_results'] else 'DIFFER'}"
+            )
         pairs.append(pair)
         # Written after every pair: a run stopped early (the shared machine, a deadline) keeps its pairs.
         result["pairs"] = pairs
         OUT_JSON.parent.mkdir(exist_ok=True)
         (OUT_JSON.parent / _recovery_json(w)).write_text(json.dumps(result, indent=2))
     result["pairs"] = pairs
-    for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
-                 "ratio_total_overhead_attached_to_native"):  # fmt: skip
-        result[f"median_{name}"] = statistics.median(p[name] for p in pairs)
-    result["same_results_as_local_engine"] = all(
-        p["native_same_results"] and p["attached_same_results"] for p in pairs
-    )
+    for system in attached_systems:
+        suffix = "" if system == "attached" else f"_{system}"
+        for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
+                     "ratio_total_overhead_attached_to_native"):  # fmt: skip
+            result[f"median_{name}{suffix}"] = statistics.median(p[f"{name}{suffix}"] for p in pairs)
+    result["same_results_as_local_engine"] = all(p[f"{side}_same_results"] for p in pairs for side in systems)
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
     path = OUT_JSON.parent / _recovery_json(w)
     path.write_text(json.dumps(result, indent=2))
+    if w.attached_readers:
+        plot_connector(OUT_JSON.parent, CONNECTOR_PNG)
     say(
         f"recovery after a driver kill, attached / native (median of {len(pairs)}): "
         f"{result['median_ratio_recovery_attached_to_native']:.2f} (warm driver), "
@@ -1787,6 +2060,104 @@ def _recovery_pane(
     right.set_xticks(list(xs), labels)
     right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
     right.legend(loc="upper left")
+
+
+def _recovery_label(system: str, row: dict[str, Any]) -> str:
+    """A recovery bar's label: Spark native, or CEC attached with the input reader it restarted through."""
+    if system in ("native", "spark_native"):
+        return "Spark native"
+    return f"CEC attached ({row.get('input_reader', system)})"
+
+
+def plot_connector(folder: Path, out: Path) -> None:
+    """The connector section's chart: per key count, throughput of Spark native (Kafka source and sink,
+    RocksDB + changelog checkpointing) and CEC attached through each input reader (median of the runs,
+    with the median per-pair ratio), and recovery after a driver SIGKILL (the run's own kills, else the
+    median of a --recovery-only file's pairs)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    # The glob also matches the recovery files (spark-connector-recovery-*.json): no throughput there.
+    loaded = (json.loads(p.read_text()) for p in folder.glob(CONNECTOR_JSON.format(keys="*")))
+    runs = sorted((r for r in loaded if "cec_attached" in r), key=lambda r: r["keys"])
+    # Recovery per key count, as {system: recovery_seconds}: from a throughput run that measured it (one
+    # kill per system, the same run as its throughput), else the median of a --recovery-only file's pairs.
+    recoveries: dict[int, dict[str, float]] = {}
+    for path in folder.glob(CONNECTOR_RECOVERY_JSON.format(keys="*")):
+        r = json.loads(path.read_text())
+        systems = list(r["pairs"][0]["order"])
+        recoveries[r["keys"]] = {
+            _recovery_label(s, r["pairs"][0][s]): statistics.median(
+                p[s]["recovery_seconds"] for p in r["pairs"]
+            )
+            for s in systems
+        }
+    for r in runs:
+        if r.get("recovery"):
+            recoveries[r["keys"]] = {
+                _recovery_label(name, row): row.get("recovery_seconds", math.nan)
+                for name, row in r["recovery"].items()
+            }
+    tuples_of = {r["keys"]: r["tuples"] for r in runs}
+    if not runs and not recoveries:
+        return
+    fig, (left, right) = plt.subplots(1, 2, figsize=(15, 6))
+    colors = {"native": "#888888", "attached": "#3b75af", "other": "#55a868"}
+    for x, r in enumerate(runs):
+        attached = r["cec_attached"]
+        bars = [("Spark native", r["spark_native"]["native_plan"], None, colors["native"])]
+        reader = r["attached_readers"][0]
+        bars.append(
+            (
+                f"CEC attached\n({reader})",
+                attached,
+                (r["throughput_ratio_attached_to_native"], r["steady_ratio_attached_to_native"]),
+                colors["attached"],
+            )
+        )
+        for name, other in attached.get("others", {}).items():
+            label = name.removeprefix("attached_").replace("_", "-")
+            ratios = (r[f"throughput_ratio_{name}_to_native"], r[f"steady_ratio_{name}_to_native"])
+            bars.append((f"CEC attached\n({label})", other, ratios, colors["other"]))
+        width = 0.8 / len(bars)
+        for k, (label, row, ratio, color) in enumerate(bars):
+            rate = statistics.median(run["tuples_per_s"] for run in row["runs"])
+            bar = left.bar(
+                x - 0.4 + width * (k + 0.5), rate, width, color=color, label=label if x == 0 else None
+            )
+            text = f"{rate:,.0f}/s" + (f"\n{ratio[0]:.2f}x\n(steady {ratio[1]:.2f}x)" if ratio else "")
+            left.bar_label(bar, labels=[text], fontsize=8)
+    left.set_xticks(range(len(runs)), [f"{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs])
+    left.set_ylabel("tuples/s (median of interleaved runs; label: median per-pair ratios to native)")
+    left.legend(loc="upper left", fontsize=8)
+    for x, (_keys, seconds) in enumerate(sorted(recoveries.items())):
+        width = 0.8 / len(seconds)
+        for k, label in enumerate(sorted(seconds, key=lambda name: name != "Spark native")):
+            secs = seconds[label]
+            color = colors[
+                "native" if label == "Spark native" else "attached" if "spark-kafka" in label else "other"
+            ]
+            bar = right.bar(
+                x - 0.4 + width * (k + 0.5), secs, width, color=color, label=label if x == 0 else None
+            )
+            right.bar_label(bar, fmt="%.1f s", fontsize=8)
+    right.set_xticks(
+        range(len(recoveries)),
+        [
+            f"{k:,} keys" + (f", {tuples_of[k]:,} tuples" if k in tuples_of else "")
+            for k in sorted(recoveries)
+        ],
+    )
+    right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
+    right.legend(loc="upper left", fontsize=8)
+    fig.suptitle(
+        "CEC attached vs Spark native with Spark's Kafka connector (Kafka source and sink, RocksDB state store, "
+        "changelog checkpointing)"
+    )
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
 
 
 def plot_attached(paths: list[Path], out: Path) -> None:

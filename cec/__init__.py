@@ -1,6 +1,10 @@
-"""Continuous eventual checkpointing: tuple model, window registry, checkpoint policies, CLI."""
+"""Continuous eventual checkpointing: tuple model, window registry, checkpoint policies, CLI.
+
+PySpark users: `from cec.spark import cec_aggregate, read_results, register` (imported on use).
+"""
 
 from cec.config import Checkpointing
+from cec.exceptions import BadTupleError, CecError, ConfigError, RunStoppedError
 from cec.policy import (
     CheckpointPolicy,
     CostBenefitPolicy,
@@ -16,9 +20,12 @@ from cec.schedule import CheckpointSchedule
 __version__ = "0.1.0"
 
 __all__ = [
+    "BadTupleError",
+    "CecError",
     "CheckpointPolicy",
     "CheckpointSchedule",
     "Checkpointing",
+    "ConfigError",
     "CostBenefitPolicy",
     "GOpenOnly",
     "Kind",
@@ -27,6 +34,7 @@ __all__ = [
     "OutputRecord",
     "RecordCodec",
     "RecoveryTimePolicy",
+    "RunStoppedError",
     "TargetPolicy",
     "WindowRegistry",
 ]

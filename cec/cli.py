@@ -51,6 +51,8 @@ from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
 from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
+from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
+from queuestore.kafka_config import quiet_librdkafka, read_properties
 from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
@@ -770,6 +772,16 @@ def _policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> No
         default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
         help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
     )
+    _kafka_config_arg(p)
+
+
+def _kafka_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="librdkafka properties (key=value lines: security.protocol, sasl.*, ssl.*, timeouts) for every "
+        f"Kafka client of the command (also from {KAFKA_CONFIG_ENV})",
+    )
 
 
 def _read_store_args(p: argparse.ArgumentParser) -> None:
@@ -780,15 +792,22 @@ def _read_store_args(p: argparse.ArgumentParser) -> None:
         default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
         help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
     )
+    _kafka_config_arg(p)
+
+
+# The name on PyPI (`cec` there is an unrelated project); the import package and the command are `cec`.
+DISTRIBUTION = "cec-stream"
 
 
 def _version() -> str:
     from importlib.metadata import PackageNotFoundError, version
 
     try:
-        return version("cec")
+        return version(DISTRIBUTION)
     except PackageNotFoundError:  # running from a source tree that was never installed
-        return "unknown (not installed)"
+        from cec import __version__
+
+        return f"{__version__} (not installed)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -986,13 +1005,20 @@ def _setup_output(args: argparse.Namespace) -> progress_tasks.Reporter:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
-    # librdkafka warns about settings cec makes on purpose (e.g. the experimental gapless guarantee) on
-    # every client, and logs every refused reconnection to a broker that went away as an error; real
-    # failures surface as one error line of cec itself. Its lines show from --log-level info.
-    for client_log in ("queuestore.kafka.librdkafka", "operators.topic_source.librdkafka"):
-        logging.getLogger(client_log).setLevel(level if level <= logging.INFO else logging.CRITICAL)
+    quiet_librdkafka(level)
     progress_tasks.set_reporter(reporter)
     return reporter
+
+
+def _use_kafka_config(args: argparse.Namespace) -> None:
+    """--kafka-config: checked now (a mistake in the file is one line before anything runs), then named in
+    the environment, where every Kafka client of this process and of its workers reads it
+    (`queuestore.kafka_config`): never in a job spec or a log, since it may hold credentials."""
+    path = getattr(args, "kafka_config", None)
+    if not path:
+        return
+    read_properties(path)
+    os.environ[KAFKA_CONFIG_ENV] = str(Path(path).resolve())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1001,6 +1027,7 @@ def main(argv: list[str] | None = None) -> int:
         args.partitions = 2 if args.engine == "spark" else 1
     reporter = _setup_output(args)
     try:
+        _use_kafka_config(args)
         return int(args.func(args))
     except _AlreadyReported:
         return REPORTED_ERROR_EXIT

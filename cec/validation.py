@@ -66,7 +66,7 @@ def require_spark() -> None:
         found = False
     if not found:
         raise ConfigError(
-            "--engine spark (the default) needs PySpark: pip install 'cec[spark]' (and Java 17), "
+            "--engine spark (the default) needs PySpark: pip install 'cec-stream[spark]' (and Java 17), "
             "or run without Spark: cec demo --engine local"
         )
     java_home = os.environ.get("JAVA_HOME")

@@ -7,6 +7,7 @@ operators.worker SPEC.json`, which tests and the CLI SIGKILL), or inside a Spark
 from __future__ import annotations
 
 import json
+import logging
 import operator as _op
 import time
 from collections.abc import Callable, Mapping
@@ -27,7 +28,7 @@ from operators.runtime import OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
 from operators.stateless import Filter
 from queuestore.base import QueueStore
-from queuestore.exceptions import PartitionLockedError
+from queuestore.exceptions import PartitionLockedError, WriterResetError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
 from recovery.identity import bind_log, check_log, record_source
@@ -56,6 +57,7 @@ SCHEMAS: dict[str, dict[str, Any]] = {
 # Source-spec key: the input partitions one instance of a partitioned stage reads (default: all of them).
 INPUT_PARTITIONS = "input_partitions"
 _LOCK_POLL_S = 0.05
+log = logging.getLogger(__name__)
 _COMPARE: dict[str, Callable[[Any, Any], bool]] = {
     ">": _op.gt,
     ">=": _op.ge,
@@ -297,6 +299,18 @@ def _metrics(spec: JobSpec) -> OperatorMetrics | None:
     return OperatorMetrics(spec.output_topic, spec.output_partition)
 
 
+# A writer that failed in a way a new producer resolves (a commit in doubt, a producer that failed
+# mid-transaction: `WriterResetError`) has fenced its own producer: the log is final, and the instance
+# recovers from it in this process. Bounded: this many in a row with no transaction committed in between
+# stop it instead (a broker that fails every transaction is the user's to see).
+IN_DOUBT_LIMIT = 5
+
+
+@dataclass
+class _Attempt:
+    commits: int = 0  # transactions the attempt's output writer committed
+
+
 def run_job(
     spec: JobSpec,
     *,
@@ -308,8 +322,37 @@ def run_job(
     """Run one operator instance, recovering from its log first, to the end of its input (or until
     `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
     is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written.
+    A writer failure that a new producer resolves is recovered from here, from the log (`IN_DOUBT_LIMIT`).
     `crash_after`: SIGKILL this process once that many input tuples were applied (`--crash-after`,
     `operators.crash_after`)."""
+    in_doubt = 0
+    while True:
+        attempt = _Attempt()
+        try:
+            return _run_once(
+                spec,
+                attempt,
+                stop=stop,
+                max_inputs=max_inputs,
+                lock_wait_s=lock_wait_s,
+                crash_after=crash_after,
+            )
+        except WriterResetError as exc:
+            in_doubt = 1 if attempt.commits else in_doubt + 1
+            if in_doubt >= IN_DOUBT_LIMIT or (stop is not None and stop()):
+                raise
+            log.warning("%s: recovering in this process", exc)
+
+
+def _run_once(
+    spec: JobSpec,
+    attempt: _Attempt,
+    *,
+    stop: Callable[[], bool] | None,
+    max_inputs: int | None,
+    lock_wait_s: float,
+    crash_after: int | None,
+) -> RunStats:
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
@@ -364,6 +407,7 @@ def run_job(
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:
+            attempt.commits = int(getattr(output.writer, "commits", 0))
             source.close()
             output.close()
     finally:

@@ -42,7 +42,6 @@ import concurrent.futures
 import gc
 import logging
 import math
-import operator
 import tempfile
 import time
 import uuid
@@ -67,15 +66,18 @@ from confluent_kafka.admin import AdminClient, OffsetSpec
 from cec.exceptions import ConfigError
 from cec.native import native
 from operators.base import InputTuple
-from operators.exceptions import DecodeError, RetentionError, TopicDeletedError, TopicSourceError
+from operators.exceptions import RetentionError, TopicDeletedError, TopicSourceError
 from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
+from operators.topic_tuples import KEY_FIELD, TIMESTAMP_FIELD, RecordTuples, decode_values
+from queuestore.kafka_config import environment_config
 
 __all__ = [
     "KEY_FIELD",
     "TIMESTAMP_FIELD",
     "KafkaTopicSource",
     "TopicBounds",
+    "decode_values",
     "open_topic_source",
     "resolve_bounds",
     "topic_partition_count",
@@ -87,8 +89,6 @@ _ACCESSORS = (Message.error, Message.partition, Message.offset, Message.value)
 _MSG_ERROR, _MSG_PARTITION, _MSG_OFFSET, _MSG_VALUE = _ACCESSORS
 _rdkafka_log = logging.getLogger(__name__ + ".librdkafka")
 
-TIMESTAMP_FIELD = "@timestamp"
-KEY_FIELD = "@key"
 _TIMEOUT_S = 30.0
 _POLL_S = 0.05
 _CLOSE_COMMIT_S = 5.0  # how long a monitoring commit may wait on the broker
@@ -125,7 +125,11 @@ def _client_config(
         "client.id": client_id,
         "logger": _rdkafka_log,
         "log.queue": True,
+        # A lost answer (a fetch's, a metadata request's) is asked again after this, not after librdkafka's
+        # 60 s: the source would otherwise sit idle for a minute (the store's clients do the same).
+        "socket.timeout.ms": int(_TIMEOUT_S * 1000 / 3),
     }
+    conf.update(environment_config())
     conf.update(config or {})
     return conf
 
@@ -173,17 +177,53 @@ def _partition_count(admin: AdminClient, bootstrap_servers: str, topic: str) -> 
     return len(tmd.partitions)
 
 
+# Answers to a ListOffsets that asking again cannot change: the topic or partition is not there, or the
+# client may not see it. Anything else (a connection lost under the request, no answer, the leaders not
+# found because the metadata request before it failed) is asked again until _TIMEOUT_S: found with the
+# fault proxy, one cut connection under the request stopped the run, or (no error at all) gave -1001.
+_LIST_OFFSETS_FINAL = frozenset(
+    {
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+        KafkaError._UNKNOWN_TOPIC,
+        KafkaError._UNKNOWN_PARTITION,
+        KafkaError.TOPIC_AUTHORIZATION_FAILED,
+        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
+        KafkaError._INVALID_ARG,
+    }
+)
+
+
 def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spec: OffsetSpec) -> list[int]:
     from confluent_kafka import IsolationLevel
 
     request = {TopicPartition(topic, p): spec for p in partitions}
-    try:
-        futures = admin.list_offsets(
-            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=_TIMEOUT_S
-        )
-        return [futures[tp].result().offset for tp in request]
-    except KafkaException as exc:
-        raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+    deadline = time.monotonic() + _TIMEOUT_S
+    while True:
+        try:
+            futures = admin.list_offsets(
+                request,
+                isolation_level=IsolationLevel.READ_COMMITTED,
+                request_timeout=max(1.0, deadline - time.monotonic()),
+            )
+            offsets = [futures[tp].result().offset for tp in request]
+            if min(offsets, default=0) >= 0:
+                return offsets
+            # Measured (confluent-kafka 2.16, through the fault proxy): when the ListOffsets request is
+            # lost (its connection cut, its answer dropped) the result is offset -1001 (OFFSET_INVALID)
+            # for every partition, without an error. Never a bound: ask again.
+            if time.monotonic() >= deadline:
+                raise TopicSourceError(
+                    f"cannot list the offsets of {topic!r}: no valid answer within {_TIMEOUT_S:.0f}s "
+                    f"(got {offsets})"
+                )
+            log.debug("listing the offsets of %s gave %s; asking again", topic, offsets)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            final = err is None or err.code() in _LIST_OFFSETS_FINAL or err.fatal()
+            if final or time.monotonic() >= deadline:
+                raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
+            log.debug("listing the offsets of %s: %s; asking again", topic, exc)
+        time.sleep(0.1)  # pacing of a bounded retry while the connection settles
 
 
 def _topic_id(admin: AdminClient, topic: str) -> str | None:
@@ -322,10 +362,12 @@ class KafkaTopicSource(InputSource):
         self._consumer: Consumer | None = Consumer(_consumer_config(bootstrap_servers, config, group_id))
         self._ended = [False] * self.partitions
         self._limits: list[float] = [math.inf] * self.partitions  # see poll
-        self._getter = operator.itemgetter(*self._required_fields())
-        self._inject_ts = TIMESTAMP_FIELD in (key_field, value_field, time_field)
-        self._inject_key = KEY_FIELD in (key_field, value_field, time_field)
-        self._required = self._required_fields()
+        # What a record becomes (decode, pseudo-fields, required fields, dead-letter reasons): the rule the
+        # attached query's Spark Kafka input shares (operators.topic_tuples).
+        self._records = RecordTuples(self._decoder, key_field, value_field, time_field)
+        self._getter = self._records.getter
+        self._inject_ts, self._inject_key = self._records.inject_ts, self._records.inject_key
+        self._required = self._records.required
         # The C batch path (`cec._native.topic_batch`): messages to tuples in one call, records held as
         # `cec._native.Record` mappings (no dict per record). Not when a field comes from the message.
         spec_of = getattr(self._decoder, "native_spec", None)
@@ -342,9 +384,6 @@ class KafkaTopicSource(InputSource):
         self._idle_check_s = idle_check_s
         self._last_delivery = clock()  # when a poll last delivered records (or the input was last checked)
         self._topic_id = _topic_id(self._admin, topic)  # a topic deleted and created again has another
-
-    def _required_fields(self) -> list[str]:
-        return [f for f in (self.key_field, self.value_field, self.time_field) if f]
 
     def describe(self) -> str:
         mode = "follow" if self._ends is None else f"bounded at {list(self._ends)}"
@@ -591,52 +630,14 @@ class KafkaTopicSource(InputSource):
         decoded: list[Any] | None = None,
     ) -> list[InputTuple]:
         """Decode a batch (one call for the whole batch where the decoder can: `decode_many`) and check
-        the fields the operator needs."""
-        values: list[Any]
+        the fields the operator needs (`RecordTuples`)."""
         if decoded is not None:  # `_fast_batch` decoded them, and advanced no position
-            values = decoded
             nxt = self._next
             for j, offset in dict(zip(js, offsets, strict=True)).items():
                 nxt[j] = offset + 1
-        else:
-            values = decode_values(self._decoder, raws)
-        if msgs:
-            values = [v if type(v) is str else self._inject(v, m) for v, m in zip(values, msgs, strict=True)]
-        getter, single = self._getter, len(self._required) == 1
-        make = tuple.__new__  # InputTuple's own constructor, minus the default-argument handling
-        out: list[InputTuple] = []
-        append = out.append
-        for j, offset, value, raw in zip(js, offsets, values, raws, strict=True):
-            if type(value) is str:
-                append(make(InputTuple, (j, offset, None, value, raw)))
-                continue
-            try:
-                got = getter(value)
-                bad = got is None if single else None in got
-            except (KeyError, TypeError):
-                bad = True
-            if bad:
-                append(make(InputTuple, (j, offset, None, self._missing(value), raw)))
-            else:
-                append(make(InputTuple, (j, offset, value, None, raw)))
-        return out
-
-    def _inject(self, value: Mapping[str, Any], msg: Any) -> dict[str, Any]:
-        out = dict(value)
-        if self._inject_ts:
-            out[TIMESTAMP_FIELD] = msg.timestamp()[1]
-        if self._inject_key:
-            key = msg.key()
-            # Kept exactly: bytes that are not UTF-8 become lone surrogates, which the key rule
-            # (`canonical_key`) refuses as a dead letter instead of folding them into a text key.
-            out[KEY_FIELD] = None if key is None else key.decode("utf-8", "surrogateescape")
-        return out
-
-    def _missing(self, value: Mapping[str, Any]) -> str:
-        for name in self._required:
-            if value.get(name) is None:
-                return f"{'null' if name in value else 'missing'} field {name!r}: {_preview(value)}"
-        return "record lacks a required field"
+        timestamps = [m.timestamp()[1] for m in msgs] if msgs else None
+        keys = [m.key() for m in msgs] if msgs else None
+        return self._records.tuples(js, offsets, raws, timestamps=timestamps, keys=keys, decoded=decoded)
 
     def _check_input(self) -> None:
         """Nothing arrived for `idle_check_s`: a consumer of assigned partitions waits silently forever on a
@@ -766,42 +767,6 @@ class KafkaTopicSource(InputSource):
         finally:
             consumer, self._consumer = self._consumer, None
             consumer.close()
-
-
-def decode_values(decoder: ValueDecoder, raws: list[Any]) -> list[Mapping[str, Any] | str]:
-    """Each value's record, or the reason it cannot be one (`decode_many`'s convention): in one call where
-    the decoder has `decode_many` (which gives exactly what decoding each value alone gives), else one by
-    one. Nothing a decoder raises on a value stops the run, except `TopicSourceError` (not the value's
-    fault: a registry that cannot be reached)."""
-    many = getattr(decoder, "decode_many", None)
-    if many is not None and None not in raws:
-        try:
-            return many(raws)
-        except TopicSourceError:
-            raise
-        except Exception:  # a decoder's own failure: each value on its own, which names its reason
-            log.debug("decode_many failed; decoding %d values one by one", len(raws), exc_info=True)
-    return [_decode_one(decoder, raw) for raw in raws]
-
-
-def _decode_one(decoder: ValueDecoder, raw: bytes | None) -> Mapping[str, Any] | str:
-    """A record, or the reason it cannot be one (`decode_many`'s convention)."""
-    if raw is None:
-        return "null value (tombstone)"
-    try:
-        return decoder.decode(raw)
-    except DecodeError as exc:
-        return exc.reason
-    except TopicSourceError:
-        raise
-    except Exception as exc:  # RecursionError, MemoryError on a hostile value...: the value's dead letter
-        detail = str(exc).encode("utf-8", "backslashreplace").decode("utf-8")  # a reason is written as UTF-8
-        return f"cannot decode: {type(exc).__name__}: {detail:.120}"
-
-
-def _preview(value: Mapping[str, Any]) -> str:
-    text = repr(dict(value))
-    return text if len(text) <= 200 else text[:197] + "..."
 
 
 class _CecQueueSource(QueueSource):

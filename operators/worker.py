@@ -15,6 +15,7 @@ from cec import progress
 from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
 from queuestore.exceptions import QueueStoreError
+from queuestore.kafka_config import quiet_librdkafka
 from recovery.exceptions import RecoveryError
 
 __all__ = ["REPORTED_ERROR_EXIT", "USER_ERRORS", "main"]
@@ -54,8 +55,7 @@ def main(argv: list[str] | None = None) -> int:
             format="%(asctime)s %(levelname)s %(name)s: %(message)s",
             datefmt="%H:%M:%S",
         )
-        if not isinstance(level, int) or level > logging.INFO:  # as the CLI does (cec.cli._setup_output)
-            logging.getLogger("queuestore.kafka.librdkafka").setLevel(logging.ERROR)
+        quiet_librdkafka(level if isinstance(level, int) else logging.WARNING)  # as the CLI does
         if spec.progress:
             logging.getLogger("cec.progress").setLevel(logging.INFO)
             progress.set_reporter(progress.LogReporter())

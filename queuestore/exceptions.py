@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "BrokerUnavailableError",
+    "CommitOutcomeUnknownError",
     "DamagedLogError",
     "IndexError_",
     "LogTrimmedError",
@@ -16,6 +17,7 @@ __all__ = [
     "UnknownTopicError",
     "WriterFailedError",
     "WriterFencedError",
+    "WriterResetError",
 ]
 
 
@@ -64,6 +66,21 @@ class LogTrimmedError(QueueStoreError):
 class WriterFailedError(QueueStoreError):
     """An append failed; the writer stopped there (fail-stop), so nothing after the failed record is ever
     written and the log stays a gapless prefix. The operator must stop and recover from the log."""
+
+
+class WriterResetError(WriterFailedError):
+    """The writer stopped after a failure of its client that a new client resolves (on Kafka: a producer
+    that failed mid-transaction, or a commit whose outcome is unknown). Before raising it fenced its own
+    client (on Kafka: a new producer, a new epoch), so nothing of the failed one can land any more and the
+    log is final: the owner recovers from the log and goes on (`operators.job.run_job` does, in the same
+    process). Where no new client can be made because the broker does not answer, the writer stops with
+    `BrokerUnavailableError` instead (a rerun resumes)."""
+
+
+class CommitOutcomeUnknownError(WriterResetError):
+    """A commit failed in a way that leaves its outcome unknown (on Kafka: the EndTxn timed out or its
+    connection was lost): the transaction's records may or may not be in the log, which says which now
+    that the writer has fenced its own producer."""
 
 
 class WriterFencedError(QueueStoreError):

@@ -17,6 +17,20 @@ committer thread while the operator goes on (its appends meanwhile wait in order
 produced, in a new transaction, once the commit is through); the callbacks still fire only after the
 commit, in the caller's thread, in append order.
 
+No transaction ends in doubt and goes on in the same producer epoch. librdkafka implements Kafka's
+transactions v1 only (no KIP-890 transactions v2): the broker knows a transaction by the producer id and
+epoch alone, so a request of an earlier transaction that arrives late acts on whatever transaction is open
+then. Measured on Apache Kafka 4.3.1 with librdkafka 2.16 (tests/test_kafka_txn_faults.py): an EndTxn
+held in the network past `socket.timeout.ms` is retried by librdkafka, the retry commits and
+`commit_transaction()` reports success; when the held request arrives it commits the next transaction half
+way (its first records visible to read_committed readers, the rest refused, its side records never
+written). So whenever the transaction coordinator's connection failed or one of its requests timed out
+while a transaction was open (librdkafka's log says so on the coordinator's connection, `_CoordinatorWatch`),
+the writer replaces its producer after the commit: the new producer's `init_transactions()` bumps the
+epoch and every late request of the old one is fenced. A commit that failed (its outcome unknown) replaces
+the producer the same way before the writer stops with `CommitOutcomeUnknownError`: the log is final when
+the owner recovers from it.
+
 Readers consume with `isolation.level=read_committed`. Transaction markers take offsets that are never
 delivered, so offsets are not dense (`dense_offsets = False`): every read path steps by the offsets it is
 given, never by counting.
@@ -76,6 +90,7 @@ from queuestore.base import (
 )
 from queuestore.exceptions import (
     BrokerUnavailableError,
+    CommitOutcomeUnknownError,
     PartitionLockedError,
     QueueStoreError,
     RecordTooLargeError,
@@ -83,7 +98,9 @@ from queuestore.exceptions import (
     TopicMismatchError,
     UnknownTopicError,
     WriterFencedError,
+    WriterResetError,
 )
+from queuestore.kafka_config import environment_config
 
 __all__ = [
     "ATTACHMENT_TOPIC_PREFIX",
@@ -171,6 +188,20 @@ _LEADER_MOVING_CODES = frozenset(
         KafkaError.LEADER_NOT_AVAILABLE,
         KafkaError.FENCED_LEADER_EPOCH,
         KafkaError.UNKNOWN_LEADER_EPOCH,
+    }
+)
+# A connection lost under a request or a request that timed out: a call that does not send its request
+# again by itself (a watermark query) reports these, and asking again resolves them (found with the
+# fault proxy: one cut connection under a ListOffsets stopped an operator).
+_TRANSIENT_CODES = frozenset(
+    {
+        KafkaError._TRANSPORT,
+        KafkaError._DESTROY_BROKER,  # the connection's broker handle went (a bootstrap one, after the cut)
+        KafkaError._TIMED_OUT,
+        KafkaError._TIMED_OUT_QUEUE,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NETWORK_EXCEPTION,
     }
 )
 _UNKNOWN_CODES = frozenset(
@@ -520,7 +551,13 @@ class KafkaQueueStore(QueueStore):
             # Without a log queue, warnings raised while the client is being built bypass the logger and
             # land on stderr; queued, they are served by poll() like everything else.
             "log.queue": True,
+            # How long librdkafka waits for any answer before it gives the request up and sends it again
+            # (its default, 60 s, is twice the store's own bound): a third of `request_timeout`, so that
+            # a lost answer (a produce's, a fetch's) is asked again well within the time this store
+            # gives an operation before it fails it.
+            "socket.timeout.ms": max(1000, int(self.request_timeout * 1000 / 3)),
         }
+        conf.update(environment_config())
         conf.update(self._config)
         return conf
 
@@ -887,6 +924,37 @@ class _PartitionLock:
                 self._fh = None
 
 
+# librdkafka's log facilities that say a request may be lost in transit: its connection failed (FAIL) or it
+# timed out in flight (REQTMOUT). On the transaction coordinator's connection (librdkafka's logical broker
+# "TxnCoordinator"), either one means a transactional request (AddPartitionsToTxn, EndTxn) may still
+# reach the broker later, in this producer's epoch.
+_TRANSIT_FACILITIES = frozenset({"FAIL", "REQTMOUT"})
+_COORDINATOR = "TxnCoordinator"
+
+
+class _CoordinatorWatch:
+    """The `logger` of one writer's producer: forwards every line to the store's librdkafka logger and counts
+    the ones that say a request to the transaction coordinator was lost in transit. librdkafka retries such
+    requests by itself (an EndTxn too) and reports nothing else to the application when a retry succeeds,
+    so its log is the only place that tells. Lines are queued (`log.queue`) and served by the producer's
+    poll and flush, in the thread that owns the producer."""
+
+    __slots__ = ("incidents",)
+
+    def __init__(self) -> None:
+        self.incidents = 0
+
+    def log(self, level: int, fmt: str, *args: object) -> None:
+        # confluent-kafka calls log(level, "%s [%s] %s", facility, client name, text).
+        if len(args) == 3 and args[0] in _TRANSIT_FACILITIES and _COORDINATOR in str(args[2]):
+            self.incidents += 1
+        _rdkafka_log.log(level, fmt, *args)
+
+
+class _InDoubt(QueueStoreError):
+    """A commit that failed with its outcome unknown, before the writer fenced its producer (`_reset`)."""
+
+
 class KafkaPartitionWriter(PartitionWriter):
     """The single transactional producer of one partition.
 
@@ -898,7 +966,9 @@ class KafkaPartitionWriter(PartitionWriter):
     nothing more, because anything appended later could no longer be guaranteed to follow the failed
     record in the log; the owner must recover from the log. The records of the failed transaction report
     failure. A fenced writer (a newer writer of the partition called `init_transactions()`) raises
-    `WriterFencedError`.
+    `WriterFencedError`; a failed commit, whose outcome is unknown, `CommitOutcomeUnknownError` once the
+    writer has fenced its own producer (module docstring: no transaction in doubt goes on in the same
+    epoch; `renewals` counts the producers replaced so).
     """
 
     def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
@@ -914,20 +984,15 @@ class KafkaPartitionWriter(PartitionWriter):
         self.transactional_id = transactional_id(store.transactional_id_prefix, topic, partition)
         self._lock = _PartitionLock(store.state_dir / "locks" / f"{topic}.{partition}.lock")
         try:
-            producer = Producer(store._producer_config(topic, partition))
-            try:
-                # Aborts the open transaction of a previous writer with this id (crashed, or alive on another
-                # host) and fences it: from here on this writer alone can add to the partition.
-                producer.init_transactions(self._timeout)
-            except KafkaException as exc:
-                raise QueueStoreError(
-                    f"cannot take over {topic}[{partition}] as transactional.id {self.transactional_id!r}: "
-                    f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
-                ) from None
+            producer, watch = self._new_producer("take over")
         except BaseException:
             self._lock.release()
             raise
         self._producer: Producer | None = producer
+        self._watch = watch
+        self.renewals = 0  # producers replaced after a transaction in doubt (module docstring)
+        self._incidents_at_begin = 0  # the watch's count when the open transaction began
+        self._reset_decided = False  # the first stop decided whether to fence the own producer
         self._appended = 0
         self._served = 0
         self._failure: QueueStoreError | None = None
@@ -951,6 +1016,84 @@ class KafkaPartitionWriter(PartitionWriter):
     def __repr__(self) -> str:
         return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
 
+    def _new_producer(self, purpose: str) -> tuple[Producer, _CoordinatorWatch]:
+        """A producer with this writer's transactional.id, initialised: its `init_transactions()` aborts the
+        open transaction of any earlier producer with the id (a crashed writer, one alive on another host,
+        this writer's own previous producer) and fences it: from here on this producer alone can add to
+        the partition, in a new epoch."""
+        watch = _CoordinatorWatch()
+        conf = self._store._producer_config(self.topic, self.partition)
+        conf["logger"] = watch
+        producer = Producer(conf)
+        try:
+            producer.init_transactions(self._timeout)
+        except KafkaException as exc:
+            if _error_code(exc) in _NO_ANSWER_CODES:
+                raise BrokerUnavailableError(
+                    self._store.bootstrap_servers,
+                    f"{purpose} {self.topic}[{self.partition}] as transactional.id {self.transactional_id!r}",
+                    self._timeout,
+                ) from None
+            raise QueueStoreError(
+                f"cannot {purpose} {self.topic}[{self.partition}] as transactional.id "
+                f"{self.transactional_id!r}: "
+                f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
+            ) from None
+        return producer, watch
+
+    def _renew(self, producer: Producer) -> None:
+        """Replace `producer` (this writer's, owned by the calling thread) by a new one in a new epoch, so
+        that no request of a transaction in doubt can act on a later one (module docstring). The old one is
+        dropped without waiting: anything it still sends is fenced. Raises QueueStoreError if the new one
+        cannot be initialised: the writer must then stop (the old producer stays only to be closed: its
+        epoch is not safe to go on in)."""
+        with contextlib.suppress(KafkaException, SystemError):
+            producer.purge(in_queue=True, in_flight=True, blocking=False)
+            producer.poll(0)
+        new, watch = self._new_producer("fence the previous producer of")
+        self._producer, self._watch = new, watch
+        self.renewals += 1
+        log.info("%r: producer replaced (epoch bumped) after a transaction in doubt", self)
+
+    def _settled(self, producer: Producer) -> None:
+        """After a successful commit: replace the producer if its transaction was in doubt at some moment
+        (the coordinator's connection failed or a request on it timed out since the transaction began)."""
+        with contextlib.suppress(KafkaException, SystemError):
+            producer.poll(0)  # serve the log lines queued during the commit
+        if self._watch.incidents != self._incidents_at_begin:
+            self._renew(producer)
+
+    def _commit_failed(self, err: KafkaError | None) -> QueueStoreError:
+        """The failure a failed `commit_transaction()` stands for: fenced (the newer writer's epoch must
+        stand), or in doubt (`_stop` then fences this writer's own producer before it reports it)."""
+        failure = self._failed(err, "commit of")
+        if isinstance(failure, WriterFencedError):
+            return failure
+        detail = err.str() if err is not None else "unknown error"
+        return _InDoubt(f"commit of {self.topic}[{self.partition}] failed ({detail}): its outcome is unknown")
+
+    def _reset(self, failure: QueueStoreError) -> QueueStoreError:
+        """`failure` after fencing this writer's own producer (module docstring): a failed producer, or a
+        commit in doubt, may still have requests on their way; once a new producer's init_transactions()
+        bumped the epoch none of them can land, and the log is final for the owner to recover from."""
+        producer = self._producer
+        if producer is None:
+            return failure
+        try:
+            self._renew(producer)
+        except BrokerUnavailableError as exc:
+            # No new producer while the broker does not answer: the run stops with that one line (and the
+            # rerun's writer fences the old producer); the failure it followed is in the log at info.
+            log.info("%r: %s", self, failure)
+            return exc
+        except QueueStoreError as exc:
+            return QueueStoreError(f"{failure}; and {exc}")
+        kind = CommitOutcomeUnknownError if isinstance(failure, _InDoubt) else WriterResetError
+        return kind(
+            f"{failure}; the producer was replaced (a new epoch: nothing of the old one can land any more); "
+            "recover from the log"
+        )
+
     @property
     def outstanding(self) -> int:
         return self._appended - self._served
@@ -962,6 +1105,12 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def _failed(self, err: KafkaError | None, what: str) -> QueueStoreError:
         """The error a failed delivery or commit stands for; a fenced writer gets its own, one line."""
+        if err is not None and err.code() == KafkaError._FATAL and self._producer is not None:
+            # "Local: Fatal error" says only that the producer failed earlier: the cause is its fatal
+            # error (fenced, most often), which a transactional call reports (`_lost_client_error`).
+            cause = _lost_client_error(self._producer).args[0]
+            if isinstance(cause, KafkaError) and cause.code() != KafkaError._FATAL:
+                err = cause
         if err is not None and err.code() in _FENCED_CODES:
             return WriterFencedError(
                 f"fenced: another writer took over {self.topic}[{self.partition}] (transactional.id "
@@ -974,10 +1123,17 @@ class KafkaPartitionWriter(PartitionWriter):
         detail = err.str() if err is not None else "unknown error"
         return QueueStoreError(f"{what} {self.topic}[{self.partition}] failed: {detail}")
 
-    def _stop(self, exc: QueueStoreError) -> QueueStoreError:
-        """Stop for good: the records of the open transaction will never be committed by this writer."""
+    def _stop(self, exc: QueueStoreError, *, reset: bool = True) -> QueueStoreError:
+        """Stop for good: the records of the open transaction will never be committed by this writer. The
+        first failure that a new producer resolves is reported once the own producer is fenced (`_reset`):
+        not a fenced writer's (the newer epoch stands), nor a broker that does not answer (`reset=False`:
+        a new producer would wait as long again), nor a writer being closed."""
         if self._failure is None:
             self._failure = exc
+        if not self._reset_decided:  # the first stop decides
+            self._reset_decided = True
+            if reset and not isinstance(self._failure, WriterFencedError | WriterResetError):
+                self._failure = self._reset(self._failure)
         failure = self._failure
         self._side.clear()
         delivered, self._delivered = self._delivered, []
@@ -1026,11 +1182,13 @@ class KafkaPartitionWriter(PartitionWriter):
         return self._producer
 
     def _check_failure(self) -> None:
-        failure = self._failure
-        if failure is None:
+        if self._failure is None:
             return
+        failure = self._stop(self._failure)  # a failure a serving call recorded: settled (and fenced) once
         if isinstance(failure, WriterFencedError):
             raise WriterFencedError(str(failure))
+        if isinstance(failure, WriterResetError):  # the owner may recover from it: keep its kind
+            raise type(failure)(f"writer of {self.topic}[{self.partition}] failed earlier ({failure})")
         raise QueueStoreError(
             f"writer of {self.topic}[{self.partition}] failed earlier ({failure}); recover from the log"
         )
@@ -1054,6 +1212,20 @@ class KafkaPartitionWriter(PartitionWriter):
         finally:
             self._settle_undelivered()
 
+    def _deliver(self, producer: Producer, flush_timeout: float | None) -> tuple[int, float]:
+        """Deliver what the producer holds: (what is left, the seconds waited without a delivery). Within
+        `flush_timeout`; with None, for as long as the broker keeps answering: the producer never times a
+        record out (message.timeout.ms=0), so a wait with no bound would hold the run forever on a broker
+        that went away (a run's last flush); a request timeout that delivered nothing ends it."""
+        if flush_timeout is not None:
+            return self._serve(producer.flush, flush_timeout), flush_timeout
+        remaining = len(producer)
+        while True:
+            before = remaining
+            remaining = self._serve(producer.flush, self._timeout)
+            if remaining == 0 or remaining >= before:
+                return remaining, self._timeout
+
     def _commit_transaction(self, producer: Producer) -> None:
         """Commit the open transaction, its records delivered: the one place a transaction of this writer
         becomes visible (the tests' crash points wrap it: tests/killpoints)."""
@@ -1064,12 +1236,12 @@ class KafkaPartitionWriter(PartitionWriter):
         if not self._in_transaction:
             return 0
         producer = self._live_producer()
-        remaining = self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout)
+        remaining, waited = self._deliver(producer, flush_timeout)
         if remaining > 0:
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
-                -1 if flush_timeout is None else flush_timeout,
+                waited,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1079,9 +1251,18 @@ class KafkaPartitionWriter(PartitionWriter):
             self._commit_transaction(producer)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            raise self._stop(self._failed(err, "commit of")) from None
+            raise self._stop(self._commit_failed(err)) from None
         self._in_transaction = False
         self.commits += 1
+        try:
+            self._settled(producer)
+        except QueueStoreError as exc:
+            self._serve_delivered()  # committed: their callbacks say so, then the writer stops
+            raise self._stop(exc) from None
+        return self._serve_delivered()
+
+    def _serve_delivered(self) -> int:
+        """Serve the committed transaction's callbacks, in append order."""
         delivered, self._delivered = self._delivered, []
         for on_durable, offset in delivered:
             self._served += 1
@@ -1161,12 +1342,16 @@ class KafkaPartitionWriter(PartitionWriter):
                     raise _lost_client_error(producer) from None
                 if self._commit_remaining > 0 or self._undelivered:
                     return
+                self._commit_sent = True
                 self._commit_transaction(producer)
+                with contextlib.suppress(KafkaException, SystemError):
+                    producer.poll(0)  # serve the log lines queued during the commit (the watch counts)
             except KafkaException as exc:
                 self._commit_error = exc
 
         self._commit_remaining = 0
         self._commit_error = None
+        self._commit_sent = False
         self._committer = threading.Thread(target=commit, name=f"cec-commit-{self.topic}-{self.partition}")
         self._committer.daemon = True
         self._committer.start()
@@ -1188,7 +1373,9 @@ class KafkaPartitionWriter(PartitionWriter):
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             # The producer's own error first (as in `_serve`): the records it purged report only that.
             if self._failure is None:
-                self._failure = self._failed(err, "commit of")
+                self._failure = (
+                    self._commit_failed(err) if self._commit_sent else self._failed(err, "commit of")
+                )
             self._settle_undelivered()
             raise self._stop(self._failure) from None
         self._settle_undelivered()
@@ -1200,15 +1387,18 @@ class KafkaPartitionWriter(PartitionWriter):
                     self._store.bootstrap_servers,
                     f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
                     self._timeout,
-                )
+                ),
+                reset=False,
             )
         self._in_transaction = False
         self.commits += 1
-        delivered, self._delivered = self._delivered, []
-        for on_durable, offset in delivered:
-            self._served += 1
-            if on_durable is not None:
-                on_durable(offset, None)
+        if self._watch.incidents != self._incidents_at_begin:
+            try:
+                self._renew(self._live_producer())
+            except QueueStoreError as renewal:
+                self._serve_delivered()  # committed: their callbacks say so, then the writer stops
+                raise self._stop(renewal) from None
+        self._serve_delivered()
         waiting, self._waiting = self._waiting, []
         if waiting:
             producer = self._live_producer()
@@ -1228,6 +1418,7 @@ class KafkaPartitionWriter(PartitionWriter):
         self._in_transaction = True
         self._transaction_started = self._clock()
         self._transaction_records = 0
+        self._incidents_at_begin = self._watch.incidents
 
     def append_side(self, topic: str, partition: int, key: bytes | None, value: bytes) -> None:
         """Add a plain record (no cec headers) for another topic to the open transaction (one is begun if
@@ -1257,11 +1448,12 @@ class KafkaPartitionWriter(PartitionWriter):
                     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                     raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
             self._appended += 1
-        if self._serve(producer.flush, -1 if flush_timeout is None else flush_timeout) > 0:
+        remaining, waited = self._deliver(producer, flush_timeout)
+        if remaining > 0:
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"side records of {self.topic}[{self.partition}] not delivered",
-                -1 if flush_timeout is None else flush_timeout,
+                waited,
             )
         if self._failure is not None:
             raise self._stop(self._failure)
@@ -1289,10 +1481,12 @@ class KafkaPartitionWriter(PartitionWriter):
         try:
             self._commit(self._timeout)
         except BrokerUnavailableError as exc:
-            raise self._stop(exc) from None
+            raise self._stop(exc, reset=False) from None
 
     def flush(self, timeout: float | None = None) -> None:
-        """Commit everything appended; every callback is served when this returns."""
+        """Commit everything appended; every callback is served when this returns. Without `timeout` it
+        waits as long as the broker keeps taking records, and stops (`BrokerUnavailableError`) once a
+        request timeout passed with nothing delivered."""
         self._live_producer()
         self._check_failure()
         self._reap(block=True)
@@ -1301,7 +1495,7 @@ class KafkaPartitionWriter(PartitionWriter):
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
                 f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not durable",
-                -1 if timeout is None else timeout,
+                self._timeout if timeout is None else timeout,
             )
 
     def close(self, timeout: float | None = 60.0) -> None:
@@ -1365,11 +1559,15 @@ class KafkaPartitionWriter(PartitionWriter):
     _trim_refused = False
 
     def _purge(self, producer: Producer) -> None:
-        with contextlib.suppress(KafkaException):  # a fenced producer raises its fatal error again here
+        # A fenced or failed producer raises its fatal error again here, or confluent-kafka loses it on the
+        # way (SystemError, see `_lost_client_error`): either way there is nothing left to deliver.
+        with contextlib.suppress(KafkaException, SystemError):
             producer.purge(in_queue=True, in_flight=True, blocking=False)
             producer.flush(5.0)
         self._settle_undelivered()
-        self._stop(self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"))
+        self._stop(
+            self._failure or QueueStoreError(f"writer of {self.topic}[{self.partition}] closed"), reset=False
+        )
 
 
 @dataclass
@@ -1634,8 +1832,12 @@ class KafkaPartitionReader(PartitionReader):
                 )
                 return max(0, int(low))
             except KafkaException as exc:
-                if _error_code(exc) not in _LEADER_MOVING_CODES or time.monotonic() >= deadline:
-                    if _error_code(exc) in _NO_ANSWER_CODES:
+                code = _error_code(exc)
+                # Unknown partition too: the store saw the topic when it made this reader, so the reader's
+                # client has not learnt it yet (a topic just created; found by the chaos runs).
+                settling = code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES or code in _UNKNOWN_CODES
+                if not settling or time.monotonic() >= deadline:
+                    if code in _NO_ANSWER_CODES:
                         raise BrokerUnavailableError(
                             self._store.bootstrap_servers,
                             f"reading the log start of {self.topic}[{self.partition}]",
@@ -1644,7 +1846,7 @@ class KafkaPartitionReader(PartitionReader):
                     raise QueueStoreError(
                         f"cannot read the log start of {self.topic}[{self.partition}]: {exc}"
                     ) from None
-            time.sleep(0.05)  # pacing of a bounded poll while the leadership settles
+            time.sleep(0.05)  # pacing of a bounded poll while the leadership or the connection settles
 
     def end_offset(self) -> int:
         # On the bulk consumer: it waits less per fetch, a forward reader's position is left alone, and

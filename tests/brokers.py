@@ -9,6 +9,12 @@ works, `start_broker` raises: a CI run without a broker must fail, not skip the 
 
 `CEC_TEST_BROKER` forces one of the started brokers: `apache-kafka` (fail rather than fall back to Tansu)
 or `tansu`.
+
+An Apache Kafka broker started here has a second client listener for the fault proxy
+(`tests.faultproxy`): it advertises a loopback port whose listening socket this module binds and holds for
+the broker's lifetime (`Broker.proxied`), so clients that bootstrap through the proxy are sent back to it by
+every metadata answer. Inter-broker traffic (the transaction coordinator's markers) stays on the first
+listener, which advertises itself: clients that bootstrap there never meet the proxy.
 """
 
 from __future__ import annotations
@@ -33,7 +39,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Broker", "KafkaUnavailable", "kafka_libs", "start_broker", "wait_until_ready"]
+__all__ = [
+    "Broker",
+    "KafkaUnavailable",
+    "ProxiedListener",
+    "kafka_libs",
+    "start_apache_kafka",
+    "start_broker",
+    "wait_until_ready",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 ENV_BOOTSTRAP = "KAFKA_BOOTSTRAP_SERVERS"
@@ -51,6 +65,22 @@ _KAFKA_READY_TIMEOUT = 180.0
 
 
 @dataclass
+class ProxiedListener:
+    """The broker's listener for clients that come through a fault proxy: `upstream` is where the broker
+    really listens (the proxy forwards there), `listen` the held listening socket of the port it
+    advertises instead (`tests.faultproxy.FaultProxy(upstream, listen=listen)` serves it)."""
+
+    upstream: str
+    listen: socket.socket = field(repr=False)
+
+    @property
+    def bootstrap(self) -> str:
+        """The address clients of the proxy bootstrap with."""
+        host, port = self.listen.getsockname()[:2]
+        return f"{host}:{port}"
+
+
+@dataclass
 class Broker:
     """A running (or externally provided) broker; `stop()` is idempotent."""
 
@@ -61,6 +91,7 @@ class Broker:
     startup_s: float | None = None  # from launch to answering metadata requests (started brokers)
     note: str | None = None  # why this broker and not an earlier one in the order, when that matters
     pid: int | None = None  # the broker's process, when this module started it (benchmarks sample its CPU)
+    proxied: ProxiedListener | None = None  # the listener for the fault proxy (Apache Kafka started here)
     _stop: Callable[[], None] | None = field(default=None, repr=False)
 
     @property
@@ -228,17 +259,23 @@ def _java() -> str:
     return java
 
 
-def _server_properties(data_dir: Path, port: int, controller_port: int) -> str:
+def _server_properties(
+    data_dir: Path, port: int, controller_port: int, proxied_port: int, proxy_port: int
+) -> str:
     settings = {
         # One node that is both broker and KRaft controller, its quorum fixed in the configuration.
         "process.roles": "broker,controller",
         "node.id": "1",
         "controller.quorum.voters": f"1@127.0.0.1:{controller_port}",
-        "listeners": f"PLAINTEXT://127.0.0.1:{port},CONTROLLER://127.0.0.1:{controller_port}",
-        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
+        # PROXIED: the fault proxy's listener (module docstring), advertised at the proxy's port.
+        "listeners": (
+            f"PLAINTEXT://127.0.0.1:{port},PROXIED://127.0.0.1:{proxied_port},"
+            f"CONTROLLER://127.0.0.1:{controller_port}"
+        ),
+        "advertised.listeners": f"PLAINTEXT://127.0.0.1:{port},PROXIED://127.0.0.1:{proxy_port}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,PROXIED:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(data_dir),
         # A single node: every internal topic has one replica, and one partition is enough for the
         # group and transaction coordinators (50 each by default, all created on first use).
@@ -310,8 +347,13 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
     for _ in range(attempts):
         work = Path(tempfile.mkdtemp(prefix="cec-kafka-"))
         data, props, log_path = work / "data", work / "server.properties", work / "broker.log"
-        port, controller_port = _free_port(), _free_port()
-        props.write_text(_server_properties(data, port, controller_port))
+        port, controller_port, proxied_port = _free_port(), _free_port(), _free_port()
+        # Held from here to the broker's end, so no other process can take the port it advertises.
+        proxy_listen = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        proxy_listen.bind(("127.0.0.1", 0))
+        proxy_listen.listen(128)
+        proxy_port = int(proxy_listen.getsockname()[1])
+        props.write_text(_server_properties(data, port, controller_port, proxied_port, proxy_port))
         (work / "log4j2.properties").write_text(_LOG4J2)
         common = [
             "-Djava.awt.headless=true",
@@ -333,6 +375,7 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
         )
         if formatted.returncode != 0:
             shutil.rmtree(work, ignore_errors=True)
+            proxy_listen.close()
             raise RuntimeError(
                 f"formatting Kafka's storage failed ({formatted.returncode}): "
                 f"{(formatted.stdout + formatted.stderr)[-2000:]}"
@@ -347,11 +390,14 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
                 preexec_fn=_die_with_parent(),
             )
 
-        def stop(proc: subprocess.Popen[bytes] = proc, work: Path = work) -> None:
+        def stop(
+            proc: subprocess.Popen[bytes] = proc, work: Path = work, listen: socket.socket = proxy_listen
+        ) -> None:
             # The data is thrown away: no controlled shutdown to wait for.
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            listen.close()
             shutil.rmtree(work, ignore_errors=True)
 
         atexit.register(stop)  # safety net if the session dies before teardown
@@ -361,6 +407,7 @@ def _from_apache_kafka(attempts: int = 3) -> Broker:
             version=version,
             log_path=log_path,
             pid=proc.pid,
+            proxied=ProxiedListener(f"127.0.0.1:{proxied_port}", proxy_listen),
             _stop=stop,
         )
         try:
@@ -424,6 +471,12 @@ def _from_tansu(attempts: int = 3) -> Broker:
         broker.startup_s = time.monotonic() - launched
         return broker
     raise RuntimeError("Tansu did not start:\n" + "\n".join(errors))
+
+
+def start_apache_kafka() -> Broker:
+    """Apache Kafka from its jars, whatever the documented order would choose (the fault proxy's tests need
+    its proxied listener); `KafkaUnavailable` where Java 17 or the jars are missing."""
+    return _from_apache_kafka()
 
 
 def _forced() -> str | None:

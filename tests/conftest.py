@@ -21,7 +21,8 @@ from hypothesis import settings
 
 from queuestore.base import QueueStore
 from queuestore.sqlite import SqliteQueueStore
-from tests.brokers import Broker, start_broker
+from tests.brokers import Broker, KafkaUnavailable, start_apache_kafka, start_broker
+from tests.faultproxy import FaultProxy
 
 __all__ = ["BACKENDS", "StoreBackend"]
 
@@ -72,6 +73,55 @@ def _kafka_transactions(request: pytest.FixtureRequest) -> None:
         return
     if request.getfixturevalue("kafka_broker").kind == "tansu":
         pytest.skip("Tansu 0.6 shows aborted transactions' records to read_committed readers, deletes none")
+
+
+@pytest.fixture(scope="session")
+def proxied_broker(kafka_broker: Broker, pytestconfig: pytest.Config) -> Iterator[Broker]:
+    """A broker with a listener for the fault proxy: the session's own when this suite started Apache
+    Kafka, else (an external broker) an Apache Kafka of its own, started here."""
+    if kafka_broker.proxied is not None:
+        yield kafka_broker
+        return
+    try:
+        broker = start_apache_kafka()
+    except (KafkaUnavailable, RuntimeError) as exc:
+        pytest.fail(f"the fault proxy's tests need Apache Kafka from its jars:\n{exc}", pytrace=False)
+    _broker_lines(pytestconfig).append(f"{broker.describe()} (fault proxy tests)")
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+@pytest.fixture(scope="session")
+def _session_proxy(proxied_broker: Broker) -> Iterator[FaultProxy]:
+    assert proxied_broker.proxied is not None
+    proxy = FaultProxy(proxied_broker.proxied.upstream, listen=proxied_broker.proxied.listen).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+
+
+@pytest.fixture
+def fault_proxy(_session_proxy: FaultProxy) -> Iterator[FaultProxy]:
+    """The session's fault proxy (tests.faultproxy) in front of `proxied_broker`, with no plan, no blackhole
+    and zero counts at the start of the test; clients that bootstrap with `fault_proxy.address` stay behind
+    it. A failing test's report shows the proxy's plan (seed included) and its latest injections."""
+    _session_proxy.reset()
+    try:
+        yield _session_proxy
+    finally:
+        _session_proxy.reset()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    proxy = getattr(item, "funcargs", {}).get("fault_proxy")
+    if report.failed and call.when == "call" and isinstance(proxy, FaultProxy):
+        report.sections.append(("fault proxy", proxy.describe(last=200)))
+    return report
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -35,6 +36,18 @@ def child_env(faults: str | None = None) -> dict[str, str]:
         paths.insert(0, killpoints.BOOT)
     env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return env
+
+
+def cec(
+    *args: str, timeout: float = 300, faults: str | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The installed `cec` console script run as a user runs it (its output captured): the one runner of
+    every CLI test."""
+    script = Path(sys.executable).parent / "cec"
+    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
+    return subprocess.run(
+        [*command, *args], capture_output=True, text=True, timeout=timeout, env=env or child_env(faults)
+    )
 
 
 def start_worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:

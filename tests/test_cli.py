@@ -5,7 +5,6 @@ from __future__ import annotations
 import csv
 import json
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -15,15 +14,7 @@ import pytest
 
 from cec.records import Kind
 from queuestore.sqlite import SqliteQueueStore
-from tests.helpers import child_env, flip_stored_kind, hide_row, log_records
-
-
-def cec(*args: str, timeout: float = 300, faults: str | None = None) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env(faults)
-    )
+from tests.helpers import cec, child_env, flip_stored_kind, hide_row, log_records
 
 
 def test_demo_on_spark_by_default_passes_its_own_verdict_with_a_real_kill(tmp_path: Path) -> None:

@@ -3,24 +3,12 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import child_env
-
-
-def cec(
-    *args: str, env: dict[str, str] | None = None, timeout: float = 120
-) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=env or child_env()
-    )
+from tests.helpers import cec, child_env
 
 
 def assert_one_line_error(out: subprocess.CompletedProcess[str], message: str) -> str:
@@ -222,7 +210,7 @@ def test_demo_without_pyspark_says_how_to_install_it_or_run_locally(tmp_path: Pa
     env["PYTHONPATH"] = str(shim.parent) + ":" + env["PYTHONPATH"]
     store = tmp_path / "store"
     out = cec("demo", "--input", "1000", "--store-dir", str(store), env=env)
-    line = assert_one_line_error(out, "pip install 'cec[spark]'")
+    line = assert_one_line_error(out, "pip install 'cec-stream[spark]'")
     assert "--engine local" in line and out.returncode == 2
     assert nothing_written(store)
     # The same environment runs the demo locally: only Spark was missing.

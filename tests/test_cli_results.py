@@ -4,19 +4,10 @@ windows), counts as integers, and dead letters holding the input line exactly as
 from __future__ import annotations
 
 import csv
-import shutil
-import subprocess
-import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-from tests.helpers import child_env
-
-
-def cec(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=child_env())
+from tests.helpers import cec
 
 
 def read(path: Path) -> list[dict[str, str]]:

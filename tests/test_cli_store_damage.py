@@ -14,20 +14,13 @@ import random
 import shutil
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import child_env
+from tests.helpers import cec
 
 WAY_OUT = "restore it from a backup, or start over with a new store directory (--store-dir)"
-
-
-def cec(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=child_env())
 
 
 def run_args(data: Path, store: Path, results: Path) -> list[str]:

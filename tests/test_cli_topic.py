@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import shutil
 import signal
 import socket
 import struct
@@ -22,7 +21,8 @@ from typing import Any
 import pytest
 
 from tests.brokers import Broker
-from tests.helpers import child_env, wait_for
+from tests.faultproxy import FaultProxy
+from tests.helpers import cec, child_env, wait_for
 from tests.topic_data import (
     PURCHASE_AVSC,
     as_json,
@@ -36,14 +36,6 @@ from tests.topic_data import (
 
 PARTITIONS = 3
 WINDOW = ["--window-count", "5"]
-
-
-def cec(*args: str, faults: str | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run(
-        [*command, *args], capture_output=True, text=True, timeout=timeout, env=child_env(faults)
-    )
 
 
 def per_key(path: Path) -> dict[str, list[tuple[str, str, str]]]:
@@ -75,12 +67,69 @@ def csv_reference(tmp_path: Path, purchases: list[tuple[int, dict[str, Any]]], *
 
 
 def topic_run(
-    broker: Broker, topic: str, results: Path, *extra: str, faults: str | None = None
+    broker: Broker,
+    topic: str,
+    results: Path,
+    *extra: str,
+    faults: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
     return cec(
         "run", "--input-topic", topic, "--bootstrap-servers", broker.bootstrap, "--key", "item", "--value", "price",
         *WINDOW, "--agg", "avg", "--results", str(results), *extra, faults=faults,
+        env=None if env is None else {**child_env(faults), **env},
     )  # fmt: skip
+
+
+class OutputLogProbe:
+    """How many records partition 0 of a run's output log holds, asked from the test (one reader kept
+    open: its end scans start where the previous one ended); a topic this new may have no leader yet on
+    Apache Kafka, which counts as nothing logged yet."""
+
+    def __init__(self, broker: Broker, output: str, state_dir: Path) -> None:
+        from queuestore.kafka import KafkaQueueStore
+
+        self.output = output
+        self._store = KafkaQueueStore(broker.bootstrap, state_dir)
+        self._reader: Any = None
+
+    def logged(self) -> int:
+        from queuestore.exceptions import QueueStoreError
+
+        if self._reader is None:
+            if not self._store.topic_exists(self.output):
+                return 0
+            self._reader = self._store.reader(self.output, 0)
+        try:
+            return int(self._reader.end_offset())
+        except QueueStoreError:
+            return 0
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        self._store.close()
+
+
+def start_topic_run(
+    broker: Broker, topic: str, results: Path, *extra: str, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """`topic_run` in the background, to be killed, stopped or stalled from outside."""
+    script = Path(sys.executable).parent / "cec"
+    return subprocess.Popen(
+        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", broker.bootstrap, "--key", "item",
+         "--value", "price", *WINDOW, "--results", str(results), *extra],
+        env={**child_env(), **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+
+
+def wait_until_logged(proc: subprocess.Popen[str], probe: OutputLogProbe, records: int) -> None:
+    """Wait until the run's log holds `records` records (or the run ended: the caller checks which)."""
+    try:
+        wait_for(lambda: proc.poll() is not None or probe.logged() >= records, timeout=120, interval=0.01)
+    finally:
+        probe.close()
 
 
 @pytest.fixture
@@ -123,8 +172,6 @@ def test_topic_equals_the_same_records_in_a_csv(
 def test_sigkill_mid_run_and_during_recovery_then_a_restart_stops_where_the_first_run_would(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
-    from queuestore.base import PartitionReader
-    from queuestore.kafka import KafkaQueueStore
 
     purchases = make_purchases(90_000, keys=300, partitions=PARTITIONS)
     topic = _new_topic(kafka_broker, "purchases-kill")
@@ -133,30 +180,12 @@ def test_sigkill_mid_run_and_during_recovery_then_a_restart_stops_where_the_firs
     args = ("--store-dir", str(store), "--output-topic", output)
     # First kill from outside once partition 0's log holds records (the producer delivers in the
     # background, so an in-process fault site could fire before anything is durable).
-    script = Path(sys.executable).parent / "cec"
-    proc = subprocess.Popen(
-        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
-         "--value", "price", *WINDOW, "--results", str(results), *args],
-        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-    )  # fmt: skip
-    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
-    readers: list[PartitionReader] = []
-
-    def logged() -> int:  # one reader kept open: its end scans start where the previous one ended
-        if not readers:
-            if not checker.topic_exists(output):
-                return 0
-            readers.append(checker.reader(output, 0))
-        return readers[0].end_offset()
-
+    proc = start_topic_run(kafka_broker, topic, results, *args)
     try:
-        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
+        wait_until_logged(proc, OutputLogProbe(kafka_broker, output, tmp_path / "check"), 1000)
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=60)
-        for reader in readers:
-            reader.close()
-        checker.close()
     assert proc.returncode == -signal.SIGKILL, "the run ended before its log held 1,000 records"
     # Records that arrive after the run first started are not part of this bounded run.
     produce(kafka_broker.bootstrap, topic, encoded(make_purchases(3000, 300, PARTITIONS, seed=3), as_json))
@@ -636,9 +665,6 @@ def test_a_bounded_run_stopped_before_its_end_says_so_and_a_rerun_completes_it(
     """A supervisor's SIGTERM (or Ctrl-C) to a bounded run: exit 128 + the signal, one line saying the input
     was not finished, no results file that reads as complete (a trimmed run's rows so far are in
     `out.csv.partial`); the same command again resumes from the log and completes exactly."""
-    from queuestore.base import PartitionReader
-    from queuestore.exceptions import QueueStoreError
-    from queuestore.kafka import KafkaQueueStore
 
     purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
     topic = _new_topic(kafka_broker, "purchases-stop")
@@ -651,35 +677,15 @@ def test_a_bounded_run_stopped_before_its_end_says_so_and_a_rerun_completes_it(
         output,
         *(["--trim-every", "2000"] if trimmed else []),
     ]
-    script = Path(sys.executable).parent / "cec"
-    proc = subprocess.Popen(
-        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
-         "--value", "price", *WINDOW, "--results", str(results), *args],
-        env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
-    readers: list[PartitionReader] = []
-
-    def logged() -> int:
-        if not readers:
-            if not checker.topic_exists(output):
-                return 0
-            readers.append(checker.reader(output, 0))
-        try:
-            return readers[0].end_offset()
-        except QueueStoreError:  # a topic this new may have no leader yet (Apache Kafka): ask again
-            return 0
-
+    proc = start_topic_run(kafka_broker, topic, results, *args)
     try:
-        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
+        wait_until_logged(proc, OutputLogProbe(kafka_broker, output, tmp_path / "check"), 1000)
         proc.send_signal(signum)
         _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
-        for reader in readers:
-            reader.close()
-        checker.close()
+            proc.communicate()
     assert proc.returncode == 128 + signum, err
     name = signal.Signals(signum).name
     written = (
@@ -744,6 +750,44 @@ def test_deleting_the_input_topic_while_it_is_read_is_one_line(
     ), err
 
 
+@pytest.mark.kafka_transactions  # the fault proxy's broker is Apache Kafka
+def test_kafka_config_reaches_every_kafka_client_of_the_run(
+    fault_proxy: FaultProxy,
+    proxied_broker: Broker,
+    tmp_path: Path,
+    purchases: list[tuple[int, dict[str, Any]]],
+) -> None:
+    """`--kafka-config FILE`: its properties go to every client the run makes (the input's consumer and
+    admin, the output log's writers and readers, the results topic's), here a client.id that the proxy in
+    front of the broker sees on every request; the results are those of a run without it."""
+    topic = _new_topic(proxied_broker, "purchases-config")
+    produce(proxied_broker.bootstrap, topic, encoded(purchases, as_json))
+    config = tmp_path / "client.properties"
+    config.write_text("# every client of the run\nclient.id = cfg-probe\nsocket.timeout.ms: 20000\n\n")
+    out = cec(
+        "run", "--input-topic", topic, "--bootstrap-servers", fault_proxy.address, "--key", "item", "--value",
+        "price", *WINDOW, "--results", str(tmp_path / "out.csv"), "--results-topic", f"res-{topic}",
+        "--store-dir", str(tmp_path / "store"), "--kafka-config", str(config),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, purchases)
+    assert set(fault_proxy.clients()) == {"cfg-probe"} and sum(fault_proxy.requests().values()) > 100
+    assert fault_proxy.requests()["EndTxn"] > 0 and fault_proxy.requests()["Fetch"] > 0
+
+
+def test_a_mistake_in_the_kafka_config_file_is_one_line(tmp_path: Path) -> None:
+    config = tmp_path / "client.properties"
+    config.write_text("security.protocol=SASL_SSL\nsasl.password\n")
+    out = cec("inspect", "--list", "--bootstrap-servers", "127.0.0.1:1", "--kafka-config", str(config))
+    assert out.returncode == 2 and out.stdout == ""
+    assert out.stderr == f"cec: error: {config}:2: not a key=value line: 'sasl.password'\n"
+    missing = cec(
+        "inspect", "--list", "--bootstrap-servers", "127.0.0.1:1", "--kafka-config", str(tmp_path / "none")
+    )
+    assert missing.returncode == 2 and missing.stderr.startswith("cec: error: cannot read the Kafka client")
+    assert missing.stderr.count("\n") == 1
+
+
 def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
@@ -751,41 +795,16 @@ def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
     the way out, exit 2; once it answers again the same command completes exactly."""
     if kafka_broker.pid is None:
         pytest.skip("needs a broker process this test session started (to stall it)")
-    from queuestore.base import PartitionReader
-    from queuestore.exceptions import QueueStoreError
-    from queuestore.kafka import KafkaQueueStore
 
     purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
     topic = _new_topic(kafka_broker, "purchases-stall")
     produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
     store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
     args = ["--store-dir", str(store), "--output-topic", output]
-    script = Path(sys.executable).parent / "cec"
-    proc = subprocess.Popen(
-        [str(script), "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--key", "item",
-         "--value", "price", *WINDOW, "--results", str(results), *args],
-        env={**child_env(), "CEC_KAFKA_REQUEST_TIMEOUT": "4"}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True,
-    )  # fmt: skip
-    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
-    readers: list[PartitionReader] = []
-
-    def logged() -> int:
-        if not readers:
-            if not checker.topic_exists(output):
-                return 0
-            readers.append(checker.reader(output, 0))
-        try:
-            return readers[0].end_offset()
-        except QueueStoreError:
-            return 0
-
+    proc = start_topic_run(kafka_broker, topic, results, *args, env={"CEC_KAFKA_REQUEST_TIMEOUT": "4"})
     stalled = False
     try:
-        wait_for(lambda: proc.poll() is not None or logged() >= 1000, timeout=120, interval=0.01)
-        for reader in readers:
-            reader.close()
-        checker.close()
+        wait_until_logged(proc, OutputLogProbe(kafka_broker, output, tmp_path / "check"), 1000)
         assert proc.poll() is None, "the run ended before the broker could be stalled"
         os.kill(kafka_broker.pid, signal.SIGSTOP)
         stalled = True

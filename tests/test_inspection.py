@@ -121,9 +121,11 @@ def test_user_mistakes_are_one_line(tmp_path: Path) -> None:
 def test_version_comes_from_the_installed_package() -> None:
     from importlib.metadata import version
 
+    from cec.cli import DISTRIBUTION
+
     out = cec("--version")
     assert out.returncode == 0
-    assert out.stdout.strip() == f"cec {version('cec')}"
+    assert out.stdout.strip() == f"cec {version(DISTRIBUTION)}" and DISTRIBUTION == "cec-stream"
 
 
 def test_every_package_ships_py_typed() -> None:

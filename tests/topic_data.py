@@ -45,9 +45,9 @@ def avro_body(record: dict[str, Any]) -> bytes:
     return buf.getvalue()
 
 
-def create_topic(bootstrap: str, topic: str, partitions: int) -> None:
+def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, str] | None = None) -> None:
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    for future in admin.create_topics([NewTopic(topic, partitions, 1)]).values():
+    for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).values():
         future.result(30)
 
 

@@ -15,10 +15,12 @@ writes instead
     query.awaitTermination()
     read_results(spark, "avg", bs).show()     # key, window, value, count, start, end (R rows only)
 
-Pipeline: a Python Data Source ("cec-topic" for an ordinary json/avro/registry/csv topic, read by
-`operators.topic_source.KafkaTopicSource`; "cec-kafka" for a cec queue) with one Spark input partition per
-Kafka partition j, which packs what it reads (`operators.spark.packing`: per chunk one row per output
-partition, whose columns are arrays of the tuples' j, offset o, canonical key, value and time) ->
+Pipeline: the input, one Spark input partition per Kafka partition j, packed as it is read
+(`operators.spark.packing`: per chunk one row per output partition, whose columns are arrays of the
+tuples' j, offset o, canonical key, value and time): an ordinary json/avro/registry/csv topic through
+Spark's own Kafka source plus a packing step (`operators.spark.kafka_input`, when the connector is on the
+classpath) or through the "cec-topic" Python Data Source (`operators.topic_source.KafkaTopicSource`), a
+cec queue through the "cec-kafka" Python Data Source ->
 `groupBy(output partition).transformWithStateInPandas(CEC processor)` (one group and one state value per
 output partition) -> a
 CEC sink (foreachBatch) whose write tasks run on the executors, one per output partition, each through its
@@ -32,6 +34,7 @@ SQLite log would live on one executor's disk); `spark.speculation=true` is refus
 Responsibilities, one module each:
 - `operators.spark.packing` and `operators.spark.partitioning`: the packed input, and which partition a
   key belongs to (Spark's own hash, also computed in Python by the sources);
+- `operators.spark.kafka_input`: which reader reads an ordinary topic, and Spark's Kafka source as one;
 - `operators.spark.generations`: output topic generations (restart with another partition count);
 - `operators.spark.planning`: recovery planning on the executors (EC, crash points, replay start, the
   initial state as a DataFrame that never passes through the driver);
@@ -64,6 +67,13 @@ from operators.formats import FORMATS, load_avro_schema
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
 from operators.spark.generations import Generation, generation_topic, list_generations
+from operators.spark.kafka_input import (
+    AUTO,
+    SPARK_KAFKA,
+    check_retention,
+    choose_input_reader,
+    spark_kafka_input,
+)
 from operators.spark.packing import PACK_OPTION, PackSpec
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import (
@@ -77,7 +87,7 @@ from operators.spark.processor import (
 from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
-from operators.spark.topic_reader import TOPIC_FORMAT, register_topic_source
+from operators.spark.topic_reader import TOPIC_FORMAT, TopicOptions, register_topic_source
 from operators.spark.writer import ExecutorSink
 from queuestore.output import OutputQueue
 
@@ -155,6 +165,7 @@ def cec_aggregate(
     metrics_port: int | None = None,
     writers: str = "executors",
     allowed_lateness: str | int | None = None,
+    input_reader: str = AUTO,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -165,6 +176,11 @@ def cec_aggregate(
       `key`, `value` and `time` are value fields, `time="@timestamp"` the Kafka record timestamp; a record
       that cannot be decoded or lacks a field is a dead letter with its partition, offset and reason), or
       `"cec"` (the default) for a cec queue (an upstream CEC stage's output or the cec-kafka sink);
+    - `input_reader`: how an ordinary topic is read: `"spark-kafka"` (Spark's own Kafka source, which needs
+      the connector `spark-sql-kafka-0-10` on the classpath), `"python"` (the cec-topic Python data
+      source), or `"auto"` (the default: spark-kafka when the session has the connector and no
+      `kafka_config` is given, else python). Both give the same tuples, dead letters and recovery
+      (`operators.spark.kafka_input`); a cec queue is always read by the cec-kafka source;
     - `input_schema`: avro: the schema (dict, JSON text or `.avsc` path); csv: the column names (list or
       comma-separated text); cec: the payload's Avro schema (a name known to cec-kafka, JSON text or a
       dict; default "purchase"); `schema_registry_url`: registry;
@@ -244,6 +260,7 @@ def cec_aggregate(
         raise ConfigError("max_records_per_trigger must be >= 1")
     source_options = _source_options(input_format, input_schema, schema_registry_url, key, value, time)
     check_session(spark, embedded_store=False, what="cec_aggregate")
+    reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
     metrics, served_port = None, None
     if metrics_port is not None:  # before any work: a port in use is one ConfigError
         served_port = serve(metrics_port)
@@ -323,6 +340,7 @@ def cec_aggregate(
             max_records_per_trigger=max_records_per_trigger,
             query_name=query_name,
             functions=F,
+            input_reader=reader_kind,
         )
     except BaseException:
         try:
@@ -339,6 +357,7 @@ def cec_aggregate(
         stop_when_drained=available_now and gcheck is not None,
         metrics_port=served_port,
         checkpoint=checkpoint,
+        input_reader=reader_kind,
     )
 
 
@@ -418,35 +437,42 @@ def _start_query(
     max_records_per_trigger: int | None,
     query_name: str | None,
     functions: Any,
+    input_reader: str,
 ) -> StreamingQuery:
     F = functions
     register_all(spark)
-    options = dict(source_options)
-    fmt = options.pop("format_name")
-    reader = (
-        spark.readStream.format(fmt)
-        .option("topic", input_topic)
-        .option("bootstrap.servers", bootstrap_servers)
-        .options(**options)
-    )
-    if fmt == FORMAT:
-        reader = reader.option("stateDir", str(state_dir / "source"))
-    if recovery.resumed or fmt == FORMAT:
-        # A resumed run replays from T; below an ordinary topic's log start that is the retention error.
-        reader = reader.option(
-            "startingOffsets", json.dumps({str(j): o for j, o in enumerate(recovery.start)})
-        )
-    if max_records_per_trigger is not None:
-        reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
-    for name, setting in client.items():
-        reader = reader.option(f"kafka.{name}", setting)
     # The source packs the tuples: per chunk it reads, one row of arrays per state partition, each tuple
     # with its key as the aggregate makes it (canonical_key), so that the group key, the window id in the
     # log and the initial state's key are one string (operators.spark.packing). Across generations each
     # tuple also carries q_g(k) in every generation g (for C_k); with one, C_k is its partition's.
     # The fields name the key in dead letters on every format; a CEC-format source also reads them.
     pack = PackSpec(tuple(g.partitions for g in recovery.generations), spec.key, spec.value, spec.time)
-    rows = reader.option(PACK_OPTION, pack.to_option()).load()
+    options = dict(source_options)
+    fmt = options.pop("format_name")
+    rows: DataFrame
+    if input_reader == SPARK_KAFKA:
+        opts = TopicOptions.parse(
+            {
+                "topic": input_topic,
+                "bootstrap.servers": bootstrap_servers,
+                PACK_OPTION: pack.to_option(),
+                **options,
+                **{f"kafka.{name}": setting for name, setting in client.items()},
+            }
+        )
+        if recovery.resumed:  # a replay from T: below a log start now is the retention error, here
+            check_retention(opts, recovery.start)
+        rows = spark_kafka_input(
+            spark,
+            opts,
+            start=list(recovery.start) if recovery.resumed else None,
+            max_records_per_trigger=max_records_per_trigger,
+        )
+    else:
+        rows = _python_input(
+            spark, fmt, options, input_topic, bootstrap_servers, state_dir, recovery, client,
+            max_records_per_trigger, pack,
+        )  # fmt: skip
     # One group per output partition q of the current generation (the processor keeps a partition's keys
     # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
     groups = partition_groups(recovery.current.partitions)
@@ -489,6 +515,39 @@ def _start_query(
                 spark.conf.unset(conf)
             else:
                 spark.conf.set(conf, previous)
+
+
+def _python_input(
+    spark: SparkSession,
+    fmt: str,
+    options: Mapping[str, str],
+    input_topic: str,
+    bootstrap_servers: str,
+    state_dir: Path,
+    recovery: AttachRecovery,
+    client: Mapping[str, str],
+    max_records_per_trigger: int | None,
+    pack: PackSpec,
+) -> DataFrame:
+    """The packed input rows through the project's Python data sources (cec-kafka, cec-topic)."""
+    reader = (
+        spark.readStream.format(fmt)
+        .option("topic", input_topic)
+        .option("bootstrap.servers", bootstrap_servers)
+        .options(**options)
+    )
+    if fmt == FORMAT:
+        reader = reader.option("stateDir", str(state_dir / "source"))
+    if recovery.resumed or fmt == FORMAT:
+        # A resumed run replays from T; below an ordinary topic's log start that is the retention error.
+        reader = reader.option(
+            "startingOffsets", json.dumps({str(j): o for j, o in enumerate(recovery.start)})
+        )
+    if max_records_per_trigger is not None:
+        reader = reader.option("maxRecordsPerTrigger", str(max_records_per_trigger))
+    for name, setting in client.items():
+        reader = reader.option(f"kafka.{name}", setting)
+    return reader.option(PACK_OPTION, pack.to_option()).load()
 
 
 def _initial_state(spark: SparkSession, recovery: AttachRecovery) -> DataFrame | None:

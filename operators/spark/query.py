@@ -25,7 +25,8 @@ underlying query, `query.query`) and adds CEC's figures:
     `recovery_s` = `ec_build_s` + `replay_s`, the recovery time a recovery target is held to, with
     `recovery_target_s` and `recovery_target_met` (None without a target, before the replay ended, or on
     a start that resumed nothing).
-- `recovery`: the `operators.spark.planning.AttachRecovery` of this start; `batches`: micro-batches done.
+- `recovery`: the `operators.spark.planning.AttachRecovery` of this start; `batches`: micro-batches done;
+  `input_reader`: how the input is read ("spark-kafka" or "python", `operators.spark.kafka_input`).
 """
 
 from __future__ import annotations
@@ -67,8 +68,10 @@ class CecAggregateQuery:
         stop_when_drained: bool = False,
         metrics_port: int | None = None,
         checkpoint: Path | None = None,
+        input_reader: str = "python",
     ):
         self.query = query
+        self.input_reader = input_reader
         self.recovery = recovery
         self.checkpointing = checkpointing or Checkpointing()
         self._sink = sink
@@ -226,7 +229,7 @@ class CecAggregateQuery:
             sources = progress.sources
             if not sources or not sources[0].endOffset:
                 continue
-            ends = json.loads(sources[0].endOffset)
+            ends = _partition_offsets(sources[0].endOffset)
             if all(int(ends.get(str(j), 0)) >= c for j, c in enumerate(crash)):
                 started = datetime.fromisoformat(progress.timestamp.replace("Z", "+00:00")).timestamp()
                 return max(0.0, started + progress.batchDuration / 1000.0 - self._started_wall)
@@ -271,6 +274,14 @@ class CecAggregateQuery:
     def __exit__(self, *exc: object) -> None:
         # stop() also when inactive: Spark's stop waits for a batch still in flight (see awaitTermination).
         self.stop()
+
+
+def _partition_offsets(text: str) -> dict[str, Any]:
+    """A source's offsets in Spark's progress, per input partition: {"<j>": offset} as the cec sources
+    write them, or Spark's Kafka source's {"<topic>": {"<j>": offset}} (one topic)."""
+    offsets = json.loads(text)
+    inner = next(iter(offsets.values()), None) if len(offsets) == 1 else None
+    return inner if isinstance(inner, dict) else offsets
 
 
 def _count_tuples(progress: Any, tuples: int) -> None:

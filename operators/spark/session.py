@@ -8,7 +8,10 @@ Why each setting (DESIGN-NOTES section 4):
   so that Spark's Python processes import the installed pyspark with cached bytecode instead of
   compiling the copy Spark puts first on their path (~0.55 s per process start, measured);
 - the UI is off (tests, CI) and shuffle partitions are small (they equal output partitions in the
-  Structured Streaming design).
+  Structured Streaming design);
+- Spark's Kafka connector is on the classpath (`spark.jars`) when its jars are there
+  (`operators.spark.connector`: `make spark-kafka-jars`), so that `format("kafka")` reads and writes Kafka
+  and `cec_aggregate` can read an ordinary topic through it.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ def local_session(
     """Get or create the process's SparkSession with the settings above (Spark keeps one per process)."""
     from pyspark.sql import SparkSession
 
+    from operators.spark.connector import jars_conf
     from operators.spark.python_exec import spark_python
 
     # Read when the SparkContext starts (the Python every Spark Python process runs; a PYSPARK_PYTHON the
@@ -53,7 +57,9 @@ def local_session(
         .config("spark.pyspark.python", python)
         .config("spark.pyspark.driver.python", sys.executable)
     )
-    for key, value in (extra_conf or {}).items():
+    conf = dict(extra_conf or {})
+    conf.update(jars_conf(conf.get("spark.jars")))
+    for key, value in conf.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")

@@ -54,9 +54,17 @@ if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import SparkSession
 
+    from operators.base import InputTuple
     from operators.topic_source import KafkaTopicSource
 
-__all__ = ["TOPIC_FORMAT", "TOPIC_ROW_SCHEMA", "CecTopicDataSource", "register_topic_source"]
+__all__ = [
+    "TOPIC_FORMAT",
+    "TOPIC_ROW_SCHEMA",
+    "CecTopicDataSource",
+    "TopicOptions",
+    "TupleBatches",
+    "register_topic_source",
+]
 
 TOPIC_FORMAT = "cec-topic"
 TOPIC_ROW_SCHEMA = StructType(
@@ -180,52 +188,66 @@ class TopicSlice(InputPartition):
 
 def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch]:
     """One slice, read by a KafkaTopicSource pinned to it (runs on an executor), as Arrow record batches
-    of `TOPIC_ROW_SCHEMA`, one per poll: Spark takes the columns as they are, with no conversion per row
-    and field in its worker."""
-    import pyarrow as pa
-    from pyspark.sql.pandas.types import to_arrow_schema
-
-    read_schema = opts.read_schema()
-    schema = to_arrow_schema(read_schema)
-    packer = kept_packer(opts.pack, read_schema) if opts.pack is not None else None
+    of `TOPIC_ROW_SCHEMA` (or packed), one per poll: Spark takes the columns as they are, with no
+    conversion per row and field in its worker."""
+    batches = TupleBatches(opts)
     p = piece.partition
     starts, ends = [0] * piece.total, [0] * piece.total
     starts[p], ends[p] = piece.start, piece.end
-    key, value, time_field = opts.key, opts.value, opts.time
-    dumps = json.dumps
     with READERS.lease(
         opts.reader_key(p, piece.total), lambda: _open_source(opts, p, starts, ends)
     ) as source:
         source.pin({"start_offsets": starts, "end_offsets": ends})
         source.seek([piece.start])  # below the log start: RetentionError, never a silent gap
         while (batch := source.poll(_POLL_BATCH)) is not None:
-            if not batch:
+            if batch:
+                yield batches.of(p, batch)
+
+
+class TupleBatches:
+    """The rows a topic source hands Spark for a batch of one input partition's tuples: `TOPIC_ROW_SCHEMA`
+    (position, dead-letter reason, key as text, value and time as JSON text), or with `opts.pack` the
+    attached query's packed rows (keys in canonical form, `operators.spark.packing`). Both readers of an
+    ordinary topic build them here: the cec-topic source and Spark's Kafka source
+    (`operators.spark.kafka_input`)."""
+
+    def __init__(self, opts: TopicOptions) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.opts = opts
+        read_schema = opts.read_schema()
+        self.schema = to_arrow_schema(read_schema)
+        self.packer = kept_packer(opts.pack, read_schema) if opts.pack is not None else None
+
+    def of(self, p: int, batch: Sequence[InputTuple]) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        key, value, time_field = self.opts.key, self.opts.value, self.opts.time
+        packer, dumps = self.packer, json.dumps
+        offsets: list[int] = []
+        errors: list[str | None] = []
+        keys: list[Any] = []
+        values: list[str | None] = []
+        times: list[str | None] = []
+        for tup in batch:
+            offsets.append(tup.offset)
+            v = tup.value
+            if v is None:
+                errors.append(tup.error or "undecodable input")
+                keys.append(None)
+                values.append(raw_text(tup))  # the record as read: its dead letter's raw
+                times.append(None)
                 continue
-            offsets: list[int] = []
-            errors: list[str | None] = []
-            keys: list[str | None] = []
-            values: list[str | None] = []
-            times: list[str | None] = []
-            for tup in batch:
-                offsets.append(tup.offset)
-                v = tup.value
-                if v is None:
-                    errors.append(tup.error or "undecodable input")
-                    keys.append(None)
-                    values.append(raw_text(tup))  # the record as read: its dead letter's raw
-                    times.append(None)
-                    continue
-                errors.append(None)
-                keys.append(v[key] if packer is not None else str(v[key]))  # packing: canonical_key
-                values.append(dumps(v[value], default=str))
-                times.append(None if time_field is None else dumps(v[time_field], default=str))
-            if packer is not None:
-                yield packer.pack(p, offsets, keys, values, times, errors)
-                continue
-            columns = [[p] * len(offsets), offsets, errors, keys, values, times]
-            yield pa.RecordBatch.from_arrays(
-                [pa.array(c, type=f.type) for c, f in zip(columns, schema, strict=True)], schema=schema
-            )
+            errors.append(None)
+            keys.append(v[key] if packer is not None else str(v[key]))  # packing: canonical_key
+            values.append(dumps(v[value], default=str))
+            times.append(None if time_field is None else dumps(v[time_field], default=str))
+        if packer is not None:
+            return packer.pack(p, offsets, keys, values, times, errors)
+        columns = [[p] * len(offsets), offsets, errors, keys, values, times]
+        return pa.RecordBatch.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(columns, self.schema, strict=True)], schema=self.schema
+        )
 
 
 def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: list[int]) -> KafkaTopicSource:

@@ -44,7 +44,7 @@ from operators.formats import (
     _json_value,
 )
 from operators.sources import CsvSource
-from operators.topic_source import _decode_one, decode_values
+from operators.topic_tuples import _decode_one, decode_values
 from tests.fuzz import oracle
 from tests.fuzz.oracle import check_avro, check_json, typed
 

@@ -264,7 +264,8 @@ def test_avro_topic_wrong_bodies_are_error_tuples(kafka_broker: Broker) -> None:
 
 def test_record_timestamp_as_the_time_field(kafka_broker: Broker) -> None:
     topic = _topic("purchases-ts")
-    create_topic(kafka_broker.bootstrap, topic, 1)
+    # Timestamps from 2023: a broker with time retention (Kafka's default 7 days) deletes them at once.
+    create_topic(kafka_broker.bootstrap, topic, 1, config={"retention.ms": "-1"})
     from confluent_kafka import Producer
 
     producer = Producer({"bootstrap.servers": kafka_broker.bootstrap})

@@ -20,7 +20,6 @@ import os
 import random
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,7 +39,7 @@ from queuestore.exceptions import QueueStoreError
 from queuestore.index import StreamIndex
 from queuestore.sqlite import SqliteQueueStore
 from recovery.exceptions import RecoveryError
-from tests.helpers import child_env, per_key, results
+from tests.helpers import cec, per_key, results
 
 EXAMPLES = int(os.environ.get("CEC_DAMAGE_EXAMPLES", "30"))
 SEED = int(os.environ.get("CEC_DAMAGE_SEED", "20261126"))
@@ -258,10 +257,6 @@ def test_a_resumed_run_on_a_damaged_store_is_exact_or_one_clear_error(
 
 
 # -- the CLI: cec inspect, then cec run again on the same --store-dir -----------------------------------------
-def cec(*args: str) -> subprocess.CompletedProcess[str]:
-    script = Path(sys.executable).parent / "cec"
-    command = [str(script)] if script.exists() else [shutil.which("cec") or "cec"]
-    return subprocess.run([*command, *args], capture_output=True, text=True, timeout=300, env=child_env())
 
 
 def _run_args(data: Path, store: Path, results_path: Path) -> list[str]:

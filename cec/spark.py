@@ -1,0 +1,83 @@
+"""cec for PySpark users: attach CEC to an aggregation over a Kafka topic and read its results.
+
+    from cec.spark import cec_aggregate, read_results, register
+
+Importing this module imports neither PySpark nor the Spark host: each name is resolved on first use, so
+`import cec.spark` is cheap and works where PySpark is not installed (a name used there raises one
+ConfigError line saying what to install). `cec_aggregate` and `read_results` register the `cec-kafka` and
+`cec-topic` data sources in the session they are given; `register(spark)` does it for a session that reads
+those formats directly (`spark.read.format("cec-kafka")`).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from cec.config import Checkpointing
+from cec.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from operators.spark.attach import (
+        RESULT_COLUMNS,
+        CecAggregateQuery,
+        Generation,
+        cec_aggregate,
+        list_generations,
+        read_results,
+    )
+
+__all__ = [
+    "RESULT_COLUMNS",
+    "CecAggregateQuery",
+    "Checkpointing",
+    "Generation",
+    "cec_aggregate",
+    "list_generations",
+    "read_results",
+    "register",
+]
+
+# Where each public name lives (the Spark host's modules; their import paths keep working).
+_LAZY = {
+    "RESULT_COLUMNS": "operators.spark.attach",
+    "CecAggregateQuery": "operators.spark.attach",
+    "Generation": "operators.spark.attach",
+    "cec_aggregate": "operators.spark.attach",
+    "list_generations": "operators.spark.attach",
+    "read_results": "operators.spark.attach",
+}
+
+
+def _host(module: str) -> Any:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        missing = (exc.name or "").split(".")[0]
+        if missing in {"pyspark", "pyarrow", "pandas"}:
+            raise ConfigError(
+                f"cec.spark needs PySpark ({missing} is not installed): pip install 'cec-stream[spark]' "
+                "(and Java 17)"
+            ) from None
+        raise
+
+
+def register(spark: SparkSession) -> None:
+    """Make `spark.read.format("cec-kafka")` (output logs) and `format("cec-topic")` (an ordinary topic,
+    decoded as cec reads it) available in `spark`."""
+    _host("operators.spark.attach").register_all(spark)
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'cec.spark' has no attribute {name!r}")
+    value = getattr(_host(module), name)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
