@@ -49,11 +49,9 @@ from operators.sources import CsvSource
 from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
-from queuestore.exceptions import QueueStoreError
 from queuestore.factory import open_store, store_spec
 from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
 from queuestore.kafka_config import quiet_librdkafka, read_properties
-from recovery.exceptions import RecoveryError
 
 __all__ = ["main"]
 
@@ -1035,7 +1033,7 @@ def main(argv: list[str] | None = None) -> int:
         reporter.stop()
         print(f"cec: {exc}", file=sys.stderr)
         return exc.exit_code
-    except (CecError, QueueStoreError, RecoveryError) as exc:
+    except CecError as exc:  # the one root: store, recovery and pipeline errors too
         reporter.stop()
         print(f"cec: error: {exc}", file=sys.stderr)
         return 2

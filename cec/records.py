@@ -44,7 +44,7 @@ import google_crc32c
 
 from cec.exceptions import CodecError
 from cec.native import compile_avro, native
-from queuestore.base import RecordMeta, Row
+from cec.stored import RecordMeta, Row
 
 __all__ = [
     "CONTROL_KINDS",

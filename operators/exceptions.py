@@ -7,8 +7,11 @@ from cec.exceptions import CecError
 __all__ = [
     "DecodeError",
     "OutputConflictError",
+    "PipelineError",
+    "PipelineFailedError",
     "RetentionError",
     "SourceError",
+    "StageFailedError",
     "TopicDeletedError",
     "TopicSourceError",
 ]
@@ -43,3 +46,15 @@ class OutputConflictError(CecError):
     """An output partition's writer found records in its log that it did not produce (a second writer, or
     a retried micro-batch that differs from its killed attempt): it writes nothing, and the query must be
     restarted, which recovers from the log."""
+
+
+class PipelineError(CecError):
+    """Base class of the errors of a pipeline host (`operators.spark.host`)."""
+
+
+class PipelineFailedError(PipelineError):
+    """A stage job still failed after `max_job_attempts` submissions."""
+
+
+class StageFailedError(PipelineError):
+    """One stage of a group run in one task failed, which stopped the others (Spark retries the task)."""

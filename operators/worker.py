@@ -14,14 +14,12 @@ from pathlib import Path
 from cec import progress
 from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
-from queuestore.exceptions import QueueStoreError
 from queuestore.kafka_config import quiet_librdkafka
-from recovery.exceptions import RecoveryError
 
 __all__ = ["REPORTED_ERROR_EXIT", "USER_ERRORS", "main"]
 
 # Errors that are reported as one line (the CLI's convention), never as a traceback.
-USER_ERRORS = (CecError, QueueStoreError, RecoveryError)
+USER_ERRORS = (CecError,)  # the one root: store, recovery and pipeline errors too
 REPORTED_ERROR_EXIT = 2
 INTERRUPTED_EXIT = 130
 

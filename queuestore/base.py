@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
+from cec.stored import RecordMeta, Row
 from queuestore.exceptions import DamagedLogError, LogTrimmedError, WriterFailedError
 
 __all__ = [
@@ -46,29 +47,10 @@ __all__ = [
 ATTACHMENT_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
 
 
-class RecordMeta(NamedTuple):
-    """What the store keeps beside a record's value.
-
-    `kind` is the tuple kind code (see `cec.records.Kind`), `time` the operator's logical time, and
-    `key`/`seq` the window id for records that belong to a window (`None`/-1 otherwise). A NamedTuple, not
-    a dataclass: readers build one per record, and recovery scans read hundreds of thousands per second.
-    """
-
-    kind: str
-    time: int
-    key: str | None = None
-    seq: int = -1
-
-
 class StoredRecord(NamedTuple):
     offset: int
     value: bytes
     meta: RecordMeta
-
-
-# A stored record as one flat tuple, (offset, kind, time, key, seq, value): what bulk readers hand to
-# recovery's scan without building a StoredRecord and a RecordMeta per record.
-Row = tuple[int, str, int, str | None, int, bytes]
 
 
 # Called once per appended record when it is durable (offset, None) or definitely failed (None, error).

@@ -1,6 +1,8 @@
-"""Errors raised by queue stores and the stream index."""
+"""Errors raised by queue stores and the stream index, all under `cec.CecError` (the package's one root)."""
 
 from __future__ import annotations
+
+from cec.exceptions import CecError
 
 __all__ = [
     "BrokerUnavailableError",
@@ -21,7 +23,7 @@ __all__ = [
 ]
 
 
-class QueueStoreError(Exception):
+class QueueStoreError(CecError):
     """Base class of every error raised by `queuestore`."""
 
 

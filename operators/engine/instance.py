@@ -41,7 +41,7 @@ from operators.engine.phase import Lifecycle, Phase
 from operators.engine.records import DeadLetters, HeldRecord, RecordSink
 from operators.engine.stats import RunStats
 from recovery.contract import ReplayContract, TupleFate, Watermark
-from recovery.exceptions import RecoveryError
+from recovery.exceptions import RecoveryError, ReplayDivergenceError
 
 if TYPE_CHECKING:
     from recovery.manager import Recovery, RecoveryReport
@@ -175,7 +175,7 @@ class OperatorInstance:
             # first time is already in the log. Only a dead letter can come out of it again; a result or a
             # window opening would mean the log and the replay disagree, and writing it would corrupt output.
             if kind is not Kind.DEAD:
-                raise RuntimeError(
+                raise ReplayDivergenceError(
                     f"replay below the crash point produced a {kind.value} record for {key!r} (window "
                     f"{seq}): the log and the replay disagree"
                 )

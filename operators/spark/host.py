@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
+from operators.exceptions import PipelineFailedError, StageFailedError
 from operators.job import (
     JobSpec,
     build_operator,
@@ -63,10 +64,6 @@ __all__ = ["InstanceReport", "PipelineFailedError", "PipelineResult", "SparkOper
 log = logging.getLogger(__name__)
 
 Mode = Literal["chained", "per-stage"]
-
-
-class PipelineFailedError(RuntimeError):
-    """A stage job still failed after `max_job_attempts` submissions."""
 
 
 @dataclass(frozen=True)
@@ -147,7 +144,7 @@ def _run_chain(specs: Sequence[tuple[int, JobSpec]], lock_wait_s: float) -> list
     if errors:
         stage, exc = errors[0]
         partition = specs[0][1].output_partition
-        raise RuntimeError(f"stage {stage}, partition {partition} failed: {exc!r}") from exc
+        raise StageFailedError(f"stage {stage}, partition {partition} failed: {exc!r}") from exc
     return [(stage, results[stage]) for stage, _ in specs]
 
 

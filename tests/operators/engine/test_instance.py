@@ -22,6 +22,7 @@ import pandas as pd
 import pytest
 from pyspark.sql.types import StringType
 
+from cec.exceptions import CecError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
 from operators.base import DEAD_LETTER_SCHEMA, InputTuple
@@ -35,6 +36,7 @@ from operators.spark.stamping import log_order
 from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
 from recovery.contract import NO_MARK, PositionStamper, ReplayContract
+from recovery.exceptions import ReplayDivergenceError
 from recovery.manager import RecoveryManager
 
 PARTITIONS = 2
@@ -368,8 +370,9 @@ def test_a_replay_that_disagrees_with_the_log_fails(host_kind: str, tmp_path: Pa
     recovered = _recovered(host_kind, spec, store, want)
     # Another input below the crash point: a's window would close there, with its R already... nowhere.
     changed = [row(0, 0, "a", 1.0), row(0, 1, "a", 1.0), row(0, 2, "a", 1.0), row(0, 3, "c", 1.0)]
-    with pytest.raises(RuntimeError, match="the log and the replay disagree"):
+    with pytest.raises(ReplayDivergenceError, match="the log and the replay disagree") as raised:
         recovered.feed(changed)
+    assert isinstance(raised.value, CecError)  # one line from the CLI, never a traceback
 
 
 def test_tuples_held_back_under_a_watermark_go_on_when_offsets_have_gaps() -> None:
