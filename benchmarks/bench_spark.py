@@ -34,7 +34,7 @@ attached runs once.
    (`cec_aggregate(input_reader=...)`), one attached system per reader, interleaved with Spark native. `run_attached` is the hook: it raises
    NotImplementedError when that module is not importable, and the output then says why there is no figure.
 4. Recovery after a kill at half the input.
-   - CEC host: partition 0's Python worker is SIGKILLed (pid file, as tests/spark/test_host.py does) halfway
+   - CEC host: partition 0's Python worker is SIGKILLed (pid file, as tests/operators/spark/test_host.py does) halfway
      through its processing, timed from the failure-free run just before (why time and not the log: see
      `_HostKiller`); the durable input position at the crash is reported. Spark relaunches the task, which
      recovers from its log. Reported: the relaunched instance's own report
@@ -1260,7 +1260,7 @@ class _HostKiller(threading.Thread):
     """SIGKILLs partition 0's Python worker (first attempt) `delay` seconds after its task started (its pid
     file appeared): the failure-free instance's start-up plus half its processing time, so mid-run.
 
-    Why time and not "half the input seen in the log" (tests/spark/test_host.py's trigger, on SQLite): on
+    Why time and not "half the input seen in the log" (tests/operators/spark/test_host.py's trigger, on SQLite): on
     Kafka (Tansu) here, a consumer following partition 0's log, and positioned reads of its end, saw the
     instance's records only at the end of its run in --quick (25k tuples, ~1 s), so a log-triggered kill
     always came after the instance had finished. A timed kill always hits the running task; but with a

@@ -1,4 +1,4 @@
-"""A longer coverage-guided fuzz run of cec's C decoders (tests/fuzz/native_target.py), with the C code
+"""A longer coverage-guided fuzz run of cec's C decoders (tests/cec/fuzz/native_target.py), with the C code
 itself instrumented: what CI runs briefly, for minutes.
 
 With clang and its compiler-rt (Debian: `apt-get install clang`), `cec/_native.c` is built into a work
@@ -93,7 +93,7 @@ def main() -> int:
     parser.add_argument("--no-asan", action="store_true", help="coverage instrumentation only")
     args = parser.parse_args()
 
-    from tests.fuzz.oracle import write_seeds
+    from tests.cec.fuzz.oracle import write_seeds
 
     write_seeds(args.corpus)
     artifacts = args.corpus.parent / f"{args.corpus.name}-crashes"

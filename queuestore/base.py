@@ -6,7 +6,7 @@ store keeps beside the value (SQLite columns; on Kafka a kind header, the messag
 front of the value) so that the stream index and downstream consumers can read kind/time/window without
 decoding the value.
 
-Contract (checked by the conformance suite in `tests/conformance`):
+Contract (checked by the conformance suite in `tests/queuestore/conformance`):
 - exactly one writer per partition; appends are durable in order and reported through callbacks served
   by `poll()`/`flush()` in the writer's thread, each with the record's offset;
 - the durable log is always a prefix of what the writer appended (a crash loses a suffix, never a record

@@ -4,7 +4,7 @@ A key's output partition among P is pmod(hash(key), P) with Spark's `hash()` (Mu
 that it is also the key's state partition when the shuffle partitions equal P. The query computes it as a
 Spark column (`output_partition`, for the initial state); the data sources compute the same value in
 Python for the rows they pack (`spark_hash_string`, `KeyGrouper`), which must agree with Spark bit for
-bit (tests/spark/test_partitioning.py checks them against Spark's own `hash()`).
+bit (tests/operators/spark/test_partitioning.py checks them against Spark's own `hash()`).
 """
 
 from __future__ import annotations

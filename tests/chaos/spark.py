@@ -3,7 +3,7 @@ driver (`tests.chaos.spark_driver`: local[2,3], writers on the executors) and ev
 and of its Python workers behind the fault proxy; the driver's whole process group SIGKILLed between
 commits and started again until the query completes. The results in the output log, read as a
 read_committed consumer reads them, must equal the failure-free output: the same aggregation in plain
-Python over the records as produced (`tests/spark/test_attach_topic.py` holds cec_aggregate to it)."""
+Python over the records as produced (`tests/operators/spark/test_attach_topic.py` holds cec_aggregate to it)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ CSV files through `CsvSource`.
 
 Examples per test: CEC_FUZZ_EXAMPLES (default 60: seconds in CI). To fuzz longer:
     CEC_FUZZ_EXAMPLES=20000 .venv/bin/python -m pytest -q tests/operators/test_formats_fuzz.py
-The C scanner also has a coverage-guided target (tests/fuzz/, benchmarks/fuzz_native.py).
+The C scanner also has a coverage-guided target (tests/cec/fuzz/, benchmarks/fuzz_native.py).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from operators.formats import (
 )
 from operators.sources import CsvSource
 from operators.topic_tuples import _decode_one, decode_values
-from tests.fuzz import oracle
-from tests.fuzz.oracle import check_avro, check_json, typed
+from tests.cec.fuzz import oracle
+from tests.cec.fuzz.oracle import check_avro, check_json, typed
 
 FUZZ = settings(
     max_examples=int(os.environ.get("CEC_FUZZ_EXAMPLES", "60")),
@@ -184,7 +184,7 @@ def test_json_c_scanner_holds_only_what_the_format_reads_the_same(
     raws: list[bytes], wanted: tuple[str, ...]
 ) -> None:
     """The C scanner (the topic source's path with the accelerator) holds a record only if the format
-    reads it as the same dict, with the wanted fields present, not null and not nested (tests/fuzz/oracle);
+    reads it as the same dict, with the wanted fields present, not null and not nested (tests/cec/fuzz/oracle);
     the records it declines are decoded one by one by the caller."""
     check_json(native, raws, wanted)
 

@@ -260,7 +260,7 @@ def test_sigkill_and_recovery_reproduce_late_dead_letters_exactly(tmp_path: Path
 
 
 def test_cec_run_allowed_lateness_closes_idle_windows_and_survives_a_crash(tmp_path: Path) -> None:
-    from tests.test_cli import cec
+    from tests.helpers import cec
 
     rows = [("idle", 5.0, 0)] + [(f"k{i % 7}", float(i % 13), 3 * i) for i in range(1, 2000)]
     data = _csv(tmp_path / "in.csv", rows)

@@ -22,7 +22,7 @@ from queuestore.sqlite import SqliteQueueStore
 from recovery.as_of import AsOf, _topic_source, state_as_of
 from tests.brokers import Broker
 from tests.conftest import StoreBackend
-from tests.test_cli import cec
+from tests.helpers import cec
 from tests.topic_data import as_json, create_topic, encoded, make_purchases, produce, write_csv
 
 State = dict[tuple[str, int], dict[str, Any]]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from operators.job import JobSpec, run_job
 from tests.conftest import StoreBackend
-from tests.test_cli import cec
+from tests.helpers import cec
 
 
 def _spec(backend: StoreBackend, topic: str) -> JobSpec:

@@ -1,10 +1,10 @@
 """The engine's contract (`operators/engine/instance.py`), checked identically through both hosts.
 
 Each test runs once per host through the `host` fixture, in the pattern of the queue-store conformance
-suite (tests/conformance): the local host's path (an `OperatorInstance` whose records go through the
-local `OutputQueueSink` into a fake output queue kept in memory) and the Spark host's (the attached
-query's `CecAggregateProcessor` for one state partition, driven without a JVM: packed input rows in,
-rows out, stamped into records by the sink's own rule). The assertions are on what both hosts promise
+suite (tests/queuestore/conformance): the local host's path (an `OperatorInstance` whose records go
+through the local `OutputQueueSink` into a fake output queue kept in memory) and the Spark host's (the
+attached query's `CecAggregateProcessor` for one state partition, driven without a JVM: packed input rows
+in, rows out, stamped into records by the sink's own rule). The assertions are on what both hosts promise
 alike: which records exist, in which order per key, what results and dead letters hold, which record
 claims its tuple, the event-time marks; not on what each stamps its own way (a record's time, N).
 
