@@ -38,6 +38,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+from tests.helpers import child_env  # noqa: E402 - the kill plan of the first run (tests/killpoints)
+
 __all__ = ["main"]
 
 _ENQUEUE = re.compile(r"Enqueue (\d+) message\(s\)")
@@ -155,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
                 Path(tmp) / "store",
                 ["--recovery-target", args.recovery_target],
             )
-            env = dict(os.environ, CEC_FAULTS=f"runtime.after_input:{args.count // 2}")
+            env = child_env(f"runtime.after_input:{args.count // 2}")  # tests/killpoints
             rc = subprocess.run(
                 cmd, env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
             ).returncode

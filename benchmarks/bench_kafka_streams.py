@@ -29,7 +29,7 @@ Figures, per repeat and system:
   key + value + header bytes summed (bench_quix.py's `topic_bytes`; transaction markers and the brokers'
   batch framing are not counted, for any system);
 - **recovery after kill -9 at half the input with the local state lost**: the process SIGKILLs itself when
-  it reaches input offset N/2 (cec by `CEC_FAULTS=runtime.after_input:N/2`; the peers when their first
+  it reaches input offset N/2 (cec by `runtime.after_input:N/2` of tests/killpoints; the peers when their first
   node sees offset N/2: Kafka Streams runs `kill -9` on its own JVM), its state directory is deleted and
   it is started again: peers, from the partition's assignment to processing offset N/2 again (changelog
   restore + reprocessing since the last commit; the group rejoin before the assignment is kept apart);

@@ -22,8 +22,8 @@ Figures, each system in its own process, systems interleaved within every repeat
 - **recovery after a SIGKILL at half the input with the state directory lost**: Quix kills itself
   (SIGKILL) when it processes the tuple at offset N/2, its `state_dir` is deleted and the app restarted:
   recovery = from `app.run()` to processing offset N/2 again (changelog restore + reprocessing since the
-  last commit). cec: `cec run` with `CEC_FAULTS=runtime.after_input:N/2` (the operator SIGKILLs itself after
-  N/2 input tuples), its `--store-dir` deleted, then the same command with a fresh `--store-dir`:
+  last commit). cec: `cec run` SIGKILLed once it applied N/2 input tuples (the kill plan
+  `runtime.after_input:N/2` of tests/killpoints, installed from the test side in its process), its `--store-dir` deleted, then the same command with a fresh `--store-dir`:
   recovery = the report's "recovery time" (EC build + load + replay to the crash point). cec runs with
   `--recovery-target` = a fifth of the fastest Quix recovery measured in the same repeat.
 
@@ -50,6 +50,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from tests.helpers import child_env  # noqa: E402 - the kill plan of the recovery phase (tests/killpoints)
 
 __all__ = ["main"]
 
@@ -310,7 +312,7 @@ def cec_recovery(
     out_topic = f"{tag}-out"
     extra = ["--recovery-target", f"{max(target_s, 0.001) * 1000:.0f}ms"]
     first = work / f"{tag}-store-1"
-    env = dict(os.environ, CEC_FAULTS=f"runtime.after_input:{count // 2}")
+    env = child_env(f"runtime.after_input:{count // 2}")  # tests/killpoints
     rc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, first, extra, window), env=env, cwd=ROOT,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode  # fmt: skip
     if rc != -signal.SIGKILL:

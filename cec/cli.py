@@ -77,14 +77,12 @@ def _store_dir(given: str | None, prefix: str):  # type: ignore[no-untyped-def]
             shutil.rmtree(path, ignore_errors=True)
 
 
-def _worker(spec: JobSpec, spec_path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
-    """Start the job in its own process: the unit that gets killed and recovered."""
+def _worker(spec: JobSpec, spec_path: Path, crash_after: int | None = None) -> subprocess.Popen[bytes]:
+    """Start the job in its own process: the unit that gets killed and recovered (`crash_after`: it
+    SIGKILLs itself after that many input tuples, `operators.crash_after`)."""
     spec_path.write_text(spec.to_json())
-    env = dict(os.environ)
-    env.pop("CEC_FAULTS", None)
-    if faults:
-        env["CEC_FAULTS"] = faults
-    return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path)], env=env)
+    extra = [] if crash_after is None else ["--crash-after", str(crash_after)]
+    return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path), *extra])
 
 
 class _AlreadyReported(CecError):
@@ -505,7 +503,7 @@ def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopReque
     SIGKILLed after K rows and a second one that recovers); its stats."""
     if crash_after is None:
         return run_job(spec, stop=stop).as_dict()
-    rc = _wait(_worker(spec, root / "run.json", faults=f"runtime.after_input:{crash_after}"), "operator")
+    rc = _wait(_worker(spec, root / "run.json", crash_after=crash_after), "operator")
     if rc == -signal.SIGKILL:
         _say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
     if stop():

@@ -284,7 +284,7 @@ def _execute(
         if stop():
             break
         spec_path = root / f"run-{p}.json"
-        rc = _wait(_worker(spec, spec_path, faults=f"runtime.after_input:{args.crash_after}"), "operator")
+        rc = _wait(_worker(spec, spec_path, crash_after=args.crash_after), "operator")
         if rc == -signal.SIGKILL:
             _say(
                 f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"

@@ -26,7 +26,14 @@ from cec.records import AvroCodec
 from cec.timeparse import NonFiniteTimeError, number_from_text, parse_duration_ms, parse_time_ms
 from operators.base import InputTuple, Operator, OperatorContext
 
-__all__ = ["AGGREGATES", "AggState", "KeyedAggregate", "canonical_key", "parse_duration_ms"]
+__all__ = [
+    "AGGREGATES",
+    "AggState",
+    "KeyedAggregate",
+    "canonical_key",
+    "parse_duration_ms",
+    "parse_lateness_ms",
+]
 
 AGGREGATES = ("avg", "sum", "count", "min", "max")
 
@@ -72,6 +79,16 @@ FIRST_TUPLE_SCHEMA: dict[str, Any] = {
         {"name": "span", "type": "long"},
     ],
 }
+
+
+def parse_lateness_ms(lateness: str | int) -> int:
+    """An allowed lateness (`cec run --allowed-lateness`, `cec_aggregate(allowed_lateness=...)`): a duration
+    such as "10s", or 0 (no lateness allowed, still event-time watermarks); an int is milliseconds."""
+    if isinstance(lateness, int):
+        return lateness
+    if lateness.strip() in ("0", "0ms", "0s"):
+        return 0
+    return parse_duration_ms(lateness)
 
 
 def _same_double(a: float, b: float) -> bool:

@@ -21,8 +21,9 @@ from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
-from operators.aggregate import KeyedAggregate, parse_duration_ms
+from operators.aggregate import KeyedAggregate, parse_duration_ms, parse_lateness_ms
 from operators.base import DEAD_LETTER_SCHEMA, Operator
+from operators.crash_after import CrashAfter
 from operators.runtime import OperatorRuntime, Progress, RunStats
 from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
 from operators.stateless import Filter
@@ -129,11 +130,7 @@ def aggregate_operator(
 
 def _lateness_ms(text: str | None) -> int | None:
     """`--allowed-lateness`: a duration, or 0 (no lateness allowed, still event-time watermarks)."""
-    if text is None:
-        return None
-    if text.strip() in ("0", "0ms", "0s"):
-        return 0
-    return parse_duration_ms(text)
+    return None if text is None else parse_lateness_ms(text)
 
 
 def build_operator(spec: Mapping[str, Any]) -> Operator:
@@ -320,16 +317,26 @@ def run_job(
     stop: Callable[[], bool] | None = None,
     max_inputs: int | None = None,
     lock_wait_s: float = 0.0,
+    crash_after: int | None = None,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
     `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
     is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written.
-    A writer failure that a new producer resolves is recovered from here, from the log (`IN_DOUBT_LIMIT`)."""
+    A writer failure that a new producer resolves is recovered from here, from the log (`IN_DOUBT_LIMIT`).
+    `crash_after`: SIGKILL this process once that many input tuples were applied (`--crash-after`,
+    `operators.crash_after`)."""
     in_doubt = 0
     while True:
         attempt = _Attempt()
         try:
-            return _run_once(spec, attempt, stop=stop, max_inputs=max_inputs, lock_wait_s=lock_wait_s)
+            return _run_once(
+                spec,
+                attempt,
+                stop=stop,
+                max_inputs=max_inputs,
+                lock_wait_s=lock_wait_s,
+                crash_after=crash_after,
+            )
         except WriterResetError as exc:
             in_doubt = 1 if attempt.commits else in_doubt + 1
             if in_doubt >= IN_DOUBT_LIMIT or (stop is not None and stop()):
@@ -344,6 +351,7 @@ def _run_once(
     stop: Callable[[], bool] | None,
     max_inputs: int | None,
     lock_wait_s: float,
+    crash_after: int | None,
 ) -> RunStats:
     store = open_store(spec.store)
     try:
@@ -387,7 +395,7 @@ def _run_once(
             source.pin(recorded)
             runtime = OperatorRuntime(
                 operator,
-                source,
+                source if crash_after is None else CrashAfter(source, crash_after),
                 output,
                 policy=make_policy(spec.checkpointing),
                 schedule=CheckpointSchedule(spec.checkpointing.ci_ms, spec.checkpointing.cp_ms),

@@ -1,4 +1,5 @@
-"""`python -m operators.worker SPEC.json`: run one job in its own process (the unit that gets killed).
+"""`python -m operators.worker SPEC.json [--crash-after K]`: run one job in its own process (the unit that gets
+killed; `--crash-after`: `operators.crash_after`).
 
 An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
 process with one line on stderr and exit code 2, never a traceback."""
@@ -37,8 +38,12 @@ def _environment_errors() -> tuple[type[BaseException], ...]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    crash_after = None
+    if len(args) == 3 and args[1] == "--crash-after" and args[2].isdigit():
+        crash_after = int(args[2])
+        args = args[:1]
     if len(args) != 1:
-        print("usage: python -m operators.worker SPEC.json", file=sys.stderr)
+        print("usage: python -m operators.worker SPEC.json [--crash-after K]", file=sys.stderr)
         return 2
     try:
         spec = JobSpec.from_json(Path(args[0]).read_text())
@@ -54,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.progress:
             logging.getLogger("cec.progress").setLevel(logging.INFO)
             progress.set_reporter(progress.LogReporter())
-        run_job(spec)
+        run_job(spec, crash_after=crash_after)
     except USER_ERRORS as exc:
         # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,
         # and an exit code the parent (the CLI) recognises as already reported.

@@ -78,7 +78,6 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from cec.exceptions import CodecError
 from cec.native import native
 from cec.records import read_zigzag, zigzag
-from queuestore import faults
 from queuestore.base import (
     ATTACHMENT_NAME,
     DurableCallback,
@@ -1227,6 +1226,11 @@ class KafkaPartitionWriter(PartitionWriter):
             if remaining == 0 or remaining >= before:
                 return remaining, self._timeout
 
+    def _commit_transaction(self, producer: Producer) -> None:
+        """Commit the open transaction, its records delivered: the one place a transaction of this writer
+        becomes visible (the tests' crash points wrap it: tests/killpoints)."""
+        producer.commit_transaction(self._timeout)
+
     def _commit(self, flush_timeout: float | None) -> int:
         """Commit the open transaction, then serve its records' callbacks; returns how many were served."""
         if not self._in_transaction:
@@ -1243,15 +1247,13 @@ class KafkaPartitionWriter(PartitionWriter):
             raise self._stop(self._failure)
         if self._side:
             self._produce_side(producer, flush_timeout)
-        faults.hit("kafka.before_commit")
         try:
-            producer.commit_transaction(self._timeout)
+            self._commit_transaction(producer)
         except KafkaException as exc:
             err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
             raise self._stop(self._commit_failed(err)) from None
         self._in_transaction = False
         self.commits += 1
-        faults.hit("kafka.after_commit")
         try:
             self._settled(producer)
         except QueueStoreError as exc:
@@ -1340,10 +1342,8 @@ class KafkaPartitionWriter(PartitionWriter):
                     raise _lost_client_error(producer) from None
                 if self._commit_remaining > 0 or self._undelivered:
                     return
-                faults.hit("kafka.before_commit")
                 self._commit_sent = True
-                producer.commit_transaction(self._timeout)
-                faults.hit("kafka.after_commit")
+                self._commit_transaction(producer)
                 with contextlib.suppress(KafkaException, SystemError):
                     producer.poll(0)  # serve the log lines queued during the commit (the watch counts)
             except KafkaException as exc:

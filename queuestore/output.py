@@ -14,7 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from queuestore import faults
 from queuestore.base import PartitionWriter, QueueStore, RecordMeta
 from queuestore.chunks import split
 from queuestore.index import StreamIndex
@@ -78,7 +77,6 @@ class OutputQueue:
         for part_value, part_meta in split(value, meta, limit):
             self.writer.append(part_value, part_meta, self._on_durable(part_meta))
             self.appended += 1
-            faults.hit("chunks.between_parts")
 
     def _on_durable_run(
         self, kind: str, time: int, keys: list[str], seqs: list[int]

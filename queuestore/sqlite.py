@@ -398,15 +398,17 @@ class SqlitePartitionWriter(PartitionWriter):
             self._lock_file.close()
 
     # -- I/O thread ------------------------------------------------------------------------------------
-    def _io_loop(self) -> None:
-        from queuestore import faults
+    def _commit(self) -> None:
+        """COMMIT the I/O thread's open transaction (its rows inserted): the one place a batch becomes
+        durable (the tests' crash and disk-error points wrap it: tests/killpoints)."""
+        self._conn.execute("COMMIT")
 
+    def _io_loop(self) -> None:
         while True:
             item = self._io_queue.get()
             if item is None:
                 return
             rows, callbacks = item
-            batches = 1
             # Coalesce whatever else is queued into one transaction: fewer commits under load.
             while not self._io_queue.empty() and len(rows) < 8 * self._max_batch:
                 more = self._io_queue.get_nowait()
@@ -415,7 +417,6 @@ class SqlitePartitionWriter(PartitionWriter):
                     break
                 rows = rows + more[0]
                 callbacks = callbacks + more[1]
-                batches += 1
             error: Exception | None = None
             if self._failure is not None:
                 # Fail-stop: these rows' offsets come after the failed batch's; writing them would leave
@@ -425,10 +426,7 @@ class SqlitePartitionWriter(PartitionWriter):
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
                     self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
-                    for _ in range(batches):  # counted per batch handed over, whatever the coalescing
-                        faults.hit("store.before_commit")
-                        faults.fail("store.io_error", lambda: sqlite3.OperationalError("disk I/O error"))
-                    self._conn.execute("COMMIT")
+                    self._commit()
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed
                     if isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc):
                         exc = _failed(self._path, exc)  # a restart will not help: say what will

@@ -19,6 +19,14 @@ The fate of a replayed tuple (j, o) of key k (`ReplayContract.fate`, `tuple_fate
 Recovery stops being special on partition j once o >= t_c[j]; it ends when every partition has reached
 its crash point (`caught_up`).
 
+Per-key crash points (`ReplayContract.key_crash`, `key_crash_point`). A host whose keys moved between
+logs (the Spark attach path restarted with another partition count: each output topic generation's logs
+hold the outputs of the keys that were theirs then) has no single crash point: key k's is C_k = the
+component-wise maximum over generations g of t_c[g][q_g(k)], the crash point of the log that held k in g
+(every tuple of k below C_k has its outputs in some log, none at or above has). The fate rule above holds
+with C_k in place of t_c for k's tuples; `crash_pos` is then an upper bound of every C_k, below which the
+host's tuples are still checked.
+
 `pos` while replaying (`PositionStamper`). With several input partitions, partition j can pass its crash
 point (and produce records) while partition k is still replaying below its own. Stamping such a record
 with the live position vector would give pos[k] < t_c[k]; if the log then ends on that record (any prefix
@@ -71,7 +79,15 @@ from enum import Enum
 
 from recovery.exceptions import RecoveryError
 
-__all__ = ["NO_MARK", "PositionStamper", "ReplayContract", "TupleFate", "Watermark", "tuple_fate"]
+__all__ = [
+    "NO_MARK",
+    "PositionStamper",
+    "ReplayContract",
+    "TupleFate",
+    "Watermark",
+    "key_crash_point",
+    "tuple_fate",
+]
 
 NO_MARK = -(1 << 63)  # m[j] before partition j's first event time (the smallest Avro long)
 
@@ -92,13 +108,22 @@ def tuple_fate(offset: int, crash_offset: int, window_offset: int | None) -> Tup
     return TupleFate.SKIP if offset < crash_offset else TupleFate.PROCESS
 
 
+def key_crash_point(crash_points: Sequence[Sequence[Sequence[int]]], partitions: Sequence[int]) -> list[int]:
+    """C_k (module doc, "per-key crash points"): `crash_points[g][q]` is the crash point of generation g's
+    log q, `partitions[g]` the log that holds key k in generation g."""
+    vectors = [crash_points[g][int(q)] for g, q in enumerate(partitions)]
+    return [max(v[j] for v in vectors) for j in range(len(vectors[0]))]
+
+
 @dataclass(frozen=True)
 class ReplayContract:
-    """The replay of one operator instance: where it starts, where it stops, and what each tuple does."""
+    """The replay of one operator instance: where it starts, where it stops, and what each tuple does.
+    `key_crash`: per-key crash points where keys moved between logs (module doc), else None."""
 
     start: tuple[int, ...]
     crash_pos: tuple[int, ...]
     window_pos: Mapping[str, tuple[int, ...]]
+    key_crash: Mapping[str | None, Sequence[int]] | None = None
 
     @classmethod
     def fresh(cls, partitions: int) -> ReplayContract:
@@ -144,7 +169,8 @@ class ReplayContract:
 
     def fate(self, partition: int, offset: int, key: str | None) -> TupleFate:
         pos = self.window_pos.get(key) if key is not None else None
-        return tuple_fate(offset, self.crash_pos[partition], None if pos is None else pos[partition])
+        crash = self.crash_pos if self.key_crash is None else self.key_crash.get(key, self.crash_pos)
+        return tuple_fate(offset, crash[partition], None if pos is None else pos[partition])
 
     def replaying(self, partition: int, offset: int) -> bool:
         """Is (partition, offset) below the crash point, where tuples are SKIPped or REBUILT?"""

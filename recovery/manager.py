@@ -109,12 +109,9 @@ class RecoveryManager:
         self.on_phase = on_phase or (lambda phase: None)
 
     def recover(self, input_partitions: int) -> Recovery:
-        from queuestore import faults
-
         started = time.perf_counter()
         self.on_phase("ec_build")
         ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
-        faults.hit("recovery.after_ec_build")
         self.on_phase("ec_load")
         load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
         decode_state = self.decode_state

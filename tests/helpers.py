@@ -19,16 +19,22 @@ from operators.job import JobSpec
 from operators.sinks import iter_payloads
 from queuestore.base import QueueStore
 from recovery.identity import ATTACHMENT as IDENTITY_ATTACHMENT
+from tests import killpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def child_env(faults: str | None = None) -> dict[str, str]:
+    """The environment of a child process the tests start; `faults` ("site:n[,site:n...]"): where it
+    SIGKILLs itself (tests/killpoints: wrappers installed from the test side at its start)."""
     env = dict(os.environ)
-    env.pop("CEC_FAULTS", None)
+    env.pop(killpoints.ENV, None)
+    paths = [str(ROOT)]
     if faults:
-        env["CEC_FAULTS"] = faults
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+        killpoints.parse(faults)  # a typo is an error here, not a child that never dies
+        env[killpoints.ENV] = faults
+        paths.insert(0, killpoints.BOOT)
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     return env
 
 

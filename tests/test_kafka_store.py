@@ -820,18 +820,17 @@ def test_commits_are_pipelined_appends_go_on_and_callbacks_wait_for_the_commit(
     """poll() hands a due transaction to the committer thread and returns: appends made while it commits
     wait in order and go into the next transaction; no callback fires, and no reader sees a record, before
     the commit holding it is through."""
-    import queuestore.kafka as kafka_module
+    from queuestore.kafka import KafkaPartitionWriter
 
     gate, at_commit = threading.Event(), threading.Event()
-    hit = kafka_module.faults.hit
+    commit = KafkaPartitionWriter._commit_transaction
 
-    def held(site: str) -> None:
-        if site == "kafka.before_commit":
-            at_commit.set()
-            assert gate.wait(DEADLINE)
-        hit(site)
+    def held(self: KafkaPartitionWriter, producer: Any) -> None:
+        at_commit.set()
+        assert gate.wait(DEADLINE)
+        commit(self, producer)
 
-    monkeypatch.setattr(kafka_module.faults, "hit", held)
+    monkeypatch.setattr(KafkaPartitionWriter, "_commit_transaction", held)
     clock = FakeClock()
     s = KafkaQueueStore(
         kafka_broker.bootstrap, tmp_path, commit_interval=10.0, commit_records=1_000, clock=clock

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import sqlite3
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from cec.records import RecordCodec
-from queuestore import faults
 from queuestore.exceptions import WriterFailedError
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqlitePartitionWriter, SqliteQueueStore
@@ -24,12 +24,19 @@ CODEC = RecordCodec()
 
 
 @pytest.fixture
-def disk_error_at_commit_2() -> Iterator[None]:
-    faults.reset("store.io_error:2")
-    try:
-        yield
-    finally:
-        faults.reset()
+def disk_error_at_commit_2(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The writer's second commit fails with a disk error (its COMMIT, wrapped from the test side)."""
+    commit = SqlitePartitionWriter._commit
+    calls = [0]
+
+    def failing(self: SqlitePartitionWriter) -> None:
+        calls[0] += 1
+        if calls[0] == 2:
+            raise sqlite3.OperationalError("disk I/O error")
+        commit(self)
+
+    monkeypatch.setattr(SqlitePartitionWriter, "_commit", failing)
+    yield
 
 
 def _stored(store: SqliteQueueStore, topic: str) -> list[bytes]:

@@ -62,7 +62,7 @@ from typing import TYPE_CHECKING, Any
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
-from operators.aggregate import RESULT_SCHEMA, parse_duration_ms
+from operators.aggregate import RESULT_SCHEMA, parse_duration_ms, parse_lateness_ms
 from operators.formats import FORMATS, load_avro_schema
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.datasource import FORMAT, PAYLOAD_SCHEMAS, register
@@ -86,9 +86,9 @@ from operators.spark.processor import (
 )
 from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
-from operators.spark.sink import SINK_FAULT_SITE, CecSink
+from operators.spark.sink import CecSink
 from operators.spark.topic_reader import TOPIC_FORMAT, TopicOptions, register_topic_source
-from operators.spark.writer import WRITER_KILL_SITE, ExecutorSink
+from operators.spark.writer import ExecutorSink
 from queuestore.output import OutputQueue
 
 if TYPE_CHECKING:
@@ -99,9 +99,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "RESULT_COLUMNS",
-    "SINK_FAULT_SITE",
     "WRITERS",
-    "WRITER_KILL_SITE",
     "AttachRecovery",
     "CecAggregateProcessor",
     "CecAggregateQuery",
@@ -166,6 +164,7 @@ def cec_aggregate(
     checkpointing: Checkpointing | Mapping[str, Any] | None = None,
     metrics_port: int | None = None,
     writers: str = "executors",
+    allowed_lateness: str | int | None = None,
     input_reader: str = AUTO,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
@@ -188,6 +187,10 @@ def cec_aggregate(
     - `window_count=N` or `window_time="10s"` (with `time`, the event-time field in ms); `agg` is one of
       avg, sum, count, min, max; results have KeyedAggregate's columns (key, window, value, count, start,
       end) and are read with `read_results`;
+    - `allowed_lateness="10s"` (a time window): event-time watermarks, as `cec run --allowed-lateness`: a
+      window also closes when the watermark (per input partition the largest event time a state partition
+      applied, less the lateness, min over input partitions) passes its end, whether or not its key comes
+      back; a tuple behind it is a dead letter "late". Not across a change of `partitions`;
     - `partitions`: output partitions P (default: the latest generation's, else the input's). A P other
       than the latest generation's starts a new generation (`operators.spark.generations`);
     - `state_dir`: local state (stream indexes, writer locks); `checkpoint_location`: a fresh Spark
@@ -239,7 +242,17 @@ def cec_aggregate(
     window_ms = None
     if window_time is not None:
         window_ms = int(window_time) if isinstance(window_time, int) else parse_duration_ms(window_time)
-    spec = AggregateSpec(key, value, agg, window_count, window_ms, time, json_values=input_format != "cec")
+    lateness = None if allowed_lateness is None else parse_lateness_ms(allowed_lateness)
+    spec = AggregateSpec(
+        key,
+        value,
+        agg,
+        window_count,
+        window_ms,
+        time,
+        json_values=input_format != "cec",
+        allowed_lateness=lateness,
+    )
     spec.build()  # validates the aggregate configuration here, not on an executor
     if partitions is not None and partitions < 1:
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
@@ -261,6 +274,13 @@ def cec_aggregate(
         input_partitions = store.partitions(input_topic)
         generations = list_generations(store, output_topic)
         wanted = partitions or (generations[-1].partitions if generations else input_partitions)
+        if lateness is not None and (
+            len(generations) > 1 or (generations and generations[-1].partitions != wanted)
+        ):
+            raise ConfigError(
+                "allowed_lateness cannot resume after a change of partitions (each state partition's "
+                "watermark is its own); restart with the latest partition count, or without allowed_lateness"
+            )
         if not generations or generations[-1].partitions != wanted:
             topic = generation_topic(output_topic, len(generations))
             store.create_topic(topic, wanted)
@@ -269,6 +289,12 @@ def cec_aggregate(
         outputs = _open_outputs(store, current)  # takes the partitions' writer locks before reading the logs
         try:
             recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
+            if lateness is not None:
+                try:
+                    _check_watermarks(recovery, input_partitions)
+                except ConfigError:
+                    recovery.release()
+                    raise
         except BaseException:
             for out in outputs:
                 out.close()
@@ -333,6 +359,19 @@ def cec_aggregate(
         checkpoint=checkpoint,
         input_reader=reader_kind,
     )
+
+
+def _check_watermarks(recovery: AttachRecovery, input_partitions: int) -> None:
+    """Watermarks resume from each log's crash record (`recovery.contract`, "watermarks"): a log written
+    without event-time marks over this input is refused, with one ConfigError."""
+    for q, end in enumerate(recovery.ends):
+        if not any(end.pos) or len(end.marks) == input_partitions:
+            continue  # an empty log, or one written with watermarks over this input
+        raise ConfigError(
+            f"{recovery.current.topic}[{q}]: the log's crash record carries event-time marks for "
+            f"{len(end.marks)} input partitions, the input has {input_partitions} (was it written with "
+            "another allowed_lateness setting?)"
+        )
 
 
 def _run_id() -> str:
@@ -440,7 +479,10 @@ def _start_query(
     group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
         output_partition(F.col("cec_key"), recovery.current.partitions)
     ]
-    processor = CecAggregateProcessor(spec, recovery.crash_points, recovery.current.index, gcheck, groups)
+    marks = [end.marks for end in recovery.ends]
+    processor = CecAggregateProcessor(
+        spec, recovery.crash_points, recovery.current.index, gcheck, groups, marks
+    )
     initial = _initial_state(spark, recovery)
     if initial is not None:
         initial = initial.withColumn(GROUP_COLUMN, group_of)

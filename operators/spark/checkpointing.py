@@ -1,16 +1,18 @@
-"""Checkpoint intensity of the attached operator: the same `cec.Checkpointing` and the same policies as the
-local runtime (`cec.policy`), fed per state partition with rates measured where the work happens.
+"""Checkpoint intensity of the attached operator: the engine's G-check controller
+(`operators.engine.controller`: the same `cec.Checkpointing`, policies, budget and messages as the local
+runtime), fed per state partition with rates measured where the work happens.
 
-The local runtime owns one operator instance and looks at its policy every few tuples. Under
+The local runtime owns one operator instance and ticks the controller every few tuples. Under
 transformWithStateInPandas (`operators.spark.processor`) a state partition's work comes in micro-batches and
 its G-checks from a processing-time timer that fires between them, so this module adapts the *inputs* of
-the policies, never their rules:
+the controller, never its rules:
 
-- **Replay and extent per window.** A window records `fp_clock`, the partition's input position (next
-  offset per input partition) when its latest footprint was made, and `fp_out`, the partition's count of
-  records emitted in this run then. The oldest live window's view is u = input read since its `fp_clock`,
-  q = records emitted since its `fp_out` (`WindowView`). A window loaded from the EC has `fp_out` 0: the
-  records before this start are not counted (q is a lower bound until it is G-checked once).
+- **Replay and extent per window** (`WindowMark`, `MarkedWindows`: the controller's candidates). A window
+  records `fp_clock`, the partition's input position (next offset per input partition) when its latest
+  footprint was made, and `fp_out`, the partition's count of records emitted in this run then. Its view
+  is u = input read since its `fp_clock`, q = records emitted since its `fp_out` (`WindowView`), oldest
+  (most input since) first. A window loaded from the EC has `fp_out` 0: the records before this start are
+  not counted (q is a lower bound until it is G-checked once).
 - **Look-ahead.** The policy is asked about the window as it will be at the next chance to G-check it, one
   micro-batch later: u and q plus what the last micro-batch added (`PartitionControl.lookahead_in/out`).
   That is what makes "u <= U" hold at a crash between two timers, not only at the timer.
@@ -24,16 +26,16 @@ the policies, never their rules:
   this start (`operators.spark.planning`: records read back per second, per output partition, the
   partitions read in parallel). Until measured: `MeasuredRates`' stated defaults (cec.rates).
 - **Budget.** The policy's `budget()` (a recovery target picks its own) sets the duty of the task's
-  `CheckpointSchedule` (CI of every CP), as in the local runtime.
-- **Saying so.** `problem()` and `note()` of the policy, and a Q below the partition's open windows, are
-  logged once per state partition (the partition's state remembers what it said) and kept in
-  `PartitionControl.said`, which the driver can read back (`read_controls`).
+  `CheckpointSchedule` (CI of every CP), as in the local runtime; the allowance of a timer is the budget's
+  share of the time since the previous one (`GCheckController.timer`).
+- **Saying so.** What the controller says is logged once per state partition and kept in its memory
+  (`ControllerMemory`, in `PartitionControl`), which the driver reads back (`read_controls`) and the
+  partition reports with its rows.
 """
 
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -42,20 +44,20 @@ from cec.config import Checkpointing
 from cec.policy import CheckpointPolicy, WindowView, make_policy
 from cec.rates import MeasuredRates
 from cec.schedule import CheckpointSchedule
+from operators.engine.controller import ControllerMemory, GCheckController
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
 __all__ = [
     "GCheckSpec",
+    "MarkedWindows",
     "PartitionControl",
     "PlannedRecovery",
     "WindowMark",
     "choose_gchecks",
     "read_controls",
 ]
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -100,7 +102,7 @@ class GCheckSpec:
 
 @dataclass
 class PartitionControl:
-    """A state partition's measurements and what it said (pickled with the partition's state)."""
+    """A state partition's measurements and its controller's memory (pickled with the partition's state)."""
 
     rates: MeasuredRates = field(default_factory=MeasuredRates)
     out: int = 0  # records this partition emitted in this run (G-checks included)
@@ -108,16 +110,27 @@ class PartitionControl:
     last_wall: float | None = None  # clock at the end of the last micro-batch
     lookahead_in: int = 0  # input position advance of the last micro-batch
     lookahead_out: int = 0  # records the last micro-batch emitted
-    gchecks: int = 0
-    gcheck_seconds: float = 0.0
-    said: list[str] = field(default_factory=list)
-    targets: tuple[int | None, int | None] = (None, None)  # (Q, U) in force at the last timer
-    duty: float | None = None  # the budget in force at the last timer
+    memory: ControllerMemory = field(default_factory=ControllerMemory)  # what the controller said, spent
     planned: bool = False  # the planning's EC build rate is taken
     last_timer_wall: float | None = None  # clock at the partition's last timer
     first_wall: float | None = None  # clock at the partition's first task of this start (`take_planned`)
-    debt: float = 0.0  # G-check seconds spent beyond the last timer's allowance (paid by the next)
     reported: dict[str, Any] | None = None  # the summary the last `report` told
+
+    @property
+    def said(self) -> list[str]:
+        return self.memory.said
+
+    @property
+    def gchecks(self) -> int:
+        return self.memory.gchecks
+
+    @property
+    def targets(self) -> tuple[int | None, int | None]:
+        return self.memory.targets
+
+    @property
+    def debt(self) -> float:
+        return self.memory.debt
 
     def take_planned(self, planned: PlannedRecovery, partitions: int, now_wall: float | None = None) -> None:
         """The EC build rate of this start's planning, once: records read back per second, this partition's
@@ -182,15 +195,16 @@ class PartitionControl:
 
     def summary(self, partition: int) -> dict[str, Any]:
         """What this partition planned and said, as the query's progress shows it (`checkpointing`)."""
-        q_target, u_target = self.targets
+        memory = self.memory
+        q_target, u_target = memory.targets
         return {
             "partition": partition,
             "q_target": q_target,
             "u_target": u_target,
-            "budget": self.duty,
-            "gchecks": self.gchecks,
-            "gcheck_seconds": round(self.gcheck_seconds, 6),
-            "messages": list(self.said),
+            "budget": memory.duty,
+            "gchecks": memory.gchecks,
+            "gcheck_seconds": round(memory.gcheck_seconds, 6),
+            "messages": list(memory.said),
         }
 
     def report(self, partition: int) -> bytes | None:
@@ -201,12 +215,6 @@ class PartitionControl:
         self.reported = summary
         return json.dumps(summary).encode()
 
-    def say_once(self, topic: str, message: str, partition: int) -> None:
-        if any(s.startswith(f"{topic}: ") for s in self.said):
-            return
-        self.said.append(f"{topic}: {message}")
-        log.warning("cec_aggregate state partition %d: %s", partition, message)
-
 
 @dataclass(frozen=True)
 class WindowMark:
@@ -216,6 +224,53 @@ class WindowMark:
     key: Any
     u: int
     q: int
+
+
+class MarkedWindows:
+    """A state partition's live windows as the controller's candidates (module doc): the ones with input
+    since their footprint (u > 0: a G-check of the others would only repeat it), oldest first, each seen
+    with the look-ahead; `gcheck(key)` makes one."""
+
+    def __init__(
+        self,
+        windows: Sequence[WindowMark],
+        open_windows: int,
+        lookahead: tuple[int, int],
+        gcheck: Callable[[Any], None],
+    ) -> None:
+        self.ordered = sorted((w for w in windows if w.u > 0), key=lambda w: w.u, reverse=True)
+        self.open_windows = open_windows
+        self.ahead_in, self.ahead_out = lookahead
+        self._gcheck = gcheck
+        self.done = 0
+
+    def count(self) -> int:
+        return len(self.ordered)
+
+    def front(self) -> WindowView | None:
+        ordered, i = self.ordered, self.done
+        if i >= len(ordered):
+            return None
+        w = ordered[i]
+        after = ordered[i + 1] if i + 1 < len(ordered) else None
+        return WindowView(
+            extent_size=w.q + self.ahead_out,
+            replay_size=w.u + self.ahead_in,
+            open_windows=self.open_windows,
+            gap_in=w.u - (after.u if after is not None else 0),
+            gap_out=w.q - (after.q if after is not None else 0),
+        )
+
+    def run(self, most: int) -> int:
+        return 1
+
+    def gcheck(self, count: int) -> None:
+        for _ in range(count):
+            self._gcheck(self.ordered[self.done].key)
+            self.done += 1
+
+    def poll(self) -> None:
+        pass
 
 
 def choose_gchecks(
@@ -230,86 +285,30 @@ def choose_gchecks(
     lookahead: bool = True,
     elapsed: float | None = None,
 ) -> int:
-    """G-check the partition's live windows oldest footprint first while the policy wants the front one,
-    within the schedule's credit; `gcheck(key)` makes one. Re-plans first with the partition's rates and
-    says once what the policy cannot do. Returns the number of G-checks made.
+    """One timer of a state partition: the controller G-checks its live windows oldest first while the
+    policy wants the front one, within the allowance; `gcheck(key)` makes one. Returns the G-checks made.
 
     `lookahead`: the micro-batch that fired the timer read input, so the next one probably will too (a
     no-data micro-batch, e.g. the ones a processing-time timer makes Spark plan, looks at the windows as
-    they are). A window with no input since its footprint (u = 0) is never G-checked: its state is its
-    footprint's, and the replay it holds back is none.
-
-    `elapsed`: run time since the partition's previous timer. The partition looks once per micro-batch,
-    not every few tuples as the local runtime does, so the schedule's credit (capped at one CI per look)
-    would allow one CI per micro-batch; with `elapsed` the allowance is the budget's share of that time,
-    duty x elapsed, less what the previous timer overspent (measured: with one CI per micro-batch a 2 s
-    recovery target at 2,000 keys replayed the whole input, benchmarks/RESULTS.md)."""
-    policy.observe(control.rates, open_windows)
-    duty = policy.budget()
-    if duty is not None:
-        schedule.set_duty(duty)
-    control.duty = schedule.duty
-    control.targets = policy.targets()
-    problem = policy.problem()
-    if problem:
-        control.say_once("problem", problem, partition)
-    note = policy.note()
-    if note:
-        control.say_once("note", note, partition)
-    q_target = control.targets[0]
-    if q_target is not None and q_target < open_windows:
-        control.say_once(
-            "q-below-n",
-            f"Q={q_target:,} is below the {open_windows:,} open windows of this partition: an extent holds a "
-            "footprint of every open window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)",
-            partition,
-        )
-    # Oldest footprint first: the most input since.
-    ordered = sorted((w for w in windows if w.u > 0), key=lambda w: w.u, reverse=True)
-    ahead_in, ahead_out = (control.lookahead_in, control.lookahead_out) if lookahead else (0, 0)
-    done = 0
-    spent = 0.0
-    allowance = None
-    if elapsed is not None and not schedule.unlimited:
-        allowance = schedule.duty * max(elapsed, 0.0) - control.debt
-    for i, w in enumerate(ordered):
-        after = ordered[i + 1] if i + 1 < len(ordered) else None
-        view = WindowView(
-            extent_size=w.q + ahead_out,
-            replay_size=w.u + ahead_in,
-            open_windows=open_windows,
-            gap_in=w.u - (after.u if after is not None else 0),
-            gap_out=w.q - (after.q if after is not None else 0),
-        )
-        wants = policy.wants_oldest(view)
-        schedule.note_wanting(wants)
-        if not wants:
-            break
-        if (allowance is not None and allowance <= spent) or (allowance is None and schedule.credit() <= 0):
-            break
-        started = clock()
-        gcheck(w.key)
-        took = clock() - started
-        schedule.spend(took, 1)
-        spent += took
-        done += 1
-    if allowance is not None:
-        control.debt = max(spent - allowance, 0.0)
-    shortfall = policy.shortfall()
-    u_target = control.targets[1]
-    if (
-        shortfall
-        and u_target is not None
-        and done < len(ordered)
-        and ordered[done].u > u_target * 1.05 + ahead_in
-    ):
-        # The policy's model said U is out of its budget's reach, and the front window is indeed past it.
-        control.say_once("budget", f"{shortfall} (measured: u={ordered[done].u:,})", partition)
-    if done:
-        control.rates.observe_gchecks(spent, done)
-        control.gchecks += done
-        control.gcheck_seconds += spent
-        control.out += done
+    they are). `elapsed`: run time since the partition's previous timer, whose share the budget allows
+    (measured: with one CI per micro-batch a 2 s recovery target at 2,000 keys replayed the whole input,
+    benchmarks/RESULTS.md); None: the schedule's own credit."""
+    ahead = (control.lookahead_in, control.lookahead_out) if lookahead else (0, 0)
+    controller = GCheckController(
+        policy,
+        schedule,
+        control.rates,
+        clock=clock,
+        label=f"cec_aggregate state partition {partition}",
+        memory=control.memory,
+    )
+    done = controller.timer(
+        MarkedWindows(windows, open_windows, ahead, gcheck),
+        open_windows=open_windows,
+        elapsed=elapsed,
+        lookahead=ahead,
+    )
+    control.out += done
     return done
 
 
@@ -317,7 +316,7 @@ def read_controls(spark: SparkSession, checkpoint: str, state_name: str) -> dict
     """Each state partition's `PartitionControl` as of the last committed micro-batch of a run's Spark
     checkpoint (Spark's state data source), keyed by output partition: what the executors measured,
     planned and said. A driver-side read for reports and tests; it runs a Spark job."""
-    from operators.spark.processor import _PartitionState  # the state's one codec (imports this module)
+    from operators.spark.state_partition import PartitionState  # the state's one codec (imports this module)
 
     rows = (
         spark.read.format("statestore")
@@ -328,6 +327,6 @@ def read_controls(spark: SparkSession, checkpoint: str, state_name: str) -> dict
     )
     controls: dict[int, PartitionControl] = {}
     for row in rows:
-        part = _PartitionState.load(row)
+        part = PartitionState.load(row)
         controls[part.q] = part.control
     return controls

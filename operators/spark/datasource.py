@@ -88,7 +88,6 @@ from cec.verified import LogVerifier
 from operators.job import SCHEMAS
 from operators.spark.packing import PACK_OPTION, Packer, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
-from queuestore import faults
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
@@ -679,7 +678,6 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
             producer.send_offsets_to_transaction(
                 [TopicPartition(opts.topic, 0, batch_id + 1)], group.consumer_group_metadata(), _SINK_TIMEOUT
             )
-            faults.hit("sink.before_commit")
             producer.commit_transaction(_SINK_TIMEOUT)
         except KafkaException as exc:
             # Nothing of this attempt becomes visible (the transaction is aborted, by the next attempt's

@@ -75,7 +75,7 @@ _R = Kind.R.value
 # Columns of the planning job's rows besides the processor's INIT_SCHEMA ones. entry: "end" (one per
 # partition: its summary), "win" (an open window loaded from the EC) or "next" (a key's next window seq).
 _PLAN_EXTRA = ("entry", "plan_g", "plan_q", "crash_pos", "n", "time", "end_offset", "records_read",
-               "windows", "nexts", "min_pos", "error")  # fmt: skip
+               "windows", "nexts", "min_pos", "marks", "error")  # fmt: skip
 _INIT_COLUMNS = (
     "cec_key",
     "seq",
@@ -100,6 +100,7 @@ class LogEnd:
     n: int
     time: int
     offset: int = 0  # the log's end offset (where the next record goes; transaction markers included)
+    marks: tuple[int, ...] = ()  # the crash record's event-time marks (watermarks; () without, or empty)
 
 
 @dataclass
@@ -146,6 +147,7 @@ class PartitionPlan:
     records_read: int
     windows: dict[str, tuple[int, bytes, tuple[int, ...]]]  # key -> (seq, state, pos_w) of its open window
     next_seq: dict[str, int]  # keys with no open window here: last closed seq + 1
+    marks: tuple[int, ...] = ()  # the crash record's event-time marks (watermarks)
 
 
 class _BoundedReader:
@@ -233,7 +235,9 @@ def plan_partition(
     }
     # An EC window's R is not in its log (module doc of recovery.eventual), so no closed seq here reaches it.
     next_seq = {k: s + 1 for k, s in closed.items() if k not in windows}
-    return PartitionPlan(ec.crash_pos, ec.n, ec.time, end, ec.records_read, windows, next_seq)
+    return PartitionPlan(
+        ec.crash_pos, ec.n, ec.time, end, ec.records_read, windows, next_seq, tuple(ec.marks)
+    )
 
 
 def _plan_schema() -> StructType:
@@ -255,6 +259,7 @@ def _plan_schema() -> StructType:
             StructField("windows", LongType(), True),
             StructField("nexts", LongType(), True),
             StructField("min_pos", longs, True),
+            StructField("marks", longs, True),
             StructField("error", StringType(), True),
             *[StructField(f.name, f.dataType, True) for f in INIT_SCHEMA.fields],
         ]
@@ -327,6 +332,7 @@ class PartitionPlanTask:
             ("windows", len(plan.windows)),
             ("nexts", len(plan.next_seq)),
             ("min_pos", [min(p[j] for p in pos_ws) for j in range(len(pos_ws[0]))] if pos_ws else None),
+            ("marks", list(plan.marks)),
         ):
             cols[name] = [value]
         wins, nexts = len(plan.windows), len(plan.next_seq)
@@ -454,7 +460,8 @@ def plan_recovery(
                 plan.records_read += r["records_read"]
                 crash.append(pos)
                 if gen is current:
-                    plan.ends.append(LogEnd(pos, r["n"], r["time"], r["end_offset"]))
+                    marks = tuple(r["marks"] or ())
+                    plan.ends.append(LogEnd(pos, r["n"], r["time"], r["end_offset"], marks))
             plan.crash_points.append(crash)
         # T[j]: C_k[j] = max_g t_c[g][q_g(k)][j] >= max_g min_q t_c[g][q][j] for every key k.
         start = [

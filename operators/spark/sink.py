@@ -8,13 +8,15 @@ default), whose tasks apply the same rules to their own partition on the executo
 stream index is maintained) of every output partition q, held across micro-batches: one writer per log,
 no zombie writer from a retried task, and the indexes sit where recovery reads them. A row goes to
 q = pmod(hash(key), P), Spark's own shuffle hash, so q is also the state partition when
-spark.sql.shuffle.partitions = P (set for the query). For each q it sorts the batch's rows by
-(j, o, emission index) and computes per record, continuing from the partition's log end:
+spark.sql.shuffle.partitions = P (set for the query). For each q it puts the batch's rows in the order the
+partition's instance made them (`operators.spark.stamping.log_order`: the order it applied its tuples, by
+(j, o)) and computes per record, continuing from the partition's log end:
 - pos: `recovery.contract.PositionStamper` (the rule every host uses; this host only knows the records it
   writes, so the previous record's pos stands for the live vector). A record produced by input tuple
-  (j, o) sets pos[j] = o + 1 if it is the tuple's last record, else o, never decreasing. Sorting by (j, o)
-  is what makes "every input tuple below pos that maps to q has been applied, and every output it produced
-  is in the log before this record" hold for every prefix of the log;
+  (j, o) sets pos[j] = o + 1 if it is the tuple's last record, else o, never decreasing. The application
+  order is what makes "every input tuple below pos that maps to q has been applied, and every output it
+  produced is in the log before this record" hold for every prefix of the log;
+- marks: as the instance made them (event-time watermarks, `recovery.contract`);
 - N: +1 on a G-open, -1 on the R of a window whose footprint is in this log (`operators.spark.generations`);
 - time: the largest event time so far (the input's logical time, non-decreasing along the log), or
   sum(pos) when the aggregate has no time field (as `OperatorRuntime` does).
@@ -35,7 +37,6 @@ from cec.records import Kind, OutputRecord, RecordCodec
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS, FIGURES_ENTRY
 from operators.spark.stamping import log_order, positions
-from queuestore import faults
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
 
@@ -44,11 +45,8 @@ if TYPE_CHECKING:
 
     from cec.metrics import OperatorMetrics
 
-__all__ = ["SINK_FAULT_SITE", "CecSink"]
+__all__ = ["CecSink"]
 
-# Hit after the first half of a partition's batch is durable, before the second half is appended: a crash
-# injected here (CEC_FAULTS) leaves that log cut in the middle of a micro-batch.
-SINK_FAULT_SITE = "attach.sink.mid_batch"
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value
 _KINDS = (_R, _GOPEN, _GCHECK, _DEAD)
 
@@ -72,7 +70,7 @@ def split_controls(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], 
 def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Iterator[OutputRecord]:
     """The records of one partition's batch (rows in `log_order`), with pos/N/time continuing from
     `cursor` (advanced as they are made): the one stamping rule of both sinks (driver and executors)."""
-    for (_, _j, _o, _i, kind, key, seq, state, payload, t, dn), pos in zip(
+    for (_, _j, _o, _i, kind, key, seq, state, payload, t, dn, marks), pos in zip(
         rows, positions(rows, cursor.stamper), strict=True
     ):
         cursor.n += dn
@@ -81,7 +79,17 @@ def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Ite
                 cursor.time = max(cursor.time, t)
         else:
             cursor.time = max(cursor.time, sum(pos))
-        yield OutputRecord(Kind(kind), cursor.time, pos, cursor.n, key, seq, state, payload)
+        yield OutputRecord(
+            Kind(kind),
+            cursor.time,
+            pos,
+            cursor.n,
+            key,
+            seq,
+            state,
+            payload,
+            () if marks is None else tuple(marks),
+        )
 
 
 class CecSink:
@@ -193,13 +201,8 @@ class CecSink:
 
     def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
         out = self.outputs[q]
-        half = len(rows) // 2
         kinds = self.kinds
-        for idx, record in enumerate(stamped(rows, self.cursors[q], self.has_time)):
-            if idx == half and half:
-                # Durable first half, then the fault site: a crash injected here cuts the log mid-batch.
-                out.flush()
-                faults.hit(SINK_FAULT_SITE)
+        for record in stamped(rows, self.cursors[q], self.has_time):
             out.append(self.codec.encode(record), record.meta())
             self.records += 1
             kinds[record.kind.value] += 1

@@ -4,11 +4,13 @@ both sinks (`operators.spark.sink`, `operators.spark.writer`) write with, and th
 window (the extent figures) without any record passing through the driver.
 
 Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...).
-- Log order (`log_order`): the records input tuples produced, by (j, o, emission index), then the G-checks
-  in the order the processor made them. A G-check holds its window's state after every tuple of its key
-  read so far (the processor makes them after a micro-batch's input), so at the end of the batch its pos
-  (the floor, and at least its key's last tuple + 1) is below the key's next tuple, which a later
-  micro-batch reads.
+- Log order (`log_order`): the records input tuples produced, in the order the partition's instance made
+  them (their emission index: the order it applied its tuples, by (j, o) as unpacked, except that with
+  watermarks a tuple held back while another input partition replays is applied, and its records made,
+  once that partition reached its crash point), then the G-checks in the order the processor made them.
+  A G-check holds its window's state after every tuple of its key read so far (the processor makes them
+  after a micro-batch's input), so at the end of the batch its pos (the floor, and at least its key's
+  last tuple + 1) is below the key's next tuple, which a later micro-batch reads.
 - pos (`positions`): `recovery.contract.PositionStamper` continuing from the log's previous record. A
   produced record claims its tuple (pos[j] = o + 1) when it is the tuple's last record, else pos[j] = o;
   a G-check claims its key's last applied tuple (j, o): its state holds it. What follows a batch's last
@@ -32,7 +34,7 @@ _GCHECK = Kind.GCHECK.value
 def log_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """A partition's rows in log order (module doc)."""
     produced = [r for r in rows if r[4] != _GCHECK]
-    produced.sort(key=lambda r: (r[1], r[2], r[3]))
+    produced.sort(key=lambda r: r[3])
     produced.extend(r for r in rows if r[4] == _GCHECK)
     return produced
 

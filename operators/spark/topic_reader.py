@@ -10,7 +10,8 @@ Rows carry the record's position and either the three fields the operator needs 
 `cec_partition`, `cec_offset`, `cec_error` (None, or the dead-letter reason: undecodable, or the key,
 value or time field missing or null), `cec_key` (the key field as text, str() of the decoded value),
 `cec_v` and `cec_time` (the value and time fields as JSON text, so that the operator sees the decoded
-types, ints stay ints, and does its own validation).
+types, ints stay ints, and does its own validation; for a record that could not be read, `cec_v` is the
+record as read, its dead letter's `raw`).
 
     spark.readStream.format("cec-topic").option("topic", "purchases").option("bootstrap.servers", bs)
          .option("format", "json").option("key", "item_id").option("value", "item_price").load()
@@ -43,6 +44,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from cec.exceptions import ConfigError
+from operators.engine.records import raw_text
 from operators.formats import FORMATS
 from operators.spark.datasource import admit
 from operators.spark.packing import PACK_OPTION, PackSpec, kept_packer, packed_schema
@@ -233,7 +235,7 @@ class TupleBatches:
             if v is None:
                 errors.append(tup.error or "undecodable input")
                 keys.append(None)
-                values.append(None)
+                values.append(raw_text(tup))  # the record as read: its dead letter's raw
                 times.append(None)
                 continue
             errors.append(None)

@@ -54,9 +54,7 @@ from __future__ import annotations
 
 import atexit
 import logging
-import os
 import shutil
-import signal
 import tempfile
 import uuid
 from collections import Counter, OrderedDict
@@ -68,10 +66,9 @@ from typing import TYPE_CHECKING, Any
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
 from operators.spark.planning import AttachRecovery
-from operators.spark.processor import EMIT_COLUMNS, PROFILE_ENV
-from operators.spark.sink import SINK_FAULT_SITE, CecSink, _Cursor, split_controls, stamped
+from operators.spark.processor import EMIT_COLUMNS
+from operators.spark.sink import CecSink, _Cursor, split_controls, stamped
 from operators.spark.stamping import log_order
-from queuestore import faults
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
 from queuestore.exceptions import QueueStoreError
@@ -87,7 +84,6 @@ if TYPE_CHECKING:
     from queuestore.kafka import KafkaPartitionWriter
 
 __all__ = [
-    "WRITER_KILL_SITE",
     "BatchWriter",
     "ExecutorSink",
     "PartitionCursor",
@@ -96,18 +92,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-# CEC_FAULTS="attach.writer.kill_task:n": the first attempt of every write task of the n-th micro-batch
-# (1-based) SIGKILLs its own Python worker once the first half of its records is committed; Spark retries
-# the task, and the retry must add only the other half.
-WRITER_KILL_SITE = "attach.writer.kill_task"
-# CEC_FAULTS="attach.sink.mid_batch:n" under writers="executors": the first write task of the n-th
-# micro-batch to reach the middle of its records (first half committed) SIGKILLs the driver's process
-# group (`_kill_driver`): in local mode the driver and its JVM, i.e. the driver dies mid-write. (A pass
-# counter as in the driver sink would restart in every forked Python worker.)
-
-# CEC_SPARK_PROFILE=DIR (`operators.spark.processor.PROFILE_ENV`): every write task dumps a cProfile of its
-# work to DIR (benchmarks; the variable reaches the Python workers through the environment in local mode).
 
 _KINDS = (Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value)
 
@@ -258,7 +242,6 @@ def _append_all(
     first: int,
     last_offset: int,
     where: str,
-    kill_mid_batch: Any,
 ) -> int:
     """Append messages[first:] and commit; the offset of the last message in the log."""
     offsets: list[int] = []
@@ -270,11 +253,7 @@ def _append_all(
         else:
             offsets.append(offset)
 
-    half = len(messages) // 2
     for i in range(first, len(messages)):
-        if kill_mid_batch is not None and i == half and half:
-            writer.flush()
-            kill_mid_batch()
         value, meta = messages[i]
         # Only the last message's offset matters (offsets grow along a partition): one callback per batch.
         writer.append(value, meta, durable if i == len(messages) - 1 else None)
@@ -295,15 +274,13 @@ def write_partition(
     rows: list[tuple[Any, ...]],
     has_time: bool,
     *,
-    kill_mid_batch: Any = None,
     session: str | None = None,
     attempt: int = 0,
 ) -> PartitionWrite:
     """Write one partition's batch (module doc, steps 1-4); `rows` in EMIT_COLUMNS order, any order.
     `session` (one per run of the query) keeps the partition's writer alive in this process for the next
     micro-batch, and `attempt` is the task's attempt number (module doc, "Reuse"); without a session the
-    writer is opened and closed here. `kill_mid_batch(first_half_committed)` is the fault hook of the tests
-    (None in production)."""
+    writer is opened and closed here."""
     state = _Cursor(PositionStamper(cursor.pos), cursor.n, cursor.time)
     records = list(stamped(log_order(rows), state, has_time))
     codec = RecordCodec()
@@ -326,9 +303,7 @@ def write_partition(
         if reused:
             assert live.writer is not None
             try:
-                last_offset = _append_all(
-                    live.writer, messages, 0, cursor.next_offset - 1, where, kill_mid_batch
-                )
+                last_offset = _append_all(live.writer, messages, 0, cursor.next_offset - 1, where)
             except QueueStoreError as exc:
                 # Fenced (a writer elsewhere took the partition over since this one's last commit) or
                 # failed: decide from the log, as a first attempt would, with a new writer.
@@ -351,7 +326,7 @@ def write_partition(
                         "start it again, which recovers from the log"
                     )
             last_offset = found[-1].offset if found else cursor.next_offset - 1
-            last_offset = _append_all(writer, messages, len(found), last_offset, where, kill_mid_batch)
+            last_offset = _append_all(writer, messages, len(found), last_offset, where)
     except BaseException:
         _discard(live)
         raise
@@ -362,14 +337,6 @@ def write_partition(
         live.next_offset = end.next_offset
         _keep_live(key, live)
     return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, reused)
-
-
-def _kill_driver() -> None:
-    """SIGKILL the driver from a local-mode Python worker: PySpark's daemon puts its workers in process
-    groups of their own, but not in a session of their own, so the session's leader is the driver (the
-    tests start it with a session of its own); its group holds the driver and its JVM."""
-    os.killpg(os.getsid(0), signal.SIGKILL)
-    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class BatchWriter:
@@ -390,15 +357,8 @@ class BatchWriter:
         self.topic = topic
         self.cursors = list(cursors)
         self.has_time = has_time
-        self.batch_number = batch_number  # 1-based, for the fault sites
+        self.batch_number = batch_number  # 1-based
         self.session = session  # the run's id: a write task may reuse this worker's writer of its run
-
-    def _fault_hook(self, attempt: int) -> Any:
-        if faults.planned(SINK_FAULT_SITE) == self.batch_number:
-            return _kill_driver
-        if faults.planned(WRITER_KILL_SITE) == self.batch_number and attempt == 0:
-            return lambda: os.kill(os.getpid(), signal.SIGKILL)
-        return None
 
     @staticmethod
     def _attempt() -> int:
@@ -410,21 +370,7 @@ class BatchWriter:
         return 0 if ctx is None else ctx.attemptNumber()
 
     def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        profile_dir = os.environ.get(PROFILE_ENV)
-        if not profile_dir:
-            yield from self._write(batches)
-            return
-        import cProfile
-
-        profile = cProfile.Profile()
-        profile.enable()
-        try:
-            out = list(self._write(batches))
-        finally:
-            profile.disable()
-            name = f"writer-b{self.batch_number}-{os.getpid()}-{uuid.uuid4().hex[:6]}.prof"
-            profile.dump_stats(str(Path(profile_dir) / name))
-        yield from out
+        yield from self._write(batches)
 
     def _write(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         import pyarrow as pa
@@ -454,7 +400,6 @@ class BatchWriter:
             self.cursors[q],
             rows,
             self.has_time,
-            kill_mid_batch=self._fault_hook(attempt),
             session=self.session,
             attempt=attempt,
         )

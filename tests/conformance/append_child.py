@@ -5,8 +5,8 @@
 
 `SPEC_JSON` is a store spec for `queuestore.factory.open_store`. Record i is `record(i)` encoded with
 `RecordCodec`, so the parent knows byte for byte what the child would have written and can check that
-the log after a SIGKILL is an exact prefix of it. The tests kill this process (CEC_FAULTS in the child's
-environment, or SIGKILL from outside) or let it finish (exit code 0).
+the log after a SIGKILL is an exact prefix of it. The tests kill this process (a kill plan in the child's
+environment, tests/killpoints, or SIGKILL from outside) or let it finish (exit code 0).
 
 `--continue-log` starts at the number of records the partition holds once the writer has taken it, as a
 recovering operator continues its log (START is then ignored). `--pause-at K --gate PATH` stops after

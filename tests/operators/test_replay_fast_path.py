@@ -1,8 +1,9 @@
-"""The replay loop (`OperatorRuntime._replay_chunk`) against the per-tuple path it stands in for.
+"""The replay loop (`OperatorInstance._replay_run`) against the per-tuple path it stands in for.
 
-Recovery below the crash point runs through `_replay_chunk` unless a fault is armed, when every tuple
-goes through `_apply` (which hits the fault sites). Both must leave exactly the same log and the same
-replay figures: the same crashed log is recovered both ways and compared record by record."""
+Recovery below the crash point runs through `_replay_run`, the path production runs (and the crash tests
+too: their kills come from outside the product). The per-tuple path (`_apply`, every rule) must leave
+exactly the same log and the same replay figures: the same crashed log is recovered both ways (the loop
+turned off from the test side for one of them) and compared record by record."""
 
 from __future__ import annotations
 
@@ -13,12 +14,11 @@ from typing import Any
 
 import pytest
 
-import operators.runtime as runtime
 from cec.config import Checkpointing
 from cec.records import Kind
 from cec.registry import OpenWindow, WindowRegistry
+from operators.engine.instance import OperatorInstance
 from operators.job import JobSpec, run_job
-from queuestore import faults
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers import log_records
 
@@ -51,24 +51,25 @@ def _specs(root: Path, *, queue: bool, partitions: int) -> tuple[JobSpec | None,
     return upstream, agg
 
 
-def _recover(root: Path, agg: JobSpec, *, armed: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
-    calls: list[int] = []
-    fast = runtime.OperatorRuntime._replay_chunk
+_FAST = OperatorInstance._replay_run  # the loop itself (the tests below patch it in turn)
 
-    def counted(self: Any, tuples: Any) -> int:
-        calls.append(len(tuples))
-        return fast(self, tuples)
 
-    monkeypatch.setattr(runtime.OperatorRuntime, "_replay_chunk", counted)
-    # A fault planned at a site never hit arms the fault machinery and nothing else.
-    faults.reset("tests.never:1" if armed else "")
-    try:
-        # G-open only after the crash: G-checks follow the wall clock, the log must not.
-        spec = JobSpec.from_json(agg.to_json().replace(str(agg.store["root"]), str(root)))
-        stats = run_job(dataclasses.replace(spec, checkpointing=Checkpointing()))
-    finally:
-        faults.reset("")
-    assert bool(calls) is not armed  # the loop ran exactly when no fault was armed
+def _recover(root: Path, agg: JobSpec, *, per_tuple: bool, monkeypatch: pytest.MonkeyPatch) -> Any:
+    consumed: list[int] = []
+    fast = _FAST
+
+    def counted(self: Any, tuples: Any, first: int) -> int:
+        if per_tuple:
+            return first  # nothing taken: every tuple goes through `_apply`
+        stopped = fast(self, tuples, first)
+        consumed.append(stopped - first)
+        return stopped
+
+    monkeypatch.setattr(OperatorInstance, "_replay_run", counted)
+    # G-open only after the crash: G-checks follow the wall clock, the log must not.
+    spec = JobSpec.from_json(agg.to_json().replace(str(agg.store["root"]), str(root)))
+    stats = run_job(dataclasses.replace(spec, checkpointing=Checkpointing()))
+    assert (sum(consumed) > 0) is not per_tuple  # the loop replayed exactly when it was left on
     return stats
 
 
@@ -83,10 +84,10 @@ def test_replay_loop_leaves_what_the_per_tuple_path_leaves(
     run_job(agg, max_inputs=1700)  # the log a crash there leaves
     figures = []
     logs = []
-    for armed in (True, False):
-        root = tmp_path / f"armed-{armed}"
+    for per_tuple in (True, False):
+        root = tmp_path / f"per-tuple-{per_tuple}"
         shutil.copytree(crashed, root)
-        stats = _recover(root, agg, armed=armed, monkeypatch=monkeypatch)
+        stats = _recover(root, agg, per_tuple=per_tuple, monkeypatch=monkeypatch)
         r = stats.recovery
         assert r is not None and r.tuples_replayed > 0 and r.tuples_skipped > 0
         assert r.tuples_replayed > r.tuples_skipped  # some tuples rebuilt window state

@@ -1,6 +1,6 @@
 """A Spark driver that runs `cec_aggregate` with Trigger.AvailableNow to the end of its input: the process the
-attach kill tests SIGKILL (through CEC_FAULTS=attach.sink.mid_batch:n in its environment), or whose write
-tasks are killed (CEC_FAULTS=attach.writer.kill_task:n).
+attach kill tests SIGKILL (a kill plan `attach.sink.mid_batch:n` in its environment, tests/killpoints), or
+whose write tasks are killed (`attach.writer.kill_task:n`).
 
 `python -m tests.spark.attach_driver ARGS.json`; ARGS holds the keyword arguments of `cec_aggregate` that
 are plain data, plus `done`: a file written (atomically) with the run's summary once the query finished.

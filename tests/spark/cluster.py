@@ -251,7 +251,7 @@ def _spawn(name: str, args: list[str], env: dict[str, str], log: Path) -> _Daemo
 
 def _env(root: Path, python: str) -> dict[str, str]:
     env = dict(os.environ)
-    env.pop("CEC_FAULTS", None)
+    env.pop("CEC_TEST_KILL", None)
     env["SPARK_HOME"] = str(spark_home())
     env["SPARK_LOCAL_IP"] = "127.0.0.1"
     env["SPARK_LOCAL_DIRS"] = str(root / "local")

@@ -1,6 +1,6 @@
 """A Spark driver that runs several `cec_aggregate` queries at once, each with Trigger.AvailableNow to the
-end of its input: the process tests/spark/test_attach_rto.py SIGKILLs mid-run (CEC_FAULTS=
-attach.sink.mid_batch:n: the first query to reach its n-th micro-batch kills the driver's process group
+end of its input: the process tests/spark/test_attach_rto.py SIGKILLs mid-run (a kill plan
+attach.sink.mid_batch:n, tests/killpoints: the first query to reach its n-th micro-batch kills the driver's process group
 from a write task, so every query dies mid-run, between or inside its writes).
 
 `python -m tests.spark.rto_driver ARGS.json`; ARGS: {"queries": [cec_aggregate keyword arguments that are

@@ -31,8 +31,6 @@ from operators.sinks import count_kinds
 from operators.sources import PurchaseGenerator
 from operators.spark.attach import (
     RESULT_COLUMNS,
-    SINK_FAULT_SITE,
-    WRITER_KILL_SITE,
     CecAggregateQuery,
     cec_aggregate,
     list_generations,
@@ -43,6 +41,7 @@ from operators.spark.writer import ExecutorSink
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import child_env, log_records, process_group_gone, wait_for
+from tests.killpoints import SINK_MID_BATCH, WRITER_KILL_TASK
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -338,12 +337,12 @@ def _killed_driver(args: dict[str, Any], work: Path, hit: int) -> None:
     durable in its log: with writers="driver", the sink's `hit`-th pass of its mid-batch fault site; with
     the executors' writers, the first write task of the `hit`-th micro-batch kills the driver's whole
     process group (driver, JVM, Python workers) half way through its partition."""
-    _driver_child(args, work, f"{SINK_FAULT_SITE}:{hit}", expect=-signal.SIGKILL)
+    _driver_child(args, work, f"{SINK_MID_BATCH}:{hit}", expect=-signal.SIGKILL)
     assert not (work / "done.json").exists()
 
 
 def _driver_child(args: dict[str, Any], work: Path, faults: str, *, expect: int) -> tuple[int, bytes]:
-    """Run the driver script with CEC_FAULTS=`faults`; it must exit with `expect`."""
+    """Run the driver script with the kill plan `faults` (tests/killpoints); it must exit with `expect`."""
     work.mkdir(parents=True, exist_ok=True)
     done = work / "done.json"
     spec = work / "args.json"
@@ -426,7 +425,7 @@ def test_a_write_task_killed_mid_write_is_retried_and_writes_nothing_twice(
     and appends only the rest: the run ends normally with exactly the failure-free output."""
     output = f"avg-retry-{uuid.uuid4().hex[:8]}"
     args = _args(purchases, tmp_path, output, partitions=2)
-    _driver_child(args, tmp_path / "driver", f"{WRITER_KILL_SITE}:2", expect=0)
+    _driver_child(args, tmp_path / "driver", f"{WRITER_KILL_TASK}:2", expect=0)
     summary = json.loads((tmp_path / "driver" / "done.json").read_text())
     assert summary["found"] > 0  # the retries met their killed attempts' records ...
     assert summary["driver_appends"] == 0

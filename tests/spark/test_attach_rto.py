@@ -36,10 +36,10 @@ from operators.sinks import count_kinds
 from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, list_generations, read_results
 from operators.spark.checkpointing import read_controls
 from operators.spark.processor import STATE_NAME
-from operators.spark.sink import SINK_FAULT_SITE
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import child_env, process_group_gone, wait_for
+from tests.killpoints import SINK_MID_BATCH
 from tests.topic_data import create_topic, make_purchases, produce
 
 if TYPE_CHECKING:
@@ -200,7 +200,7 @@ def _driver_child_many(spec: Path, work: Path) -> None:
     SIGKILLed from a write task in the middle of micro-batch KILL_AT; wait until the whole group is gone."""
     child = subprocess.Popen(
         [sys.executable, "-m", "tests.spark.rto_driver", str(spec)],
-        env=child_env(f"{SINK_FAULT_SITE}:{KILL_AT}"),
+        env=child_env(f"{SINK_MID_BATCH}:{KILL_AT}"),
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         start_new_session=True,

@@ -248,6 +248,16 @@ def test_json_topic_equals_plain_python_aggregation(
             "price not a number": "price",
         }
         assert expected[why] in reason, (where, why, reason)
+    # A record the source could not read is in its dead letter as read, in the input's own partition
+    # numbering (the form of every host: operators/engine/records.py).
+    store = KafkaQueueStore(json_topic.bootstrap, json_run.root / "probe")
+    try:
+        raws = {(d["partition"], d["offset"]): d["raw"] for d in iter_payloads(
+            store, json_run.output, DEAD_LETTER_SCHEMA, Kind.DEAD)}  # fmt: skip
+    finally:
+        store.close()
+    unread = [(p, o, v) for p, o, v in json_topic.records if json_topic.bad.get((p, o)) == "not JSON"]
+    assert unread and all(raws[(p, o)] == v.decode("utf-8", "backslashreplace") for p, o, v in unread)
 
 
 def test_handle_answers_like_a_streaming_query_with_cec_figures(json_topic: JsonTopic, json_run: Run) -> None:

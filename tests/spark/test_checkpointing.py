@@ -39,9 +39,9 @@ from operators.spark.processor import (
     FIGURES_ENTRY,
     AggregateSpec,
     CecAggregateProcessor,
-    _PartitionState,
     partition_groups,
 )
+from operators.spark.state_partition import PartitionState
 from tests.spark.packed import packed_frames
 
 
@@ -172,8 +172,8 @@ def test_q_below_the_open_windows_is_said_once(caplog: pytest.LogCaptureFixture)
         for _ in range(2):
             _run(Checkpointing(q_target=10), [WindowMark("a", 5, 50)], control=control, open_windows=40)
     assert [r.getMessage() for r in caplog.records] == [
-        "cec_aggregate state partition 0: Q=10 is below the 40 open windows of this partition: an extent "
-        "holds a footprint of every open window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)"
+        "cec_aggregate state partition 0: Q=10 is below the 40 open windows: an extent holds a footprint of "
+        "every open window, so q <= Q cannot hold at any checkpoint budget (Q must be >= N)"
     ]
 
 
@@ -321,7 +321,7 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     # its G-open (u = 0): a G-check would only repeat it.
     assert list(gchecks["cec_key"]) == [f"k{i}" for i in range(9)]
     assert set(gchecks["cec_kind"]) == {Kind.GCHECK.value}
-    part = _PartitionState.load(handle.state.value)
+    part = PartitionState.load(handle.state.value)
     control = part.control
     assert control.gchecks == 9 and control.out == 19 and control.targets == (10, None) and not control.said
     # Each G-checked window's footprint moved to its G-check: k0 first (record 11) ... k8 last (record 19);

@@ -18,7 +18,9 @@ _R, _GOPEN, _GCHECK, _DEAD = Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, 
 
 
 def _row(j: int, o: int, i: int, kind: str) -> tuple[Any, ...]:
-    return (0, j, o, i, kind, f"k{o % 5}", 0, None, None, -1, 0)
+    """A row of the processor (`EMIT_COLUMNS`); `i` is its emission index: the order the partition's
+    instance made it in."""
+    return (0, j, o, i, kind, f"k{o % 5}", 0, None, None, -1, 0, None)
 
 
 def _batch(rng: random.Random, width: int) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]]]:
@@ -30,7 +32,8 @@ def _batch(rng: random.Random, width: int) -> tuple[list[tuple[Any, ...]], list[
         for o in sorted(rng.sample(range(100), 12)):
             applied.append((j, o))
             kinds = rng.choice([[], [_GOPEN], [_R], [_R, _GOPEN], [_DEAD]])
-            produced.extend(_row(j, o, i, kind) for i, kind in enumerate(kinds))
+            made = len(produced)
+            produced.extend([_row(j, o, made + i, kind) for i, kind in enumerate(kinds)])
     gchecks = [_row(j, o, 1 << 30, _GCHECK) for j, o in rng.sample(applied, 4)]
     if produced:
         last = produced[-1]
@@ -54,16 +57,18 @@ def test_two_passes_stamp_what_one_pass_stamps() -> None:
 
 
 def test_a_tuple_claims_itself_on_its_last_record_and_a_gcheck_claims_its_keys_tuple() -> None:
-    rows = [_row(0, 5, 0, _R), _row(0, 5, 1, _GOPEN), _row(1, 2, 0, _GOPEN), _row(0, 5, 1 << 30, _GCHECK)]
+    rows = [_row(0, 5, 0, _R), _row(0, 5, 1, _GOPEN), _row(1, 2, 2, _GOPEN), _row(0, 5, 1 << 30, _GCHECK)]
     got = list(positions(log_order(rows), PositionStamper((3, 0))))
     # R of (0, 5) does not claim it (its G-open follows); the G-open does; (1, 2) claims itself although a
     # G-check follows; the G-check claims (0, 5) and keeps the floor everywhere else.
     assert got == [(5, 0), (6, 0), (6, 3), (6, 3)]
 
 
-def test_log_order_puts_produced_records_by_input_position_then_gchecks_as_made() -> None:
-    rows = [_row(1, 0, 0, _GOPEN), _row(0, 9, 1 << 30, _GCHECK), _row(0, 3, 1, _GOPEN), _row(0, 3, 0, _R),
+def test_log_order_puts_produced_records_as_made_then_gchecks_as_made() -> None:
+    """The instance made them in the order it applied its tuples: by input position, except a tuple held
+    back while another input partition replayed (watermarks), whose records follow that partition's."""
+    rows = [_row(1, 0, 0, _GOPEN), _row(0, 9, 1 << 30, _GCHECK), _row(0, 3, 2, _GOPEN), _row(0, 3, 1, _R),
             _row(0, 1, 1 << 30, _GCHECK)]  # fmt: skip
     assert [(r[1], r[2], r[4]) for r in log_order(rows)] == [
-        (0, 3, _R), (0, 3, _GOPEN), (1, 0, _GOPEN), (0, 9, _GCHECK), (0, 1, _GCHECK)
+        (1, 0, _GOPEN), (0, 3, _R), (0, 3, _GOPEN), (0, 9, _GCHECK), (0, 1, _GCHECK)
     ]  # fmt: skip

@@ -37,7 +37,8 @@ ZERO = PartitionCursor((0, 0), 0, 0, 0)
 
 def _batch(first_offset: int, tuples: int = 60) -> list[tuple[Any, ...]]:
     """Rows of the processor (EMIT_COLUMNS) for output partition 0: count windows of 3 over 4 keys, tuples
-    alternating between input partitions 0 and 1, shuffled as Spark may hand them over."""
+    alternating between input partitions 0 and 1, each with its emission index (the order the processor
+    makes them in: it applies a call's tuples by (j, o)), shuffled as Spark may hand them over."""
     rows: list[tuple[Any, ...]] = []
     counts: dict[str, int] = {}
     for i in range(tuples):
@@ -47,9 +48,15 @@ def _batch(first_offset: int, tuples: int = 60) -> list[tuple[Any, ...]]:
         counts[key] = n + 1
         seq = n // 3
         if n % 3 == 0:
-            rows.append((0, j, o, 0, Kind.GOPEN.value, key, seq, f"{key}:{seq}:1".encode(), None, o, 1))
+            rows.append(
+                (0, j, o, len(rows), Kind.GOPEN.value, key, seq, f"{key}:{seq}:1".encode(), None, o, 1, None)
+            )
         elif n % 3 == 2:
-            rows.append((0, j, o, 0, Kind.R.value, key, seq, None, f"{key}:{seq}".encode(), o, -1))
+            rows.append(
+                (0, j, o, len(rows), Kind.R.value, key, seq, None, f"{key}:{seq}".encode(), o, -1, None)
+            )
+    # The processor applies a call's tuples by (j, o) and numbers its rows as it makes them.
+    rows = [(*r[:3], i, *r[4:]) for i, r in enumerate(sorted(rows, key=lambda r: (r[1], r[2])))]
     rows.reverse()
     return rows
 

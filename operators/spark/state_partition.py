@@ -1,0 +1,315 @@
+"""A state partition of the attached query as an engine instance (`operators.engine`), for one call.
+
+Spark keeps a state partition's whole state in one ValueState (`PartitionState`, pickled): every key's
+facts as plain tuples (so the pickle stays one C-level pass), the engine state the instance needs between
+calls (`operators.engine.instance.HostState`: positions applied, marks, window ends, tuples held back,
+whether it is still restoring), its checkpoint controls, and `stamp`, the pos of the last record its rows
+made (`operators.spark.stamping`). A call (`PartitionCall`) turns that into an `OperatorInstance` whose
+registry loads a key's open window only when the key is met (`PartitionWindows`), and whose records become
+the rows the sink stamps (`PartitionRows`, the Spark host's `RecordSink`); at its end the touched keys are
+written back.
+
+Per key (`KeyFacts`): its next window seq; its open window's generation of the latest footprint (`fp_gen`:
+N counts the windows whose latest footprint is in this generation's log, `operators.spark.generations`);
+`pos_w` for a window loaded from the EC (the input below which it holds every tuple; the contract's
+window position); `live`: its last tuple was processed past the key's crash point, so its state holds
+every tuple of the key so far and a G-check may claim them; `fp_clock`, `fp_out`: the input position and
+the partition's records emitted in this run when its latest footprint was made (the controller's u and
+q); (`last_j`, `last_o`): the key's last applied tuple, which its G-check claims.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+from cec.records import Kind
+from cec.registry import OpenWindow, WindowRegistry
+from operators.aggregate import AggState, KeyedAggregate
+from operators.engine.instance import HostState, OperatorInstance
+from operators.engine.records import HeldRecord
+from operators.spark.checkpointing import PartitionControl
+from recovery.contract import ReplayContract
+
+__all__ = [
+    "GCHECK_ORDER",
+    "KeyFacts",
+    "PartitionCall",
+    "PartitionRows",
+    "PartitionState",
+    "PartitionWindows",
+]
+
+# The emission index of a G-check row (the sink writes G-checks after a partition's other records).
+GCHECK_ORDER = 1 << 30
+_R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
+
+
+class KeyFacts:
+    """One key's facts in a state partition (module doc)."""
+
+    __slots__ = ("fp_clock", "fp_gen", "fp_out", "last_j", "last_o", "live", "next_seq", "pos_w", "window")
+
+    def __init__(self) -> None:
+        self.next_seq = 0
+        self.window: OpenWindow | None = None
+        self.fp_gen = -1
+        self.pos_w: tuple[int, ...] | None = None
+        self.live = False
+        self.fp_clock: tuple[int, ...] | None = None
+        self.fp_out = 0  # the partition's records emitted in this run when its latest footprint was made
+        self.last_j = self.last_o = -1
+
+
+# A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
+# pos_w, live, fp_clock, last_j, last_o, fp_out). Plain tuples: the pickle of a partition stays one C-level
+# pass.
+Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int]
+
+
+def save_key(k: KeyFacts, next_seq: int) -> Saved:
+    w = k.window
+    if w is None:
+        return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0)
+    s = w.state
+    return (
+        next_seq,
+        w.seq,
+        (s.count, s.total, s.lo, s.hi, s.start, s.last),
+        k.fp_gen,
+        k.pos_w,
+        k.live,
+        k.fp_clock,
+        k.last_j,
+        k.last_o,
+        k.fp_out,
+    )
+
+
+def load_key(key: str | None, saved: Saved | None) -> KeyFacts:
+    k = KeyFacts()
+    if saved is None:
+        return k
+    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out = saved
+    k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
+    if seq >= 0 and state is not None and key is not None:
+        k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
+        k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_out = fp_gen, pos_w, live, fp_clock, fp_out
+    return k
+
+
+def fresh_engine(width: int, marks: Sequence[int] | None) -> HostState:
+    """The engine state of a partition before its first call: nothing applied, restoring (the contract
+    says at once whether there is anything to replay), the crash record's marks if the log had any."""
+    return ([0] * width, 0, None if marks is None else list(marks), [], [], True)
+
+
+class PartitionState:
+    """A state partition's keys (as `Saved` tuples), its output partition q, its timer (-1: none), its
+    checkpointing measurements (`PartitionControl`), `stamp` (the pos of the last record its rows made;
+    the log's crash point before any) and the engine state between calls (module doc)."""
+
+    __slots__ = ("control", "engine", "keys", "q", "stamp", "timer")
+
+    def __init__(
+        self,
+        q: int,
+        stamp: tuple[int, ...],
+        engine: HostState,
+        keys: dict[str | None, Saved] | None = None,
+        timer: int = -1,
+        control: PartitionControl | None = None,
+    ) -> None:
+        self.q = q
+        self.stamp = stamp
+        self.engine = engine
+        self.keys: dict[str | None, Saved] = keys if keys is not None else {}
+        self.timer = timer
+        self.control = control if control is not None else PartitionControl()
+
+    def dump(self) -> tuple[bytes]:
+        state = (self.q, self.timer, self.keys, self.control, self.stamp, self.engine)
+        return (pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),)
+
+    @classmethod
+    def load(cls, row: Any) -> PartitionState:
+        q, timer, keys, control, stamp, engine = pickle.loads(bytes(row[0]))
+        return cls(q, stamp, engine, keys, timer, control)
+
+    def live_windows(self) -> list[str | None]:
+        """The keys whose open window may be G-checked (module doc: `live`)."""
+        return [k for k, saved in self.keys.items() if saved[1] >= 0 and saved[5]]
+
+    def open_count(self) -> int:
+        return sum(1 for saved in self.keys.values() if saved[1] >= 0)
+
+
+class PartitionWindows(WindowRegistry):
+    """The instance's registry over a partition's saved keys: a key's open window is installed the first
+    time the key is met (`get`, `open`, `close`), so a call touches only the keys of its rows."""
+
+    def __init__(
+        self, touch: Callable[[str | None], KeyFacts], touched: Mapping[str | None, KeyFacts]
+    ) -> None:
+        super().__init__()
+        self._touch = touch
+        self._touched = touched
+
+    def get(self, key: str) -> OpenWindow | None:
+        window = self._windows.get(key)
+        if window is None and key not in self._touched:
+            self._touch(key)  # installs its saved open window; from then on this registry is the truth
+            window = self._windows.get(key)
+        return window
+
+    def open(self, window: OpenWindow) -> None:
+        self._touch(window.key)
+        super().open(window)
+
+    def close(self, key: str) -> OpenWindow:
+        self._touch(key)
+        return super().close(key)
+
+
+class _WindowPositions(Mapping[str, tuple[int, ...]]):
+    """The replay contract's window positions: each key's EC window `pos_w`, read from its facts."""
+
+    def __init__(self, touch: Callable[[str | None], KeyFacts]) -> None:
+        self._touch = touch
+
+    def get(self, key: str, default: Any = None) -> Any:
+        pos = self._touch(key).pos_w
+        return default if pos is None else pos
+
+    def __getitem__(self, key: str) -> tuple[int, ...]:
+        pos = self._touch(key).pos_w
+        if pos is None:
+            raise KeyError(key)
+        return pos
+
+    def __iter__(self) -> Iterator[str]:  # pragma: no cover - the contract only looks keys up
+        raise TypeError("a partition's window positions are looked up, never listed")
+
+    def __len__(self) -> int:  # pragma: no cover
+        raise TypeError("a partition's window positions are looked up, never counted")
+
+
+class PartitionRows:
+    """The Spark host's `RecordSink`: the instance's records as rows in `processor.EMIT_COLUMNS` order,
+    (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks); the sink stamps
+    them later (`operators.spark.stamping`). The emission index is the order the instance made them (the
+    order it applied its tuples); a G-check row claims its key's last applied tuple. N delta: +1 on a
+    G-open, -1 on the R of a window whose latest footprint is in this generation's log, +1 on a G-check
+    that moves a footprint into it."""
+
+    def __init__(
+        self, q: int, generation: int, facts: Callable[[str | None], KeyFacts], out_base: int
+    ) -> None:
+        self.q = q
+        self.generation = generation
+        self.facts = facts
+        self.out_base = out_base  # the partition's records emitted in this run before this call
+        self.rows: list[tuple[Any, ...]] = []
+        self.produced = 0
+
+    def tuple_records(
+        self,
+        partition: int,
+        offset: int,
+        held: list[HeldRecord],
+        time: int,
+        live: Sequence[int],
+        marks: list[tuple[int, ...]] | None,
+        event_time: int | None,
+    ) -> None:
+        rows, generation = self.rows, self.generation
+        t = -1 if event_time is None else event_time
+        for i, (kind, key, seq, state, payload, _n) in enumerate(held):
+            dn = 0
+            if key is not None and kind is not _DEAD:
+                k = self.facts(key)
+                if kind is _GOPEN:
+                    dn = 1
+                    k.fp_gen, k.pos_w = generation, None
+                    k.fp_out = self.out_base + len(rows) + 1
+                elif kind is _R:
+                    dn = -1 if k.fp_gen == generation else 0
+                    k.fp_gen, k.pos_w, k.live, k.fp_clock = -1, None, False, None
+            record_marks = None if marks is None else list(marks[i])
+            rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
+                         record_marks))  # fmt: skip
+            self.produced += 1
+
+    def gchecks(
+        self,
+        windows: Sequence[OpenWindow],
+        states: list[bytes],
+        time: int,
+        live: Sequence[int],
+        n: int,
+        marks: tuple[int, ...],
+    ) -> None:
+        rows, generation = self.rows, self.generation
+        record_marks = list(marks) if marks else None
+        for window, state in zip(windows, states, strict=True):
+            k = self.facts(window.key)
+            dn = 0 if k.fp_gen == generation else 1  # its latest footprint moves into this log
+            k.fp_gen = generation
+            rows.append((self.q, k.last_j, k.last_o, GCHECK_ORDER, _GCHECK.value, window.key, window.seq, state,
+                         None, -1, dn, record_marks))  # fmt: skip
+            k.fp_out = self.out_base + len(rows)
+
+    def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:
+        raise RuntimeError("an attached query's input has no end: its logs have no EOS")
+
+
+class PartitionCall:
+    """One call of a state partition (module doc): its keys as they are touched, the instance over them,
+    and the rows it made. `crash_pos` is the partition's crash point (with several generations, the bound
+    of every key's own, `key_crash` filled by the caller as rows come)."""
+
+    def __init__(
+        self,
+        operator: KeyedAggregate,
+        part: PartitionState,
+        generation: int,
+        crash_pos: Sequence[int],
+        *,
+        per_key_crash: bool = False,
+    ) -> None:
+        self.part = part
+        self.keys: dict[str | None, KeyFacts] = {}  # touched in this call
+        self.key_crash: dict[str | None, Sequence[int]] | None = {} if per_key_crash else None
+        self.rows = PartitionRows(part.q, generation, self.touch, part.control.out)
+        self.windows = PartitionWindows(self.touch, self.keys)
+        width = len(crash_pos)
+        self.instance = OperatorInstance(
+            operator, self.rows, width, registry=self.windows, closed_seq=self._closed_seq
+        )
+        engine = part.engine
+        contract = None
+        if engine[5]:  # still restoring
+            contract = ReplayContract(
+                (0,) * width, tuple(crash_pos), _WindowPositions(self.touch), self.key_crash
+            )
+        self.instance.resume(engine, contract)
+
+    def touch(self, key: str | None) -> KeyFacts:
+        k = self.keys.get(key)
+        if k is None:
+            k = self.keys[key] = load_key(key, self.part.keys.get(key))
+            if k.window is not None:
+                self.windows._windows[k.window.key] = k.window
+        return k
+
+    def _closed_seq(self, key: str) -> int | None:
+        return self.touch(key).next_seq - 1
+
+    def store(self) -> None:
+        """Write the touched keys and the engine state back into the partition's saved state."""
+        keys, next_seq = self.part.keys, self.instance.next_seq
+        for key, k in self.keys.items():
+            k.window = self.windows._windows.get(key) if key is not None else None
+            keys[key] = save_key(k, next_seq.get(key, k.next_seq) if key is not None else k.next_seq)
+        self.part.engine = self.instance.save()
