@@ -2131,6 +2131,7 @@ def plot_connector(folder: Path, out: Path) -> None:
             left.bar_label(bar, labels=[text], fontsize=8)
     left.set_xticks(range(len(runs)), [f"{r['keys']:,} keys, {r['tuples']:,} tuples" for r in runs])
     left.set_ylabel("tuples/s (median of interleaved runs; label: median per-pair ratios to native)")
+    left.set_ylim(0, left.get_ylim()[1] * 1.2)
     left.legend(loc="upper left", fontsize=8)
     for x, (_keys, seconds) in enumerate(sorted(recoveries.items())):
         width = 0.8 / len(seconds)
@@ -2151,6 +2152,10 @@ def plot_connector(folder: Path, out: Path) -> None:
         ],
     )
     right.set_ylabel("recovery after a driver SIGKILL at half the input (s, warm driver)")
+    highest = max(
+        (v for seconds in recoveries.values() for v in seconds.values() if not math.isnan(v)), default=1
+    )
+    right.set_ylim(0, highest * 1.3)  # room for the legend above the bars' labels
     right.legend(loc="upper left", fontsize=8)
     fig.suptitle(
         "CEC attached vs Spark native with Spark's Kafka connector (Kafka source and sink, RocksDB state store, "

@@ -185,6 +185,9 @@ def summary(totals: Totals, args: argparse.Namespace, brokers: list[str]) -> dic
         "lost": sum(r["lost"] for r in totals.rounds),
         "duplicated": sum(r["duplicated"] for r in totals.rounds),
         "failed_rounds": dict(failures),
+        # A failed round's results were not checked (it ended at the broken invariant): its faults apart.
+        "checked_faults": sum(r["faults_total"] for r in totals.rounds if not r["failure"]),
+        "checked_kills": sum(r["kills"] for r in totals.rounds if not r["failure"]),
         "crash_loops": failures["crash loop"],
         "hosts": {h: dict(c) for h, c in by_host.items()},
         "stops": dict(stops.most_common()),
@@ -218,7 +221,11 @@ def markdown(doc: dict[str, Any]) -> str:
     lines += ["", f"Faults by kind: {kinds}.", "", f"Faults by request: {apis}.", ""]
     if doc["failed_rounds"]:
         failed = ", ".join(f"{k} {n}" for k, n in doc["failed_rounds"].items())
-        lines += [f"Rounds that broke a harness invariant: {failed}.", ""]
+        lines += [
+            f"Rounds that broke a harness invariant: {failed}; the rounds whose results were checked hold "
+            f"{doc['checked_faults']:,} of the faults and {doc['checked_kills']} of the SIGKILLs.",
+            "",
+        ]
     if doc["stops"]:
         lines += ["Stops (the one line a process stopped with, by count):", ""]
         lines += [f"- {n} x `{message}`" for message, n in list(doc["stops"].items())[:12]]

@@ -12,7 +12,10 @@ Contract (checked by the conformance suite in `tests/queuestore/conformance`):
 - the durable log is always a prefix of what the writer appended (a crash loses a suffix, never a record
   in the middle, never duplicates);
 - a reader never returns part of a record; it can read forward from an offset, backward from an offset,
-  and find the end of the partition; readers may live in other processes than the writer;
+  and find the end of the partition; readers may live in other processes than the writer. A durable
+  record is readable by every reader at once on the embedded store; on Kafka once the broker wrote its
+  transaction's commit markers, which it does just after the commit returns (a new writer's
+  initialisation waits for them, so recovery always reads a settled log);
 - writers are fail-stop: after the first failed append a writer refuses every later one and its
   `append`/`poll`/`flush` raise `WriterFailedError`, so a failed record never leaves a hole with later
   records after it;

@@ -855,6 +855,8 @@ def test_commits_are_pipelined_appends_go_on_and_callbacks_wait_for_the_commit(
             w.flush()  # the waiting appends went into the next transaction
             assert w.commits == 2 and w.outstanding == 0
             assert len(reports) == 30 and None not in reports and reports == sorted(reports)
+            # Readable once the broker wrote the commit's markers (just after the commit returns).
+            wait_for(lambda: len(values(r.scan_forward())) >= 30, what="the second commit readable")
             assert values(r.scan_forward()) == [(value(i), meta(i)) for i in range(30)]
     finally:
         s.close()

@@ -203,7 +203,10 @@ def test_outstanding_and_flush(store_backend: StoreBackend) -> None:
         assert w.outstanding == 0
         assert [err for _, err in reports] == [None] * 200
         check_offsets(store, [off for off, _ in reports])  # type: ignore[misc]
-        with store_backend().reader(topic, 0) as r:  # flushed means readable by anyone
+        with store_backend().reader(topic, 0) as r:  # flushed means readable by anyone...
+            # ...on Kafka once the broker wrote the commit's markers, which it does just after the commit
+            # returns (measured: a reader on a loaded machine saw nothing yet, then everything).
+            wait_for(lambda: len(list(r.scan_forward())) >= 200, DEADLINE)
             holding(list(r.scan_forward()), range(200))
             check_end(store, r, reports[-1][0])  # type: ignore[arg-type]
 
