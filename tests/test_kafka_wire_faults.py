@@ -404,7 +404,10 @@ def test_an_operator_recovers_in_its_process_from_a_commit_in_doubt(
         "doubt",
         request_timeout=4,
         config={"socket.timeout.ms": "60000"},
-        commit_interval=0.05,
+        # Commits by record count (about 48 in the run), not by the wall clock: a fast machine finished the
+        # run in fewer than the 4 EndTxns the plan needs.
+        commit_interval=3600.0,
+        commit_records=500,
     )
     fault_proxy.plan = FaultPlan(Rule(Fault.DROP, apis=ENDTXN, nth=2), Rule(Fault.DROP, apis=ENDTXN, nth=4))
     with caplog.at_level(logging.WARNING, logger="operators.job"):
