@@ -7,12 +7,13 @@ import csv
 import io
 import json
 import random
+import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import fastavro
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 __all__ = [
@@ -49,6 +50,21 @@ def create_topic(bootstrap: str, topic: str, partitions: int, config: dict[str, 
     admin = AdminClient({"bootstrap.servers": bootstrap})
     for future in admin.create_topics([NewTopic(topic, partitions, 1, config=config or {})]).values():
         future.result(30)
+
+
+def end_aware_consumer(bootstrap: str, isolation: str) -> Consumer:
+    """A consumer that reports each partition's end (PARTITION_EOF) and commits nothing: the tests' reader
+    of a whole topic with `isolation` ("read_committed" or "read_uncommitted")."""
+    return Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }
+    )
 
 
 def make_purchases(count: int, keys: int, partitions: int, seed: int = 7) -> list[tuple[int, dict[str, Any]]]:

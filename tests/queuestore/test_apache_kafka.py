@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
 
 from operators.job import aggregate_operator
@@ -42,7 +42,7 @@ from tests.cec.test_cli_topic import (
 )
 from tests.helpers import child_env, wait_for
 from tests.recovery.test_as_of import _stopped_run_state
-from tests.topic_data import as_json, encoded, make_purchases, produce, write_csv
+from tests.topic_data import as_json, encoded, end_aware_consumer, make_purchases, produce, write_csv
 
 pytestmark = pytest.mark.kafka_transactions
 
@@ -52,16 +52,7 @@ Positions = set[tuple[int, int]]
 
 def _positions(bootstrap: str, topic: str, isolation: str) -> Positions:
     """(partition, offset) of every record a consumer with `isolation` reads from the whole topic."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        }
-    )
+    consumer = end_aware_consumer(bootstrap, isolation)
     try:
         partitions = len(consumer.list_topics(topic, timeout=30).topics[topic].partitions)
         consumer.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(partitions)])

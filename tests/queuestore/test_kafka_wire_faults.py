@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, KafkaError, TopicPartition
 
 from cec.records import Kind
 from operators.aggregate import RESULT_SCHEMA
@@ -39,7 +39,7 @@ from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
 from tests.brokers import Broker
 from tests.faultproxy import API_KEYS, Fault, FaultPlan, FaultProxy, Rule
 from tests.helpers import wait_for
-from tests.topic_data import create_topic, produce
+from tests.topic_data import create_topic, end_aware_consumer, produce
 
 pytestmark = pytest.mark.kafka_transactions
 
@@ -50,16 +50,7 @@ DEADLINE = 60.0
 
 def _read(bootstrap: str, topic: str, isolation: str = "read_committed") -> list[bytes]:
     """The values of partition 0 of `topic`, to its end, as a plain consumer with `isolation` reads them."""
-    consumer = Consumer(
-        {
-            "bootstrap.servers": bootstrap,
-            "group.id": f"reader-{uuid.uuid4().hex[:8]}",
-            "isolation.level": isolation,
-            "enable.partition.eof": True,
-            "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        }
-    )
+    consumer = end_aware_consumer(bootstrap, isolation)
     try:
         consumer.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
         values: list[bytes] = []
@@ -404,7 +395,10 @@ def test_an_operator_recovers_in_its_process_from_a_commit_in_doubt(
         "doubt",
         request_timeout=4,
         config={"socket.timeout.ms": "60000"},
-        commit_interval=0.05,
+        # Commits by record count (about 48 in the run), not by the wall clock: a fast machine finished the
+        # run in fewer than the 4 EndTxns the plan needs.
+        commit_interval=3600.0,
+        commit_records=500,
     )
     fault_proxy.plan = FaultPlan(Rule(Fault.DROP, apis=ENDTXN, nth=2), Rule(Fault.DROP, apis=ENDTXN, nth=4))
     with caplog.at_level(logging.WARNING, logger="operators.job"):
