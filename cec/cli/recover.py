@@ -1,4 +1,4 @@
-"""`cec recover --dry-run`: what a recovery would do now, changing nothing (`recovery.dry_run` plans it)."""
+"""`cec recover --dry-run`: what a recovery would do now, changing nothing (`cec.dry_run` plans it)."""
 
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_recover(args: argparse.Namespace) -> int:
-    from recovery.dry_run import plan_recovery
+    from cec.dry_run import plan_recovery
 
     if not args.dry_run:
         raise ConfigError(

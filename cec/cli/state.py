@@ -1,5 +1,5 @@
 """`cec state TOPIC --as-of AT`: the state of every window open at a past point of a log, as JSON or CSV
-(`recovery.as_of` rebuilds it)."""
+(`cec.state_as_of` rebuilds it)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 
 
 def cmd_state(args: argparse.Namespace) -> int:
-    from recovery.as_of import AsOf, state_as_of
+    from cec.state_as_of import AsOf, state_as_of
 
     at = AsOf.parse(args.as_of)
     input_path = Path(args.input) if args.input else None
