@@ -9,7 +9,7 @@ it; from then on the new producer alone can add under the id, in a new epoch.
 No transaction ends in doubt and goes on in the same producer epoch. librdkafka implements Kafka's
 transactions v1 only (no KIP-890 transactions v2): the broker knows a transaction by the producer id and
 epoch alone, so a request of an earlier transaction that arrives late acts on whatever transaction is open
-then. Measured on Apache Kafka 4.3.1 with librdkafka 2.16 (tests/test_kafka_txn_faults.py): an EndTxn
+then. Measured on Apache Kafka 4.3.1 with librdkafka 2.16 (tests/queuestore/kafka/test_kafka_wire_faults.py): an EndTxn
 held in the network past `socket.timeout.ms` is retried by librdkafka, the retry commits and
 `commit_transaction()` reports success; when the held request arrives it commits the next transaction half
 way (its first records visible to read_committed readers, the rest refused, its side records never

@@ -187,15 +187,7 @@ class KafkaPartitionReader(PartitionReader):
                 for index, msg in enumerate(batch):
                     err = msg.error()
                     if err is not None:
-                        if err.code() == KafkaError._PARTITION_EOF:
-                            eof = _offset(msg)
-                            if eof >= start:
-                                result.eof = eof
-                                self._note_end(eof)
-                                return result
-                            continue
-                        if self._check_error(err):
-                            result.beyond_end = True
+                        if self._event_ends(err, msg, start, result):
                             return result
                         continue
                     offset = _offset(msg)
@@ -239,20 +231,26 @@ class KafkaPartitionReader(PartitionReader):
                 return True
             if i >= count:
                 return False
-            err = batch[i].error()  # message_rows stops at an event that is not a record
+            event = batch[i]  # message_rows stops at an event that is not a record
+            err = event.error()
             i += 1
-            if err is None:
-                continue
-            if err.code() == KafkaError._PARTITION_EOF:
-                eof = _offset(batch[i - 1])
-                if eof >= start:
-                    result.eof = eof
-                    self._note_end(eof)
-                    return True
-                continue
-            if self._check_error(err):
-                result.beyond_end = True
+            if err is not None and self._event_ends(err, event, start, result):
                 return True
+        return False
+
+    def _event_ends(self, err: KafkaError, msg: Message, start: int, result: _ReadResult) -> bool:
+        """Whether an event that is not a record ends a read from `start` (`result` says how): the EOF
+        event at or above `start`, or an answer that the start lies beyond the end."""
+        if err.code() == KafkaError._PARTITION_EOF:
+            eof = _offset(msg)
+            if eof < start:
+                return False
+            result.eof = eof
+            self._note_end(eof)
+            return True
+        if self._check_error(err):
+            result.beyond_end = True
+            return True
         return False
 
     def _fetch(

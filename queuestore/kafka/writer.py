@@ -180,9 +180,10 @@ class KafkaPartitionWriter(PartitionWriter):
                 on_durable(None, exc)
 
     def _live_producer(self) -> Producer:
-        if self._producer is None:
+        producer = self._txn.producer  # per append: one attribute, not the property
+        if producer is None:
             raise StoreClosedError(f"writer of {self.topic}[{self.partition}] is closed")
-        return self._producer
+        return producer
 
     def _check_failure(self) -> None:
         if self._failure is None:
