@@ -39,7 +39,11 @@ Writing (batch and streaming sink)
   already committed writes nothing. A micro-batch that Spark runs again (a retried task, a query
   restarted from its checkpoint after the driver died between the task commits and its commit log)
   therefore adds no duplicate. Readers of the topic must use `isolation.level=read_committed` (this
-  source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids.
+  source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids. The producer is
+  the queue store's transactional producer (`queuestore.kafka.producer`: fencing, and a commit whose
+  outcome is unknown ends in a new epoch before the task fails).
+- Options common to both Kafka sources (`topic`, `bootstrap.servers`, `kafka.*`, `startingOffsets`,
+  `maxRecordsPerTrigger`) and micro-batch planning are `operators.spark.slices`'.
 """
 
 from __future__ import annotations
@@ -47,7 +51,7 @@ from __future__ import annotations
 import json
 import tempfile
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -60,12 +64,6 @@ from pyspark.sql.datasource import (
     DataSourceWriter,
     InputPartition,
     WriterCommitMessage,
-)
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
     ArrayType,
@@ -88,6 +86,7 @@ from cec.verified import LogVerifier
 from operators.job import SCHEMAS
 from operators.spark.packing import PACK_OPTION, Packer, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
+from operators.spark.slices import KafkaOptions, SliceStreamReader, starting_positions
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
@@ -224,30 +223,17 @@ class _Options:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
-        opts = {k.lower(): v for k, v in options.items()}
-        topic = opts.get("topic")
-        bootstrap = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
-        if not topic or not bootstrap:
-            raise ConfigError(f"{FORMAT} needs the options 'topic' and 'bootstrap.servers'")
-        # Client settings (security.protocol, sasl.*, ssl.*, ...) pass through with a "kafka." prefix.
-        client = {
-            k[len("kafka.") :]: v
-            for k, v in options.items()
-            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-        }
-        limit = opts.get("maxrecordspertrigger")
-        max_records = int(limit) if limit else None
-        if max_records is not None and max_records < 1:
-            raise ConfigError("maxRecordsPerTrigger must be >= 1")
+        common = KafkaOptions.parse(options, FORMAT)
+        opts = common.lowered
         partitions = opts.get("partitions")
         return cls(
-            topic=topic,
-            bootstrap=bootstrap,
-            client_config=client,
+            topic=common.topic,
+            bootstrap=common.bootstrap,
+            client_config=common.client_config,
             include_control=opts.get("includecontrol", "false").strip().lower() in _TRUE,
             payload=_payload_schema(opts.get("schema")),
-            max_records_per_trigger=max_records,
-            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
+            max_records_per_trigger=common.max_records_per_trigger,
+            starting_offsets=common.starting_offsets,
             state_dir=opts.get("statedir") or str(Path(tempfile.gettempdir()) / "cec-spark"),
             key_field=opts.get("keyfield"),
             time_field=opts.get("timefield"),
@@ -417,47 +403,6 @@ class _Ends:
         self.store.close()
 
 
-def _starting(opts: _Options, ends: Sequence[int]) -> list[int]:
-    spec = opts.starting_offsets
-    if spec.lower() == "earliest":
-        return [0] * len(ends)  # retention is infinite on CEC topics (the log is the checkpoint)
-    if spec.lower() == "latest":
-        return list(ends)
-    try:
-        given = {int(k): int(v) for k, v in json.loads(spec).items()}
-    except (ValueError, AttributeError, TypeError):
-        raise ConfigError(
-            f'startingOffsets must be earliest, latest or {{"<partition>": offset}}: {spec!r}'
-        ) from None
-    return [min(given.get(p, 0), end) for p, end in enumerate(ends)]
-
-
-def _as_offsets(positions: Sequence[int]) -> dict[str, int]:
-    return {str(p): int(o) for p, o in enumerate(positions)}
-
-
-def _from_offsets(offsets: Mapping[str, Any]) -> list[int]:
-    return [int(offsets[str(p)]) for p in range(len(offsets))]
-
-
-def admit(start: Sequence[int], ends: Sequence[int], max_rows: int | None) -> list[int]:
-    """End offsets of the next micro-batch: everything pending, or at most `max_rows` offsets split over
-    partitions in proportion to what each has pending (every partition with data advances)."""
-    pending = [max(0, e - s) for s, e in zip(start, ends, strict=True)]
-    total = sum(pending)
-    if max_rows is None or total <= max_rows:
-        return [max(s, e) for s, e in zip(start, ends, strict=True)]
-    take = [n * max_rows // total for n in pending]
-    spare = max_rows - sum(take)
-    for p in sorted(range(len(pending)), key=lambda i: pending[i] - take[i], reverse=True):
-        if spare == 0:
-            break
-        if take[p] < pending[p]:
-            take[p] += 1
-            spare -= 1
-    return [s + t for s, t in zip(start, take, strict=True)]
-
-
 class _BatchReader(DataSourceReader):
     def __init__(self, opts: _Options) -> None:
         self.opts = opts
@@ -468,7 +413,7 @@ class _BatchReader(DataSourceReader):
             ends = finder.ends()
         finally:
             finder.close()
-        start = _starting(self.opts, ends)
+        start = starting_positions(self.opts.starting_offsets, [0] * len(ends), ends)
         return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(start, ends, strict=True)) if e > s]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -477,11 +422,11 @@ class _BatchReader(DataSourceReader):
         return _batches(self.opts, partition)
 
 
-class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _StreamReader(SliceStreamReader):
     def __init__(self, opts: _Options) -> None:
+        super().__init__(opts.starting_offsets, opts.max_records_per_trigger)
         self.opts = opts
         self._finder: _Ends | None = None
-        self._target: list[int] | None = None  # Trigger.AvailableNow: the ends when the query started
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader into the read function; Kafka clients stay behind.
@@ -489,46 +434,19 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_finder"] = None
         return state
 
-    def _ends(self) -> list[int]:
-        if self._target is not None:
-            return list(self._target)
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        # Retention is infinite on CEC topics (the log is the checkpoint): every partition starts at 0.
         if self._finder is None:
             self._finder = _Ends(self.opts)
-        return self._finder.ends()
+        ends = self._finder.ends()
+        return [0] * len(ends), ends
 
-    def initialOffset(self) -> dict[str, int]:
-        return _as_offsets(_starting(self.opts, self._ends()))
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts.max_records_per_trigger
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        ends = self._ends()
-        begin = _from_offsets(start)
-        begin += [0] * (len(ends) - len(begin))  # partitions added to the topic since: read from 0
-        return _as_offsets(admit(begin, ends, max_rows))
-
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        return None  # finding the end costs a consume; Spark would call this every trigger
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = None
-        self._target = self._ends()
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        stop = _from_offsets(end)
-        begin = _from_offsets(start)
-        begin += [0] * (len(stop) - len(begin))
-        return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
+    def _slice(self, partition: int, start: int, end: int, total: int) -> InputPartition:
+        return KafkaSlice(partition, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaSlice)
         return _batches(self.opts, partition)
-
-    def commit(self, end: dict[str, Any]) -> None:
-        pass  # Spark's checkpoint holds the offsets; nothing is committed to Kafka
 
     def stop(self) -> None:
         if self._finder is not None:
@@ -595,9 +513,12 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
     attempt that finds its batch already committed writes nothing (a re-run micro-batch after a driver
     crash between the task commits and Spark's commit log, or a task retried after it had committed).
     """
-    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
 
     from queuestore.kafka import meta_to_headers
+    from queuestore.kafka.config import ClientSettings
+    from queuestore.kafka.errors import _kafka_error
+    from queuestore.kafka.producer import InDoubtError, TransactionalProducer
 
     if opts.payload is None:
         raise ConfigError(f"writing to {FORMAT} needs the 'schema' option (the payload's Avro schema)")
@@ -608,21 +529,11 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
         store.close()
     txn_id = sink_transactional_id(opts.transactional_id_prefix, opts.topic, sink_id, task)
     where = f"{FORMAT} sink {opts.topic} (task {task}, batch {batch_id})"
-    common = {"bootstrap.servers": opts.bootstrap, **opts.client_config}
-    producer = Producer(
-        {
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            **common,
-            "transactional.id": txn_id,
-            "enable.idempotence": True,
-            "acks": "all",
-        }
-    )
+    settings = ClientSettings(opts.bootstrap, dict(opts.client_config), _SINK_TIMEOUT)
     progress = TopicPartition(opts.topic, 0)  # where the group's offset (next batch to write) is kept
     group = Consumer(
         {
-            **common,
+            **settings.client(f"cec-sink-{opts.topic}-{task}"),
             "group.id": txn_id,
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
@@ -630,9 +541,17 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
     )
     try:
         try:
-            producer.init_transactions(_SINK_TIMEOUT)
+            # The one transactional producer (queuestore.kafka.producer): its init fences every earlier
+            # attempt of this task.
+            txn = TransactionalProducer(
+                lambda: settings.transactional_producer(f"cec-sink-{opts.topic}-{task}", txn_id),
+                transactional_id=txn_id,
+                where=where,
+                bootstrap_servers=opts.bootstrap,
+                timeout=_SINK_TIMEOUT,
+            )
             committed = group.committed([progress], _SINK_TIMEOUT)[0].offset
-        except KafkaException as exc:
+        except (KafkaException, QueueStoreError) as exc:
             raise QueueStoreError(f"{where}: cannot start its transaction: {exc}") from None
         if committed > batch_id:
             return SinkCommit(task, 0, batch_id, skipped=True)
@@ -644,8 +563,9 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
             if err is not None:
                 failures.append(str(err))
 
+        producer = txn.live()
         try:
-            producer.begin_transaction()
+            txn.begin()
             count = 0
             for row in rows:
                 values = row.asDict() if hasattr(row, "asDict") else dict(row)
@@ -678,11 +598,21 @@ def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: i
             producer.send_offsets_to_transaction(
                 [TopicPartition(opts.topic, 0, batch_id + 1)], group.consumer_group_metadata(), _SINK_TIMEOUT
             )
-            producer.commit_transaction(_SINK_TIMEOUT)
         except KafkaException as exc:
             # Nothing of this attempt becomes visible (the transaction is aborted, by the next attempt's
             # init_transactions at the latest); Spark retries the task or fails the batch.
             raise QueueStoreError(f"{where}: transaction failed: {exc}") from None
+        try:
+            txn.commit()
+        except KafkaException as exc:
+            failure = txn.commit_failure(_kafka_error(exc))
+            if isinstance(failure, InDoubtError):
+                # Its outcome unknown: a new epoch first, so that no late request of it can land after the
+                # task's next attempt has read its progress (the producer's rule for a commit in doubt).
+                failure = txn.reset(failure)
+            raise QueueStoreError(f"{where}: transaction failed: {failure}") from None
+        # A commit that was in doubt at some moment needs no new epoch here: this producer writes nothing
+        # more, and the task's next attempt (or batch) starts with a new one, whose init fences this one.
         return SinkCommit(task, count, batch_id)
     finally:
         group.close()
