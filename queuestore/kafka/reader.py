@@ -19,7 +19,7 @@ import logging
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Message, TopicPartition
 
@@ -373,31 +373,8 @@ class KafkaPartitionReader(PartitionReader):
             offset = result.records[-1].offset + 1
 
     def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
-        if max_records <= 0 or before_offset <= 0:
-            return []
-        # Offsets are not dense (transaction markers take offsets but are never delivered), so a window of
-        # `max_records` offsets may hold fewer records: keep widening downwards until enough or offset 0.
-        collected: list[StoredRecord] = []
-        upper, floor = before_offset, 0
-        while len(collected) < max_records and upper > floor:
-            lower = max(floor, upper - (max_records - len(collected)))
-            result = self._read(lower, want=None, stop_before=upper)
-            if result.beyond_end:
-                # "Out of range" below the log start (trimmed there): read down to the log start only.
-                log_start = self.start_offset()
-                if lower < log_start:
-                    floor = log_start
-                    continue
-                end = self.end_offset()
-                if end >= upper:  # stale suspicion: the data is there after all
-                    result = self._read(lower, want=None, stop_before=upper)
-                else:
-                    upper = end
-                    continue
-            collected[:0] = result.records
-            upper = lower
-        collected.reverse()
-        return collected[:max_records]
+        records: list[StoredRecord] = self._backward(before_offset, max_records, as_rows=False)
+        return records
 
     def read_range_rows(self, start: int, stop_before: int) -> list[Row]:
         # One bulk read of the range, rows built by the C accelerator (as read_backward_rows does): no
@@ -412,19 +389,26 @@ class KafkaPartitionReader(PartitionReader):
         return result.rows
 
     def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
-        # read_backward without a StoredRecord per message: one forward read of the whole window
-        # (offsets may have gaps: widen downwards until enough, as read_backward does). Each read is at
-        # least one fetch round trip, so the window starts a little wider than asked: a transaction
-        # marker per commit (and the aborted tail a crash leaves) would otherwise cost a second read of a
-        # few offsets for almost every chunk; the surplus rows, the oldest, are dropped.
+        # read_backward without a StoredRecord per message (recovery's EC scan).
+        rows: list[Row] = self._backward(before_offset, max_records, as_rows=True)
+        return rows
+
+    def _backward(self, before_offset: int, max_records: int, *, as_rows: bool) -> list[Any]:
+        """The last `max_records` records (or rows) below `before_offset`, newest first. Offsets are not
+        dense (transaction markers take offsets but are never delivered), so a window of `max_records`
+        offsets may hold fewer records: each window is one forward read, widened downwards until enough
+        or the log start. Each read is at least one fetch round trip, so a row window starts a little wider
+        than asked: a transaction marker per commit (and the aborted tail a crash leaves) would otherwise
+        cost a second read of a few offsets for almost every chunk; the surplus rows, the oldest, are
+        dropped."""
         if max_records <= 0 or before_offset <= 0:
             return []
-        collected: list[Row] = []
+        collected: list[Any] = []
         upper, floor = before_offset, 0
         while len(collected) < max_records and upper > floor:
             missing = max_records - len(collected)
-            lower = max(floor, upper - missing - missing // 64 - 16)
-            result = self._read(lower, want=None, stop_before=upper, as_rows=True)
+            lower = max(floor, upper - missing - (missing // 64 + 16 if as_rows else 0))
+            result = self._read(lower, want=None, stop_before=upper, as_rows=as_rows)
             if result.beyond_end:
                 # "Out of range" below the log start (trimmed there): read down to the log start only.
                 log_start = self.start_offset()
@@ -433,11 +417,11 @@ class KafkaPartitionReader(PartitionReader):
                     continue
                 end = self.end_offset()
                 if end >= upper:  # stale suspicion: the data is there after all
-                    result = self._read(lower, want=None, stop_before=upper, as_rows=True)
+                    result = self._read(lower, want=None, stop_before=upper, as_rows=as_rows)
                 else:
                     upper = end
                     continue
-            collected[:0] = result.rows
+            collected[:0] = result.rows if as_rows else result.records
             upper = lower
         collected.reverse()
         return collected[:max_records]

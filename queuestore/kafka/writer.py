@@ -240,15 +240,7 @@ class KafkaPartitionWriter(PartitionWriter):
         if not self._in_transaction:
             return 0
         producer = self._live_producer()
-        remaining, waited = self._deliver(producer, flush_timeout)
-        if remaining > 0:
-            raise BrokerUnavailableError(
-                self._store.bootstrap_servers,
-                f"{self.outstanding:,} appends to {self.topic}[{self.partition}] not delivered",
-                waited,
-            )
-        if self._failure is not None:
-            raise self._stop(self._failure)
+        self._delivered_or_raise(producer, flush_timeout, lambda: f"{self.outstanding:,} appends to")
         if self._side:
             self._produce_side(producer, flush_timeout)
         try:
@@ -449,11 +441,18 @@ class KafkaPartitionWriter(PartitionWriter):
                     err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
                     raise self._stop(self._failed(err, f"side record to {topic!r} beside")) from None
             self._appended += 1
+        self._delivered_or_raise(producer, flush_timeout, lambda: "side records of")
+
+    def _delivered_or_raise(
+        self, producer: Producer, flush_timeout: float | None, what: Callable[[], str]
+    ) -> None:
+        """Deliver what the producer holds (`_deliver`); raise if some of it (`what()` of this partition,
+        said after the delivery) is not delivered, or if a delivery failed."""
         remaining, waited = self._deliver(producer, flush_timeout)
         if remaining > 0:
             raise BrokerUnavailableError(
                 self._store.bootstrap_servers,
-                f"side records of {self.topic}[{self.partition}] not delivered",
+                f"{what()} {self.topic}[{self.partition}] not delivered",
                 waited,
             )
         if self._failure is not None:
