@@ -55,13 +55,13 @@ class KafkaQueueStore(QueueStore):
     each writer's appended-but-not-completed records, which bounds memory when the broker is slower than the
     operator (a writer commits early when it reaches the bound).
 
-    Writers are transactional (see the module docstring): `transactional_id_prefix` namespaces their
+    Writers are transactional (see the `queuestore.kafka` docstring): `transactional_id_prefix` namespaces their
     `transactional.id`s (e.g. per deployment on a shared cluster; every writer of one partition must use
     the same prefix, or they do not fence each other); `commit_interval` (seconds) and `commit_records` set
     the commit cadence; `clock` is what `commit_interval` is measured with (injectable for tests).
     """
 
-    # Transaction markers take offsets (module docstring): a gap between two offsets is not damage.
+    # Transaction markers take offsets (`queuestore.kafka` docstring): a gap between two offsets is not damage.
     dense_offsets: bool = False
 
     def __init__(

@@ -47,7 +47,7 @@ class KafkaPartitionWriter(PartitionWriter):
     record in the log; the owner must recover from the log. The records of the failed transaction report
     failure. A fenced writer (a newer writer of the partition called `init_transactions()`) raises
     `WriterFencedError`; a failed commit, whose outcome is unknown, `CommitOutcomeUnknownError` once the
-    writer has fenced its own producer (module docstring: no transaction in doubt goes on in the same
+    writer has fenced its own producer (`queuestore.kafka.producer`: no transaction in doubt goes on in the same
     epoch; `renewals` counts the producers replaced so).
     """
 
@@ -86,7 +86,7 @@ class KafkaPartitionWriter(PartitionWriter):
         self._undelivered: list[tuple[DurableCallback | None, KafkaError]] = []
         self._side: list[tuple[str, int, bytes | None, bytes]] = []  # see append_side
         self.commits = 0
-        # The pipelined commit (module doc): the committer thread, what it left (flush's undelivered count,
+        # The pipelined commit (`queuestore.kafka` docstring): the committer thread, what it left (flush's undelivered count,
         # the commit's error) and the appends that wait, in order, for the next transaction.
         self._committer: threading.Thread | None = None
         self._commit_remaining = 0
@@ -460,8 +460,8 @@ class KafkaPartitionWriter(PartitionWriter):
 
     def poll(self, timeout: float = 0.0) -> int:
         """Serve delivery reports; start committing the open transaction when it is due (pipelined, see
-        the module doc) and settle a commit that is through. Raises the writer's failure (fail-stop),
-        `WriterFencedError` when another writer took over."""
+        the `queuestore.kafka` docstring) and settle a commit that is through. Raises the writer's
+        failure (fail-stop), `WriterFencedError` when another writer took over."""
         producer = self._live_producer()
         before = self._served
         if self._committer is not None and not self._reap(block=False, timeout=timeout):
