@@ -12,19 +12,8 @@ Two pseudo-fields come from the Kafka record instead of its value: `@timestamp` 
 ms, e.g. as the time field) and `@key` (the message key as UTF-8 text; bytes that are not UTF-8 are
 kept exactly, so the key rule makes the record a dead letter).
 
-**Bounds.** A source has, per partition, a *start* (the log-start offset when the run first started:
-offsets below it were never part of this run's input) and an *end* (the end of the partition then;
-bounded runs stop there, `follow=True` runs until stopped). Both are resolved once, by `resolve_bounds`,
-and must be kept with the job's log (`TopicBounds.as_dict`, `KafkaTopicSource.identity`) so a restarted run
-reads exactly the same records: passing them back (`start_offsets`, `end_offsets`) pins them.
-
-**Where bounds come from.** The log start is `AdminClient.list_offsets` with `OffsetSpec.earliest()`.
-The end is where a read_committed consumer reports `PARTITION_EOF`, read from one offset below the end
-that `list_offsets` with `OffsetSpec.latest()` gives under read_committed (the last stable offset): on
-Apache Kafka that is one fetch per partition that ends where the listing said (or later, if records came
-in between: both are ends the topic really had). A broker whose listing understates the end (Tansu
-0.6 answers the last batch's base offset + 1, DESIGN-NOTES section 4) would otherwise cut each
-partition's last batch off a bounded run without a word; the fetch reads on to the real end.
+**Bounds** (where a run starts and ends, kept with the job's log) are `operators.topic_bounds`'s:
+`resolve_bounds`, `TopicBounds`, `pin_bounds` (re-exported here).
 
 **Retention.** A seek to offset o of partition j with o below the partition's current log start is a
 `RetentionError` ("input retention shorter than the replay needs"), naming topic, partition, offset and
@@ -39,29 +28,22 @@ when the source closes.
 from __future__ import annotations
 
 import concurrent.futures
-import gc
 import logging
 import math
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from itertools import chain, repeat
 from pathlib import Path
 from typing import Any
 
 from confluent_kafka import (
-    OFFSET_BEGINNING,
     Consumer,
     ConsumerGroupTopicPartitions,
     KafkaError,
     KafkaException,
-    Message,
-    TopicCollection,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka.admin import OffsetSpec
 
 from cec.exceptions import ConfigError
 from cec.native import native
@@ -69,8 +51,21 @@ from operators.base import InputTuple
 from operators.exceptions import RetentionError, TopicDeletedError, TopicSourceError
 from operators.formats import FORMATS, ValueDecoder, make_decoder
 from operators.sources import InputSource, QueueSource, _partition_subset
+from operators.topic_batches import _ACCESSORS as _ACCESSORS  # re-exported: tests and benchmarks read it here
+from operators.topic_batches import MessageBatches
+from operators.topic_bounds import (
+    TIMEOUT_S,
+    TopicBounds,
+    admin_client,
+    consumer_config,
+    list_offsets,
+    partition_count,
+    pin_bounds,
+    resolve_bounds,
+    topic_partition_count,
+)
 from operators.topic_tuples import KEY_FIELD, TIMESTAMP_FIELD, RecordTuples, decode_values
-from queuestore.kafka_config import environment_config
+from queuestore.kafka.admin import topic_id
 
 __all__ = [
     "KEY_FIELD",
@@ -79,17 +74,13 @@ __all__ = [
     "TopicBounds",
     "decode_values",
     "open_topic_source",
+    "pin_bounds",
     "resolve_bounds",
     "topic_partition_count",
 ]
 
 log = logging.getLogger(__name__)
-# The message accessors, called over a whole batch at C speed (`KafkaTopicSource._fast_batch`).
-_ACCESSORS = (Message.error, Message.partition, Message.offset, Message.value)
-_MSG_ERROR, _MSG_PARTITION, _MSG_OFFSET, _MSG_VALUE = _ACCESSORS
-_rdkafka_log = logging.getLogger(__name__ + ".librdkafka")
 
-_TIMEOUT_S = 30.0
 _POLL_S = 0.05
 _CLOSE_COMMIT_S = 5.0  # how long a monitoring commit may wait on the broker
 _QUIET_COMMIT_CODES = frozenset(
@@ -106,200 +97,7 @@ _UNKNOWN_CODES = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class TopicBounds:
-    """Per global partition of the topic: where this run's input starts and (bounded runs) ends."""
-
-    starts: tuple[int, ...]
-    ends: tuple[int, ...]
-
-    def as_dict(self) -> dict[str, list[int]]:
-        return {"start_offsets": list(self.starts), "end_offsets": list(self.ends)}
-
-
-def _client_config(
-    bootstrap_servers: str, config: Mapping[str, Any] | None, client_id: str
-) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        "bootstrap.servers": bootstrap_servers,
-        "client.id": client_id,
-        "logger": _rdkafka_log,
-        "log.queue": True,
-        # A lost answer (a fetch's, a metadata request's) is asked again after this, not after librdkafka's
-        # 60 s: the source would otherwise sit idle for a minute (the store's clients do the same).
-        "socket.timeout.ms": int(_TIMEOUT_S * 1000 / 3),
-    }
-    conf.update(environment_config())
-    conf.update(config or {})
-    return conf
-
-
-def _consumer_config(
-    bootstrap_servers: str, config: Mapping[str, Any] | None, group_id: str | None
-) -> dict[str, Any]:
-    conf: dict[str, Any] = {
-        # Tansu holds every fetch for fetch.wait.max.ms even when data is there; short waits cost nothing
-        # on Apache Kafka, which answers as soon as data is available.
-        "fetch.wait.max.ms": 10,
-        "fetch.queue.backoff.ms": 10,
-        "fetch.error.backoff.ms": 100,
-        "isolation.level": "read_committed",
-    }
-    conf.update(_client_config(bootstrap_servers, config, "cec-topic-source"))
-    conf.update(
-        {
-            # The source positions itself (assign at explicit offsets); the group only receives commits.
-            "group.id": group_id or f"cec-topic-source-{uuid.uuid4().hex}",
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-            # Reading below the log start must be reported, never moved silently to the earliest offset.
-            "auto.offset.reset": "error",
-            "allow.auto.create.topics": False,
-        }
-    )
-    return conf
-
-
-def topic_partition_count(bootstrap_servers: str, topic: str, config: Mapping[str, Any] | None = None) -> int:
-    admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
-    return _partition_count(admin, bootstrap_servers, topic)
-
-
-def _partition_count(admin: AdminClient, bootstrap_servers: str, topic: str) -> int:
-    try:
-        md = admin.list_topics(timeout=_TIMEOUT_S)  # all topics: naming one may auto-create it
-    except KafkaException as exc:
-        raise TopicSourceError(f"cannot reach Kafka at {bootstrap_servers}: {exc}") from None
-    tmd = md.topics.get(topic)
-    if tmd is None or tmd.error is not None or not tmd.partitions:
-        raise TopicSourceError(f"input topic {topic!r} does not exist at {bootstrap_servers}")
-    return len(tmd.partitions)
-
-
-# Answers to a ListOffsets that asking again cannot change: the topic or partition is not there, or the
-# client may not see it. Anything else (a connection lost under the request, no answer, the leaders not
-# found because the metadata request before it failed) is asked again until _TIMEOUT_S: found with the
-# fault proxy, one cut connection under the request stopped the run, or (no error at all) gave -1001.
-_LIST_OFFSETS_FINAL = frozenset(
-    {
-        KafkaError.UNKNOWN_TOPIC_OR_PART,
-        KafkaError._UNKNOWN_TOPIC,
-        KafkaError._UNKNOWN_PARTITION,
-        KafkaError.TOPIC_AUTHORIZATION_FAILED,
-        KafkaError.CLUSTER_AUTHORIZATION_FAILED,
-        KafkaError._INVALID_ARG,
-    }
-)
-
-
-def _list_offsets(admin: AdminClient, topic: str, partitions: Sequence[int], spec: OffsetSpec) -> list[int]:
-    from confluent_kafka import IsolationLevel
-
-    request = {TopicPartition(topic, p): spec for p in partitions}
-    deadline = time.monotonic() + _TIMEOUT_S
-    while True:
-        try:
-            futures = admin.list_offsets(
-                request,
-                isolation_level=IsolationLevel.READ_COMMITTED,
-                request_timeout=max(1.0, deadline - time.monotonic()),
-            )
-            offsets = [futures[tp].result().offset for tp in request]
-            if min(offsets, default=0) >= 0:
-                return offsets
-            # Measured (confluent-kafka 2.16, through the fault proxy): when the ListOffsets request is
-            # lost (its connection cut, its answer dropped) the result is offset -1001 (OFFSET_INVALID)
-            # for every partition, without an error. Never a bound: ask again.
-            if time.monotonic() >= deadline:
-                raise TopicSourceError(
-                    f"cannot list the offsets of {topic!r}: no valid answer within {_TIMEOUT_S:.0f}s "
-                    f"(got {offsets})"
-                )
-            log.debug("listing the offsets of %s gave %s; asking again", topic, offsets)
-        except KafkaException as exc:
-            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
-            final = err is None or err.code() in _LIST_OFFSETS_FINAL or err.fatal()
-            if final or time.monotonic() >= deadline:
-                raise TopicSourceError(f"cannot list the offsets of {topic!r}: {exc}") from None
-            log.debug("listing the offsets of %s: %s; asking again", topic, exc)
-        time.sleep(0.1)  # pacing of a bounded retry while the connection settles
-
-
-def _topic_id(admin: AdminClient, topic: str) -> str | None:
-    """The topic's id (Kafka >= 2.8 gives every topic one; a topic created again under the same name gets
-    a new one), or None where the broker does not say."""
-    try:
-        described = admin.describe_topics(TopicCollection([topic]), request_timeout=_TIMEOUT_S)[
-            topic
-        ].result()
-    except (KafkaException, ValueError):
-        return None
-    topic_id = str(getattr(described, "topic_id", None) or "")
-    return topic_id if topic_id.strip("A") else None  # all zero bits (base64 "AAAA..."): no id
-
-
-def _confirmed_ends(
-    consumer: Consumer, topic: str, listed: Sequence[int], starts: Sequence[int]
-) -> list[int]:
-    """Each partition's end as the offset where consuming reports PARTITION_EOF, read from one below its
-    listed end (see the module docstring), or from its log start when the listing says it is empty (a
-    broker that understates may say so of a partition that is not)."""
-    ends = list(starts)
-    waiting = set(range(len(ends)))
-    consumer.assign([TopicPartition(topic, p, max(starts[p], listed[p] - 1)) for p in sorted(waiting)])
-    try:
-        deadline = time.monotonic() + _TIMEOUT_S
-        while waiting and time.monotonic() < deadline:
-            msg = consumer.poll(_POLL_S)
-            if msg is None:
-                continue
-            err, p = msg.error(), msg.partition()
-            if err is None or p not in waiting:
-                continue
-            if err.code() == KafkaError._PARTITION_EOF:
-                offset = msg.offset()
-                assert offset is not None
-                ends[p] = max(starts[p], offset)
-                waiting.discard(p)
-                consumer.incremental_unassign([TopicPartition(topic, p)])
-            elif err.code() in (KafkaError._AUTO_OFFSET_RESET, KafkaError.OFFSET_OUT_OF_RANGE):
-                # Out of range: the listing overstated the end, or records were deleted past it since:
-                # read on from the log start.
-                consumer.incremental_unassign([TopicPartition(topic, p)])
-                consumer.incremental_assign([TopicPartition(topic, p, OFFSET_BEGINNING)])
-            elif err.code() in _UNKNOWN_CODES:
-                raise TopicSourceError(f"{topic}[{p}]: {err.str()}")
-    finally:
-        consumer.unassign()
-    if waiting:
-        raise TopicSourceError(
-            f"no end of partition {sorted(waiting)} of {topic!r} within {_TIMEOUT_S}s: the broker does not "
-            "answer fetches"
-        )
-    return ends
-
-
-def resolve_bounds(
-    bootstrap_servers: str, topic: str, *, config: Mapping[str, Any] | None = None
-) -> TopicBounds:
-    """Each partition's log start and end, now (see the module docstring for where they come from)."""
-    admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
-    n = _partition_count(admin, bootstrap_servers, topic)
-    partitions = list(range(n))
-    starts = _list_offsets(admin, topic, partitions, OffsetSpec.earliest())
-    listed = _list_offsets(admin, topic, partitions, OffsetSpec.latest())
-    consumer = Consumer(_consumer_config(bootstrap_servers, config, None))
-    try:
-        ends = _confirmed_ends(consumer, topic, listed, starts)
-    except KafkaException as exc:
-        raise TopicSourceError(f"cannot find the end of {topic!r}: {exc}") from None
-    finally:
-        consumer.close()
-    return TopicBounds(tuple(starts), tuple(ends))
-
-
-class KafkaTopicSource(InputSource):
+class KafkaTopicSource(MessageBatches, InputSource):
     """An ordinary Kafka topic (json, avro, registry or csv values); see the module docstring."""
 
     def __init__(
@@ -338,8 +136,8 @@ class KafkaTopicSource(InputSource):
         self._decoder = decoder or make_decoder(
             fmt, schema=schema, registry_url=registry_url, columns=columns, registry=registry
         )
-        self._admin = AdminClient(_client_config(bootstrap_servers, config, "cec-topic-admin"))
-        total = _partition_count(self._admin, bootstrap_servers, topic)
+        self._admin = admin_client(bootstrap_servers, config)
+        total = partition_count(self._admin, bootstrap_servers, topic)
         self.total_partitions = total
         self.global_partitions = _partition_subset(partitions, total, f"input topic {topic!r}")
         self.partitions = len(self.global_partitions)
@@ -359,7 +157,7 @@ class KafkaTopicSource(InputSource):
         self._local = {g: i for i, g in enumerate(self.global_partitions)}
         self._local_of = [self._local.get(g, -1) for g in range(total)]  # the same, as a list for C
         self._identity_partitions = list(self.global_partitions) == list(range(len(self.global_partitions)))
-        self._consumer: Consumer | None = Consumer(_consumer_config(bootstrap_servers, config, group_id))
+        self._consumer: Consumer | None = Consumer(consumer_config(bootstrap_servers, config, group_id))
         self._ended = [False] * self.partitions
         self._limits: list[float] = [math.inf] * self.partitions  # see poll
         # What a record becomes (decode, pseudo-fields, required fields, dead-letter reasons): the rule the
@@ -383,7 +181,9 @@ class KafkaTopicSource(InputSource):
         self._commit_future: Any = None  # the monitoring commit in flight (`_maybe_commit`)
         self._idle_check_s = idle_check_s
         self._last_delivery = clock()  # when a poll last delivered records (or the input was last checked)
-        self._topic_id = _topic_id(self._admin, topic)  # a topic deleted and created again has another
+        self._topic_id = topic_id(
+            self._admin, topic, TIMEOUT_S
+        )  # a topic deleted and created again has another
 
     def describe(self) -> str:
         mode = "follow" if self._ends is None else f"bounded at {list(self._ends)}"
@@ -428,7 +228,7 @@ class KafkaTopicSource(InputSource):
 
     def _log_starts(self) -> list[int]:
         try:
-            return _list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
+            return list_offsets(self._admin, self.topic, list(self.global_partitions), OffsetSpec.earliest())
         except TopicSourceError:
             self._check_input()  # the usual reason: the topic was deleted (said as such)
             raise
@@ -496,149 +296,6 @@ class KafkaTopicSource(InputSource):
             return None
         return out
 
-    def _fast_batch(self, msgs: list[Message]) -> list[InputTuple] | None:
-        """The batch's tuples when it is plain (the common case): no error event, every record below its
-        partition's end, no value absent, every value decoded with the fields the operator needs. Every
-        per-record step runs in C (`map` over the message accessors, one batch decode, `map` building
-        the tuples); None, having changed nothing, when the batch needs the per-record path. With the C
-        accelerator, all of it is one call (`_native_batch`)."""
-        if self._native_spec is not None:
-            return self._native_batch(msgs)
-        if self._inject_ts or self._inject_key:
-            return None
-        # Truthiness, not `== None`: KafkaError's comparison with None leaks a TypeError (confluent-kafka).
-        if any(map(_MSG_ERROR, msgs)):
-            return None
-        parts: list[int] = list(map(_MSG_PARTITION, msgs))  # type: ignore[arg-type]
-        offsets: list[int] = list(map(_MSG_OFFSET, msgs))  # type: ignore[arg-type]
-        local_of, limits = self._local, self._limits
-        last = dict(zip(parts, offsets, strict=True))  # offsets grow within a partition: its last offset
-        try:
-            if any(offset >= limits[local_of[p]] for p, offset in last.items()):
-                return None  # past an end, or prefetched after a partition ended: per record
-        except KeyError:
-            return None
-        raws = list(map(_MSG_VALUE, msgs))
-        if getattr(self._decoder, "decode_many", None) is None or None in raws:
-            return None
-        # A batch allocates a dict and a tuple per record, none of them cyclic: the cyclic collector's
-        # passes over them halved the input rate (measured: benchmarks/bench_topic_source.py), so it is
-        # paused for the batch (process-wide; left as it was if someone else turned it off).
-        collecting = gc.isenabled()
-        if collecting:
-            gc.disable()
-        try:
-            return self._fast_tuples(msgs, parts, offsets, last, raws, decode_values(self._decoder, raws))
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _native_batch(self, msgs: list[Message]) -> list[InputTuple] | None:
-        """`_fast_batch` in one C call (`cec._native.topic_batch`): the same checks, the same tuples, the
-        records as mappings that hold the fields the operator reads. A record it declines (tombstone,
-        malformed, a field missing, null or nested...) is decoded here on its own, which gives its value
-        or its reason exactly as the per-record path."""
-        assert native is not None
-        collecting = gc.isenabled()  # see _fast_batch
-        if collecting:
-            gc.disable()
-        try:
-            got = native.topic_batch(
-                msgs, _ACCESSORS, InputTuple, self._local_of, self._limits, self._next, self._native_spec
-            )
-            if got is None:
-                return None
-            out, declined = got
-            if declined:
-                redo = [i for i, t in enumerate(out) if t is None]
-                again = [msgs[i] for i in redo]
-                fixed = self._tuples(
-                    [self._local[m.partition()] for m in again],  # type: ignore[index]
-                    [m.offset() for m in again],  # type: ignore[misc]
-                    [m.value() for m in again],
-                    [],
-                )
-                for i, tup in zip(redo, fixed, strict=True):
-                    out[i] = tup
-            return out
-        finally:
-            if collecting:
-                gc.enable()
-
-    def _fast_tuples(
-        self,
-        msgs: list[Message],
-        parts: list[int],
-        offsets: list[int],
-        last: dict[int, int],
-        raws: list[Any],
-        decoded: list[Any],
-    ) -> list[InputTuple]:
-        n, local_of = len(msgs), self._local
-        try:
-            got = list(map(self._getter, decoded))  # a reason (str) or a record missing a field raises
-        except (KeyError, TypeError):
-            got = None
-        if got is None or (None in got if len(self._required) == 1 else None in chain.from_iterable(got)):
-            return self._tuples([local_of[p] for p in parts], offsets, raws, [], decoded=decoded)
-        nxt = self._next
-        for p, offset in last.items():
-            nxt[local_of[p]] = offset + 1
-        js = parts if self._identity_partitions else list(map(local_of.__getitem__, parts))
-        return list(
-            map(
-                tuple.__new__,
-                repeat(InputTuple, n),
-                zip(js, offsets, decoded, repeat(None, n), raws, strict=True),
-            )
-        )
-
-    def _slow_batch(self, msgs: list[Message]) -> list[InputTuple]:
-        """Record by record: error events, ends inside the batch, absent values, injected fields."""
-        # `limits[j]` is the pinned end (or no limit), -1 once partition j ended.
-        limits, nxt, local_of = self._limits, self._next, self._local
-        keep_msgs = self._inject_ts or self._inject_key
-        js: list[int] = []
-        offsets: list[int] = []
-        raws: list[bytes | None] = []
-        kept: list[Any] = []
-        for msg in msgs:
-            if msg.error() is not None:
-                self._on_error(msg.error(), msg)  # type: ignore[arg-type]
-                continue
-            j = local_of[msg.partition()]  # type: ignore[index]
-            offset: int = msg.offset()  # type: ignore[assignment]
-            if offset >= limits[j]:
-                if limits[j] >= 0:
-                    self._end_partition(j)
-                continue  # past the end, or prefetched before the partition ended
-            nxt[j] = offset + 1
-            js.append(j)
-            offsets.append(offset)
-            raws.append(msg.value())
-            if keep_msgs:
-                kept.append(msg)
-        return self._tuples(js, offsets, raws, kept) if raws else []
-
-    def _tuples(
-        self,
-        js: list[int],
-        offsets: list[int],
-        raws: list[Any],
-        msgs: list[Any],
-        *,
-        decoded: list[Any] | None = None,
-    ) -> list[InputTuple]:
-        """Decode a batch (one call for the whole batch where the decoder can: `decode_many`) and check
-        the fields the operator needs (`RecordTuples`)."""
-        if decoded is not None:  # `_fast_batch` decoded them, and advanced no position
-            nxt = self._next
-            for j, offset in dict(zip(js, offsets, strict=True)).items():
-                nxt[j] = offset + 1
-        timestamps = [m.timestamp()[1] for m in msgs] if msgs else None
-        keys = [m.key() for m in msgs] if msgs else None
-        return self._records.tuples(js, offsets, raws, timestamps=timestamps, keys=keys, decoded=decoded)
-
     def _check_input(self) -> None:
         """Nothing arrived for `idle_check_s`: a consumer of assigned partitions waits silently forever on a
         topic that was deleted (or deleted and created again, its offsets back at 0), so ask the broker.
@@ -646,7 +303,7 @@ class KafkaTopicSource(InputSource):
         reports a broker that stays away."""
         self._last_delivery = self._clock()
         try:
-            md = self._admin.list_topics(timeout=_TIMEOUT_S)  # all topics: naming one may auto-create it
+            md = self._admin.list_topics(timeout=TIMEOUT_S)  # all topics: naming one may auto-create it
         except KafkaException as exc:
             log.info("Kafka at %s did not answer a metadata request: %s", self.bootstrap_servers, exc)
             return
@@ -659,17 +316,17 @@ class KafkaTopicSource(InputSource):
                 f"{self.global_partitions[j]} at offset {self._next[j]:,}): the rest of the run's input is "
                 "gone; its log is intact but its results cannot be completed"
             )
-        topic_id = _topic_id(self._admin, self.topic)
-        if self._topic_id is not None and topic_id is not None and topic_id != self._topic_id:
+        now_id = topic_id(self._admin, self.topic, TIMEOUT_S)
+        if self._topic_id is not None and now_id is not None and now_id != self._topic_id:
             raise TopicDeletedError(
                 f"the input topic {self.topic!r} was deleted and created again while this run read it (its "
-                f"topic id changed from {self._topic_id} to {topic_id}): the run's input is gone; its log is "
+                f"topic id changed from {self._topic_id} to {now_id}): the run's input is gone; its log is "
                 "intact but its results cannot be completed"
             )
         for j in waiting:
             tp = TopicPartition(self.topic, self.global_partitions[j])
             try:
-                low, _high = self._live().get_watermark_offsets(tp, timeout=_TIMEOUT_S)
+                low, _high = self._live().get_watermark_offsets(tp, timeout=TIMEOUT_S)
             except KafkaException:
                 return  # as above: no answer is no evidence
             if low > self._next[j]:
@@ -828,15 +485,3 @@ def open_topic_source(spec: Mapping[str, Any], schemas: Mapping[str, dict[str, A
         group_id=spec.get("group_id"),
         config=spec.get("config"),
     )
-
-
-def pin_bounds(spec: Mapping[str, Any]) -> dict[str, Any]:
-    """`spec` with its start and end offsets resolved now, unless it already has them: call once when a
-    job first starts and keep the result (with the log), so every restart reads the same records."""
-    out = dict(spec)
-    if out.get("format", "json") == "cec" or ("start_offsets" in out and "end_offsets" in out):
-        return out
-    bounds = resolve_bounds(out["bootstrap_servers"], out["topic"], config=out.get("config"))
-    out.setdefault("start_offsets", list(bounds.starts))
-    out.setdefault("end_offsets", list(bounds.ends))
-    return out

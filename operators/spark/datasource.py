@@ -27,7 +27,7 @@ Reading
 - Admission control: `maxRecordsPerTrigger` bounds each micro-batch (split over partitions in proportion
   to what each has pending); `Trigger.AvailableNow` is supported.
 
-Writing (batch and streaming sink)
+Writing (batch and streaming sink, `operators.spark.kafka_sink`)
 - Each row becomes an R record in CEC format (checksummed envelope, Avro payload of the `schema`
   columns, `cec.*` headers), so a CEC operator can consume the topic with a queue source and this source
   can read it back. `keyField` picks the Kafka partition by a stable hash of that column (CRC32C), else a
@@ -39,15 +39,18 @@ Writing (batch and streaming sink)
   already committed writes nothing. A micro-batch that Spark runs again (a retried task, a query
   restarted from its checkpoint after the driver died between the task commits and its commit log)
   therefore adds no duplicate. Readers of the topic must use `isolation.level=read_committed` (this
-  source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids.
+  source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids. The producer is
+  the queue store's transactional producer (`queuestore.kafka.producer`: fencing, and a commit whose
+  outcome is unknown ends in a new epoch before the task fails).
+- Options common to both Kafka sources (`topic`, `bootstrap.servers`, `kafka.*`, `startingOffsets`,
+  `maxRecordsPerTrigger`) and micro-batch planning are `operators.spark.slices`'.
 """
 
 from __future__ import annotations
 
 import json
 import tempfile
-import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,13 +62,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamWriter,
     DataSourceWriter,
     InputPartition,
-    WriterCommitMessage,
-)
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import (
     ArrayType,
@@ -82,17 +78,17 @@ from pyspark.sql.types import (
 )
 
 from cec.exceptions import ConfigError
-from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec, crc32c
-from cec.timeparse import parse_time_ms
+from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.verified import LogVerifier
 from operators.job import SCHEMAS
 from operators.spark.packing import PACK_OPTION, Packer, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
+from operators.spark.slices import KafkaOptions, SliceStreamReader, starting_positions
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import Row, SparkSession
+    from pyspark.sql import SparkSession
 
     from queuestore.kafka import KafkaPartitionReader, KafkaQueueStore
 
@@ -224,30 +220,17 @@ class _Options:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
-        opts = {k.lower(): v for k, v in options.items()}
-        topic = opts.get("topic")
-        bootstrap = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
-        if not topic or not bootstrap:
-            raise ConfigError(f"{FORMAT} needs the options 'topic' and 'bootstrap.servers'")
-        # Client settings (security.protocol, sasl.*, ssl.*, ...) pass through with a "kafka." prefix.
-        client = {
-            k[len("kafka.") :]: v
-            for k, v in options.items()
-            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-        }
-        limit = opts.get("maxrecordspertrigger")
-        max_records = int(limit) if limit else None
-        if max_records is not None and max_records < 1:
-            raise ConfigError("maxRecordsPerTrigger must be >= 1")
+        common = KafkaOptions.parse(options, FORMAT)
+        opts = common.lowered
         partitions = opts.get("partitions")
         return cls(
-            topic=topic,
-            bootstrap=bootstrap,
-            client_config=client,
+            topic=common.topic,
+            bootstrap=common.bootstrap,
+            client_config=common.client_config,
             include_control=opts.get("includecontrol", "false").strip().lower() in _TRUE,
             payload=_payload_schema(opts.get("schema")),
-            max_records_per_trigger=max_records,
-            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
+            max_records_per_trigger=common.max_records_per_trigger,
+            starting_offsets=common.starting_offsets,
             state_dir=opts.get("statedir") or str(Path(tempfile.gettempdir()) / "cec-spark"),
             key_field=opts.get("keyfield"),
             time_field=opts.get("timefield"),
@@ -417,47 +400,6 @@ class _Ends:
         self.store.close()
 
 
-def _starting(opts: _Options, ends: Sequence[int]) -> list[int]:
-    spec = opts.starting_offsets
-    if spec.lower() == "earliest":
-        return [0] * len(ends)  # retention is infinite on CEC topics (the log is the checkpoint)
-    if spec.lower() == "latest":
-        return list(ends)
-    try:
-        given = {int(k): int(v) for k, v in json.loads(spec).items()}
-    except (ValueError, AttributeError, TypeError):
-        raise ConfigError(
-            f'startingOffsets must be earliest, latest or {{"<partition>": offset}}: {spec!r}'
-        ) from None
-    return [min(given.get(p, 0), end) for p, end in enumerate(ends)]
-
-
-def _as_offsets(positions: Sequence[int]) -> dict[str, int]:
-    return {str(p): int(o) for p, o in enumerate(positions)}
-
-
-def _from_offsets(offsets: Mapping[str, Any]) -> list[int]:
-    return [int(offsets[str(p)]) for p in range(len(offsets))]
-
-
-def admit(start: Sequence[int], ends: Sequence[int], max_rows: int | None) -> list[int]:
-    """End offsets of the next micro-batch: everything pending, or at most `max_rows` offsets split over
-    partitions in proportion to what each has pending (every partition with data advances)."""
-    pending = [max(0, e - s) for s, e in zip(start, ends, strict=True)]
-    total = sum(pending)
-    if max_rows is None or total <= max_rows:
-        return [max(s, e) for s, e in zip(start, ends, strict=True)]
-    take = [n * max_rows // total for n in pending]
-    spare = max_rows - sum(take)
-    for p in sorted(range(len(pending)), key=lambda i: pending[i] - take[i], reverse=True):
-        if spare == 0:
-            break
-        if take[p] < pending[p]:
-            take[p] += 1
-            spare -= 1
-    return [s + t for s, t in zip(start, take, strict=True)]
-
-
 class _BatchReader(DataSourceReader):
     def __init__(self, opts: _Options) -> None:
         self.opts = opts
@@ -468,7 +410,7 @@ class _BatchReader(DataSourceReader):
             ends = finder.ends()
         finally:
             finder.close()
-        start = _starting(self.opts, ends)
+        start = starting_positions(self.opts.starting_offsets, [0] * len(ends), ends)
         return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(start, ends, strict=True)) if e > s]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -477,11 +419,11 @@ class _BatchReader(DataSourceReader):
         return _batches(self.opts, partition)
 
 
-class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _StreamReader(SliceStreamReader):
     def __init__(self, opts: _Options) -> None:
+        super().__init__(opts.starting_offsets, opts.max_records_per_trigger)
         self.opts = opts
         self._finder: _Ends | None = None
-        self._target: list[int] | None = None  # Trigger.AvailableNow: the ends when the query started
 
     def __getstate__(self) -> dict[str, Any]:
         # Spark pickles the reader into the read function; Kafka clients stay behind.
@@ -489,242 +431,24 @@ class _StreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         state["_finder"] = None
         return state
 
-    def _ends(self) -> list[int]:
-        if self._target is not None:
-            return list(self._target)
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        # Retention is infinite on CEC topics (the log is the checkpoint): every partition starts at 0.
         if self._finder is None:
             self._finder = _Ends(self.opts)
-        return self._finder.ends()
+        ends = self._finder.ends()
+        return [0] * len(ends), ends
 
-    def initialOffset(self) -> dict[str, int]:
-        return _as_offsets(_starting(self.opts, self._ends()))
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts.max_records_per_trigger
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        ends = self._ends()
-        begin = _from_offsets(start)
-        begin += [0] * (len(ends) - len(begin))  # partitions added to the topic since: read from 0
-        return _as_offsets(admit(begin, ends, max_rows))
-
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        return None  # finding the end costs a consume; Spark would call this every trigger
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = None
-        self._target = self._ends()
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        stop = _from_offsets(end)
-        begin = _from_offsets(start)
-        begin += [0] * (len(stop) - len(begin))
-        return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
+    def _slice(self, partition: int, start: int, end: int, total: int) -> InputPartition:
+        return KafkaSlice(partition, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, KafkaSlice)
         return _batches(self.opts, partition)
 
-    def commit(self, end: dict[str, Any]) -> None:
-        pass  # Spark's checkpoint holds the offsets; nothing is committed to Kafka
-
     def stop(self) -> None:
         if self._finder is not None:
             self._finder.close()
             self._finder = None
-
-
-# -- writing --------------------------------------------------------------------------------------------
-
-
-@dataclass
-class SinkCommit(WriterCommitMessage):
-    """What one task wrote: `records` rows of micro-batch `batch_id` (0 for a batch write), or nothing
-    when `skipped` (an earlier attempt of the same task and batch had committed them already)."""
-
-    partition_id: int
-    records: int
-    batch_id: int = 0
-    skipped: bool = False
-
-
-# Task-local properties Spark sets while running a micro-batch: the query's id (kept in its checkpoint,
-# so the same across restarts) and the micro-batch id (a re-run batch keeps its id).
-_QUERY_ID_PROPERTY = "sql.streaming.queryId"
-_BATCH_ID_PROPERTY = "streaming.sql.batchId"
-_SINK_TIMEOUT = 60.0
-
-
-def sink_transactional_id(prefix: str, topic: str, sink_id: str, task: int) -> str:
-    """The transactional.id of task `task` of sink `sink_id` (a streaming query id, or one batch write):
-    the same for every attempt of the task, so that a new attempt fences an older one still running."""
-    return f"{prefix}cec-sink.{topic}.{sink_id}.{task}"
-
-
-def _write(opts: _Options, rows: Iterator[Row], write_id: str) -> SinkCommit:
-    """Write one Spark partition's rows (runs on an executor); see `write_rows`."""
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    task = ctx.partitionId() if ctx is not None else 0
-    query_id = ctx.getLocalProperty(_QUERY_ID_PROPERTY) if ctx is not None else None
-    batch = ctx.getLocalProperty(_BATCH_ID_PROPERTY) if ctx is not None else None
-    if query_id and batch is not None:
-        return write_rows(opts, rows, sink_id=query_id, batch_id=int(batch), task=task)
-    return write_rows(opts, rows, sink_id=write_id, batch_id=0, task=task)
-
-
-def _row_time(value: Any, column: str) -> int:
-    """A result row's time in ms: integer milliseconds, a timestamp column, or ISO-8601 text (the forms
-    the rest of cec accepts); anything else is the user's mistake, said in one line."""
-    try:
-        return parse_time_ms(value)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"timeField {column!r}: {value!r} is not a time ({exc})") from None
-
-
-def write_rows(opts: _Options, rows: Iterator[Any], *, sink_id: str, batch_id: int, task: int) -> SinkCommit:
-    """Write `rows` as R records in one Kafka transaction, exactly once per (sink, batch, task).
-
-    The transactional.id is derived from (topic, sink, task), so `init_transactions()` aborts whatever an
-    earlier attempt of this task left open and fences it if it is still running (a speculative copy, an
-    executor wrongly presumed dead). The transaction also commits, atomically with the records, the
-    offset `batch_id + 1` of a consumer group named like the transactional.id: the task's progress. An
-    attempt that finds its batch already committed writes nothing (a re-run micro-batch after a driver
-    crash between the task commits and Spark's commit log, or a task retried after it had committed).
-    """
-    from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
-
-    from queuestore.kafka import meta_to_headers
-
-    if opts.payload is None:
-        raise ConfigError(f"writing to {FORMAT} needs the 'schema' option (the payload's Avro schema)")
-    store = opts.store()
-    try:
-        partitions = store.partitions(opts.topic)
-    finally:
-        store.close()
-    txn_id = sink_transactional_id(opts.transactional_id_prefix, opts.topic, sink_id, task)
-    where = f"{FORMAT} sink {opts.topic} (task {task}, batch {batch_id})"
-    common = {"bootstrap.servers": opts.bootstrap, **opts.client_config}
-    producer = Producer(
-        {
-            "linger.ms": 5,
-            "compression.type": "lz4",
-            **common,
-            "transactional.id": txn_id,
-            "enable.idempotence": True,
-            "acks": "all",
-        }
-    )
-    progress = TopicPartition(opts.topic, 0)  # where the group's offset (next batch to write) is kept
-    group = Consumer(
-        {
-            **common,
-            "group.id": txn_id,
-            "enable.auto.commit": False,
-            "isolation.level": "read_committed",
-        }
-    )
-    try:
-        try:
-            producer.init_transactions(_SINK_TIMEOUT)
-            committed = group.committed([progress], _SINK_TIMEOUT)[0].offset
-        except KafkaException as exc:
-            raise QueueStoreError(f"{where}: cannot start its transaction: {exc}") from None
-        if committed > batch_id:
-            return SinkCommit(task, 0, batch_id, skipped=True)
-        codec, payload_codec = RecordCodec(), AvroCodec(opts.payload)
-        names = [f["name"] for f in opts.payload["fields"]]
-        failures: list[str] = []
-
-        def report(err: Any, _msg: Any) -> None:
-            if err is not None:
-                failures.append(str(err))
-
-        try:
-            producer.begin_transaction()
-            count = 0
-            for row in rows:
-                values = row.asDict() if hasattr(row, "asDict") else dict(row)
-                payload = payload_codec.encode({n: values.get(n) for n in names})
-                t = _row_time(values[opts.time_field], opts.time_field) if opts.time_field else 0
-                record = OutputRecord(Kind.R, t, (), 0, None, -1, None, payload)
-                key = None
-                if opts.key_field:
-                    key = str(values[opts.key_field]).encode()
-                    partition = crc32c(key) % partitions
-                else:
-                    partition = task % partitions
-                while True:
-                    try:
-                        producer.produce(
-                            opts.topic,
-                            codec.encode(record),
-                            key=key,
-                            partition=partition,
-                            headers=meta_to_headers(record.meta()),
-                            on_delivery=report,
-                        )
-                        break
-                    except BufferError:  # local queue full: serve deliveries to make room
-                        producer.poll(0.05)
-                count += 1
-                producer.poll(0)
-            if producer.flush(_SINK_TIMEOUT) or failures:
-                raise QueueStoreError(f"{where}: records undelivered, failures: {failures[:3]}")
-            producer.send_offsets_to_transaction(
-                [TopicPartition(opts.topic, 0, batch_id + 1)], group.consumer_group_metadata(), _SINK_TIMEOUT
-            )
-            producer.commit_transaction(_SINK_TIMEOUT)
-        except KafkaException as exc:
-            # Nothing of this attempt becomes visible (the transaction is aborted, by the next attempt's
-            # init_transactions at the latest); Spark retries the task or fails the batch.
-            raise QueueStoreError(f"{where}: transaction failed: {exc}") from None
-        return SinkCommit(task, count, batch_id)
-    finally:
-        group.close()
-
-
-def _ensure_topic(opts: _Options) -> None:
-    if opts.partitions is None:
-        return
-    store = opts.store()
-    try:
-        store.create_topic(opts.topic, opts.partitions)
-    finally:
-        store.close()
-
-
-class _BatchWriter(DataSourceWriter):
-    def __init__(self, opts: _Options) -> None:
-        self.opts = opts
-        # One id per write, made on the driver and shipped to the tasks: retries of a task share it.
-        self.write_id = uuid.uuid4().hex
-        _ensure_topic(opts)
-
-    def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return _write(self.opts, iterator, self.write_id)
-
-
-class _StreamWriter(DataSourceStreamWriter):
-    def __init__(self, opts: _Options) -> None:
-        self.opts = opts
-        self.write_id = uuid.uuid4().hex  # used only if Spark does not say which query and batch run
-        _ensure_topic(opts)
-
-    def write(self, iterator: Iterator[Row]) -> SinkCommit:
-        return _write(self.opts, iterator, self.write_id)
-
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        pass  # each task committed its own transaction (see write_rows)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        # Tasks that committed stay committed; when Spark runs the batch again (same query, same batch id)
-        # those tasks find their progress and write nothing, the others write their rows once.
-        pass
 
 
 # -- the data source ------------------------------------------------------------------------------------
@@ -750,10 +474,14 @@ class CecKafkaDataSource(DataSource):
         return _StreamReader(self._opts())
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
-        return _BatchWriter(self._opts())
+        from operators.spark.kafka_sink import BatchSinkWriter  # the sink imports this module's options
+
+        return BatchSinkWriter(self._opts())
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
-        return _StreamWriter(self._opts())
+        from operators.spark.kafka_sink import StreamSinkWriter
+
+        return StreamSinkWriter(self._opts())
 
 
 def register(spark: SparkSession) -> None:

@@ -3,7 +3,7 @@
 Reading is `operators.topic_source.KafkaTopicSource`, the one reader of ordinary topics that the local
 engine and `cec run --input-topic` use (values decoded by `operators.formats`): each Spark input partition
 is one slice [start, end) of one Kafka partition, read by a KafkaTopicSource pinned to exactly that slice.
-Ends and log starts come from `operators.topic_source.resolve_bounds` (the listed offsets, each end
+Ends and log starts come from `operators.topic_bounds.resolve_bounds` (the listed offsets, each end
 confirmed where a read_committed consumer reaches the end of the partition).
 
 Rows carry the record's position and either the three fields the operator needs or why it could not:
@@ -35,20 +35,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.streaming.datasource import (
-    ReadAllAvailable,
-    ReadLimit,
-    ReadMaxRows,
-    SupportsTriggerAvailableNow,
-)
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
 
 from cec.exceptions import ConfigError
 from operators.engine.records import raw_text
 from operators.formats import FORMATS
-from operators.spark.datasource import admit
 from operators.spark.packing import PACK_OPTION, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
+from operators.spark.slices import KafkaOptions, SliceStreamReader, starting_positions
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -100,11 +94,8 @@ class TopicOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TopicOptions:
-        opts = {k.lower(): v for k, v in options.items()}
-        topic = opts.get("topic")
-        bootstrap = opts.get("bootstrap.servers") or opts.get("kafka.bootstrap.servers")
-        if not topic or not bootstrap:
-            raise ConfigError(f"{TOPIC_FORMAT} needs the options 'topic' and 'bootstrap.servers'")
+        common = KafkaOptions.parse(options, TOPIC_FORMAT)
+        opts = common.lowered
         fmt = opts.get("format", "json")
         if fmt not in FORMATS or fmt == "cec":
             raise ConfigError(f"{TOPIC_FORMAT} reads json, avro, registry or csv values, not {fmt!r}")
@@ -113,17 +104,9 @@ class TopicOptions:
         schema: Any = opts.get("schema")
         if schema is not None and schema.lstrip().startswith("{"):
             schema = json.loads(schema)
-        limit = opts.get("maxrecordspertrigger")
-        if limit is not None and int(limit) < 1:
-            raise ConfigError("maxRecordsPerTrigger must be >= 1")
-        client = {
-            k[len("kafka.") :]: v
-            for k, v in options.items()
-            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-        }
         return cls(
-            topic=topic,
-            bootstrap=bootstrap,
+            topic=common.topic,
+            bootstrap=common.bootstrap,
             fmt=fmt,
             key=opts["key"],
             value=opts["value"],
@@ -131,9 +114,9 @@ class TopicOptions:
             schema=schema,
             registry_url=opts.get("schema.registry.url"),
             columns=tuple(c.strip() for c in opts.get("columns", "").split(",") if c.strip()),
-            starting_offsets=opts.get("startingoffsets", "earliest").strip(),
-            max_records_per_trigger=int(limit) if limit else None,
-            client_config=client,
+            starting_offsets=common.starting_offsets,
+            max_records_per_trigger=common.max_records_per_trigger,
+            client_config=common.client_config,
             pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
         )
 
@@ -153,26 +136,10 @@ class TopicOptions:
 
     def bounds(self) -> tuple[list[int], list[int]]:
         """(log starts, ends) of every partition now."""
-        from operators.topic_source import resolve_bounds
+        from operators.topic_bounds import resolve_bounds
 
         found = resolve_bounds(self.bootstrap, self.topic, config=self.client_config)
         return list(found.starts), list(found.ends)
-
-
-def _starting(opts: TopicOptions, starts: Sequence[int], ends: Sequence[int]) -> list[int]:
-    spec = opts.starting_offsets
-    if spec.lower() == "earliest":
-        return list(starts)
-    if spec.lower() == "latest":
-        return list(ends)
-    try:
-        given = {int(k): int(v) for k, v in json.loads(spec).items()}
-    except (ValueError, AttributeError, TypeError):
-        raise ConfigError(
-            f'startingOffsets must be earliest, latest or {{"<partition>": offset}}: {spec!r}'
-        ) from None
-    # Below the log start stays below it: the slice's seek then fails with the retention error.
-    return [min(given.get(p, s), e) for p, (s, e) in enumerate(zip(starts, ends, strict=True))]
 
 
 class TopicSlice(InputPartition):
@@ -272,55 +239,20 @@ def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: li
     )
 
 
-class _TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+class _TopicStreamReader(SliceStreamReader):
     def __init__(self, opts: TopicOptions) -> None:
+        super().__init__(opts.starting_offsets, opts.max_records_per_trigger)
         self.opts = opts
-        self._starts: list[int] | None = None
-        self._target: list[int] | None = None  # Trigger.AvailableNow: the ends when the query started
 
-    def _ends(self) -> list[int]:
-        if self._target is not None:
-            return list(self._target)
-        starts, ends = self.opts.bounds()
-        self._starts = starts
-        return ends
+    def _bounds(self) -> tuple[list[int], list[int]]:
+        return self.opts.bounds()
 
-    def initialOffset(self) -> dict[str, int]:
-        ends = self._ends()
-        starts = self._starts if self._starts is not None else self.opts.bounds()[0]
-        return _as_offsets(_starting(self.opts, starts, ends))
-
-    def getDefaultReadLimit(self) -> ReadLimit:
-        n = self.opts.max_records_per_trigger
-        return ReadAllAvailable() if n is None else ReadMaxRows(n)
-
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
-        max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
-        ends = self._ends()
-        begin = _from_offsets(start)
-        begin += [0] * (len(ends) - len(begin))  # partitions added to the topic since: read from 0
-        return _as_offsets(admit(begin, ends, max_rows))
-
-    def reportLatestOffset(self) -> dict[str, int] | None:
-        return None
-
-    def prepareForTriggerAvailableNow(self) -> None:
-        self._target = None
-        self._target = self._ends()
-
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> list[InputPartition]:
-        stop = _from_offsets(end)
-        begin = _from_offsets(start)
-        begin += [0] * (len(stop) - len(begin))
-        total = len(stop)
-        return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, stop, strict=True)) if e > s]
+    def _slice(self, partition: int, start: int, end: int, total: int) -> InputPartition:
+        return TopicSlice(partition, start, end, total)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, TopicSlice)
         return read_slice(self.opts, partition)
-
-    def commit(self, end: dict[str, Any]) -> None:
-        pass  # Spark's checkpoint holds the offsets; recovery uses the positions in the output log
 
 
 class _TopicBatchReader(DataSourceReader):
@@ -329,7 +261,7 @@ class _TopicBatchReader(DataSourceReader):
 
     def partitions(self) -> list[InputPartition]:
         starts, ends = self.opts.bounds()
-        begin = _starting(self.opts, starts, ends)
+        begin = starting_positions(self.opts.starting_offsets, starts, ends)
         total = len(ends)
         return [TopicSlice(p, s, e, total) for p, (s, e) in enumerate(zip(begin, ends, strict=True)) if e > s]
 
@@ -337,14 +269,6 @@ class _TopicBatchReader(DataSourceReader):
         if not isinstance(partition, TopicSlice):  # an empty topic
             return iter(())
         return read_slice(self.opts, partition)
-
-
-def _as_offsets(positions: Sequence[int]) -> dict[str, int]:
-    return {str(p): int(o) for p, o in enumerate(positions)}
-
-
-def _from_offsets(offsets: Mapping[str, Any]) -> list[int]:
-    return [int(offsets[str(p)]) for p in range(len(offsets))]
 
 
 class CecTopicDataSource(DataSource):

@@ -24,7 +24,7 @@ from confluent_kafka import KafkaError, Message
 import cec
 import cec.model
 import cec.wire
-import queuestore.kafka
+import queuestore.kafka.reader
 import recovery.eventual
 import recovery.manager
 from cec.config import Checkpointing
@@ -34,15 +34,8 @@ from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA, STATE_SCHEMA, AggState, KeyedAggregate
 from operators.job import JobSpec, run_job
 from queuestore.base import RecordMeta, Row
-from queuestore.kafka import (
-    FRAME_KINDS,
-    FRAME_MAGIC,
-    _message_rows,
-    _to_row,
-    encode_message,
-    meta_to_headers,
-    meta_to_key,
-)
+from queuestore.kafka import FRAME_KINDS, FRAME_MAGIC, encode_message, meta_to_headers, meta_to_key
+from queuestore.kafka.framing import _message_rows, _to_row
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import (
     _FOOTPRINT_SLOTS,
@@ -480,7 +473,7 @@ def test_message_rows_match_their_python_twin(seed: int) -> None:
 
 
 def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (cec.wire, recovery.eventual, recovery.manager, queuestore.kafka):
+    for module in (cec.wire, recovery.eventual, recovery.manager, queuestore.kafka.reader):
         monkeypatch.setattr(module, "native", None)
     monkeypatch.setattr(recovery.eventual, "_scan", _scan_rows)
 

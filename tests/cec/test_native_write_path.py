@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 import cec.wire as wire
-import queuestore.kafka as kafka
+import queuestore.kafka.framing as kafka
 from cec.native import native
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import FIRST_TUPLE_SCHEMA, RESULT_SCHEMA, STATE_SCHEMA

@@ -121,19 +121,19 @@ def test_a_broker_that_understates_the_end_of_a_partition_cuts_nothing_off_a_bou
     The listing is stood in (Apache Kafka answers it exactly); everything else is the real broker."""
     from confluent_kafka.admin import OffsetSpec
 
-    import operators.topic_source as topic_source
+    import operators.topic_bounds as topic_bounds
 
     topic, purchases = json_topic
     want = expected(purchases)
     assert resolve_bounds(kafka_broker.bootstrap, topic).ends == tuple(len(want[p]) for p in range(3))
-    listed = topic_source._list_offsets
+    listed = topic_bounds.list_offsets
     latest = OffsetSpec.latest()
 
     def understated(admin: Any, topic: str, partitions: Any, spec: OffsetSpec) -> list[int]:
         real = listed(admin, topic, partitions, spec)
         return [max(0, end - 37) for end in real] if type(spec) is type(latest) else real
 
-    monkeypatch.setattr(topic_source, "_list_offsets", understated)
+    monkeypatch.setattr(topic_bounds, "list_offsets", understated)
     assert resolve_bounds(kafka_broker.bootstrap, topic).ends == tuple(len(want[p]) for p in range(3))
     source = _source(kafka_broker, topic)
     try:

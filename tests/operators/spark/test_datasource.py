@@ -19,8 +19,10 @@ from cec.records import Kind
 from operators.aggregate import RESULT_SCHEMA
 from operators.sinks import count_kinds, iter_payloads
 from operators.sources import PURCHASE_SCHEMA, PurchaseGenerator
-from operators.spark.datasource import FORMAT, KafkaSlice, SinkCommit, _batches, _Options, admit, write_rows
+from operators.spark.datasource import FORMAT, KafkaSlice, _batches, _Options
+from operators.spark.kafka_sink import SinkCommit, write_rows
 from operators.spark.reader_pool import ReaderPool
+from operators.spark.slices import admit
 from queuestore.exceptions import QueueStoreError
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker

@@ -472,7 +472,7 @@ def test_torn_tail_after_sigkill_is_an_exact_prefix(store_backend: StoreBackend)
     else:
         # SIGKILL from outside while the child is mid-stream: its producer has batches in flight and
         # queued, and a transaction open (it appends far faster than we look). Killed inside a commit:
-        # tests/queuestore/test_kafka_store.py.
+        # tests/queuestore/kafka/test_kafka_store.py.
         total = 1_000_000
         proc = start_appender(store_backend, topic, 0, total, poll_every=1000)
         with store.reader(topic, 0) as watcher:

@@ -8,7 +8,7 @@ Tansu fallback, which has neither, DESIGN-NOTES section 4):
 - an input topic whose retention dropped records a recovery must replay is refused when the run starts
   again, with one line, never read with a gap.
 
-Fencing of an older writer process by a newer one: tests/queuestore/test_kafka_store.py
+Fencing of an older writer process by a newer one: tests/queuestore/kafka/test_kafka_store.py
 (`test_older_writer_process_is_fenced`).
 """
 

@@ -678,9 +678,14 @@ def test_records_purged_when_the_writer_is_fenced_report_the_fence(fence_first: 
     clients connected eagerly: one pending record of a fenced writer said "Purged in queue"). Fault
     injection: the order of librdkafka's reports cannot be forced on a real producer."""
     from queuestore.kafka import KafkaPartitionWriter
+    from queuestore.kafka.producer import TransactionalProducer
 
     writer = KafkaPartitionWriter.__new__(KafkaPartitionWriter)
     writer.topic, writer.partition, writer.transactional_id = "t", 0, "cec.t.0"
+    txn = TransactionalProducer.__new__(TransactionalProducer)  # its error rule only: no client
+    txn.where, txn.transactional_id, txn.producer = "t[0]", "cec.t.0", None
+    txn.bootstrap_servers, txn.timeout = "nowhere:9092", 1.0
+    writer._txn = txn
     writer._served, writer._failure = 0, None
     fenced, purged = KafkaError(KafkaError._FENCED), KafkaError(KafkaError._PURGE_QUEUE)
     seen: list[Exception | None] = []
@@ -989,7 +994,7 @@ def test_a_fatal_error_the_client_lost_is_found_in_its_transaction_state(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
     """Asked after a SystemError, a fenced producer still says it was fenced."""
-    from queuestore.kafka import _lost_client_error
+    from queuestore.kafka.errors import _lost_client_error
 
     old_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-a")
     new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")

@@ -1,0 +1,289 @@
+"""`KafkaQueueStore`: topics of a Kafka cluster as CEC output queues (see the package docstring)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka.admin import AdminClient
+
+from queuestore.base import ATTACHMENT_NAME, QueueStore, RecordMeta
+from queuestore.exceptions import QueueStoreError, StoreClosedError, UnknownTopicError
+from queuestore.kafka import admin as admin_ops
+from queuestore.kafka.admin import ATTACHMENT_TOPIC_PREFIX
+from queuestore.kafka.config import ClientSettings, redact_config, transactional_id
+from queuestore.kafka.framing import _HEADER_OVERHEAD, encode_message
+from queuestore.kafka.reader import KafkaPartitionReader
+from queuestore.kafka.writer import KafkaPartitionWriter
+
+__all__ = ["DEFAULT_COMMIT_INTERVAL", "DEFAULT_COMMIT_RECORDS", "DEFAULT_MAX_RECORD_BYTES", "KafkaQueueStore"]
+
+log = logging.getLogger(__name__)
+
+_ATTACHMENT_KIND = "META"
+_ACK_PREFIX = "ack-"  # attachments that register a consumer and hold its acknowledged offset
+
+# Below the broker default message.max.bytes (1 MB) with room for headers and batch overhead, so that a
+# record accepted by `append` is never rejected by the broker later (which would surface asynchronously).
+DEFAULT_MAX_RECORD_BYTES = 900_000
+# Commit cadence of the transactional writers: a commit drains the producer's pipeline and costs a round
+# trip to the transaction coordinator, so commits are spaced by time and size (benchmarks/RESULTS.md has
+# the measured cost against the idempotent producer). The interval is also the latency a read_committed
+# consumer sees on top of the produce latency.
+DEFAULT_COMMIT_INTERVAL = 0.1
+DEFAULT_COMMIT_RECORDS = 50_000
+
+
+class KafkaQueueStore(QueueStore):
+    """Topics of a Kafka cluster (or any Kafka-protocol broker) used as CEC output queues.
+
+    `config` is passed to every client (producer, consumers, admin) and is where security settings go
+    (`security.protocol`, `sasl.*`, `ssl.*`); it is never logged and is masked in `repr`. Settings that the
+    queue-store contract depends on (idempotence, acks=all, gapless delivery, no auto-commit) are forced
+    after `config` is applied, because weakening them would silently break recovery.
+
+    `topic_configs` override the configs `create_topic` sets (`cleanup.policy=delete`, `retention.ms=-1`):
+    retention must stay longer than any checkpoint extent, otherwise recovery loses footprints.
+
+    `request_timeout` bounds how long admin calls, positioned reads and transaction commits may go without
+    progress, so that an unreachable broker surfaces as an error instead of a hang. `max_outstanding` bounds
+    each writer's appended-but-not-completed records, which bounds memory when the broker is slower than the
+    operator (a writer commits early when it reaches the bound).
+
+    Writers are transactional (see the `queuestore.kafka` docstring): `transactional_id_prefix` namespaces their
+    `transactional.id`s (e.g. per deployment on a shared cluster; every writer of one partition must use
+    the same prefix, or they do not fence each other); `commit_interval` (seconds) and `commit_records` set
+    the commit cadence; `clock` is what `commit_interval` is measured with (injectable for tests).
+    """
+
+    # Transaction markers take offsets (`queuestore.kafka` docstring): a gap between two offsets is not damage.
+    dense_offsets: bool = False
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        state_dir: Path,
+        *,
+        config: dict[str, str] | None = None,
+        topic_configs: dict[str, str] | None = None,
+        request_timeout: float = 30.0,
+        max_outstanding: int = 100_000,
+        transactional_id_prefix: str = "",
+        commit_interval: float = DEFAULT_COMMIT_INTERVAL,
+        commit_records: int = DEFAULT_COMMIT_RECORDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.bootstrap_servers = bootstrap_servers
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.max_record_bytes = DEFAULT_MAX_RECORD_BYTES
+        # Seconds an admin/metadata/read operation may go without progress before it fails.
+        self.request_timeout = request_timeout
+        self.max_outstanding = max_outstanding
+        self.transactional_id_prefix = transactional_id_prefix
+        self.commit_interval = commit_interval
+        self.commit_records = max(1, commit_records)
+        self.clock = clock
+        self._config: dict[str, Any] = dict(config or {})
+        self._topic_configs: dict[str, str] = {
+            "cleanup.policy": "delete",
+            "retention.ms": "-1",
+            **(topic_configs or {}),
+        }
+        self._admin: AdminClient | None = None
+        self._lock = threading.Lock()
+        self._children: list[KafkaPartitionWriter | KafkaPartitionReader] = []
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(bootstrap_servers={self.bootstrap_servers!r}, "
+            f"state_dir={str(self.state_dir)!r}, config={redact_config(self._config)!r})"
+        )
+
+    __str__ = __repr__
+
+    # -- client configs (queuestore.kafka.config) ----------------------------------------------------------
+
+    def _settings(self) -> ClientSettings:
+        return ClientSettings(self.bootstrap_servers, self._config, self.request_timeout)
+
+    def _base_config(self, client_id: str) -> dict[str, Any]:
+        return self._settings().client(client_id)
+
+    def _producer_config(self, topic: str, partition: int) -> dict[str, Any]:
+        return self._settings().transactional_producer(
+            f"cec-writer-{topic}-{partition}",
+            transactional_id(self.transactional_id_prefix, topic, partition),
+            max_outstanding=self.max_outstanding,
+        )
+
+    def consumer_config(self, purpose: str) -> dict[str, Any]:
+        """The settings of the store's own consumers (connection and security, read_committed, partition
+        EOF events) for a consumer of another topic of the same cluster, e.g. a results topic."""
+        return self._consumer_config(purpose)
+
+    def _consumer_config(self, purpose: str) -> dict[str, Any]:
+        return self._settings().consumer(f"cec-{purpose}")
+
+    def _admin_client(self) -> AdminClient:
+        self._check_open()
+        with self._lock:
+            if self._admin is None:
+                self._admin = AdminClient(self._base_config("cec-admin"))
+            return self._admin
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StoreClosedError("the Kafka queue store is closed")
+
+    # -- topics -----------------------------------------------------------------------------------------
+
+    def _topic_partitions(self, topic: str) -> int | None:
+        return admin_ops.topic_partitions(self._admin_client(), self._where(), topic)
+
+    def _where(self) -> admin_ops.Cluster:
+        return admin_ops.Cluster(self.bootstrap_servers, self.request_timeout)
+
+    def value_limit(self, meta: RecordMeta) -> int:
+        # The window key travels beside the value (message key), the kind in the header and the frame.
+        return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode())
+
+    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
+        admin_ops.create_topic(
+            self._admin_client(), self._where(), topic, partitions, self._topic_configs, exist_ok=exist_ok
+        )
+
+    def topic_exists(self, topic: str) -> bool:
+        return self._topic_partitions(topic) is not None
+
+    def topics(self) -> list[str]:
+        """Every topic of the cluster but the internal ones (`__consumer_offsets`, ...) and the companions
+        that hold attachments (`cec-meta.*`): on a shared cluster that includes topics cec did not write."""
+        return admin_ops.topics(self._admin_client(), self._where(), exclude=("_", ATTACHMENT_TOPIC_PREFIX))
+
+    def cluster_id(self) -> str:
+        """The cluster's id (the same through any bootstrap address); the bootstrap list if the broker
+        reports none."""
+        return admin_ops.cluster_id(self._admin_client(), self._where())
+
+    def partitions(self, topic: str) -> int:
+        n = self._topic_partitions(topic)
+        if n is None:
+            raise UnknownTopicError(f"topic {topic!r} does not exist")
+        return n
+
+    def _check_partition(self, topic: str, partition: int) -> None:
+        n = self.partitions(topic)
+        if not 0 <= partition < n:
+            raise UnknownTopicError(
+                f"topic {topic!r} has {n} partitions; partition {partition} does not exist"
+            )
+
+    # -- writers and readers ----------------------------------------------------------------------------
+
+    def writer(self, topic: str, partition: int) -> KafkaPartitionWriter:
+        # Checked first because producing to a missing topic would auto-create it on Tansu.
+        self._check_partition(topic, partition)
+        w = KafkaPartitionWriter(self, topic, partition)
+        with self._lock:
+            self._children.append(w)
+        return w
+
+    def reader(self, topic: str, partition: int) -> KafkaPartitionReader:
+        self._check_partition(topic, partition)
+        r = KafkaPartitionReader(self, topic, partition)
+        with self._lock:
+            self._children.append(r)
+        return r
+
+    # -- attachments ------------------------------------------------------------------------------------
+
+    def attachment_topic(self, topic: str) -> str:
+        """The companion topic that holds `topic`'s attachments: in Kafka itself, so that any host with
+        any state_dir finds them. One partition; records keyed by (output partition, name), newest wins.
+        Written only when a log starts (a handful of records per topic), so it needs no compaction and
+        keeps the store's default configs (nothing in it is ever deleted)."""
+        return ATTACHMENT_TOPIC_PREFIX + topic
+
+    @staticmethod
+    def _attachment_meta(partition: int, name: str) -> RecordMeta:
+        if not ATTACHMENT_NAME.match(name):
+            raise QueueStoreError(f"invalid attachment name {name!r}")
+        return RecordMeta(_ATTACHMENT_KIND, 0, f"{partition}/{name}")
+
+    def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
+        wanted = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        if self._topic_partitions(companion) is None:
+            return None
+        found: bytes | None = None
+        with self.reader(companion, 0) as reader:
+            for record in reader.scan_forward(0):
+                if record.meta == wanted:
+                    found = record.value
+        return found
+
+    def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
+        meta = self._attachment_meta(partition, name)
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        self.create_topic(companion, 1)
+        # A producer of its own, not a partition writer: the instances of every output partition write
+        # to the one companion partition, and none of them owns it.
+        admin_ops.produce_one(
+            self._settings().idempotent_producer(f"cec-attach-{topic}-{partition}"),
+            self._where(),
+            companion,
+            encode_message(value, meta),
+            f"{name} of {topic}[{partition}] to {companion}",
+        )
+
+    # -- trimming (DESIGN-NOTES section 3): cec trims; the broker must not -----------------------------
+    def check_retention(self, topic: str) -> None:
+        """Refuse an output topic the broker itself may trim (finite retention, compaction): it would
+        delete footprints recovery needs, or results no consumer has acknowledged, on its own clock."""
+        admin_ops.check_retention(self._admin_client(), self._where(), topic)
+
+    def acknowledge(self, topic: str, partition: int, consumer: str, offset: int) -> None:
+        self.write_attachment(topic, partition, _ACK_PREFIX + consumer, str(int(offset)).encode())
+
+    def forget_consumer(self, topic: str, partition: int, consumer: str) -> None:
+        self.write_attachment(topic, partition, _ACK_PREFIX + consumer, b"")
+
+    def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
+        self._check_partition(topic, partition)
+        companion = self.attachment_topic(topic)
+        if self._topic_partitions(companion) is None:
+            return {}
+        prefix = f"{partition}/{_ACK_PREFIX}"
+        acks: dict[str, bytes] = {}
+        with self.reader(companion, 0) as reader:
+            for record in reader.scan_forward(0):
+                key = record.meta.key
+                if record.meta.kind == _ATTACHMENT_KIND and key is not None and key.startswith(prefix):
+                    acks[key[len(prefix) :]] = record.value  # newest wins
+        return {name: int(value) for name, value in acks.items() if value}
+
+    def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
+        with self._lock, contextlib.suppress(ValueError):
+            self._children.remove(child)
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        with self._lock:
+            children = list(self._children)
+        for child in children:
+            try:
+                child.close()
+            except Exception:  # close the rest even if one fails; the error is not about them
+                log.exception("closing %r failed", child)
+        self._closed = True
+        self._admin = None
