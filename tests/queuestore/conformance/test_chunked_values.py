@@ -19,7 +19,7 @@ from queuestore.exceptions import TornRecordError
 from queuestore.output import OutputQueue
 from recovery.eventual import EventualCheckpointBuilder
 from tests.conftest import StoreBackend
-from tests.helpers import child_env, results, start_worker
+from tests.helpers import child_env, results, start_worker, wait_for
 
 LIMIT = 200  # bytes a record may hold in these tests: every footprint below is chunked
 
@@ -40,6 +40,8 @@ def test_a_large_state_is_read_back_whole(store_backend: StoreBackend) -> None:
     output.append(*_encoded(codec, _footprint("k", 0, big, 2, 1)))
     output.close()
     with store.reader(topic, 0) as reader:
+        # A Kafka commit is readable once the broker wrote its markers (the store contract, queuestore.base).
+        wait_for(lambda: [r.meta.kind for r in reader.scan_forward(0)][-1:] == ["GCHECK"])
         kinds = [r.meta.kind for r in reader.scan_forward(0)]
         assert kinds.count(PART_KIND) > 5000 // LIMIT and kinds[-1] == "GCHECK"
         ec = EventualCheckpointBuilder(reader).build()

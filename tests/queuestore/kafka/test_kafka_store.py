@@ -504,10 +504,11 @@ def test_end_offset_across_writer_sessions(store: KafkaQueueStore, topic: str) -
     with store.reader(topic, 0) as r:
         assert r.end_offset() == 0
         assert append_n(store, topic, 0, 0, 120) == list(range(120))
-        assert r.end_offset() == 121  # after the commit marker
+        # readable once the broker wrote the commit marker (the store contract, queuestore.base)
+        wait_for(lambda: r.end_offset() == 121, what="the first commit readable")
         # A second writer session (same transactional id, next epoch) continues the same log.
         assert append_n(store, topic, 0, 120, 37) == list(range(121, 158))
-        assert r.end_offset() == 159
+        wait_for(lambda: r.end_offset() == 159, what="the second commit readable")
         assert r.end_offset() == 159  # repeatable with the seek hint
     with store.reader(topic, 0) as fresh:  # and from scratch, in another reader
         assert fresh.end_offset() == 159
