@@ -119,10 +119,14 @@ def one_repeat(
         "recovery_s": rec["recovery_seconds"],
         "process_s": ended - spawned,
     }
+    gc_inside = {
+        e["ev"].removesuffix(":exit"): e["gc_s"] for e in e2 if e["ev"].endswith(":exit") and "gc_s" in e
+    }
     return {
         "tag": tag,
         "target_s": target_s,
         "phases": phases,
+        "gc_s": gc_inside,  # the cyclic GC's seconds inside each boundary of the restart
         "replayed": rec["tuples_replayed"],
         "replay_span": rec["replay_span"],
         "crash_pos": rec["crash_pos"],
@@ -170,7 +174,8 @@ def report(runs: list[dict[str, Any]]) -> None:
             f"in {last['gcheck_seconds']:.2f} s, planned replay rate {last['replay_rate']:,.0f}/s; u/U over its "
             f"second half median {statistics.median(ratios):.2f} (max {max(ratios):.2f}), budget spent in "
             f"{run1['budget_short_late']}/{run1['late']} intervals. Restart: replayed {r['replayed']:,} "
-            f"(span {r['replay_span']:,}) at {r['replay_rate'] or 0:,.0f} tuples/s"
+            f"(span {r['replay_span']:,}) at {r['replay_rate'] or 0:,.0f} tuples/s; cyclic GC inside: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in r.get("gc_s", {}).items() if v >= 0.01)
         )
 
 

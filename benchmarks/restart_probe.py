@@ -3,7 +3,8 @@ tests/killpoints wraps the methods when their modules are imported): where a res
 start, store open, index reconcile, EC build and load, replay) and what the G-check controller measured
 and aimed at while it ran (u against U, q against Q, the duty against the budget), one JSON line per event
 in the file named by CEC_BENCH_PROBE, flushed at once (a SIGKILL loses nothing written before it).
-CEC_BENCH_PROFILE=<event name> runs that one boundary under cProfile (stats in <file>.<name>.prof).
+CEC_BENCH_PROFILE=<event name> runs that one boundary under cProfile (stats in <file>.<name>.prof). Each
+"<name>:exit" event carries `gc_s`, the seconds the cyclic garbage collector ran inside that call.
 
 Loaded by benchmarks/probe_boot/sitecustomize.py; read by benchmarks/bench_restart_phases.py."""
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import cProfile
 import functools
+import gc
 import json
 import os
 import threading
@@ -36,6 +38,7 @@ BOUNDARIES = (
 )
 
 _OUT: TextIO | None = None
+_GC = [0.0, 0.0]  # seconds the cyclic GC ran in this process so far; when the running collection started
 # One boundary (an event name of BOUNDARIES) run under cProfile, its stats next to the events file.
 _PROFILE = os.environ.get("CEC_BENCH_PROFILE")
 _LOCK = threading.Lock()
@@ -57,6 +60,7 @@ def _wrap(module_name: str, cls_name: str | None, method: str, name: str) -> Non
 
         @functools.wraps(inner)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
+            gc_before = _GC[0]
             _emit(f"{name}:enter")
             profiler = cProfile.Profile() if name == _PROFILE else None
             try:
@@ -64,7 +68,7 @@ def _wrap(module_name: str, cls_name: str | None, method: str, name: str) -> Non
                     return inner(*args, **kwargs)
                 return profiler.runcall(inner, *args, **kwargs)
             finally:
-                _emit(f"{name}:exit")
+                _emit(f"{name}:exit", gc_s=_GC[0] - gc_before)
                 if profiler is not None and _OUT is not None:
                     profiler.dump_stats(f"{_OUT.name}.{name}.prof")
 
@@ -120,10 +124,19 @@ def _controller() -> None:
     on_import("operators.engine.controller", patch)
 
 
+def _gc_timer(phase: str, info: dict[str, Any]) -> None:
+    """A `gc.callbacks` hook: the time the cyclic GC takes, summed (each boundary's exit says its share)."""
+    if phase == "start":
+        _GC[1] = time.perf_counter()
+    else:
+        _GC[0] += time.perf_counter() - _GC[1]
+
+
 def install(path: str) -> None:
     global _OUT
     _OUT = open(path, "a", encoding="utf-8")  # noqa: SIM115 - open for the process's life
     _emit("interpreter", pid=os.getpid())
+    gc.callbacks.append(_gc_timer)
     for boundary in BOUNDARIES:
         _wrap(*boundary)
     _first_apply()
