@@ -51,8 +51,6 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.helpers import child_env  # noqa: E402 - the kill plan of the recovery phase (tests/killpoints)
-
 __all__ = ["main"]
 
 HERE = Path(__file__).resolve().parent
@@ -312,7 +310,11 @@ def cec_recovery(
     out_topic = f"{tag}-out"
     extra = ["--recovery-target", f"{max(target_s, 0.001) * 1000:.0f}ms"]
     first = work / f"{tag}-store-1"
-    env = child_env(f"runtime.after_input:{count // 2}")  # tests/killpoints
+    # Imported here, not at the top: the Quix worker runs this file in Quix's own venv, which has none of
+    # cec's dependencies (tests.helpers imports cec).
+    from tests.helpers import child_env  # the kill plan of the recovery phase (tests/killpoints)
+
+    env = child_env(f"runtime.after_input:{count // 2}")
     rc = subprocess.run(_cec_cmd(bootstrap, input_topic, out_topic, first, extra, window), env=env, cwd=ROOT,
                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).returncode  # fmt: skip
     if rc != -signal.SIGKILL:
