@@ -1,0 +1,390 @@
+"""Several aggregates over composite keys, over the same tumbling windows as `operators.aggregate`.
+
+`MultiAggregate` is what `cec run --key carrier,origin --agg avg:arr_delay --agg count:*` runs: one
+window per (composite key, window), closed by exactly the rules of `KeyedAggregate` (a count window on its
+N-th tuple; a time window when its key's next tuple is at or past its end, or when the watermark passes
+it with an allowed lateness), and on closing one result row with every aggregate.
+
+Aggregates follow SQL's null rule: a value column that is null, missing or empty text in a tuple is
+skipped by the aggregates over that column (`count:COLUMN` counts the tuples where it is present;
+`avg`, `sum`, `min` and `max` are null in a window where it never is); `count:*` counts every tuple of the
+window. A value that is present but not a number (or not finite) makes the tuple a dead letter, as it does
+for the single aggregate. A composite key is refused (dead letter) when any of its fields is missing;
+each field follows the one key rule (`operators.aggregate.canonical_key`).
+
+`sum` and `avg` are exact and order-independent (`operators.exact_sum`): the window's result is the same
+double whatever order its tuples came in, so windows over keys spread across input partitions are
+exact under recovery. `avg` is the exactly rounded sum divided by the count. `min` and `max` order -0.0
+below 0.0 so that they too do not depend on the order.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cec.exceptions import BadTupleError, ConfigError
+from cec.records import AvroCodec
+from operators import exact_sum
+from operators.aggregate import AGGREGATES, _number, _time_ms, canonical_key
+from operators.base import InputTuple, Operator, OperatorContext
+
+__all__ = [
+    "ALL_ROWS",
+    "AggregateColumn",
+    "ColumnState",
+    "MultiAggregate",
+    "MultiState",
+    "parse_agg",
+    "result_columns",
+]
+
+ALL_ROWS = "*"  # `count:*`: every tuple of the window, nulls included
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+COLUMN_STATE_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "ColumnState",
+    "namespace": "cec.operators",
+    "fields": [
+        {"name": "n", "type": "long"},  # tuples with a value in this column
+        {"name": "mantissa", "type": "bytes"},  # the exact sum (operators.exact_sum.pack)
+        {"name": "exponent", "type": "long"},
+        {"name": "lo", "type": "double"},
+        {"name": "hi", "type": "double"},
+    ],
+}
+STATE_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "MultiAggregateState",
+    "namespace": "cec.operators",
+    "fields": [
+        {"name": "count", "type": "long"},  # tuples in the window (count:*)
+        {"name": "start", "type": "long"},
+        {"name": "last", "type": "long"},
+        {"name": "columns", "type": {"type": "array", "items": COLUMN_STATE_SCHEMA}},
+    ],
+}
+
+
+@dataclass(frozen=True, slots=True)
+class AggregateColumn:
+    """One aggregate of the result: `func` over `column` (`*` for count:*), named `name` in the results."""
+
+    func: str
+    column: str
+    name: str
+
+
+def parse_agg(text: str, default_column: str | None) -> tuple[str, str]:
+    """`--agg FUNC[:COLUMN]` as (func, column); COLUMN defaults to `default_column` (`--value`)."""
+    func, sep, column = text.partition(":")
+    func, column = func.strip(), column.strip()
+    if func not in AGGREGATES:
+        raise ConfigError(
+            f"unknown aggregate {func!r} in --agg {text!r}; choose one of {', '.join(AGGREGATES)}"
+        )
+    if not sep:
+        if default_column is None:
+            raise ConfigError(f"--agg {text!r} names no column and there is no --value: write {func}:COLUMN")
+        column = default_column
+    if not column:
+        raise ConfigError(f"--agg {text!r} names an empty column")
+    if column == ALL_ROWS and func != "count":
+        raise ConfigError(f"--agg {text!r}: only count takes '*' (every tuple)")
+    return func, column
+
+
+def result_columns(aggs: Sequence[tuple[str, str]]) -> list[AggregateColumn]:
+    """The aggregates with their result column names: `value` for a single aggregate, else `FUNC_COLUMN`
+    (`count` for count:*). ConfigError for an unknown function, a repeated aggregate or a bad name."""
+    if not aggs:
+        raise ConfigError("give at least one aggregate")
+    out: list[AggregateColumn] = []
+    for func, column in aggs:
+        if func not in AGGREGATES:
+            raise ConfigError(f"unknown aggregate {func!r}; choose one of {', '.join(AGGREGATES)}")
+        if not isinstance(column, str) or not column:
+            raise ConfigError(f"aggregate {func!r} needs a column name, got {column!r}")
+        if column == ALL_ROWS and func != "count":
+            raise ConfigError(f"only count takes '*' (every tuple), not {func}")
+        name = "value" if len(aggs) == 1 else "count" if column == ALL_ROWS else f"{func}_{column}"
+        if any(a.name == name for a in out):
+            raise ConfigError(f"aggregate {func}:{column} is given twice")
+        out.append(AggregateColumn(func, column, name))
+    return out
+
+
+@dataclass(slots=True)
+class ColumnState:
+    n: int
+    total: int  # exact sum, in units of 2**-1074 (operators.exact_sum)
+    lo: float
+    hi: float
+
+    def add(self, x: float, scaled: int) -> None:
+        self.n += 1
+        self.total += scaled
+        # -0.0 sorts below 0.0, so that neither result depends on which came first.
+        if x < self.lo or (x == self.lo and math.copysign(1.0, x) < math.copysign(1.0, self.lo)):
+            self.lo = x
+        if x > self.hi or (x == self.hi and math.copysign(1.0, x) > math.copysign(1.0, self.hi)):
+            self.hi = x
+
+
+def _empty_column() -> ColumnState:
+    return ColumnState(0, 0, math.inf, -math.inf)
+
+
+@dataclass(slots=True)
+class MultiState:
+    count: int  # every tuple of the window
+    start: int  # time window: aligned start; count window: event time (or offset) of the first tuple
+    last: int
+    columns: list[ColumnState]  # one per distinct value column, in `MultiAggregate.value_fields` order
+
+
+class MultiAggregate(Operator):
+    """Several aggregates (`aggs`: (func, column) pairs) per composite key (`key_fields`) over tumbling
+    count or time windows; see the module doc for the rules."""
+
+    name = "aggregate"
+    state_schema = STATE_SCHEMA
+
+    def __init__(
+        self,
+        *,
+        key_fields: Sequence[str],
+        aggs: Sequence[tuple[str, str]],
+        window_count: int | None = None,
+        window_ms: int | None = None,
+        time_field: str | None = None,
+        allowed_lateness: int | None = None,
+    ) -> None:
+        if isinstance(key_fields, str) or not key_fields:
+            raise ConfigError("give at least one key field (a list of field names)")
+        if any(not isinstance(f, str) or not f.strip() for f in key_fields):
+            raise ConfigError(f"key fields must be non-empty names, got {list(key_fields)!r}")
+        if len(set(key_fields)) != len(key_fields):
+            raise ConfigError(f"a key field is named twice in {','.join(key_fields)}")
+        self.aggregates = result_columns([(f, c) for f, c in aggs])
+        if (window_count is None) == (window_ms is None):
+            raise ConfigError("give exactly one of a count window or a time window")
+        if window_count is not None and window_count < 1:
+            raise ConfigError(f"a count window needs at least 1 tuple, got {window_count}")
+        if window_ms is not None and time_field is None:
+            raise ConfigError("a time window needs a time field")
+        if allowed_lateness is not None:
+            if window_ms is None:
+                raise ConfigError("an allowed lateness (event-time watermarks) needs a time window")
+            if allowed_lateness < 0:
+                raise ConfigError(f"the allowed lateness must be >= 0 ms, got {allowed_lateness}")
+        self.key_fields = list(key_fields)
+        self.value_fields = list(dict.fromkeys(a.column for a in self.aggregates if a.column != ALL_ROWS))
+        for field in self.value_fields:
+            if field in self.key_fields or field == time_field:
+                raise ConfigError(f"column {field!r} cannot be both a key (or the time) and aggregated")
+        self._column_at = {field: i for i, field in enumerate(self.value_fields)}
+        self.window_count = window_count
+        self.window_ms = window_ms
+        self.time_field = time_field
+        self.allowed_lateness = allowed_lateness
+        # With watermarks every time window is a part of its own, keyed by (key, start): it closes only
+        # when the watermark passes its end, never by its key's next tuple, so which tuples it holds
+        # depends only on the input, not on how input partitions interleave (keys spread over them).
+        self.by_window = window_ms is not None and allowed_lateness is not None
+        self.result_schema = self._result_schema()
+        self._state_codec = AvroCodec(STATE_SCHEMA)
+
+    def _result_schema(self) -> dict[str, Any]:
+        keys = ["key"] if len(self.key_fields) == 1 else self.key_fields
+        fields: list[dict[str, Any]] = [{"name": k, "type": "string"} for k in keys]
+        fields.append({"name": "window", "type": "long"})
+        single = len(self.aggregates) == 1
+        for a in self.aggregates:
+            if a.name == "count" and not single:
+                continue  # count:* is the `count` column every result has
+            kind: Any = "long" if a.func == "count" and not single else ["null", "double"]
+            fields.append({"name": a.name, "type": kind})
+        fields += [
+            {"name": "count", "type": "long"},
+            {"name": "start", "type": "long"},
+            {"name": "end", "type": "long"},
+        ]
+        names = [f["name"] for f in fields]
+        for name in names:
+            if not _AVRO_NAME.match(name):
+                raise ConfigError(
+                    f"result column {name!r} is not a valid column name (letters, digits and _, not first a digit)"
+                )
+        clash = sorted({n for n in names if names.count(n) > 1})
+        if clash:
+            raise ConfigError(f"result column {clash[0]!r} would appear twice (rename a key field)")
+        return {
+            "type": "record",
+            "name": "MultiAggregateResult",
+            "namespace": "cec.operators",
+            "fields": fields,
+        }
+
+    def describe(self) -> str:
+        window = f"count={self.window_count}" if self.window_count else f"time={self.window_ms}ms"
+        if self.allowed_lateness is not None:
+            window += f", watermark lateness {self.allowed_lateness}ms"
+        aggs = ", ".join(f"{a.func}({a.column})" for a in self.aggregates)
+        return f"{aggs} by {','.join(self.key_fields)}, tumbling {window}"
+
+    def key_of(self, value: Mapping[str, Any]) -> str | None:
+        """The id of the window part the tuple goes to. Per-key windows: a single key as `canonical_key`
+        makes it, a composite key as the JSON array of its fields' keys (unambiguous whatever the fields
+        hold). With watermarks (`by_window`): the JSON array of the key's fields and the window's start.
+        BadTupleError names a missing field."""
+        fields = self.key_fields
+        if len(fields) == 1 and not self.by_window:
+            return canonical_key(value.get(fields[0]), fields[0])
+        parts: list[str | int] = []
+        for field in fields:
+            part = canonical_key(value.get(field), field)
+            if part is None:
+                raise BadTupleError(f"missing key {field!r}")
+            parts.append(part)
+        if self.by_window:
+            t = self.event_time(value)
+            assert t is not None and self.window_ms is not None
+            parts.append(t - t % self.window_ms)
+        return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+
+    def event_time(self, value: Mapping[str, Any]) -> int | None:
+        if self.time_field is None:
+            return None
+        return _time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.window_ms or 0)
+
+    def _values(self, value: Mapping[str, Any]) -> list[float | None]:
+        out: list[float | None] = []
+        for field in self.value_fields:
+            raw = value.get(field)
+            if raw is None or (isinstance(raw, str) and not raw.strip()):
+                out.append(None)  # SQL: the aggregates over this column skip the tuple
+            else:
+                out.append(_number(raw, f"value {field!r}"))
+        return out
+
+    def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
+        assert tup.value is not None
+        key = self.key_of(tup.value)
+        if key is None:
+            raise BadTupleError(f"missing key {self.key_fields[0]!r}")
+        xs = self._values(tup.value)
+        t = self.event_time(tup.value) if self.time_field else tup.offset
+        assert t is not None
+        if self.window_ms is not None and self.allowed_lateness is not None:
+            watermark: int | None = getattr(ctx, "watermark", None)
+            if watermark is not None:
+                start = t - t % self.window_ms
+                if start + self.window_ms <= watermark:
+                    raise BadTupleError(
+                        f"late: window [{start}, {start + self.window_ms}) closed at watermark {watermark}"
+                    )
+        window = ctx.registry.get(key)
+        closes = False
+        if window is not None and self.window_ms is not None:
+            state: MultiState = window.state
+            if t < state.start:
+                raise BadTupleError(
+                    f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
+                )
+            closes = t >= state.start + self.window_ms
+        scaled = [None if x is None else exact_sum.exact(x) for x in xs]
+        if window is not None and not closes:
+            for field, s, col in zip(self.value_fields, scaled, window.state.columns, strict=True):
+                if s is not None and abs(col.total + s) >= exact_sum.OVERFLOW:
+                    raise BadTupleError(f"value {field!r} would overflow its window's sum")
+        # Every check is done: from here on the tuple changes state and cannot fail.
+        if closes:
+            assert window is not None
+            ctx.close_window(key, self._result(key, window.seq, window.state))
+            window = None
+        if window is None:
+            start = t - t % self.window_ms if self.window_ms else t
+            window = ctx.open_window(key, MultiState(0, start, t, [_empty_column() for _ in xs]))
+        state = window.state
+        state.count += 1
+        state.last = t
+        for x, s, col in zip(xs, scaled, state.columns, strict=True):
+            if x is not None and s is not None:
+                col.add(x, s)
+        if self.window_count is not None and state.count >= self.window_count:
+            ctx.close_window(key, self._result(key, window.seq, state))
+
+    def window_end(self, state: MultiState) -> int | None:
+        if self.window_ms is None or self.allowed_lateness is None:
+            return None
+        return state.start + self.window_ms
+
+    def expire(self, key: str, seq: int, state: MultiState) -> dict[str, Any]:
+        return self._result(key, seq, state)
+
+    def _aggregate(self, agg: AggregateColumn, state: MultiState) -> float | int | None:
+        if agg.column == ALL_ROWS:
+            return state.count if len(self.aggregates) > 1 else float(state.count)
+        col = state.columns[self._column_at[agg.column]]
+        if agg.func == "count":
+            return col.n if len(self.aggregates) > 1 else float(col.n)
+        if col.n == 0:
+            return None  # SQL: no value in the window
+        if agg.func == "sum":
+            return exact_sum.rounded(col.total)
+        if agg.func == "avg":
+            return exact_sum.rounded(col.total) / col.n
+        return col.lo if agg.func == "min" else col.hi
+
+    def _result(self, key: str, seq: int, state: MultiState) -> dict[str, Any]:
+        if len(self.key_fields) == 1 and not self.by_window:
+            out: dict[str, Any] = {"key": key}
+        else:
+            parts = json.loads(key)
+            if self.by_window:
+                parts.pop()  # the window's start, which `start` holds
+            names = ["key"] if len(self.key_fields) == 1 else self.key_fields
+            out = dict(zip(names, parts, strict=True))
+        # Per-key windows are numbered per key; a window of its own (watermarks) by its start / size.
+        out["window"] = state.start // self.window_ms if self.by_window and self.window_ms else seq
+        for agg in self.aggregates:
+            out[agg.name] = self._aggregate(agg, state)
+        out["count"] = state.count
+        out["start"] = state.start
+        out["end"] = state.start + self.window_ms if self.window_ms else state.last
+        return out
+
+    def encode_state(self, state: MultiState) -> bytes:
+        columns = []
+        for col in state.columns:
+            mantissa, exponent = exact_sum.pack(col.total)
+            columns.append(
+                {"n": col.n, "mantissa": mantissa, "exponent": exponent, "lo": col.lo, "hi": col.hi}
+            )
+        return self._state_codec.encode(
+            {"count": state.count, "start": state.start, "last": state.last, "columns": columns}
+        )
+
+    def encode_footprint(self, state: MultiState) -> bytes:
+        return self.encode_state(state)
+
+    def encode_footprints(self, states: list[MultiState]) -> list[bytes]:
+        return [self.encode_state(s) for s in states]
+
+    def decode_state(self, data: bytes) -> MultiState:
+        d = self._state_codec.decode(data)
+        columns = [
+            ColumnState(c["n"], exact_sum.unpack(c["mantissa"], c["exponent"]), c["lo"], c["hi"])
+            for c in d["columns"]
+        ]
+        if len(columns) != len(self.value_fields):
+            raise ValueError(
+                f"window state has {len(columns)} value columns, the aggregate {len(self.value_fields)}"
+            )
+        return MultiState(d["count"], d["start"], d["last"], columns)
