@@ -360,6 +360,18 @@ class MultiAggregate(Operator):
         out["end"] = state.start + self.window_ms if self.window_ms else state.last
         return out
 
+    def state_fields(self, state: MultiState) -> dict[str, Any]:
+        """A window's state as flat named fields (`cec state --as-of`): the tuple count, its bounds, and
+        per value column the tuples with a value, their exactly rounded sum, min and max (null when none)."""
+        out: dict[str, Any] = {"count": state.count, "start": state.start, "last": state.last}
+        for field, col in zip(self.value_fields, state.columns, strict=True):
+            some = col.n > 0
+            out[f"n_{field}"] = col.n
+            out[f"sum_{field}"] = exact_sum.rounded(col.total) if some else None
+            out[f"min_{field}"] = col.lo if some else None
+            out[f"max_{field}"] = col.hi if some else None
+        return out
+
     def encode_state(self, state: MultiState) -> bytes:
         columns = []
         for col in state.columns:

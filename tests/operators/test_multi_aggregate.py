@@ -414,3 +414,42 @@ def test_sigkill_with_keys_over_three_partitions_gives_the_failure_free_results_
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err.decode()[-2000:]
     assert _sorted_results(root, schema) == want
+
+
+# -- cec state --as-of ------------------------------------------------------------------------------------
+
+
+def test_state_as_of_shows_every_aggregate_column_of_the_open_windows(tmp_path: Path) -> None:
+    from operators.runtime import OperatorRuntime
+    from operators.sources import CsvSource
+    from queuestore.output import OutputQueue
+    from recovery.as_of import AsOf, state_as_of
+
+    data = _write_csv(tmp_path / "flights.csv", ROWS)
+    spec = _csv_job(tmp_path / "run", data)
+    run_job(spec)
+    k = 230
+    operator = build_operator(spec.operator)
+    assert isinstance(operator, MultiAggregate)
+    reference = SqliteQueueStore(tmp_path / "ref")
+    reference.create_topic("ref", 1)
+    output = OutputQueue(reference, "ref", 0)
+    try:
+        runtime = OperatorRuntime(operator, CsvSource(str(data)), output, batch_size=1)
+        runtime.run(max_inputs=k)
+    finally:
+        output.close()
+        reference.close()
+    want = {(w.key, w.seq): operator.state_fields(w.state) for w in runtime.registry}
+    got = {
+        (w.key, w.window): w.state
+        for w in state_as_of(SqliteQueueStore(tmp_path / "run"), "agg", AsOf(positions=(k,)), input_path=data)
+    }
+    assert got == want and len(want) == 6
+    some = next(iter(got.values()))
+    assert set(some) == {
+        "count", "start", "last",
+        "n_arr_delay", "sum_arr_delay", "min_arr_delay", "max_arr_delay",
+        "n_dep_delay", "sum_dep_delay", "min_dep_delay", "max_dep_delay",
+    }  # fmt: skip
+    json.dumps([w for w in got.values()])  # printable as `cec state --json` prints it
