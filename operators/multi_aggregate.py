@@ -21,17 +21,16 @@ below 0.0 so that they too do not depend on the order.
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
-from cec.records import AvroCodec
 from operators import exact_sum
 from operators.aggregate import AGGREGATES, _number, _time_ms, canonical_key
 from operators.base import InputTuple, Operator, OperatorContext
+from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
 
 __all__ = [
     "ALL_ROWS",
@@ -45,30 +44,6 @@ __all__ = [
 
 ALL_ROWS = "*"  # `count:*`: every tuple of the window, nulls included
 _AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-
-COLUMN_STATE_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "ColumnState",
-    "namespace": "cec.operators",
-    "fields": [
-        {"name": "n", "type": "long"},  # tuples with a value in this column
-        {"name": "mantissa", "type": "bytes"},  # the exact sum (operators.exact_sum.pack)
-        {"name": "exponent", "type": "long"},
-        {"name": "lo", "type": "double"},
-        {"name": "hi", "type": "double"},
-    ],
-}
-STATE_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "MultiAggregateState",
-    "namespace": "cec.operators",
-    "fields": [
-        {"name": "count", "type": "long"},  # tuples in the window (count:*)
-        {"name": "start", "type": "long"},
-        {"name": "last", "type": "long"},
-        {"name": "columns", "type": {"type": "array", "items": COLUMN_STATE_SCHEMA}},
-    ],
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,41 +94,11 @@ def result_columns(aggs: Sequence[tuple[str, str]]) -> list[AggregateColumn]:
     return out
 
 
-@dataclass(slots=True)
-class ColumnState:
-    n: int
-    total: int  # exact sum, in units of 2**-1074 (operators.exact_sum)
-    lo: float
-    hi: float
-
-    def add(self, x: float, scaled: int) -> None:
-        self.n += 1
-        self.total += scaled
-        # -0.0 sorts below 0.0, so that neither result depends on which came first.
-        if x < self.lo or (x == self.lo and math.copysign(1.0, x) < math.copysign(1.0, self.lo)):
-            self.lo = x
-        if x > self.hi or (x == self.hi and math.copysign(1.0, x) > math.copysign(1.0, self.hi)):
-            self.hi = x
-
-
-def _empty_column() -> ColumnState:
-    return ColumnState(0, 0, math.inf, -math.inf)
-
-
-@dataclass(slots=True)
-class MultiState:
-    count: int  # every tuple of the window
-    start: int  # time window: aligned start; count window: event time (or offset) of the first tuple
-    last: int
-    columns: list[ColumnState]  # one per distinct value column, in `MultiAggregate.value_fields` order
-
-
 class MultiAggregate(Operator):
     """Several aggregates (`aggs`: (func, column) pairs) per composite key (`key_fields`) over tumbling
     count or time windows; see the module doc for the rules."""
 
     name = "aggregate"
-    state_schema = STATE_SCHEMA
 
     def __init__(
         self,
@@ -198,7 +143,22 @@ class MultiAggregate(Operator):
         # depends only on the input, not on how input partitions interleave (keys spread over them).
         self.by_window = window_ms is not None and allowed_lateness is not None
         self.result_schema = self._result_schema()
-        self._state_codec = AvroCodec(STATE_SCHEMA)
+        # What `state_fields` shows of a window (the log holds `operators.multi_state`'s bytes).
+        self.state_schema = {
+            "type": "record",
+            "name": "MultiAggregateStateFields",
+            "namespace": "cec.operators",
+            "fields": [
+                {"name": "count", "type": "long"},
+                {"name": "start", "type": "long"},
+                {"name": "last", "type": "long"},
+                *(
+                    {"name": f"{what}_{field}", "type": "long" if what == "n" else ["null", "double"]}
+                    for field in self.value_fields
+                    for what in ("n", "sum", "min", "max")
+                ),
+            ],
+        }
 
     def _result_schema(self) -> dict[str, Any]:
         keys = ["key"] if len(self.key_fields) == 1 else self.key_fields
@@ -298,11 +258,14 @@ class MultiAggregate(Operator):
                     f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
                 )
             closes = t >= state.start + self.window_ms
-        scaled = [None if x is None else exact_sum.exact(x) for x in xs]
+        exact = exact_sum.exact
+        scaled = [None if x is None else exact(x) for x in xs]
         if window is not None and not closes:
-            for field, s, col in zip(self.value_fields, scaled, window.state.columns, strict=True):
-                if s is not None and abs(col.total + s) >= exact_sum.OVERFLOW:
-                    raise BadTupleError(f"value {field!r} would overflow its window's sum")
+            limit = exact_sum.OVERFLOW
+            for i, col in enumerate(window.state.columns):
+                si = scaled[i]
+                if si is not None and abs(col.total + si) >= limit:
+                    raise BadTupleError(f"value {self.value_fields[i]!r} would overflow its window's sum")
         # Every check is done: from here on the tuple changes state and cannot fail.
         if closes:
             assert window is not None
@@ -310,13 +273,19 @@ class MultiAggregate(Operator):
             window = None
         if window is None:
             start = t - t % self.window_ms if self.window_ms else t
-            window = ctx.open_window(key, MultiState(0, start, t, [_empty_column() for _ in xs]))
-        state = window.state
-        state.count += 1
-        state.last = t
-        for x, s, col in zip(xs, scaled, state.columns, strict=True):
-            if x is not None and s is not None:
-                col.add(x, s)
+            columns = [
+                empty_column() if x is None or si is None else ColumnState(1, si, x, x)
+                for x, si in zip(xs, scaled, strict=True)
+            ]
+            window = ctx.open_window(key, MultiState(1, start, t, columns))
+            state = window.state
+        else:
+            state = window.state
+            state.count += 1
+            state.last = t
+            for x, si, col in zip(xs, scaled, state.columns, strict=True):
+                if x is not None and si is not None:
+                    col.add(x, si)
         if self.window_count is not None and state.count >= self.window_count:
             ctx.close_window(key, self._result(key, window.seq, state))
 
@@ -373,30 +342,7 @@ class MultiAggregate(Operator):
         return out
 
     def encode_state(self, state: MultiState) -> bytes:
-        columns = []
-        for col in state.columns:
-            mantissa, exponent = exact_sum.pack(col.total)
-            columns.append(
-                {"n": col.n, "mantissa": mantissa, "exponent": exponent, "lo": col.lo, "hi": col.hi}
-            )
-        return self._state_codec.encode(
-            {"count": state.count, "start": state.start, "last": state.last, "columns": columns}
-        )
-
-    def encode_footprint(self, state: MultiState) -> bytes:
-        return self.encode_state(state)
-
-    def encode_footprints(self, states: list[MultiState]) -> list[bytes]:
-        return [self.encode_state(s) for s in states]
+        return encode_state(state)
 
     def decode_state(self, data: bytes) -> MultiState:
-        d = self._state_codec.decode(data)
-        columns = [
-            ColumnState(c["n"], exact_sum.unpack(c["mantissa"], c["exponent"]), c["lo"], c["hi"])
-            for c in d["columns"]
-        ]
-        if len(columns) != len(self.value_fields):
-            raise ValueError(
-                f"window state has {len(columns)} value columns, the aggregate {len(self.value_fields)}"
-            )
-        return MultiState(d["count"], d["start"], d["last"], columns)
+        return decode_state(data, len(self.value_fields))
