@@ -28,7 +28,7 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from operators import exact_sum
-from operators.aggregate import AGGREGATES, _number, _time_ms, canonical_key
+from operators.aggregate import _EXACT_INT, AGGREGATES, _number, _time_ms, canonical_key
 from operators.base import InputTuple, Operator, OperatorContext
 from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
 
@@ -227,7 +227,11 @@ class MultiAggregate(Operator):
         out: list[float | None] = []
         for field in self.value_fields:
             raw = value.get(field)
-            if raw is None or (isinstance(raw, str) and not raw.strip()):
+            if type(raw) is float and raw - raw == 0.0:  # the common case: a finite double (nan, inf: not)
+                out.append(raw)
+            elif type(raw) is int and -_EXACT_INT <= raw <= _EXACT_INT:
+                out.append(float(raw))
+            elif raw is None or (isinstance(raw, str) and not raw.strip()):
                 out.append(None)  # SQL: the aggregates over this column skip the tuple
             else:
                 out.append(_number(raw, f"value {field!r}"))
