@@ -542,7 +542,7 @@ def run_keys(
 
 _PROFILED_CLI = """
 import cProfile, sys
-import cec.topic_run as topic_run
+import cec.cli.run_topic as topic_run
 from cec.cli import main
 run_job, out = topic_run.run_job, sys.argv.pop(1)
 def profiled(*args, **kwargs):  # the operator runs in a thread of its own: profile it there

@@ -45,6 +45,7 @@ __all__ = [
     "job_source_spec",
     "open_output",
     "pin_source",
+    "purchase_filter",
     "run_job",
     "source_partitions",
 ]
@@ -98,6 +99,18 @@ class JobSpec:
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
         return cls(**json.loads(text))
+
+
+def purchase_filter() -> dict[str, Any]:
+    """The operator spec of the paper's first stage (`cec demo`, the benchmarks): purchases with a price."""
+    return {
+        "type": "filter",
+        "field": "item_price",
+        "op": ">",
+        "value": 0,
+        "schema": "purchase",
+        "time_field": "item_time",
+    }
 
 
 def aggregate_operator(

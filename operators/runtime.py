@@ -160,7 +160,7 @@ class OperatorRuntime:
 
     @property
     def registry(self) -> WindowRegistry:
-        """The instance's open windows (read by `recovery.as_of` after a run)."""
+        """The instance's open windows (read by `cec.state_as_of` after a run)."""
         return self.instance.registry
 
     # -- recovery --------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from cec import Checkpointing
-from cec.cli import _checkpointing, build_parser, main
+from cec.cli import build_parser, main
+from cec.cli.common import checkpointing_of
 from cec.config import parse_duration_s
 from cec.exceptions import ConfigError
 from operators.job import JobSpec
@@ -91,7 +92,7 @@ def test_jobspec_carries_it_through_json() -> None:
 
 
 def _parsed(*argv: str) -> Checkpointing:
-    return _checkpointing(build_parser().parse_args(list(argv)))
+    return checkpointing_of(build_parser().parse_args(list(argv)))
 
 
 def test_cli_flags_map_onto_checkpointing() -> None:

@@ -22,7 +22,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 import cec
-import cec.records
+import cec.model
+import cec.wire
 import queuestore.kafka
 import recovery.eventual
 import recovery.manager
@@ -79,7 +80,7 @@ def _compact_record(rng: random.Random) -> OutputRecord:
     if rng.random() < 0.5 and record.pos:
         record = dataclasses.replace(record, time=record.pos[0] + rng.randrange(-3, 3))
     if record.kind is Kind.R and record.key is not None and rng.random() < 0.6:
-        prefix = cec.records._payload_prefix(record.key, record.seq)
+        prefix = cec.wire._payload_prefix(record.key, record.seq)
         assert prefix is not None
         record = dataclasses.replace(record, payload=prefix + (record.payload or b"")[: rng.randrange(0, 20)])
     if rng.random() < 0.3:
@@ -148,7 +149,7 @@ def test_verify_rows_flags_exactly_what_verify_rejects(seed: int) -> None:
     rows = _rows(rng, codec, 2000, damaged=0.2)
     expected = _python_failing(codec, rows)
     assert expected  # the damage is real
-    flagged = native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes)
+    flagged = native.verify_rows(rows, cec.wire.MAGIC, codec._known_versions, codec.max_bytes)
     assert flagged == expected  # every plain row passes; every damaged one is left to Python
     assert codec.failing_rows(rows) == expected
 
@@ -166,7 +167,7 @@ def test_verify_rows_formats_extreme_integers_as_python_does() -> None:
         record = OutputRecord(Kind.GOPEN, t, (1,), 1, "k", seq, b"s", None)
         rows.append((i, *record.meta(), codec.encode(record)))
         rows.append((i, "GOPEN", t + (1 if t < 2**63 - 1 else -1), "k", seq, codec.encode(record)))
-    failed = native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes)
+    failed = native.verify_rows(rows, cec.wire.MAGIC, codec._known_versions, codec.max_bytes)
     assert failed == _python_failing(codec, rows) == list(range(1, len(rows), 2))
 
 
@@ -181,11 +182,9 @@ def test_verify_rows_declines_what_it_does_not_know() -> None:
         (0, "R", 5, "\ud800", 0, good),  # a key that has no UTF-8 form
         (0, "R", 5, "k", 0),  # not a row
     ]
-    assert native.verify_rows(rows, cec.records.MAGIC, codec._known_versions, codec.max_bytes) == [1, 2, 3, 4]
+    assert native.verify_rows(rows, cec.wire.MAGIC, codec._known_versions, codec.max_bytes) == [1, 2, 3, 4]
     too_small = RecordCodec(max_bytes=len(good) - 1)
-    assert native.verify_rows(
-        rows[:1], cec.records.MAGIC, too_small._known_versions, too_small.max_bytes
-    ) == [0]
+    assert native.verify_rows(rows[:1], cec.wire.MAGIC, too_small._known_versions, too_small.max_bytes) == [0]
 
 
 def _scan_inputs(seed: int) -> tuple[list[Row], set[int]]:
@@ -245,8 +244,8 @@ def test_native_footprints_are_whole_objects() -> None:
 def test_record_decode_matches_fastavro(seed: int) -> None:
     """The Avro versions' fast decoder (version 3, the newest Avro one: logs written before version 4)."""
     rng = random.Random(seed)
-    codec = RecordCodec({v: cec.records.SCHEMAS[v] for v in (1, 2, 3)})
-    schema = fastavro.parse_schema(cec.records.SCHEMAS[codec.version])
+    codec = RecordCodec({v: cec.wire.SCHEMAS[v] for v in (1, 2, 3)})
+    schema = fastavro.parse_schema(cec.wire.SCHEMAS[codec.version])
     program = codec._layouts[codec.version].program
     rows: list[Row] = []
     for _ in range(500):
@@ -270,7 +269,7 @@ def test_record_decode_matches_fastavro(seed: int) -> None:
             assert codec.decode(bytes(flipped), meta) == record  # only a flip that decodes identically
     # The batch decoder (EC-load) gives what decode gives; rows it declines are decoded one by one.
     rows.append((0, "Q", 1, "k", 0, rows[0][5]))  # an unknown kind: decode's error
-    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.records.SCHEMAS[1]}).encode(_record(rng))))
+    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.wire.SCHEMAS[1]}).encode(_record(rng))))
     slots = codec._layouts[codec.version].slots
     assert native.decode_avro_rows(program, rows, 6, OutputRecord, slots, {}, codec.version) == [None] * len(
         rows
@@ -284,7 +283,7 @@ def test_record_decode_matches_fastavro(seed: int) -> None:
 @needs_native
 @pytest.mark.parametrize("seed", range(4))
 def test_compact_record_decode_matches_the_python_twin(seed: int) -> None:
-    """Version 4: `_native.decode_compact(_rows)` gives exactly what `cec.records._decode_compact` gives,
+    """Version 4: `_native.decode_compact(_rows)` gives exactly what `cec.wire._decode_compact` gives,
     and declines (None) every body the twin rejects, cut short or damaged."""
     assert native is not None
     rng = random.Random(seed)
@@ -299,17 +298,17 @@ def test_compact_record_decode_matches_the_python_twin(seed: int) -> None:
         rows.append((0, *meta, data))
         head = (record.kind, *meta[1:])
         assert native.decode_compact(data, 6, head, OutputRecord, slots) == record
-        assert cec.records._decode_compact(data, 6, head) == record
+        assert cec.wire._decode_compact(data, 6, head) == record
         assert codec.decode(data, meta) == record
         for bad in (data[: rng.randrange(6, len(data))], _flip(rng, data)):
             try:
-                twin: OutputRecord | None = cec.records._decode_compact(bad, 6, head)
+                twin: OutputRecord | None = cec.wire._decode_compact(bad, 6, head)
             except CodecError:
                 twin = None
             assert native.decode_compact(bad, 6, head, OutputRecord, slots) == twin
     rows.append((0, "Q", 1, "k", 0, rows[0][5]))  # an unknown kind: declined
-    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.records.SCHEMAS[1]}).encode(_record(rng))))  # v1
-    fast = native.decode_compact_rows(rows, 6, OutputRecord, slots, cec.records._KIND_OF, 4)
+    rows.append((0, "R", 1, "k", 0, RecordCodec({1: cec.wire.SCHEMAS[1]}).encode(_record(rng))))  # v1
+    fast = native.decode_compact_rows(rows, 6, OutputRecord, slots, cec.model.KIND_OF, 4)
     assert fast[-2:] == [None, None]
     assert fast[:-2] == [codec.decode(r[5], RecordMeta(*r[1:5])) for r in rows[:-2]]
     assert codec.decode_rows(rows[:-2], verified=True) == fast[:-2]
@@ -481,7 +480,7 @@ def test_message_rows_match_their_python_twin(seed: int) -> None:
 
 
 def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (cec.records, recovery.eventual, recovery.manager, queuestore.kafka):
+    for module in (cec.wire, recovery.eventual, recovery.manager, queuestore.kafka):
         monkeypatch.setattr(module, "native", None)
     monkeypatch.setattr(recovery.eventual, "_scan", _scan_rows)
 
@@ -582,7 +581,7 @@ def test_footprints_written_before_an_upgrade_load_through_the_c_decoder(
         record = _record(rng)
         if version >= 3 and rng.random() < 0.5:
             record = dataclasses.replace(record, marks=(rng.randrange(-5, 2**40),))
-        writer = RecordCodec({v: cec.records.SCHEMAS[v] for v in range(1, version + 1)})
+        writer = RecordCodec({v: cec.wire.SCHEMAS[v] for v in range(1, version + 1)})
         rows.append((offset, *record.meta(), writer.encode(record)))
         expected.append(record)
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-import cec.records as records
+import cec.wire as wire
 import queuestore.kafka as kafka
 from cec.native import native
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
@@ -55,7 +55,7 @@ def _record(rnd: random.Random) -> OutputRecord:
     seq = _long(rnd, 0.02) if key is not None else -1
     payload = rnd.choice([None, b"", bytes(rnd.randrange(256) for _ in range(rnd.randrange(40)))])
     if key is not None and payload is not None and rnd.random() < 0.5:
-        prefix = records._payload_prefix(key, seq)  # an aggregate's result starts with (key, seq)
+        prefix = wire._payload_prefix(key, seq)  # an aggregate's result starts with (key, seq)
         if prefix is not None:
             payload = prefix + payload
     return OutputRecord(
@@ -77,7 +77,7 @@ def test_compact_records_encode_to_the_python_bytes() -> None:
     encoded = 0
     for _ in range(20_000):
         rec = _record(rnd)
-        with _python_only(records, "_native_encode"):
+        with _python_only(wire, "_native_encode"):
             want = _outcome(lambda r=rec: codec.encode(r))
         got = _outcome(lambda r=rec: codec.encode(r))
         fields = _outcome(
@@ -93,7 +93,7 @@ def test_compact_records_encode_to_the_python_bytes() -> None:
 
 
 def test_an_older_record_version_is_encoded_in_python() -> None:
-    codec = RecordCodec({v: s for v, s in records.SCHEMAS.items() if v <= 3})
+    codec = RecordCodec({v: s for v, s in wire.SCHEMAS.items() if v <= 3})
     rec = OutputRecord(Kind.GOPEN, 10, (10,), 1, "k", 0, b"s", None)
     assert codec.encode_fields(rec.kind, rec.time, rec.pos, rec.n, rec.key, rec.seq, rec.state, None) == (
         codec.encode(rec)
@@ -138,6 +138,6 @@ def test_flat_avro_records_encode_as_fastavro_encodes_them(schema: dict[str, Any
         datum = {f["name"]: _field_value(rnd, f["type"]) for f in schema["fields"]}
         if rnd.random() < 0.02:
             datum.pop(schema["fields"][0]["name"])
-        with _python_only(records, "_native_encode_avro"):
+        with _python_only(wire, "_native_encode_avro"):
             want = _outcome(lambda d=datum: codec.encode(d))
         assert _outcome(lambda d=datum: codec.encode(d)) == want, datum

@@ -160,8 +160,8 @@ def test_cec_run_on_a_terminal_shows_a_live_bar_with_total_rate_and_eta(tmp_path
 
 
 def test_the_library_logs_instead_of_printing() -> None:
-    """Only the command-line entry points print (cec/cli.py, cec/topic_run.py, operators/worker.py)."""
-    entry_points = {"cec/cli.py", "cec/topic_run.py", "operators/worker.py"}
+    """Only the command-line entry points print (cec/cli/common.py, cec/cli/main.py, operators/worker.py)."""
+    entry_points = {"cec/cli/common.py", "cec/cli/main.py", "operators/worker.py"}
     printing = []
     for package in ("cec", "operators", "queuestore", "recovery"):
         for path in sorted((ROOT / package).rglob("*.py")):

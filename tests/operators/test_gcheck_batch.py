@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-import cec.records as records
+import cec.wire as wire
 from cec.config import Checkpointing
 from cec.native import native
 from cec.policy import CheckpointPolicy, TargetPolicy, WindowView
@@ -262,10 +262,10 @@ def test_runs_encode_to_the_bytes_of_one_at_a_time_and_of_pure_python(
         assert run == one
         # Without the C accelerator (CEC_NO_NATIVE=1): the same bytes from the pure-Python definitions.
         with monkeypatch.context() as m:
-            m.setattr(records, "_native_encode_gchecks", None)
-            m.setattr(records, "_native_encode", None)
-            m.setattr(records, "_native_encode_avro", None)
-            m.setattr(records, "native", None)
+            m.setattr(wire, "_native_encode_gchecks", None)
+            m.setattr(wire, "_native_encode", None)
+            m.setattr(wire, "_native_encode_avro", None)
+            m.setattr(wire, "native", None)
             assert AvroCodec(STATE_SCHEMA).encode_tuples(
                 [(s.count, s.total, s.lo, s.hi, s.start, s.last) for s in states]
             ) == [operator.encode_state(s) for s in states]

@@ -420,10 +420,10 @@ def test_sigkill_with_keys_over_three_partitions_gives_the_failure_free_results_
 
 
 def test_state_as_of_shows_every_aggregate_column_of_the_open_windows(tmp_path: Path) -> None:
+    from cec.state_as_of import AsOf, state_as_of
     from operators.runtime import OperatorRuntime
     from operators.sources import CsvSource
     from queuestore.output import OutputQueue
-    from recovery.as_of import AsOf, state_as_of
 
     data = _write_csv(tmp_path / "flights.csv", ROWS)
     spec = _csv_job(tmp_path / "run", data)

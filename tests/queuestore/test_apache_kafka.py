@@ -40,8 +40,8 @@ from tests.cec.test_cli_topic import (
     results_topic_per_key,
     topic_run,
 )
+from tests.cec.test_state_as_of import _stopped_run_state
 from tests.helpers import child_env, wait_for
-from tests.recovery.test_as_of import _stopped_run_state
 from tests.topic_data import as_json, encoded, end_aware_consumer, make_purchases, produce, write_csv
 
 pytestmark = pytest.mark.kafka_transactions

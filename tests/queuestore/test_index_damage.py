@@ -30,7 +30,7 @@ from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
-from recovery.as_of import _time_cut_start
+from recovery.as_of import time_cut_start
 from tests.brokers import Broker
 from tests.helpers import per_key, results
 
@@ -246,7 +246,7 @@ def test_a_read_only_index_is_never_dropped_and_says_it_is_unusable(
     DAMAGE["CURRENT: deleted"](store)
     with pytest.raises(IndexError_, match="unusable"):
         StreamIndex(_path(store), f"{TOPIC}/0", read_only=True)
-    assert _time_cut_start(store, TOPIC, 0, 20_000) == 0  # cec state: reads the log from its start
+    assert time_cut_start(store, TOPIC, 0, 20_000) == 0  # cec state: reads the log from its start
 
 
 def test_an_index_this_process_holds_through_another_handle_is_a_clear_error(store: SqliteQueueStore) -> None:

@@ -11,7 +11,6 @@ grown since writes a log of its own instead of resuming another input's.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import signal
 import threading
@@ -20,13 +19,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cec.cli.common import (
+    check_not_all_dead,
+    checkpointing_of,
+    digest,
+    load_stats,
+    recovery_lines,
+    results_paths,
+    say,
+    start_worker,
+    store_dir,
+    wait,
+)
+from cec.cli.run_operator import check_operator_flags, operator_spec
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_topic_input
 from operators.aggregate import RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
-from operators.job import SCHEMAS, JobSpec, aggregate_operator, instance_spec, run_job
+from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
 from operators.runtime import RunStats
 from operators.sinks import (
     RESULT_COLUMNS,
@@ -114,24 +126,20 @@ def results_topic_extra(args: argparse.Namespace) -> dict[str, Any]:
     return {RESULTS_TOPIC: args.results_topic}
 
 
-def _digest(obj: Any) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True).encode()).hexdigest()[:16]
-
-
 def _pinned_source(
     root: Path, args: argparse.Namespace, operator: dict[str, Any], source: dict[str, Any]
 ) -> tuple[str, dict[str, Any]]:
     """(output topic, source spec with pinned bounds): from the store dir when this job ran there
     before, else resolved now and kept there."""
     job = {"operator": operator, "source": source}
-    marker = root / f".topic-run-{_digest(job)}.json"
+    marker = root / f".topic-run-{digest(job)}.json"
     if marker.exists():
         kept = json.loads(marker.read_text())
         return kept["output_topic"], kept["source"]
     pinned = pin_bounds(source) if source["format"] != "cec" else dict(source)
     if args.follow:  # a following run has no end; its start still defines what its input is
         pinned.pop("end_offsets", None)
-    output_topic = args.output_topic or f"cec-run-{_digest({'operator': operator, 'source': pinned})}"
+    output_topic = args.output_topic or f"cec-run-{digest({'operator': operator, 'source': pinned})}"
     tmp = marker.with_name(marker.name + ".tmp")
     tmp.write_text(json.dumps({"output_topic": output_topic, "source": pinned}, sort_keys=True))
     tmp.replace(marker)
@@ -159,35 +167,20 @@ def _write_outputs(
 
 
 def cmd_run_topic(args: argparse.Namespace) -> int:
-    from cec.cli import _policy, _store_dir, check_not_all_dead, results_paths
-
     if args.input:
         raise ConfigError("give either an input CSV file or --input-topic, not both")
     if not args.bootstrap_servers:
         raise ConfigError("--input-topic needs --bootstrap-servers HOST:PORT (or CEC_BOOTSTRAP_SERVERS)")
-    if args.window_time and not args.time:
-        raise ConfigError(
-            "--window-time needs --time FIELD (a value field, or @timestamp for the record timestamp)"
-        )
-    if args.allowed_lateness is not None and not args.window_time:
-        raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
+    check_operator_flags(args, "FIELD (a value field, or @timestamp for the record timestamp)")
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
     if args.crash_after is not None and args.follow:
         raise ConfigError("--crash-after needs a bounded run (no --follow)")
-    operator = aggregate_operator(
-        args.key,
-        args.value,
-        args.agg,
-        window_count=args.window_count,
-        window_time=args.window_time,
-        time=args.time,
-        allowed_lateness=args.allowed_lateness,
-    )
+    operator = operator_spec(args)
     results_path, dead_path = results_paths(args.results)
     source = _source_spec(args)
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
-    with _store_dir(args.store_dir, "cec-run-") as root:
+    with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         output_topic, pinned = _pinned_source(root, args, operator, source)
         check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
@@ -198,7 +191,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             output_topic=output_topic,
             output_partitions=partitions,
             progress=args.progress,
-            **_policy(args),
+            checkpointing=checkpointing_of(args),
             extra=results_topic_extra(args),
             metrics_port=args.metrics_port,
             trim_every=args.trim_every,
@@ -275,8 +268,6 @@ def _execute(
 ) -> InstancesRun:
     """Every instance: in this process, or with --crash-after each in a worker SIGKILLed after K records
     and one that recovers (a stop request is then seen between workers); each instance's recovery."""
-    from cec.cli import _load_stats, _say, _wait, _worker
-
     if args.crash_after is None:
         return _run_instances(specs, args.follow, refresh, stop)
     run = InstancesRun([], [False] * len(specs))
@@ -284,15 +275,15 @@ def _execute(
         if stop():
             break
         spec_path = root / f"run-{p}.json"
-        rc = _wait(_worker(spec, spec_path, crash_after=args.crash_after), "operator")
+        rc = wait(start_worker(spec, spec_path, crash_after=args.crash_after), "operator")
         if rc == -signal.SIGKILL:
-            _say(
+            say(
                 f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
             )
         if stop():
             break
-        _wait(_worker(spec, spec_path), "operator")
-        stats = _load_stats(Path(spec.stats_path or ""))
+        wait(start_worker(spec, spec_path), "operator")
+        stats = load_stats(Path(spec.stats_path or ""))
         run.recoveries.append(stats.get("recovery"))
         run.completed[p] = bool(stats.get("completed"))
     return run
@@ -351,29 +342,23 @@ def _report(
     n_dead: int,
     kinds: dict[str, int],
 ) -> None:
-    from cec.cli import _say
-
     bounds = "" if args.follow else f", bounded at {pinned.get('end_offsets')}"
-    _say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
-    _say(
-        f"output log:   {output_topic} ({partitions} partition(s)); lag in consumer group cec-{output_topic}"
-    )
-    _say(f"results:      {n_results:,} closed windows -> {results_path}")
-    _say(f"dead letters: {n_dead:,} records not processed -> {dead_path}")
+    say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
+    say(f"output log:   {output_topic} ({partitions} partition(s)); lag in consumer group cec-{output_topic}")
+    say(f"results:      {n_results:,} closed windows -> {results_path}")
+    say(f"dead letters: {n_dead:,} records not processed -> {dead_path}")
     if args.results_topic:
-        _say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
-    _say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
-    _say("windows still open at the end of the input are not emitted")
+        say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
+    say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
+    say("windows still open at the end of the input are not emitted")
 
 
 def _report_recoveries(args: argparse.Namespace, recoveries: list[dict[str, Any] | None]) -> None:
-    from cec.cli import _recovery_lines, _say
-
     for p, rec in enumerate(recoveries):
         if rec or args.crash_after is not None:
-            _say(f"partition {p}:")
-            for line in _recovery_lines(rec):
-                _say(line)
+            say(f"partition {p}:")
+            for line in recovery_lines(rec):
+                say(line)
 
 
 def _run_instances(

@@ -1,4 +1,4 @@
-"""`cec state --as-of` (recovery/as_of.py) equals the state a run stopped at that point holds."""
+"""`cec state --as-of` (cec/state_as_of.py, recovery/as_of.py) equals the state a run stopped at that point holds."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.policy import make_policy
 from cec.records import AvroCodec
+from cec.state_as_of import AsOf, _topic_source, state_as_of
 from operators.job import JobSpec, aggregate_operator, build_operator, run_job
 from operators.runtime import OperatorRuntime
 from operators.sources import CsvSource, PurchaseGenerator
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
-from recovery.as_of import AsOf, _topic_source, state_as_of
 from tests.brokers import Broker
 from tests.conftest import StoreBackend
 from tests.helpers import cec

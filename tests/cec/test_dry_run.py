@@ -1,4 +1,4 @@
-"""`cec recover --dry-run` (recovery/dry_run.py): says what the next recovery does, and changes nothing."""
+"""`cec recover --dry-run` (cec/dry_run.py): says what the next recovery does, and changes nothing."""
 
 from __future__ import annotations
 

@@ -1,0 +1,288 @@
+"""What the commands of `cec` share: the flag groups and types several commands take, the one place the
+CLI prints, the store directory of a run, operator worker processes, and the report lines of a recovery
+and of checkpointing.
+
+The bottom of the CLI's imports: it imports no command module, so every command module can import it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from cec.config import POLICIES, Checkpointing
+from cec.exceptions import CecError, ConfigError
+from cec.validation import check_output_file, prepare_store_dir
+from operators.job import JobSpec
+from operators.worker import REPORTED_ERROR_EXIT
+from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
+
+__all__ = [
+    "AlreadyReported",
+    "check_not_all_dead",
+    "checkpoint_lines",
+    "checkpointing_of",
+    "digest",
+    "load_stats",
+    "policy_args",
+    "port",
+    "positive_int",
+    "read_store_args",
+    "recovery_lines",
+    "results_paths",
+    "say",
+    "say_report",
+    "start_worker",
+    "store_dir",
+    "wait",
+]
+
+
+# -- printing ---------------------------------------------------------------------------------------------
+def say(message: str = "") -> None:
+    """A line of a command's report on stdout (the library logs; only the CLI prints)."""
+    print(message, flush=True)
+
+
+def say_report(as_json: bool, doc: object, sections: Iterable[Iterable[str]]) -> None:
+    """A read-only command's answer: `doc` as one JSON object with --json, else every section's lines."""
+    if as_json:
+        say(json.dumps(doc))
+        return
+    for lines in sections:
+        for line in lines:
+            say(line)
+
+
+# -- flag types and groups --------------------------------------------------------------------------------
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"must be 1..65535, got {value}")
+    return value
+
+
+def policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> None:
+    """The checkpoint-policy and store flags of the commands that run operators (`checkpointing` reads them)."""
+    p.add_argument(
+        "--Q",
+        type=positive_int,
+        default=None,
+        help=f"extent size target q (records); default {q} (none with --recovery-target: the operator picks)",
+    )
+    p.add_argument(
+        "--U",
+        type=positive_int,
+        default=None,
+        help=f"replay size target u (input tuples); default {u} (none with --recovery-target: the operator picks)",
+    )
+    p.set_defaults(default_q=q, default_u=u)
+    p.add_argument(
+        "--ci-ms", type=float, default=5.0, help="checkpoint budget: CI ms of operator time (default 5) ..."
+    )
+    p.add_argument("--cp-ms", type=float, default=100.0, help="... in every CP ms (default 100)")
+    p.add_argument(
+        "--recovery-target",
+        help="recover within this time after a crash, e.g. 3s, 500ms, 2 minutes: the operator picks U, Q "
+        "and the checkpoint budget from its measured rates",
+    )
+    p.add_argument(
+        "--policy",
+        choices=POLICIES,
+        default="targets",
+        help="targets: G-check while q > Q or u > U (or to meet --recovery-target); cost-benefit: only when "
+        "the recovery time a G-check saves is worth its cost (default targets)",
+    )
+    p.add_argument(
+        "--mtbf",
+        default="1h",
+        help="mean time between failures the cost-benefit policy plans for, e.g. 10 minutes, 1h (default 1h): "
+        "the shorter, the more G-checks are worth their cost",
+    )
+    p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+        help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
+    )
+    _kafka_config_arg(p)
+
+
+def read_store_args(p: argparse.ArgumentParser) -> None:
+    """--store-dir/--bootstrap-servers of the commands that only read a store (never create it)."""
+    p.add_argument("--store-dir", help="the store's directory (must exist; optional on Kafka)")
+    p.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
+        help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
+    )
+    _kafka_config_arg(p)
+
+
+def _kafka_config_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--kafka-config",
+        metavar="FILE",
+        help="librdkafka properties (key=value lines: security.protocol, sasl.*, ssl.*, timeouts) for every "
+        f"Kafka client of the command (also from {KAFKA_CONFIG_ENV})",
+    )
+
+
+def checkpointing_of(args: argparse.Namespace) -> Checkpointing:
+    """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy/--mtbf.
+
+    A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000) apply only without a recovery
+    target: with one, the operator picks them, and a Q or U given beside it bounds what it picks."""
+    q, u = args.Q, args.U
+    if args.recovery_target is None:
+        q = args.default_q if q is None else q
+        u = args.default_u if u is None else u
+    return Checkpointing(
+        q_target=q,
+        u_target=u,
+        ci_ms=args.ci_ms,
+        cp_ms=args.cp_ms,
+        recovery_target=args.recovery_target,
+        policy=args.policy,
+        mtbf=args.mtbf,
+    )
+
+
+# -- where a run keeps its store, and its workers ---------------------------------------------------------
+@contextmanager
+def store_dir(given: str | None, prefix: str) -> Iterator[Path]:
+    """The store directory the user gave (checked), or a temporary one removed afterwards."""
+    if given:
+        yield prepare_store_dir(given)
+    else:
+        path = Path(tempfile.mkdtemp(prefix=prefix))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def digest(value: Any) -> str:
+    """A short, stable name part for a JSON-able value (topic and marker names)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def start_worker(spec: JobSpec, spec_path: Path, crash_after: int | None = None) -> subprocess.Popen[bytes]:
+    """Start the job in its own process: the unit that gets killed and recovered (`crash_after`: it
+    SIGKILLs itself after that many input tuples, `operators.crash_after`)."""
+    spec_path.write_text(spec.to_json())
+    extra = [] if crash_after is None else ["--crash-after", str(crash_after)]
+    return subprocess.Popen([sys.executable, "-m", "operators.worker", str(spec_path), *extra])
+
+
+class AlreadyReported(CecError):
+    """A child process already printed the one-line error; the CLI only exits with its code."""
+
+
+def wait(proc: subprocess.Popen[bytes], what: str) -> int:
+    """The worker's exit code: 0, or -SIGKILL (killed on purpose); anything else is an error."""
+    rc = proc.wait()
+    if rc == REPORTED_ERROR_EXIT:
+        raise AlreadyReported(what)
+    if rc not in (0, -signal.SIGKILL):
+        raise CecError(f"{what} failed with exit code {rc}")
+    return rc
+
+
+def load_stats(path: Path) -> dict[str, Any]:
+    """The stats a worker left at its job's `stats_path` (empty if it left none)."""
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+# -- report lines -----------------------------------------------------------------------------------------
+def recovery_lines(rec: dict[str, Any] | None) -> list[str]:
+    if not rec:
+        return ["  recovery:            none (no crash)"]
+    return [
+        f"  extent at the crash:   {rec['extent_records']:,} records ({rec['ec_windows']:,} open windows in the EC)",
+        f"  EC reconstruction:     {rec['ec_build_seconds'] * 1000:.1f} ms "
+        f"({rec['records_read'] / max(rec['ec_build_seconds'], 1e-9):,.0f} records/s)",
+        f"  EC-load time:          {rec['ec_load_seconds'] * 1000:.1f} ms",
+        f"  replay:                from {rec['replay_start']} to crash point {rec['crash_pos']}: "
+        f"{rec['tuples_replayed']:,} tuples replayed, {rec['tuples_skipped']:,} skipped",
+        f"  damaged footprints:    {rec['corrupt_footprints']}",
+        f"  recovery time:         {rec['recovery_seconds'] * 1000:.1f} ms (EC build + load + replay to the crash point)",
+    ]
+
+
+def checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> list[str]:
+    """Report lines on checkpointing: the duty really spent and, with a recovery target, whether the
+    recovery met it. From the stats of the operator's last run (after recovery, when it crashed)."""
+    if not stats or not checkpointing.checkpoints:
+        return []
+    lines = [
+        f"  checkpoint duty:       {stats.get('checkpoint_duty', 0.0):.1%} of operator time producing G-checks "
+        f"(budget {stats.get('checkpoint_budget', 0.0):.1%}; {stats.get('checkpoint_seconds', 0.0) * 1000:,.0f} ms "
+        f"in {stats.get('gchecks', 0):,} G-checks after recovery)",
+        f"  duty while wanted:     {stats.get('checkpoint_duty_wanted', 0.0):.1%} of the time the policy wanted "
+        f"G-checks (budget {stats.get('checkpoint_budget', 0.0):.1%})",
+        f"  targets in force:      Q={stats.get('q_target')} U={stats.get('u_target')} "
+        f"(max u {stats.get('max_replay', 0):,}, max q {stats.get('max_extent', 0):,}); {stats.get('checkpoint_policy', '')}",
+    ]
+    rec = stats.get("recovery")
+    if checkpointing.recovery_target is not None and rec:
+        took = rec["recovery_seconds"]
+        verdict = "met" if took <= checkpointing.recovery_target else "MISSED"
+        lines.append(
+            f"  recovery target:       {checkpointing.recovery_target * 1000:.0f} ms: {verdict} "
+            f"(recovery took {took * 1000:.1f} ms)"
+        )
+    if stats.get("checkpoint_refusal"):
+        lines.append(f"  checkpoint warning:    {stats['checkpoint_refusal']}")
+    if stats.get("checkpoint_note"):
+        lines.append(f"  checkpoint note:       {stats['checkpoint_note']}")
+    return lines
+
+
+# -- the results files of `cec run` -----------------------------------------------------------------------
+def results_paths(results: str) -> tuple[Path, Path]:
+    """The results file and its dead-letter file beside it, both checked writable before any work."""
+    results_path = Path(results)
+    dead_path = results_path.with_name(results_path.stem + ".dead-letters.csv")
+    check_output_file(results_path, "--results")
+    check_output_file(dead_path, "dead-letter file")
+    return results_path, dead_path
+
+
+def check_not_all_dead(kinds: Mapping[str, int], dead_path: Path, what: str) -> None:
+    """A run in which no tuple was accepted (no window ever opened, every input dead-lettered) is a
+    failure, most often a wrong column or format: say so, with the first reason, and exit non-zero."""
+    n_dead = kinds.get("DEAD", 0)
+    if n_dead == 0 or kinds.get("GOPEN", 0) or kinds.get("R", 0):
+        return
+    reason = ""
+    try:
+        with dead_path.open(newline="", encoding="utf-8") as f:
+            first = next(csv.DictReader(f), None)
+        if first:
+            reason = f" (the first: {first['reason']})"
+    except (OSError, KeyError, csv.Error):
+        pass
+    raise ConfigError(f"every one of the {n_dead:,} input {what} was dead-lettered{reason}; see {dead_path}")

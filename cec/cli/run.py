@@ -1,0 +1,220 @@
+"""`cec run`: CEC over a user's CSV, optionally SIGKILLed after K rows and recovered; with --input-topic,
+over a Kafka topic instead (`run_topic.py`). The parser of `cec run` is here, whichever its input; the
+operator's own flags are in `run_operator.py`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+from cec.cli import run_topic
+from cec.cli.common import (
+    check_not_all_dead,
+    checkpoint_lines,
+    checkpointing_of,
+    digest,
+    load_stats,
+    policy_args,
+    port,
+    positive_int,
+    recovery_lines,
+    results_paths,
+    say,
+    start_worker,
+    store_dir,
+    wait,
+)
+from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
+from cec.exceptions import ConfigError
+from cec.stopping import StopRequest, stopped_error
+from cec.validation import check_csv_input
+from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
+from operators.job import JobSpec, run_job
+from operators.sinks import RESULT_COLUMNS, IncrementalOutputs, result_formats, write_outputs
+from operators.sources import CsvSource
+from queuestore.factory import open_store, store_spec
+
+__all__ = ["add_parser", "cmd_run"]
+
+
+def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    run = sub.add_parser("run", help="CEC aggregate over a CSV file")
+    run.add_argument("input", nargs="?", help="input CSV with a header row, processed in file order")
+    add_operator_arguments(run)
+    run.add_argument(
+        "--results",
+        required=True,
+        help="results CSV: key,window,value,count,start,end (dead letters go beside it, NAME.dead-letters.csv)",
+    )
+    run.add_argument(
+        "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
+    )
+    run.add_argument(
+        "--trim-every",
+        type=positive_int,
+        metavar="N",
+        help="trim the output log every N records (default: never): the results and dead-letter CSVs are "
+        "then written as the run goes on and acknowledged, so the log keeps only what recovery and the "
+        "unwritten results still need (docs/long-runs.md)",
+    )
+    run.add_argument(
+        "--progress", action="store_true", help="also the operator's own progress messages on stderr"
+    )
+    run.add_argument(
+        "--metrics-port",
+        type=port,
+        help="serve Prometheus metrics (cec_*) on this port while the run goes on (instance p: PORT + p)",
+    )
+    policy_args(run, q=None, u=None)
+    run_topic.add_topic_arguments(run)
+    run.set_defaults(func=cmd_run)
+
+
+_RUN_TOPICS = "cec-run-topics.json"
+
+
+def _output_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
+    """The output topic of `cec run` over `input_path` with `operator`, in the store at `root`.
+
+    Named after the operator and the input's *content*, so that different inputs never share a topic
+    (on Kafka topics outlive any store dir). A store dir remembers which topic it used for an operator
+    over a file path: run again with the same --store-dir after the file was edited, and the job resumes
+    that topic's log, whose recorded input identity refuses the new content with a clear error
+    (`recovery.identity`), instead of silently starting another log beside it.
+    """
+    source = CsvSource(input_path)
+    try:
+        content = source.identity()
+    finally:
+        source.close()
+    job = digest([operator, str(input_path.resolve())])
+    memory = root / _RUN_TOPICS
+    try:
+        known: dict[str, str] = json.loads(memory.read_text())
+    except FileNotFoundError:
+        known = {}
+    except ValueError:
+        raise ConfigError(f"{memory} is damaged; use a new --store-dir") from None
+    topic = known.get(job)
+    if topic is None:
+        topic = f"run-{digest([operator, content])}"
+        known[job] = topic
+        tmp = memory.with_name(f".{memory.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known, sort_keys=True))
+        tmp.replace(memory)
+    return topic
+
+
+def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopRequest) -> dict[str, Any]:
+    """Run the job (in this process until its input ends or `stop` is set, or with --crash-after in a worker
+    SIGKILLed after K rows and a second one that recovers); its stats."""
+    if crash_after is None:
+        return run_job(spec, stop=stop).as_dict()
+    rc = wait(start_worker(spec, root / "run.json", crash_after=crash_after), "operator")
+    if rc == -signal.SIGKILL:
+        say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
+    if stop():
+        return {"completed": False}
+    wait(start_worker(spec, root / "run.json"), "operator")
+    return load_stats(Path(spec.stats_path or ""))
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.input_topic:
+        return run_topic.cmd_run_topic(args)
+    if not args.input:
+        raise ConfigError("give an input CSV file, or --input-topic TOPIC")
+    extra = run_topic.results_topic_extra(args)  # before any work: --results-topic needs a Kafka store
+    input_path = Path(args.input)
+    if not input_path.is_file():
+        raise ConfigError(f"input file not found: {input_path}")
+    check_operator_flags(args, "COL")
+    if args.crash_after is not None and args.crash_after < 1:
+        raise ConfigError("--crash-after needs K >= 1")
+    check_csv_input(input_path, [c for c in (args.key, args.value, args.time) if c], args.value, args.time)
+    results_path, dead_path = results_paths(args.results)
+    operator = operator_spec(args)
+    with store_dir(args.store_dir, "cec-run-") as root:
+        store_cfg = store_spec(root, args.bootstrap_servers)
+        topic = _output_topic(root, operator, input_path)
+        spec = JobSpec(
+            operator=operator,
+            source={"type": "csv", "path": str(input_path.resolve())},
+            store=store_cfg,
+            output_topic=topic,
+            progress=args.progress,
+            checkpointing=checkpointing_of(args),
+            stats_path=str(root / f".{topic}.stats.json"),
+            extra=extra,
+            metrics_port=args.metrics_port,
+            trim_every=args.trim_every,
+        )
+        progress_path = root / f".{topic}.results-writer.json"
+        stop = StopRequest()
+        if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+            # Trimming: the results are written while the run goes on, by a registered consumer of the
+            # log (a run that trimmed before is resumed that way too, its log no longer holds everything),
+            # under `.partial` names until the run reached the end of its input.
+            store = open_store(store_cfg)
+            try:
+                store.create_topic(topic, spec.output_partitions)  # to register on it before any trim
+                writer = IncrementalOutputs(
+                    store,
+                    topic,
+                    RESULT_SCHEMA,
+                    DEAD_LETTER_SCHEMA,
+                    (results_path, RESULT_COLUMNS),
+                    dead_path,
+                    progress_path,
+                    result_formats(operator),
+                    partial=True,
+                ).open()
+                try:
+                    with writer.running(), stop.on_signals():
+                        run_stats = _execute(spec, root, args.crash_after, stop)
+                    if run_stats.get("completed"):
+                        writer.finish()
+                finally:
+                    writer.close()
+            finally:
+                store.close()
+            if not run_stats.get("completed"):
+                raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir, writer.partial_results)
+            n_results, n_dead, kinds = writer.n_results, writer.n_dead, writer.counts
+        else:
+            with stop.on_signals():
+                run_stats = _execute(spec, root, args.crash_after, stop)
+            if not run_stats.get("completed"):
+                raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir)
+            store = open_store(store_cfg)
+            try:
+                n_results, n_dead, kinds = write_outputs(
+                    store,
+                    topic,
+                    RESULT_SCHEMA,
+                    DEAD_LETTER_SCHEMA,
+                    (results_path, RESULT_COLUMNS),
+                    dead_path,
+                    result_formats(operator),
+                )
+            finally:
+                store.close()
+        recovery = run_stats.get("recovery")
+    say(f"results:      {n_results:,} closed windows -> {results_path}")
+    say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
+    if args.results_topic:
+        say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
+    say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
+    say("windows still open at the end of the input are not emitted")
+    if args.crash_after is not None:
+        for line in recovery_lines(recovery):
+            say(line)
+    for line in checkpoint_lines(run_stats, spec.checkpointing):
+        say(line)
+    check_not_all_dead(kinds, dead_path, "rows")
+    return 0
