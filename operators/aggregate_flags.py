@@ -16,7 +16,7 @@ from cec.exceptions import ConfigError
 from operators.aggregate import RESULT_SCHEMA
 from operators.multi_aggregate import ALL_ROWS, parse_agg
 
-__all__ = ["AggregateFlags", "aggregate_flags", "result_layout", "value_columns"]
+__all__ = ["AggregateFlags", "aggregate_flags", "key_columns", "result_layout", "value_columns"]
 
 
 class AggregateFlags(dict[str, Any]):
@@ -49,6 +49,11 @@ def aggregate_flags(key: str, value: str | None, agg_flags: Sequence[str] | None
     if len(key_fields) > 1:
         out["key_fields"] = key_fields
     return out
+
+
+def key_columns(spec: Mapping[str, Any]) -> list[str]:
+    """The key columns of an aggregate operator spec (one, or a composite key's)."""
+    return list(spec.get("key_fields") or [spec["key_field"]])
 
 
 def value_columns(spec: Mapping[str, Any]) -> list[str]:

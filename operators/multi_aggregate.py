@@ -59,13 +59,14 @@ def parse_agg(text: str, default_column: str | None) -> tuple[str, str]:
     """`--agg FUNC[:COLUMN]` as (func, column); COLUMN defaults to `default_column` (`--value`)."""
     func, sep, column = text.partition(":")
     func, column = func.strip(), column.strip()
+    # argparse's words, as when --agg took one of its choices and --value was required.
     if func not in AGGREGATES:
-        raise ConfigError(
-            f"unknown aggregate {func!r} in --agg {text!r}; choose one of {', '.join(AGGREGATES)}"
-        )
+        raise ConfigError(f"argument --agg: invalid choice: {func!r} (choose from {', '.join(AGGREGATES)})")
     if not sep:
         if default_column is None:
-            raise ConfigError(f"--agg {text!r} names no column and there is no --value: write {func}:COLUMN")
+            raise ConfigError(
+                f"the following arguments are required: --value (or name the column: --agg {func}:COLUMN)"
+            )
         column = default_column
     if not column:
         raise ConfigError(f"--agg {text!r} names an empty column")

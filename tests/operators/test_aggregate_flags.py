@@ -58,8 +58,8 @@ def test_agg_without_a_column_takes_value() -> None:
     [
         ("a,,b", "v", None, "empty column name"),
         ("a,a", "v", None, "names a column twice"),
-        ("k", None, ["avg"], "names no column and there is no --value"),
-        ("k", "v", ["median"], "unknown aggregate 'median'"),
+        ("k", None, ["avg"], "required: --value"),
+        ("k", "v", ["median"], "invalid choice: 'median'"),
         ("k", "v", ["avg:v", "avg:v"], "given twice"),
         ("k,j", "v", ["avg:j"], "is a --key column"),
     ],
