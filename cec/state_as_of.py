@@ -235,9 +235,13 @@ def _partition_state(
     finally:
         source.close()
         scratch.close()
-    states = AvroCodec(operator.state_schema)
+    # An operator whose state is not flat (several aggregates' exact sums) says how it reads.
+    fields = getattr(operator, "state_fields", None)
+    if fields is None:
+        states = AvroCodec(operator.state_schema)
+        fields = lambda state: states.decode(operator.encode_state(state))  # noqa: E731
     return [
-        WindowState(partition, w.key, w.seq, states.decode(operator.encode_state(w.state)))
+        WindowState(partition, w.key, w.seq, fields(w.state))
         for w in sorted(runtime.registry, key=lambda w: w.key)
     ]
 

@@ -93,7 +93,7 @@ def _time_ok(text: str) -> bool:
     return True
 
 
-def check_csv_input(path: Path, columns: Sequence[str], value: str, time: str | None) -> None:
+def check_csv_input(path: Path, columns: Sequence[str], value: str | None, time: str | None) -> None:
     """The header has every column, and the value (and time) columns are readable in at least one of the
     first rows: a wrong column is said now, not after a run that dead-letters every row."""
     rows: list[list[str]] = []
@@ -121,7 +121,7 @@ def check_csv_input(path: Path, columns: Sequence[str], value: str, time: str | 
         raise ConfigError(
             f"{path} has no column {', '.join(map(repr, missing))} (columns: {', '.join(header)})"
         )
-    checks = [(value, _number_ok, "numbers")]
+    checks = [(value, _number_ok, "numbers")] if value else []  # None: no value column (count:* only)
     if time:
         checks.append((time, _time_ok, "times (integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS)"))
     for column, ok, what in checks:
@@ -169,7 +169,7 @@ def check_topic_input(
     for tup in seen:
         if tup.value is None:
             reasons.append(tup.error or "unreadable")
-        elif not _number_ok(str(tup.value.get(value))):
+        elif value and not _number_ok(str(tup.value.get(value))):
             reasons.append(f"field {value!r} is not a number: {tup.value.get(value)!r:.40}")
         elif time and not _time_ok(str(tup.value.get(time))):
             reasons.append(f"field {time!r} is not a time: {tup.value.get(time)!r:.40}")

@@ -10,7 +10,7 @@ import json
 import logging
 import operator as _op
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -122,9 +122,13 @@ def aggregate_operator(
     window_time: str | None = None,
     time: str | None = None,
     allowed_lateness: str | None = None,
+    key_fields: Sequence[str] | None = None,
+    aggs: Sequence[tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
-    duration such as "5m", parsed here so that every entry point reads it the same way)."""
+    duration such as "5m", parsed here so that every entry point reads it the same way). `key_fields`
+    (a composite key) and `aggs` ((func, column) pairs) make it the several-aggregate form
+    (`operators.multi_aggregate`); without them the spec is the single aggregate's, as before."""
     spec: dict[str, Any] = {
         "type": "aggregate",
         "key_field": key,
@@ -134,6 +138,10 @@ def aggregate_operator(
         "window_ms": parse_duration_ms(window_time) if window_time else None,
         "time_field": time,
     }
+    if key_fields is not None and len(key_fields) > 1:
+        spec["key_fields"] = list(key_fields)
+    if aggs is not None:
+        spec["aggs"] = [list(a) for a in aggs]
     if allowed_lateness is not None:
         # Only then: a log records its operator's spec, and one written before watermarks existed must
         # still resume against the same flags.
@@ -148,6 +156,19 @@ def _lateness_ms(text: str | None) -> int | None:
 
 def build_operator(spec: Mapping[str, Any]) -> Operator:
     kind = spec.get("type")
+    if kind == "aggregate" and ("aggs" in spec or "key_fields" in spec):
+        # Several aggregates or a composite key (operators.multi_aggregate); a spec without either, as
+        # every log written before them records, builds the single aggregate exactly as it did.
+        from operators.multi_aggregate import MultiAggregate
+
+        return MultiAggregate(
+            key_fields=spec.get("key_fields") or [spec["key_field"]],
+            aggs=[tuple(a) for a in spec.get("aggs") or [(spec.get("agg", "avg"), spec["value_field"])]],
+            window_count=spec.get("window_count"),
+            window_ms=spec.get("window_ms"),
+            time_field=spec.get("time_field"),
+            allowed_lateness=spec.get("allowed_lateness_ms"),
+        )
     if kind == "aggregate":
         return KeyedAggregate(
             key_field=spec["key_field"],
@@ -191,7 +212,10 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
             interleave=spec.get("interleave"),
         )
     if kind == "queue":
-        return QueueSource(store, spec["topic"], SCHEMAS[spec["schema"]], subset)
+        schema = spec["schema"]  # a name in SCHEMAS, or the payload's Avro schema itself
+        return QueueSource(
+            store, spec["topic"], SCHEMAS[schema] if isinstance(schema, str) else schema, subset
+        )
     if kind == "topic":  # a user's own Kafka topic (operators.topic_source)
         from operators.topic_source import open_topic_source
 

@@ -28,14 +28,14 @@ from cec.cli.common import (
     store_dir,
     wait,
 )
-from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
+from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec, results_layout
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_csv_input
-from operators.aggregate import RESULT_SCHEMA
+from operators.aggregate_flags import key_columns, value_columns
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec, run_job
-from operators.sinks import RESULT_COLUMNS, IncrementalOutputs, result_formats, write_outputs
+from operators.sinks import IncrementalOutputs, write_outputs
 from operators.sources import CsvSource
 from queuestore.factory import open_store, store_spec
 
@@ -49,7 +49,8 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument(
         "--results",
         required=True,
-        help="results CSV: key,window,value,count,start,end (dead letters go beside it, NAME.dead-letters.csv)",
+        help="results CSV: key,window,value,count,start,end, or with several keys or aggregates one column "
+        "each (dead letters go beside it, NAME.dead-letters.csv)",
     )
     run.add_argument(
         "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
@@ -136,9 +137,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_operator_flags(args, "COL")
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
-    check_csv_input(input_path, [c for c in (args.key, args.value, args.time) if c], args.value, args.time)
-    results_path, dead_path = results_paths(args.results)
     operator = operator_spec(args)
+    columns = [*key_columns(operator), *value_columns(operator), *([args.time] if args.time else [])]
+    values: list[str | None] = [*value_columns(operator)] or [None]  # count:* alone reads no value column
+    for value in values:
+        check_csv_input(input_path, columns, value, args.time)
+    results_path, dead_path = results_paths(args.results)
+    result_schema, result_columns, formats = results_layout(operator)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         topic = _output_topic(root, operator, input_path)
@@ -166,12 +171,12 @@ def cmd_run(args: argparse.Namespace) -> int:
                 writer = IncrementalOutputs(
                     store,
                     topic,
-                    RESULT_SCHEMA,
+                    result_schema,
                     DEAD_LETTER_SCHEMA,
-                    (results_path, RESULT_COLUMNS),
+                    (results_path, result_columns),
                     dead_path,
                     progress_path,
-                    result_formats(operator),
+                    formats,
                     partial=True,
                 ).open()
                 try:
@@ -196,11 +201,11 @@ def cmd_run(args: argparse.Namespace) -> int:
                 n_results, n_dead, kinds = write_outputs(
                     store,
                     topic,
-                    RESULT_SCHEMA,
+                    result_schema,
                     DEAD_LETTER_SCHEMA,
-                    (results_path, RESULT_COLUMNS),
+                    (results_path, result_columns),
                     dead_path,
-                    result_formats(operator),
+                    formats,
                 )
             finally:
                 store.close()

@@ -13,16 +13,24 @@ from typing import Any
 from cec.cli.common import positive_int
 from cec.exceptions import ConfigError
 from operators.aggregate import AGGREGATES
+from operators.aggregate_flags import aggregate_flags, result_layout
 from operators.job import aggregate_operator
+from operators.sinks import Formats, result_formats
 
-__all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
+__all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec", "results_layout"]
 
 
 def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     """--key, --value, --time (the fields it reads: columns of a CSV, fields of a topic's values), the
     window (--window-count or --window-time), --allowed-lateness and --agg."""
-    run.add_argument("--key", required=True, help="key column")
-    run.add_argument("--value", required=True, help="value column (a number)")
+    run.add_argument(
+        "--key",
+        required=True,
+        help="key column, or several comma-separated (a composite key: carrier,origin)",
+    )
+    run.add_argument(
+        "--value", help="value column (a number); the column of every --agg that names none (default: avg)"
+    )
     run.add_argument(
         "--time",
         help="event-time column: integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS (UTC without a "
@@ -40,7 +48,13 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
         "is D past its end (e.g. 0, 500ms, 10s), whether or not its key comes back; later tuples are "
         "dead letters 'late'",
     )
-    run.add_argument("--agg", choices=AGGREGATES, default="avg")
+    run.add_argument(
+        "--agg",
+        action="append",
+        metavar="FUNC[:COLUMN]",
+        help=f"aggregate, repeatable: FUNC one of {', '.join(AGGREGATES)} over COLUMN (default --value; "
+        "count:* counts rows); default avg. Several: one result column each, FUNC_COLUMN",
+    )
 
 
 def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
@@ -55,11 +69,16 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
 def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
     """The operator spec of the run (a duration flag that does not parse is one `ConfigError`)."""
     return aggregate_operator(
-        args.key,
-        args.value,
-        args.agg,
+        **aggregate_flags(args.key, args.value, args.agg),
         window_count=args.window_count,
         window_time=args.window_time,
         time=args.time,
         allowed_lateness=args.allowed_lateness,
     )
+
+
+def results_layout(operator: dict[str, Any]) -> tuple[dict[str, Any], list[str], Formats]:
+    """The result schema, the results CSV's columns and their formats for the run's operator spec: the
+    single aggregate's `key,window,value,count,start,end`, or with several key fields or aggregates one
+    column each (`operators.aggregate_flags.result_layout`)."""
+    return result_layout(operator, result_formats(operator))

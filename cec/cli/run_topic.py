@@ -31,20 +31,18 @@ from cec.cli.common import (
     store_dir,
     wait,
 )
-from cec.cli.run_operator import check_operator_flags, operator_spec
+from cec.cli.run_operator import check_operator_flags, operator_spec, results_layout
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_topic_input
-from operators.aggregate import RESULT_SCHEMA
+from operators.aggregate_flags import aggregate_flags
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
 from operators.runtime import RunStats
 from operators.sinks import (
-    RESULT_COLUMNS,
     RESULTS_TOPIC,
     IncrementalOutputs,
-    result_formats,
     write_outputs,
 )
 from operators.topic_source import pin_bounds, topic_partition_count
@@ -82,13 +80,15 @@ def add_topic_arguments(run: argparse.ArgumentParser) -> None:
 
 def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
     fmt = args.format
+    flags = aggregate_flags(args.key, args.value, args.agg)
     source: dict[str, Any] = {
         "type": "topic",
         "bootstrap_servers": args.bootstrap_servers,
         "topic": args.input_topic,
         "format": fmt,
-        "key_field": args.key,
-        "value_field": args.value,
+        "key_field": flags["key"],
+        # Several aggregates read their columns under SQL's null rule: none is required of a record.
+        "value_field": None if "aggs" in flags else flags["value"],
         "time_field": args.time,
         "follow": bool(args.follow),
     }
@@ -149,16 +149,11 @@ def _pinned_source(
 def _write_outputs(
     store_cfg: dict[str, Any], topic: str, results: Path, dead: Path, operator: dict[str, Any]
 ) -> tuple[int, int, dict[str, int]]:
+    schema, columns, formats = results_layout(operator)
     store = open_store(store_cfg)
     try:
         n_results, n_dead, counts = write_outputs(
-            store,
-            topic,
-            RESULT_SCHEMA,
-            DEAD_LETTER_SCHEMA,
-            (results, RESULT_COLUMNS),
-            dead,
-            result_formats(operator),
+            store, topic, schema, DEAD_LETTER_SCHEMA, (results, columns), dead, formats
         )
         kinds = dict(counts)
     finally:
@@ -304,17 +299,18 @@ def _run_trimmed(
     so the trimmed log never held a result they lack. A bounded run writes them under `.partial` names
     until every instance reached the end of its input."""
     results_path, dead_path, progress_path = paths
+    schema, columns, formats = results_layout(operator)
     store = open_store(store_cfg)
     try:
         writer = IncrementalOutputs(
             store,
             output_topic,
-            RESULT_SCHEMA,
+            schema,
             DEAD_LETTER_SCHEMA,
-            (results_path, RESULT_COLUMNS),
+            (results_path, columns),
             dead_path,
             progress_path,
-            result_formats(operator),
+            formats,
             partial=not args.follow,
         ).open()
         try:
