@@ -37,7 +37,8 @@ from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec, run_job
 from operators.sinks import RESULT_COLUMNS, IncrementalOutputs, result_formats, write_outputs
 from operators.sources import CsvSource
-from queuestore.factory import open_store, store_spec
+from operators.specs import OperatorSpec, SourceSpec
+from queuestore.factory import StoreSpec, open_store, store_spec
 
 __all__ = ["add_parser", "cmd_run"]
 
@@ -129,7 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_topic.cmd_run_topic(args)
     if not args.input:
         raise ConfigError("give an input CSV file, or --input-topic TOPIC")
-    extra = run_topic.results_topic_extra(args)  # before any work: --results-topic needs a Kafka store
+    results_topic = run_topic.results_topic_of(args)  # before any work: --results-topic needs a Kafka store
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -143,14 +144,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         store_cfg = store_spec(root, args.bootstrap_servers)
         topic = _output_topic(root, operator, input_path)
         spec = JobSpec(
-            operator=operator,
-            source={"type": "csv", "path": str(input_path.resolve())},
-            store=store_cfg,
+            operator=OperatorSpec.from_dict(operator),
+            source=SourceSpec(type="csv", path=str(input_path.resolve())),
+            store=StoreSpec.from_dict(store_cfg),
             output_topic=topic,
             progress=args.progress,
             checkpointing=checkpointing_of(args),
             stats_path=str(root / f".{topic}.stats.json"),
-            extra=extra,
+            results_topic=results_topic,
             metrics_port=args.metrics_port,
             trim_every=args.trim_every,
         )

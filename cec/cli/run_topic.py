@@ -42,15 +42,15 @@ from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
 from operators.runtime import RunStats
 from operators.sinks import (
     RESULT_COLUMNS,
-    RESULTS_TOPIC,
     IncrementalOutputs,
     result_formats,
     write_outputs,
 )
+from operators.specs import OperatorSpec, SourceSpec
 from operators.topic_source import pin_bounds, topic_partition_count
-from queuestore.factory import open_store, store_spec
+from queuestore.factory import StoreSpec, open_store, store_spec
 
-__all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_extra"]
+__all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_of"]
 
 _FOLLOW_REFRESH_S = 1.0
 
@@ -114,16 +114,17 @@ def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
     return source
 
 
-def results_topic_extra(args: argparse.Namespace) -> dict[str, Any]:
-    """The JobSpec.extra of `--results-topic` (empty without it); one line when there is no Kafka store."""
+def results_topic_of(args: argparse.Namespace) -> str | None:
+    """The JobSpec.results_topic of `--results-topic` (None without it); one line when there is no Kafka
+    store."""
     if not getattr(args, "results_topic", None):
-        return {}
+        return None
     if not args.bootstrap_servers:
         raise ConfigError(
             "--results-topic needs --bootstrap-servers HOST:PORT: results are published in the Kafka "
             "transactions of the output log"
         )
-    return {RESULTS_TOPIC: args.results_topic}
+    return str(args.results_topic)
 
 
 def _pinned_source(
@@ -185,14 +186,14 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         output_topic, pinned = _pinned_source(root, args, operator, source)
         check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
-            operator=operator,
-            source={**pinned, "group_id": f"cec-{output_topic}"},
-            store=store_cfg,
+            operator=OperatorSpec.from_dict(operator),
+            source=SourceSpec.from_dict({**pinned, "group_id": f"cec-{output_topic}"}),
+            store=StoreSpec.from_dict(store_cfg),
             output_topic=output_topic,
             output_partitions=partitions,
             progress=args.progress,
             checkpointing=checkpointing_of(args),
-            extra=results_topic_extra(args),
+            results_topic=results_topic_of(args),
             metrics_port=args.metrics_port,
             trim_every=args.trim_every,
         )
