@@ -11,7 +11,7 @@ from typing import Any, ClassVar
 
 from cec.exceptions import ConfigError
 
-__all__ = ["SpecForm", "check_count", "check_text"]
+__all__ = ["SpecForm", "check_count", "check_needs", "check_text"]
 
 
 def check_text(value: Any, name: str, *, optional: bool = False) -> None:
@@ -25,6 +25,17 @@ def check_count(value: Any, name: str, *, least: int = 1) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def check_needs(spec: SpecForm, needs: Mapping[str, tuple[str, ...]]) -> None:
+    """`spec.type` is one of `needs`, and the spec has every field its type needs (`needs`: type -> fields)."""
+    kind = getattr(spec, "type", None)
+    needed = needs.get(kind) if isinstance(kind, str) else None
+    if needed is None:
+        raise ConfigError(f"unknown {spec.kind_name} type {kind!r}")
+    missing = [name for name in needed if getattr(spec, name) is None]
+    if missing:
+        raise ConfigError(f"a {kind} {spec.kind_name} needs {', '.join(missing)}")
 
 
 def _at_default(spec: Any, f: Field[Any]) -> bool:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from cec.exceptions import ConfigError
-from cec.spec_form import SpecForm, check_count, check_text
+from cec.spec_form import SpecForm, check_count, check_needs, check_text
 from operators.aggregate import AGGREGATES, KeyedAggregate
 from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA, Operator
@@ -217,12 +217,7 @@ class SourceSpec(SpecForm):
         return data if isinstance(data, SourceSpec) else cls._read(data)
 
     def __post_init__(self) -> None:
-        needs = _SOURCE_NEEDS.get(self.type)
-        if needs is None:
-            raise ConfigError(f"unknown source type {self.type!r}")
-        missing = [name for name in needs if getattr(self, name) is None]
-        if missing:
-            raise ConfigError(f"a {self.type} source needs {', '.join(missing)}")
+        check_needs(self, _SOURCE_NEEDS)
         for name in ("count", "seed", "bad_every", "invalid_every"):
             check_count(getattr(self, name), name, least=0)
         check_count(self.keys, "keys")

@@ -9,8 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from cec.exceptions import ConfigError
-from cec.spec_form import SpecForm, check_count
+from cec.spec_form import SpecForm, check_count, check_needs
 from queuestore.base import QueueStore
 from queuestore.exceptions import QueueStoreError
 from queuestore.sqlite import SqliteQueueStore
@@ -81,12 +80,7 @@ class StoreSpec(SpecForm):
         return data if isinstance(data, StoreSpec) else cls._read(data)
 
     def __post_init__(self) -> None:
-        needs = _STORE_NEEDS.get(self.type)
-        if needs is None:
-            raise ConfigError(f"unknown store type {self.type!r}")
-        missing = [name for name in needs if getattr(self, name) is None]
-        if missing:
-            raise ConfigError(f"a {self.type} store needs {', '.join(missing)}")
+        check_needs(self, _STORE_NEEDS)
         for name in ("commit_records", "max_outstanding", "max_record_bytes"):
             check_count(getattr(self, name), name)
 
