@@ -129,27 +129,26 @@ def policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> Non
         help="mean time between failures the cost-benefit policy plans for, e.g. 10 minutes, 1h (default 1h): "
         "the shorter, the more G-checks are worth their cost",
     )
-    p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
-    p.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
-        help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
+    _store_args(
+        p,
+        "where queues and indexes live (default: a temporary directory)",
+        "use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
     )
-    _kafka_config_arg(p)
 
 
 def read_store_args(p: argparse.ArgumentParser) -> None:
     """--store-dir/--bootstrap-servers of the commands that only read a store (never create it)."""
-    p.add_argument("--store-dir", help="the store's directory (must exist; optional on Kafka)")
-    p.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
-        help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
+    _store_args(
+        p,
+        "the store's directory (must exist; optional on Kafka)",
+        "the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
     )
-    _kafka_config_arg(p)
 
 
-def _kafka_config_arg(p: argparse.ArgumentParser) -> None:
+def _store_args(p: argparse.ArgumentParser, store_dir_help: str, servers_help: str) -> None:
+    """--store-dir, --bootstrap-servers (also from CEC_BOOTSTRAP_SERVERS) and --kafka-config."""
+    p.add_argument("--store-dir", help=store_dir_help)
+    p.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"), help=servers_help)
     p.add_argument(
         "--kafka-config",
         metavar="FILE",
