@@ -1,17 +1,17 @@
-"""A job: one operator instance with its input, output queue and checkpoint policy, as plain data.
+"""A job: one operator instance with its input, output queue and checkpoint policy, as typed data.
 
-Specs are JSON-able so the same job runs in this process, in a child process (`python -m
-operators.worker SPEC.json`, which tests and the CLI SIGKILL), or inside a Spark task.
+`JobSpec` holds typed specs (`operators.specs`: the operator, the source, the store; `cec.Checkpointing`)
+and takes their dict forms as well. Specs are JSON-able so the same job runs in this process, in a child
+process (`python -m operators.worker SPEC.json`, which tests and the CLI SIGKILL), or inside a Spark task.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import operator as _op
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +20,13 @@ from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
-from operators.aggregate import RESULT_SCHEMA as AGG_RESULT_SCHEMA
-from operators.aggregate import KeyedAggregate, parse_duration_ms, parse_lateness_ms
-from operators.base import DEAD_LETTER_SCHEMA, Operator
+from operators.aggregate import parse_duration_ms, parse_lateness_ms
+from operators.base import Operator
 from operators.crash_after import CrashAfter
 from operators.runtime import OperatorRuntime, Progress, RunStats
-from operators.sources import PURCHASE_SCHEMA, CsvSource, InputSource, PurchaseGenerator, QueueSource
-from operators.stateless import Filter
+from operators.sinks import RESULTS_TOPIC
+from operators.sources import CsvSource, InputSource, PurchaseGenerator, QueueSource
+from operators.specs import INPUT_PARTITIONS, SCHEMAS, FilterSpec, OperatorSpec, SourceSpec, StoreSpec
 from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError, WriterResetError
 from queuestore.factory import open_store
@@ -50,30 +50,19 @@ __all__ = [
     "source_partitions",
 ]
 
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "purchase": PURCHASE_SCHEMA,
-    "aggregate": AGG_RESULT_SCHEMA,
-    "dead_letter": DEAD_LETTER_SCHEMA,
-}
-# Source-spec key: the input partitions one instance of a partitioned stage reads (default: all of them).
-INPUT_PARTITIONS = "input_partitions"
 _LOCK_POLL_S = 0.05
 log = logging.getLogger(__name__)
-_COMPARE: dict[str, Callable[[Any, Any], bool]] = {
-    ">": _op.gt,
-    ">=": _op.ge,
-    "<": _op.lt,
-    "<=": _op.le,
-    "==": _op.eq,
-    "!=": _op.ne,
-}
 
 
 @dataclass
 class JobSpec:
-    operator: dict[str, Any]
-    source: dict[str, Any]
-    store: dict[str, Any]
+    """One operator instance's job. `operator`, `source` and `store` are typed specs; their dict forms
+    (`{"type": "aggregate", ...}`) are accepted too and read into them (`from_dict`), as are job files
+    written by earlier releases (`from_json`: their `extra` field)."""
+
+    operator: OperatorSpec
+    source: SourceSpec
+    store: StoreSpec
     output_topic: str
     output_partition: int = 0
     output_partitions: int = 1
@@ -85,32 +74,58 @@ class JobSpec:
     trim_every: int | None = None  # trim the output log every this many durable records (None: never)
     # Serve Prometheus metrics (cec.metrics) on metrics_port + output_partition; None: no endpoint.
     metrics_port: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    # Also publish every result as a plain JSON record to this Kafka topic, in the output log's
+    # transactions (`cec run --results-topic`, `operators.sinks.ResultsTopicOutput`); None: no such topic.
+    results_topic: str | None = None
 
     def __post_init__(self) -> None:
+        self.operator = OperatorSpec.from_dict(self.operator)
+        self.source = SourceSpec.from_dict(self.source)
+        self.store = StoreSpec.from_dict(self.store)
         if isinstance(self.checkpointing, Mapping):  # from JSON
             self.checkpointing = Checkpointing.from_dict(dict(self.checkpointing))
         if not isinstance(self.checkpointing, Checkpointing):
             raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {self.checkpointing!r}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON form: every spec as its dict form."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_dict() if hasattr(value, "to_dict") else value
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> JobSpec:
+        """A job from its JSON form; one written before `results_topic` was a field carries it in `extra`."""
+        data = dict(data)
+        extra = data.pop("extra", None) or {}
+        if not isinstance(extra, Mapping) or set(extra) - {RESULTS_TOPIC}:
+            raise ConfigError(f"unknown job extra field(s): {extra!r}")
+        if extra.get(RESULTS_TOPIC) is not None:
+            data.setdefault("results_topic", extra[RESULTS_TOPIC])
+        unknown = sorted(set(data) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"unknown job field(s): {', '.join(unknown)}")
+        return cls(**data)
+
     def to_json(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        return json.dumps(self.to_dict(), sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        return cls(**json.loads(text))
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise ConfigError(f"a job spec is not valid JSON: {exc}") from None
+        if not isinstance(data, dict):
+            raise ConfigError("a job spec's JSON must be an object")
+        return cls.from_dict(data)
 
 
-def purchase_filter() -> dict[str, Any]:
-    """The operator spec of the paper's first stage (`cec demo`, the benchmarks): purchases with a price."""
-    return {
-        "type": "filter",
-        "field": "item_price",
-        "op": ">",
-        "value": 0,
-        "schema": "purchase",
-        "time_field": "item_time",
-    }
+def purchase_filter() -> FilterSpec:
+    """The operator of the paper's first stage (`cec demo`, the benchmarks): purchases with a price."""
+    return FilterSpec(field="item_price", op=">", value=0, schema="purchase", time_field="item_time")
 
 
 def aggregate_operator(
@@ -154,47 +169,14 @@ def _lateness_ms(text: str | None) -> int | None:
     return None if text is None else parse_lateness_ms(text)
 
 
-def build_operator(spec: Mapping[str, Any]) -> Operator:
-    kind = spec.get("type")
-    if kind == "aggregate" and ("aggs" in spec or "key_fields" in spec):
-        # Several aggregates or a composite key (operators.multi_aggregate); a spec without either, as
-        # every log written before them records, builds the single aggregate exactly as it did.
-        from operators.multi_aggregate import MultiAggregate
-
-        return MultiAggregate(
-            key_fields=spec.get("key_fields") or [spec["key_field"]],
-            aggs=[tuple(a) for a in spec.get("aggs") or [(spec.get("agg", "avg"), spec["value_field"])]],
-            window_count=spec.get("window_count"),
-            window_ms=spec.get("window_ms"),
-            time_field=spec.get("time_field"),
-            allowed_lateness=spec.get("allowed_lateness_ms"),
-        )
-    if kind == "aggregate":
-        return KeyedAggregate(
-            key_field=spec["key_field"],
-            value_field=spec["value_field"],
-            agg=spec.get("agg", "avg"),
-            window_count=spec.get("window_count"),
-            window_ms=spec.get("window_ms"),
-            time_field=spec.get("time_field"),
-            allowed_lateness=spec.get("allowed_lateness_ms"),
-        )
-    if kind == "filter":
-        field_name, op, threshold = spec["field"], spec["op"], spec["value"]
-        compare = _COMPARE.get(op)
-        if compare is None:
-            raise ConfigError(f"unknown comparison {op!r}")
-        return Filter(
-            lambda v: bool(compare(v[field_name], threshold)),
-            SCHEMAS[spec["schema"]],
-            time_field=spec.get("time_field"),
-            description=f"filter {field_name} {op} {threshold!r}",
-        )
-    raise ConfigError(f"unknown operator type {kind!r}")
+def build_operator(spec: OperatorSpec | Mapping[str, Any]) -> Operator:
+    """The operator of an operator spec, typed or in its dict form (as a log records it)."""
+    return OperatorSpec.from_dict(spec).build()
 
 
-def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
-    kind = spec.get("type")
+def build_source(spec: SourceSpec | Mapping[str, Any], store: QueueStore) -> InputSource:
+    spec = SourceSpec.from_dict(spec)
+    kind = spec.type
     subset = spec.get(INPUT_PARTITIONS)
     if kind == "csv":
         if subset not in (None, [0], (0,)):
@@ -219,11 +201,11 @@ def build_source(spec: Mapping[str, Any], store: QueueStore) -> InputSource:
     if kind == "topic":  # a user's own Kafka topic (operators.topic_source)
         from operators.topic_source import open_topic_source
 
-        return open_topic_source(spec, SCHEMAS)
+        return open_topic_source(spec.to_dict(), SCHEMAS)
     raise ConfigError(f"unknown source type {kind!r}")
 
 
-def source_partitions(spec: Mapping[str, Any], store: QueueStore) -> int:
+def source_partitions(spec: SourceSpec | Mapping[str, Any], store: QueueStore) -> int:
     """How many partitions the stream behind a source spec has (before any `input_partitions` subset)."""
     kind = spec.get("type")
     if kind == "generator":
@@ -242,30 +224,31 @@ def source_partitions(spec: Mapping[str, Any], store: QueueStore) -> int:
 def job_source_spec(spec: JobSpec) -> dict[str, Any]:
     """The job's source spec; a Kafka topic source commits its positions (monitoring only) to a consumer
     group named after the job's output topic unless the spec names one."""
-    source = dict(spec.source)
+    source = spec.source.to_dict()
     if source.get("type") == "topic":
         source.setdefault("group_id", f"cec-{spec.output_topic}")
     return source
 
 
-def pin_source(source: Mapping[str, Any]) -> dict[str, Any]:
+def pin_source(source: SourceSpec | Mapping[str, Any]) -> SourceSpec:
     """`source` with whatever a restart must see unchanged resolved now: a bounded Kafka topic source's
     start and end offsets (`operators.topic_source.pin_bounds`). Call once when a job first starts, before
     its spec is handed to instances, and keep the result with the job's log."""
-    if source.get("type") != "topic":
-        return dict(source)
+    spec = SourceSpec.from_dict(source)
+    if spec.type != "topic":
+        return spec
     from operators.topic_source import pin_bounds
 
-    return pin_bounds(source)
+    return SourceSpec.from_dict(pin_bounds(spec.to_dict()))
 
 
 def instance_spec(template: JobSpec, partition: int) -> JobSpec:
     """Instance `partition` of a partitioned stage: reads input partition p, writes output partition p."""
     if not 0 <= partition < template.output_partitions:
         raise ConfigError(f"partition {partition} outside 0..{template.output_partitions - 1}")
-    source = dict(template.source)
+    source = template.source.to_dict()
     source.setdefault(INPUT_PARTITIONS, [partition])
-    return replace(template, source=source, output_partition=partition)
+    return replace(template, source=SourceSpec.from_dict(source), output_partition=partition)
 
 
 def open_output(
@@ -320,7 +303,7 @@ def check_input(spec: JobSpec) -> None:
                 spec.output_partition,
                 log_end=log_end,
                 input_identity=source.identity(),
-                operator=spec.operator,
+                operator=spec.operator.to_dict(),
                 pinned=source.pinned_fields,
             )
         finally:
@@ -394,18 +377,17 @@ def _run_once(
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
         store.check_retention(spec.output_topic)  # refused at start, before anything is read or written
-        operator = build_operator(spec.operator)
+        operator = spec.operator.build()
         source_spec = job_source_spec(spec)
         source = build_source(source_spec, store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
         try:
-            results_topic = spec.extra.get("results_topic")  # operators.sinks.RESULTS_TOPIC
             output = open_output(
                 store,
                 spec.output_topic,
                 spec.output_partition,
                 lock_wait_s=lock_wait_s,
-                results=(results_topic, operator.result_schema) if results_topic else None,
+                results=(spec.results_topic, operator.result_schema) if spec.results_topic else None,
             )
         except BaseException:
             source.close()
@@ -418,7 +400,7 @@ def _run_once(
                 spec.output_partition,
                 log_end=output.index.next_offset,
                 input_identity=source.identity(),
-                operator=spec.operator,
+                operator=spec.operator.to_dict(),
                 pinned=source.pinned_fields,
             )
             if source_spec.get("type") == "topic":  # its identity alone cannot read it again (cec state)

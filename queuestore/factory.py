@@ -1,16 +1,27 @@
-"""Open a queue store from a small JSON-able description, so that a job spec can cross processes."""
+"""Open a queue store from a small JSON-able description (`StoreSpec`, or its dict form), so that a job spec
+can cross processes."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
+from cec.spec_form import SpecForm, check_count, check_needs
 from queuestore.base import QueueStore
 from queuestore.exceptions import QueueStoreError
 from queuestore.sqlite import SqliteQueueStore
 
-__all__ = ["COMMIT_INTERVAL_ENV", "COMMIT_RECORDS_ENV", "REQUEST_TIMEOUT_ENV", "open_store", "store_spec"]
+__all__ = [
+    "COMMIT_INTERVAL_ENV",
+    "COMMIT_RECORDS_ENV",
+    "REQUEST_TIMEOUT_ENV",
+    "StoreSpec",
+    "open_store",
+    "store_spec",
+]
 
 
 # How long (seconds, default 30) the Kafka store waits on a broker that does not answer before the operator
@@ -36,6 +47,44 @@ def _positive_env(name: str, unit: str, kind: type[float] | type[int]) -> float 
     return value
 
 
+_STORE_NEEDS: dict[str, tuple[str, ...]] = {
+    "sqlite": ("root",),
+    "kafka": ("bootstrap_servers", "state_dir"),
+}
+
+
+@dataclass(frozen=True, eq=False)
+class StoreSpec(SpecForm):
+    """Where a job's output queue lives: the embedded SQLite store under `root`, or Kafka (its local
+    indexes under `state_dir`). Which fields a type reads: `queuestore.factory.open_store`."""
+
+    kind_name: ClassVar[str] = "store"
+    type: str
+    # sqlite
+    root: str | None = None
+    fsync: bool | None = None
+    # kafka
+    bootstrap_servers: str | None = None
+    state_dir: str | None = None
+    config: dict[str, Any] | None = None  # librdkafka settings
+    transactional_id_prefix: str | None = None
+    commit_interval: float | None = None
+    commit_records: int | None = None
+    request_timeout: float | None = None
+    # both
+    max_outstanding: int | None = None
+    max_record_bytes: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: StoreSpec | Mapping[str, Any]) -> StoreSpec:
+        return data if isinstance(data, StoreSpec) else cls._read(data)
+
+    def __post_init__(self) -> None:
+        check_needs(self, _STORE_NEEDS)
+        for name in ("commit_records", "max_outstanding", "max_record_bytes"):
+            check_count(getattr(self, name), name)
+
+
 def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> dict[str, Any]:
     """Embedded store under `store_dir`, or Kafka when bootstrap servers are given (indexes under store_dir)."""
     bootstrap = bootstrap_servers or os.environ.get("CEC_BOOTSTRAP_SERVERS") or None
@@ -53,7 +102,8 @@ def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> d
     return {"type": "sqlite", "root": str(store_dir)}
 
 
-def open_store(spec: dict[str, Any]) -> QueueStore:
+def open_store(spec: StoreSpec | Mapping[str, Any]) -> QueueStore:
+    spec = StoreSpec.from_dict(spec)  # checked: an unknown type or field is one line
     kind = spec.get("type")
     if kind == "sqlite":
         sqlite = SqliteQueueStore(

@@ -25,8 +25,13 @@ from typing import Any
 from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
 from cec.validation import check_output_file, prepare_store_dir
+from operators.aggregate_flags import result_layout
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec
+from operators.sinks import IncrementalOutputs, result_formats, write_outputs
 from operators.worker import REPORTED_ERROR_EXIT
+from queuestore.base import QueueStore
+from queuestore.factory import open_store
 from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
 
 __all__ = [
@@ -36,17 +41,20 @@ __all__ = [
     "checkpointing_of",
     "digest",
     "load_stats",
+    "output_lines",
     "policy_args",
     "port",
     "positive_int",
     "read_store_args",
     "recovery_lines",
     "results_paths",
+    "results_writer",
     "say",
     "say_report",
     "start_worker",
     "store_dir",
     "wait",
+    "write_results",
 ]
 
 
@@ -121,27 +129,26 @@ def policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> Non
         help="mean time between failures the cost-benefit policy plans for, e.g. 10 minutes, 1h (default 1h): "
         "the shorter, the more G-checks are worth their cost",
     )
-    p.add_argument("--store-dir", help="where queues and indexes live (default: a temporary directory)")
-    p.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
-        help="use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
+    _store_args(
+        p,
+        "where queues and indexes live (default: a temporary directory)",
+        "use Kafka for the output queues (also from CEC_BOOTSTRAP_SERVERS)",
     )
-    _kafka_config_arg(p)
 
 
 def read_store_args(p: argparse.ArgumentParser) -> None:
     """--store-dir/--bootstrap-servers of the commands that only read a store (never create it)."""
-    p.add_argument("--store-dir", help="the store's directory (must exist; optional on Kafka)")
-    p.add_argument(
-        "--bootstrap-servers",
-        default=os.environ.get("CEC_BOOTSTRAP_SERVERS"),
-        help="the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
+    _store_args(
+        p,
+        "the store's directory (must exist; optional on Kafka)",
+        "the queues are on Kafka (also from CEC_BOOTSTRAP_SERVERS)",
     )
-    _kafka_config_arg(p)
 
 
-def _kafka_config_arg(p: argparse.ArgumentParser) -> None:
+def _store_args(p: argparse.ArgumentParser, store_dir_help: str, servers_help: str) -> None:
+    """--store-dir, --bootstrap-servers (also from CEC_BOOTSTRAP_SERVERS) and --kafka-config."""
+    p.add_argument("--store-dir", help=store_dir_help)
+    p.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"), help=servers_help)
     p.add_argument(
         "--kafka-config",
         metavar="FILE",
@@ -269,6 +276,60 @@ def results_paths(results: str) -> tuple[Path, Path]:
     check_output_file(results_path, "--results")
     check_output_file(dead_path, "dead-letter file")
     return results_path, dead_path
+
+
+def write_results(
+    store_cfg: Mapping[str, Any], topic: str, results: Path, dead: Path, operator: Mapping[str, Any]
+) -> tuple[int, int, dict[str, int]]:
+    """The results and dead-letter CSVs of a finished (or following) run, from its whole log: (results,
+    dead letters, records of each kind)."""
+    store = open_store(store_cfg)
+    try:
+        schema, columns, formats = result_layout(operator, result_formats(operator))
+        n_results, n_dead, counts = write_outputs(
+            store, topic, schema, DEAD_LETTER_SCHEMA, (results, columns), dead, formats
+        )
+    finally:
+        store.close()
+    return n_results, n_dead, dict(counts)
+
+
+def results_writer(
+    store: QueueStore,
+    topic: str,
+    paths: tuple[Path, Path, Path],
+    operator: Mapping[str, Any],
+    *,
+    partial: bool,
+) -> IncrementalOutputs:
+    """The results and dead-letter CSVs written while a trimmed run goes on, by a registered consumer of
+    its log (`paths`: results, dead letters, the writer's progress file), opened."""
+    results, dead, progress = paths
+    schema, columns, formats = result_layout(operator, result_formats(operator))
+    return IncrementalOutputs(
+        store, topic, schema, DEAD_LETTER_SCHEMA, (results, columns), dead, progress, formats, partial=partial
+    ).open()
+
+
+def output_lines(
+    results: Path,
+    dead: Path,
+    counts: tuple[int, int, Mapping[str, int]],
+    what: str,
+    results_topic: str | None,
+) -> list[str]:
+    """The report lines of `cec run` on what it wrote (`counts`: results, dead letters, records of each
+    kind; `what` the input's unit: rows, records)."""
+    n_results, n_dead, kinds = counts
+    lines = [
+        f"results:      {n_results:,} closed windows -> {results}",
+        f"dead letters: {n_dead:,} {what} not processed -> {dead}",
+    ]
+    if results_topic:
+        lines.append(f"results topic: {results_topic} (plain JSON, one record per result, read_committed)")
+    lines.append(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
+    lines.append("windows still open at the end of the input are not emitted")
+    return lines
 
 
 def check_not_all_dead(kinds: Mapping[str, int], dead_path: Path, what: str) -> None:

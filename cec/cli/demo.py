@@ -32,9 +32,10 @@ from cec.verified import LogVerifier
 from operators.aggregate import RESULT_SCHEMA
 from operators.job import JobSpec, instance_spec, purchase_filter, run_job
 from operators.sinks import count_kinds, iter_payloads
+from operators.specs import AggregateSpec, SourceSpec
 from queuestore.base import PartitionReader
 from queuestore.chunks import PART_KIND
-from queuestore.factory import open_store, store_spec
+from queuestore.factory import StoreSpec, open_store, store_spec
 
 __all__ = ["add_parser", "cmd_demo"]
 
@@ -132,34 +133,34 @@ def _demo_specs(
     args: argparse.Namespace, root: Path, store_cfg: dict[str, Any], tag: str
 ) -> tuple[JobSpec, JobSpec]:
     filtered, aggregated = f"{tag}.purchases", f"{tag}.avg-price"
+    store = StoreSpec.from_dict(store_cfg)
     filter_spec = JobSpec(
         operator=purchase_filter(),
-        source={
-            "type": "generator",
-            "count": args.input,
-            "keys": args.keys,
-            "seed": args.seed,
-            "bad_every": 50,
-            "partitions": args.partitions,
-        },
-        store=store_cfg,
+        source=SourceSpec(
+            type="generator",
+            count=args.input,
+            keys=args.keys,
+            seed=args.seed,
+            bad_every=50,
+            partitions=args.partitions,
+        ),
+        store=store,
         output_topic=filtered,
         output_partitions=args.partitions,
         batch_size=args.batch,
     )
     agg_spec = JobSpec(
-        operator={
-            "type": "aggregate",
-            "key_field": "item_id",
-            "value_field": "item_price",
-            "agg": "avg",
-            "window_count": args.window,
+        operator=AggregateSpec(
+            key_field="item_id",
+            value_field="item_price",
+            agg="avg",
+            window_count=args.window,
             # Event time, not the default (the sum of input offsets): on Kafka the filter's commit markers
             # take offsets where its commits happen to fall, so offsets differ between two runs.
-            "time_field": "item_time",
-        },
-        source={"type": "queue", "topic": filtered, "schema": "purchase"},
-        store=store_cfg,
+            time_field="item_time",
+        ),
+        source=SourceSpec(type="queue", topic=filtered, schema="purchase"),
+        store=store,
         output_topic=aggregated,
         output_partitions=args.partitions,
         batch_size=args.batch,

@@ -18,26 +18,29 @@ from cec.cli.common import (
     checkpointing_of,
     digest,
     load_stats,
+    output_lines,
     policy_args,
     port,
     positive_int,
     recovery_lines,
     results_paths,
+    results_writer,
     say,
     start_worker,
     store_dir,
     wait,
+    write_results,
 )
-from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec, results_layout
+from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_csv_input
 from operators.aggregate_flags import key_columns, value_columns
-from operators.base import DEAD_LETTER_SCHEMA
 from operators.job import JobSpec, run_job
-from operators.sinks import IncrementalOutputs, write_outputs
+from operators.sinks import IncrementalOutputs
 from operators.sources import CsvSource
-from queuestore.factory import open_store, store_spec
+from operators.specs import OperatorSpec, SourceSpec
+from queuestore.factory import StoreSpec, open_store, store_spec
 
 __all__ = ["add_parser", "cmd_run"]
 
@@ -130,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         return run_topic.cmd_run_topic(args)
     if not args.input:
         raise ConfigError("give an input CSV file, or --input-topic TOPIC")
-    extra = run_topic.results_topic_extra(args)  # before any work: --results-topic needs a Kafka store
+    results_topic = run_topic.results_topic_of(args)  # before any work: --results-topic needs a Kafka store
     input_path = Path(args.input)
     if not input_path.is_file():
         raise ConfigError(f"input file not found: {input_path}")
@@ -143,19 +146,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     for value in values:
         check_csv_input(input_path, columns, value, args.time)
     results_path, dead_path = results_paths(args.results)
-    result_schema, result_columns, formats = results_layout(operator)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         topic = _output_topic(root, operator, input_path)
         spec = JobSpec(
-            operator=operator,
-            source={"type": "csv", "path": str(input_path.resolve())},
-            store=store_cfg,
+            operator=OperatorSpec.from_dict(operator),
+            source=SourceSpec(type="csv", path=str(input_path.resolve())),
+            store=StoreSpec.from_dict(store_cfg),
             output_topic=topic,
             progress=args.progress,
             checkpointing=checkpointing_of(args),
             stats_path=str(root / f".{topic}.stats.json"),
-            extra=extra,
+            results_topic=results_topic,
             metrics_port=args.metrics_port,
             trim_every=args.trim_every,
         )
@@ -168,17 +170,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             store = open_store(store_cfg)
             try:
                 store.create_topic(topic, spec.output_partitions)  # to register on it before any trim
-                writer = IncrementalOutputs(
-                    store,
-                    topic,
-                    result_schema,
-                    DEAD_LETTER_SCHEMA,
-                    (results_path, result_columns),
-                    dead_path,
-                    progress_path,
-                    formats,
-                    partial=True,
-                ).open()
+                writer = results_writer(
+                    store, topic, (results_path, dead_path, progress_path), operator, partial=True
+                )
                 try:
                     with writer.running(), stop.on_signals():
                         run_stats = _execute(spec, root, args.crash_after, stop)
@@ -190,36 +184,20 @@ def cmd_run(args: argparse.Namespace) -> int:
                 store.close()
             if not run_stats.get("completed"):
                 raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir, writer.partial_results)
-            n_results, n_dead, kinds = writer.n_results, writer.n_dead, writer.counts
+            counts = (writer.n_results, writer.n_dead, dict(writer.counts))
         else:
             with stop.on_signals():
                 run_stats = _execute(spec, root, args.crash_after, stop)
             if not run_stats.get("completed"):
                 raise stopped_error(stop.signum or signal.SIGTERM, args.store_dir)
-            store = open_store(store_cfg)
-            try:
-                n_results, n_dead, kinds = write_outputs(
-                    store,
-                    topic,
-                    result_schema,
-                    DEAD_LETTER_SCHEMA,
-                    (results_path, result_columns),
-                    dead_path,
-                    formats,
-                )
-            finally:
-                store.close()
+            counts = write_results(store_cfg, topic, results_path, dead_path, operator)
         recovery = run_stats.get("recovery")
-    say(f"results:      {n_results:,} closed windows -> {results_path}")
-    say(f"dead letters: {n_dead:,} rows not processed -> {dead_path}")
-    if args.results_topic:
-        say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
-    say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
-    say("windows still open at the end of the input are not emitted")
+    for line in output_lines(results_path, dead_path, counts, "rows", args.results_topic):
+        say(line)
     if args.crash_after is not None:
         for line in recovery_lines(recovery):
             say(line)
     for line in checkpoint_lines(run_stats, spec.checkpointing):
         say(line)
-    check_not_all_dead(kinds, dead_path, "rows")
+    check_not_all_dead(counts[2], dead_path, "rows")
     return 0

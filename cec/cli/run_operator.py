@@ -13,11 +13,10 @@ from typing import Any
 from cec.cli.common import positive_int
 from cec.exceptions import ConfigError
 from operators.aggregate import AGGREGATES
-from operators.aggregate_flags import aggregate_flags, result_layout
+from operators.aggregate_flags import aggregate_flags
 from operators.job import aggregate_operator
-from operators.sinks import Formats, result_formats
 
-__all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec", "results_layout"]
+__all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
 
 
 def add_operator_arguments(run: argparse.ArgumentParser) -> None:
@@ -75,10 +74,3 @@ def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
         time=args.time,
         allowed_lateness=args.allowed_lateness,
     )
-
-
-def results_layout(operator: dict[str, Any]) -> tuple[dict[str, Any], list[str], Formats]:
-    """The result schema, the results CSV's columns and their formats for the run's operator spec: the
-    single aggregate's `key,window,value,count,start,end`, or with several key fields or aggregates one
-    column each (`operators.aggregate_flags.result_layout`)."""
-    return result_layout(operator, result_formats(operator))

@@ -24,31 +24,32 @@ from cec.cli.common import (
     checkpointing_of,
     digest,
     load_stats,
+    output_lines,
     recovery_lines,
     results_paths,
+    results_writer,
     say,
     start_worker,
     store_dir,
     wait,
+    write_results,
 )
-from cec.cli.run_operator import check_operator_flags, operator_spec, results_layout
+from cec.cli.run_operator import check_operator_flags, operator_spec
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_topic_input
 from operators.aggregate_flags import aggregate_flags
-from operators.base import DEAD_LETTER_SCHEMA
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
 from operators.runtime import RunStats
 from operators.sinks import (
-    RESULTS_TOPIC,
     IncrementalOutputs,
-    write_outputs,
 )
+from operators.specs import OperatorSpec, SourceSpec
 from operators.topic_source import pin_bounds, topic_partition_count
-from queuestore.factory import open_store, store_spec
+from queuestore.factory import StoreSpec, open_store, store_spec
 
-__all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_extra"]
+__all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_of"]
 
 _FOLLOW_REFRESH_S = 1.0
 
@@ -114,16 +115,17 @@ def _source_spec(args: argparse.Namespace) -> dict[str, Any]:
     return source
 
 
-def results_topic_extra(args: argparse.Namespace) -> dict[str, Any]:
-    """The JobSpec.extra of `--results-topic` (empty without it); one line when there is no Kafka store."""
+def results_topic_of(args: argparse.Namespace) -> str | None:
+    """The JobSpec.results_topic of `--results-topic` (None without it); one line when there is no Kafka
+    store."""
     if not getattr(args, "results_topic", None):
-        return {}
+        return None
     if not args.bootstrap_servers:
         raise ConfigError(
             "--results-topic needs --bootstrap-servers HOST:PORT: results are published in the Kafka "
             "transactions of the output log"
         )
-    return {RESULTS_TOPIC: args.results_topic}
+    return str(args.results_topic)
 
 
 def _pinned_source(
@@ -146,21 +148,6 @@ def _pinned_source(
     return output_topic, pinned
 
 
-def _write_outputs(
-    store_cfg: dict[str, Any], topic: str, results: Path, dead: Path, operator: dict[str, Any]
-) -> tuple[int, int, dict[str, int]]:
-    schema, columns, formats = results_layout(operator)
-    store = open_store(store_cfg)
-    try:
-        n_results, n_dead, counts = write_outputs(
-            store, topic, schema, DEAD_LETTER_SCHEMA, (results, columns), dead, formats
-        )
-        kinds = dict(counts)
-    finally:
-        store.close()
-    return n_results, n_dead, kinds
-
-
 def cmd_run_topic(args: argparse.Namespace) -> int:
     if args.input:
         raise ConfigError("give either an input CSV file or --input-topic, not both")
@@ -180,14 +167,14 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         output_topic, pinned = _pinned_source(root, args, operator, source)
         check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
-            operator=operator,
-            source={**pinned, "group_id": f"cec-{output_topic}"},
-            store=store_cfg,
+            operator=OperatorSpec.from_dict(operator),
+            source=SourceSpec.from_dict({**pinned, "group_id": f"cec-{output_topic}"}),
+            store=StoreSpec.from_dict(store_cfg),
             output_topic=output_topic,
             output_partitions=partitions,
             progress=args.progress,
             checkpointing=checkpointing_of(args),
-            extra=results_topic_extra(args),
+            results_topic=results_topic_of(args),
             metrics_port=args.metrics_port,
             trim_every=args.trim_every,
         )
@@ -217,11 +204,11 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
                     args,
                     specs,
                     root,
-                    lambda: _write_outputs(store_cfg, output_topic, results_path, dead_path, operator),
+                    lambda: write_results(store_cfg, output_topic, results_path, dead_path, operator),
                     stop,
                 )
                 if not run.stopped_early(args.follow):
-                    n_results, n_dead, kinds = _write_outputs(
+                    n_results, n_dead, kinds = write_results(
                         store_cfg, output_topic, results_path, dead_path, operator
                     )
         if run.stopped_early(args.follow):
@@ -298,21 +285,9 @@ def _run_trimmed(
     written while it goes on by a registered consumer of every output partition (`IncrementalOutputs`),
     so the trimmed log never held a result they lack. A bounded run writes them under `.partial` names
     until every instance reached the end of its input."""
-    results_path, dead_path, progress_path = paths
-    schema, columns, formats = results_layout(operator)
     store = open_store(store_cfg)
     try:
-        writer = IncrementalOutputs(
-            store,
-            output_topic,
-            schema,
-            DEAD_LETTER_SCHEMA,
-            (results_path, columns),
-            dead_path,
-            progress_path,
-            formats,
-            partial=not args.follow,
-        ).open()
+        writer = results_writer(store, output_topic, paths, operator, partial=not args.follow)
         try:
             with writer.running():
                 # A following run's results file grows as the writer goes: nothing to rewrite each second.
@@ -341,12 +316,10 @@ def _report(
     bounds = "" if args.follow else f", bounded at {pinned.get('end_offsets')}"
     say(f"input:        topic {args.input_topic} ({args.format}), {partitions} partition(s){bounds}")
     say(f"output log:   {output_topic} ({partitions} partition(s)); lag in consumer group cec-{output_topic}")
-    say(f"results:      {n_results:,} closed windows -> {results_path}")
-    say(f"dead letters: {n_dead:,} records not processed -> {dead_path}")
-    if args.results_topic:
-        say(f"results topic: {args.results_topic} (plain JSON, one record per result, read_committed)")
-    say(f"footprints:   {kinds.get('GOPEN', 0):,} G-open, {kinds.get('GCHECK', 0):,} G-check")
-    say("windows still open at the end of the input are not emitted")
+    for line in output_lines(
+        results_path, dead_path, (n_results, n_dead, kinds), "records", args.results_topic
+    ):
+        say(line)
 
 
 def _report_recoveries(args: argparse.Namespace, recoveries: list[dict[str, Any] | None]) -> None:

@@ -76,7 +76,12 @@ def test_frozen_and_json_round_trip() -> None:
 
 def test_jobspec_carries_it_through_json() -> None:
     spec = JobSpec(
-        operator={"type": "aggregate"},
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "window_count": 2,
+        },
         source={"type": "generator", "count": 1, "keys": 1},
         store={"type": "sqlite", "root": "/tmp/x"},
         output_topic="t",

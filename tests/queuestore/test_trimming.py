@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import signal
 import uuid
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -220,7 +221,7 @@ def test_a_long_run_keeps_a_bounded_log_and_a_sigkill_after_trimming_recovers_ex
 def test_an_unregistered_consumer_gets_everything_trimmed_up_to_the_extent(tmp_path: Path) -> None:
     """Without a registered consumer, the log keeps only what recovery needs (and its newest record)."""
     spec = _job(tmp_path, trim=True)
-    spec.source["count"] = 80_000
+    spec.source = replace(spec.source, count=80_000)
     stats = run_job(spec)
     assert stats.trimmed_offsets > 0
     start, end = _logged(SqliteQueueStore(tmp_path))

@@ -239,7 +239,7 @@ def test_run_job_pins_a_bounded_source_to_the_end_it_started_with(
     monkeypatch.setattr(job_module, "build_source", build)
     spec = JobSpec(
         operator={"type": "aggregate", "key_field": "k", "value_field": "v", "agg": "sum", "window_count": 2},
-        source={"type": "bounded"},
+        source={"type": "generator", "count": 0, "keys": 1},  # a valid spec; `build` gives the source
         store={"type": "sqlite", "root": str(tmp_path)},
         output_topic="out",
         batch_size=1,

@@ -47,10 +47,10 @@ class Written:
         store_spec = {"type": "kafka", "bootstrap_servers": broker.bootstrap, "state_dir": str(state_dir)}
         pipeline = filter_aggregate(store_spec, count=6000, keys=40)
         pipeline[0].output_topic = f"{FILTERED}-{suffix}"
-        pipeline[1].source["topic"] = pipeline[0].output_topic
+        pipeline[1].source = replace(pipeline[1].source, topic=pipeline[0].output_topic)
         pipeline[1].output_topic = self.topic
         # Long windows and a small Q: the extent outgrows Q, so the log holds G-checks as well as G-opens.
-        pipeline[1].operator["window_count"] = 40
+        pipeline[1].operator = replace(pipeline[1].operator, window_count=40)
         pipeline[1].checkpointing = replace(pipeline[1].checkpointing, q_target=50)
         run_reference(pipeline)
 

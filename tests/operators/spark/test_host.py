@@ -246,7 +246,7 @@ def test_a_pipeline_resumed_against_another_input_fails_once_on_the_driver(
     run_reference(filter_aggregate(store, count=2000, keys=KEYS))
     before = results(SqliteQueueStore(tmp_path), AGGREGATED)
     pipeline = filter_aggregate(store, count=2000, keys=KEYS)
-    pipeline[0] = replace(pipeline[0], source={**pipeline[0].source, "seed": 8})
+    pipeline[0] = replace(pipeline[0], source=replace(pipeline[0].source, seed=8))
     host = SparkOperatorHost(spark, pipeline)
     with pytest.raises(
         InputMismatchError, match=rf"{FILTERED}\[0\] in .* was built from another input \(input.seed"

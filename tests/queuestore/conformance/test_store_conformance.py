@@ -658,7 +658,7 @@ def test_crash_recovery_is_exact(store_backend: StoreBackend, tmp_path: Path) ->
         # Inside a transaction commit (records delivered, commit not sent), right after one, then between
         # produce and commit, with a commit cadence by record count only (~150 records per transaction;
         # the job writes ~1,300), so that where the kills land does not depend on timing.
-        spec = replace(spec, store={**spec.store, "commit_records": 150, "commit_interval": 3600.0})
+        spec = replace(spec, store=replace(spec.store, commit_records=150, commit_interval=3600.0))
         crashes = ["kafka.before_commit:3", "kafka.after_commit:2", "runtime.after_append:300"]
     for faults in crashes:
         proc = start_worker(spec, tmp_path / "spec.json", faults=faults)
