@@ -88,6 +88,7 @@ from operators.spark.query import CecAggregateQuery
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
 from operators.spark.topic_reader import TOPIC_FORMAT, TopicOptions, register_topic_source
+from operators.spark.trim import check_trim_every, check_trimmed_indexes
 from operators.spark.writer import ExecutorSink
 from queuestore.output import OutputQueue
 
@@ -166,6 +167,7 @@ def cec_aggregate(
     writers: str = "executors",
     allowed_lateness: str | int | None = None,
     input_reader: str = AUTO,
+    trim_every: int | None = None,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -207,12 +209,18 @@ def cec_aggregate(
     - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
       `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
       each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in
-      input tuples), `cec_gopens_total`, `cec_gchecks_total`, `cec_appended_records_total` and
-      `cec_append_rate`. The driver does not see the input tuples, the extent in output records or the
+      input tuples), `cec_gopens_total`, `cec_gchecks_total`, `cec_appended_records_total`,
+      `cec_append_rate` and, with `trim_every`, `cec_trimmed_offsets_total`. The driver does not see the input tuples, the extent in output records or the
       processor's checkpoint duty: `cec_input_tuples_total`, `cec_input_rate`, `cec_extent_records` and
       `cec_checkpoint_duty_ratio` are not exported; `cec_recovery_phase` stays `idle` (recovery is planned
       before the query starts; its figures are in the progress, `cec.recovery`).
 
+    - `trim_every`: trim the output logs, as `cec run --trim-every`: each time this many more records of an
+      output partition are durable, the driver drops the records below min(its oldest open window's latest
+      footprint, its last record, every registered consumer's acknowledged offset), never while the
+      partition restores (`operators.spark.trim`). None (the default): never. A trimmed log's closed-window
+      directory lives only in `state_dir`'s stream index: keep `state_dir` (a start that finds a trimmed
+      log without its index is refused);
     - `writers`: where the output records are written. `"executors"` (default): each state partition's
       task writes its own output partition through a transactional writer fenced by its
       `transactional.id`, and the driver only learns cursors and counts (`operators.spark.writer`);
@@ -258,6 +266,7 @@ def cec_aggregate(
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
     if max_records_per_trigger is not None and max_records_per_trigger < 1:
         raise ConfigError("max_records_per_trigger must be >= 1")
+    check_trim_every(trim_every)
     source_options = _source_options(input_format, input_schema, schema_registry_url, key, value, time)
     check_session(spark, embedded_store=False, what="cec_aggregate")
     reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
@@ -286,6 +295,7 @@ def cec_aggregate(
             store.create_topic(topic, wanted)
             generations.append(Generation(len(generations), topic, wanted))
         current = generations[-1]
+        check_trimmed_indexes(store, current)
         outputs = _open_outputs(store, current)  # takes the partitions' writer locks before reading the logs
         try:
             recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
@@ -311,9 +321,10 @@ def cec_aggregate(
             bootstrap_servers=bootstrap_servers,
             client=client,
             metrics=metrics,
+            trim_every=trim_every,
         )
     else:
-        sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics)
+        sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics, trim_every=trim_every)
     planned = PlannedRecovery(
         records_read=recovery.records_read,
         ec_windows=recovery.ec_windows,
@@ -480,8 +491,9 @@ def _start_query(
         output_partition(F.col("cec_key"), recovery.current.partitions)
     ]
     marks = [end.marks for end in recovery.ends]
+    times = [end.time for end in recovery.ends]
     processor = CecAggregateProcessor(
-        spec, recovery.crash_points, recovery.current.index, gcheck, groups, marks
+        spec, recovery.crash_points, recovery.current.index, gcheck, groups, marks, times
     )
     initial = _initial_state(spark, recovery)
     if initial is not None:

@@ -89,6 +89,7 @@ _INIT_COLUMNS = (
     "last_o",
     "q",
     "timer",
+    "fp_time",
 )  # fmt: skip (the processor's INIT_SCHEMA, which imports pyspark)
 
 
@@ -145,7 +146,8 @@ class PartitionPlan:
     time: int
     end_offset: int
     records_read: int
-    windows: dict[str, tuple[int, bytes, tuple[int, ...]]]  # key -> (seq, state, pos_w) of its open window
+    # key -> (seq, state, pos_w, footprint time) of its open window
+    windows: dict[str, tuple[int, bytes, tuple[int, ...], int]]
     next_seq: dict[str, int]  # keys with no open window here: last closed seq + 1
     marks: tuple[int, ...] = ()  # the crash record's event-time marks (watermarks)
 
@@ -184,6 +186,12 @@ def _closed_windows(
                 closed.clear()
                 tail = 0
         else:  # an executor on another host than the driver: no index here, the log is the index
+            if reader.start_offset() > 0:
+                # A trimmed log no longer holds every key's last R (`operators.spark.trim`).
+                raise RecoveryError(
+                    f"{topic}[{q}] was trimmed and its stream index is on the driver's host only: plan "
+                    "the recovery of a trimmed log with executors on that host"
+                )
             log.info(
                 "%s[%d]: no stream index on this host; reading the closed windows from the log", topic, q
             )
@@ -231,7 +239,8 @@ def plan_partition(
         )
         closed = _closed_windows(store, reader, gen.topic, q, end, current=current)
     windows = {
-        k: (fp.record.seq, fp.record.state or b"", tuple(fp.record.pos)) for k, fp in ec.windows.items()
+        k: (fp.record.seq, fp.record.state or b"", tuple(fp.record.pos), fp.record.time)
+        for k, fp in ec.windows.items()
     }
     # An EC window's R is not in its log (module doc of recovery.eventual), so no closed seq here reaches it.
     next_seq = {k: s + 1 for k, s in closed.items() if k not in windows}
@@ -355,6 +364,7 @@ class PartitionPlanTask:
         cols["live"] += [False] * rest
         for name in ("last_j", "last_o", "q", "timer"):
             cols[name] += [-1] * rest
+        cols["fp_time"] += [w[3] for w in plan.windows.values()] + [None] * nexts
         return cols
 
 
@@ -382,7 +392,7 @@ def _merged(windows: DataFrame) -> DataFrame:
 
     from operators.spark.processor import INIT_SCHEMA
 
-    best = F.max(F.when(F.col("open"), F.struct("seq", "fp_gen", "state", "pos_w"))).alias("best")
+    best = F.max(F.when(F.col("open"), F.struct("seq", "fp_gen", "state", "pos_w", "fp_time"))).alias("best")
     nxt = F.max(F.when(~F.col("open"), F.col("seq"))).alias("next")
     grouped = windows.groupBy("cec_key").agg(best, nxt)
     kept = F.col("best").isNotNull() & (F.col("next").isNull() | (F.col("next") <= F.col("best.seq")))
@@ -400,6 +410,7 @@ def _merged(windows: DataFrame) -> DataFrame:
         "last_o": F.lit(-1).cast("long"),
         "q": F.lit(-1).cast("long"),
         "timer": F.lit(-1).cast("long"),
+        "fp_time": F.when(kept, F.col("best.fp_time")).otherwise(none),
     }
     return grouped.select(*[columns[f.name].cast(f.dataType).alias(f.name) for f in INIT_SCHEMA.fields])
 

@@ -71,7 +71,7 @@ from operators.spark.sink import CecSink, _Cursor, split_controls, stamped
 from operators.spark.stamping import log_order
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
-from queuestore.exceptions import QueueStoreError
+from queuestore.exceptions import QueueStoreError, StoreClosedError
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
 
@@ -459,8 +459,11 @@ class ExecutorSink(CecSink):
         client: Mapping[str, str],
         keep_batches: int = 200,
         metrics: OperatorMetrics | None = None,
+        trim_every: int | None = None,
     ) -> None:
-        super().__init__(outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics)
+        super().__init__(
+            outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics, trim_every=trim_every
+        )
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
         self.topic = recovery.current.topic
@@ -472,10 +475,13 @@ class ExecutorSink(CecSink):
         self.session = uuid.uuid4().hex
         self.summary_rows = 0  # rows the driver collected from the write tasks (the only data it gets)
 
+    def _durable_end(self, q: int) -> int:
+        return int(self.next_offsets[q])
+
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.lock:
             if self.closed:
-                raise RuntimeError("the CEC sink is closed")
+                raise StoreClosedError("the CEC sink is closed")
             cursors = [
                 PartitionCursor(c.stamper.last, c.n, c.time, nxt)
                 for c, nxt in zip(self.cursors, self.next_offsets, strict=True)

@@ -159,7 +159,7 @@ class SparkHost:
     ) -> None:
         crash = crash or (0,) * PARTITIONS
         self.group = partition_groups(1)[0]
-        self.processor = CecAggregateProcessor(spec, [[crash]], 0, None, [self.group], [marks])
+        self.processor = CecAggregateProcessor(spec, [[crash]], 0, None, [self.group], [marks], [end[1]])
         self.processor.init(_Handle())  # type: ignore[arg-type]
         if initial is not None:
             self.processor.handleInitialState((self.group,), initial, _Timers())  # type: ignore[arg-type]
@@ -328,10 +328,10 @@ def _recovered(
         return LocalHost(operator, recovery=recovery, closed=closed)
     ec = recovery.checkpoint
     assert ec.crash_pos is not None
-    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(w.footprint.record.pos))
-             for w in recovery.windows]  # fmt: skip
-    lines += [(k, s + 1, False, None, -1, None) for k, s in closed.items() if k not in ec.windows]
-    initial = pd.DataFrame(lines, columns=["cec_key", "seq", "open", "state", "fp_gen", "pos_w"])
+    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(w.footprint.record.pos),
+              w.footprint.record.time) for w in recovery.windows]  # fmt: skip
+    lines += [(k, s + 1, False, None, -1, None, None) for k, s in closed.items() if k not in ec.windows]
+    initial = pd.DataFrame(lines, columns=["cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time"])
     last = prefix[-1]
     return SparkHost(spec, crash=tuple(ec.crash_pos), marks=tuple(ec.marks), end=(last.n, last.time),
                      initial=initial)  # fmt: skip
