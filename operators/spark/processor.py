@@ -155,6 +155,11 @@ CONTROL_KIND = "CTRL"
 FIGURES_ENTRY = "figures"
 
 
+# KeyedAggregate's keyword for each of AggregateSpec's fields, in AggregateSpec.build's order.
+_OPERATOR_ARGUMENTS = ("key_field", "value_field", "agg", "window_count", "window_ms", "time_field",
+                       "allowed_lateness")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
     """The aggregate's configuration; picklable (shipped to the Python workers inside the processor).
@@ -171,15 +176,10 @@ class AggregateSpec:
     allowed_lateness: int | None = None
 
     def build(self) -> KeyedAggregate:
-        return KeyedAggregate(
-            key_field=self.key,
-            value_field=self.value,
-            agg=self.agg,
-            window_count=self.window_count,
-            window_ms=self.window_ms,
-            time_field=self.time,
-            allowed_lateness=self.allowed_lateness,
-        )
+        values = (self.key, self.value, self.agg, self.window_count, self.window_ms, self.time,
+                  self.allowed_lateness)  # fmt: skip
+        arguments: dict[str, Any] = dict(zip(_OPERATOR_ARGUMENTS, values, strict=True))
+        return KeyedAggregate(**arguments)
 
 
 def _plain(value: Any) -> Any:
