@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["BadTupleError", "CecError", "CodecError", "ConfigError", "RunStoppedError"]
+__all__ = ["BadTupleError", "CecError", "CodecError", "ConfigError", "RunStoppedError", "TimeFormatError"]
 
 
 class CecError(Exception):
@@ -15,6 +15,11 @@ class CodecError(CecError):
 
 class ConfigError(CecError):
     """Invalid operator, policy or CLI configuration."""
+
+
+class TimeFormatError(CecError, ValueError):
+    """A value that is not an event time (`cec.timeparse`); also a ValueError, which its callers catch to
+    dead-letter the tuple with the reason."""
 
 
 class BadTupleError(CecError):

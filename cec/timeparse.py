@@ -19,7 +19,7 @@ import re
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from cec.exceptions import ConfigError
+from cec.exceptions import ConfigError, TimeFormatError
 
 __all__ = [
     "NonFiniteTimeError",
@@ -119,7 +119,7 @@ def number_from_text(text: str) -> float:
     ValueError for anything else, "1_000", " 12 " and "١٢" included."""
     x = float(text)
     if not _plain_ascii(text):
-        raise ValueError(f"not an ASCII decimal number: {text!r:.80}")
+        raise TimeFormatError(f"not an ASCII decimal number: {text!r:.80}")
     return x
 
 
@@ -135,9 +135,11 @@ def parse_time_ms(value: Any) -> int:
         return (moment - _EPOCH) // _MS
     if isinstance(value, str):
         if not value:
-            raise ValueError("empty")
+            raise TimeFormatError("empty")
         if not _plain_ascii(value):
-            raise ValueError("neither integer milliseconds nor an ISO-8601 time (ASCII, no spaces around)")
+            raise TimeFormatError(
+                "neither integer milliseconds nor an ISO-8601 time (ASCII, no spaces around)"
+            )
         try:
             return int(value)
         except ValueError:
@@ -148,19 +150,19 @@ def parse_time_ms(value: Any) -> int:
             return _iso_ms(value)
         return _whole_ms(x)
     if value is None or isinstance(value, bool):
-        raise ValueError("not a time")
+        raise TimeFormatError("not a time")
     return _whole_ms(float(value))
 
 
-class NonFiniteTimeError(ValueError):
-    """A time given as nan or infinity."""
+class NonFiniteTimeError(TimeFormatError):
+    """A time given as nan or infinity (a `cec.CecError`, and a ValueError as before)."""
 
 
 def _whole_ms(x: float) -> int:
     if not math.isfinite(x):
         raise NonFiniteTimeError("not finite")
     if not x.is_integer():
-        raise ValueError(f"not a whole number of milliseconds: {x!r}")
+        raise TimeFormatError(f"not a whole number of milliseconds: {x!r}")
     return int(x)
 
 
@@ -170,7 +172,7 @@ def _iso_ms(text: str) -> int:
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise ValueError("neither integer milliseconds nor an ISO-8601 time") from None
+        raise TimeFormatError("neither integer milliseconds nor an ISO-8601 time") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
     return (moment - _EPOCH) // _MS

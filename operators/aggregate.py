@@ -85,6 +85,8 @@ def parse_lateness_ms(lateness: str | int) -> int:
     """An allowed lateness (`cec run --allowed-lateness`, `cec_aggregate(allowed_lateness=...)`): a duration
     such as "10s", or 0 (no lateness allowed, still event-time watermarks); an int is milliseconds."""
     if isinstance(lateness, int):
+        if lateness < 0:
+            raise ConfigError(f"allowed lateness must be >= 0, got {lateness}")
         return lateness
     if lateness.strip() in ("0", "0ms", "0s"):
         return 0

@@ -14,6 +14,7 @@ import signal
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from cec.exceptions import ConfigError
 from operators.base import InputTuple
 from operators.sources import InputSource
 
@@ -25,7 +26,7 @@ class CrashAfter(InputSource):
 
     def __init__(self, source: InputSource, k: int) -> None:
         if k < 1:
-            raise ValueError(f"crash after K >= 1 tuples, got {k}")
+            raise ConfigError(f"crash after K >= 1 tuples, got {k}")
         self.source = source
         self.k = k
         self.delivered = 0

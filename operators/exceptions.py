@@ -6,6 +6,7 @@ from cec.exceptions import CecError
 
 __all__ = [
     "DecodeError",
+    "EngineStateError",
     "OutputConflictError",
     "PipelineError",
     "PipelineFailedError",
@@ -46,6 +47,11 @@ class OutputConflictError(CecError):
     """An output partition's writer found records in its log that it did not produce (a second writer, or
     a retried micro-batch that differs from its killed attempt): it writes nothing, and the query must be
     restarted, which recovers from the log."""
+
+
+class EngineStateError(CecError):
+    """A host drove the operator engine (`operators.engine`) out of order: a record made outside an applied
+    tuple, a second restore, an end while still restoring. A bug in the host, never the input's doing."""
 
 
 class PipelineError(CecError):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from cec import progress as progress_tasks
+from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly
 from cec.rates import MeasuredRates
@@ -92,9 +93,9 @@ class OperatorRuntime:
         encoded in one call each, appended in one store call: the same records as one at a time, for a
         fraction of the per-G-check cost); 1 produces them one at a time."""
         if check_every < 1:
-            raise ValueError(f"check_every must be >= 1, got {check_every}")
+            raise ConfigError(f"check_every must be >= 1, got {check_every}")
         if gcheck_batch < 1:
-            raise ValueError(f"gcheck_batch must be >= 1, got {gcheck_batch}")
+            raise ConfigError(f"gcheck_batch must be >= 1, got {gcheck_batch}")
         if clock is None:
             clock = schedule.clock if schedule is not None else time.monotonic
         self.clock = clock

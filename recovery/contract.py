@@ -77,6 +77,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import Enum
 
+from cec.exceptions import ConfigError
 from recovery.exceptions import RecoveryError
 
 __all__ = [
@@ -230,7 +231,7 @@ class Watermark:
 
     def __init__(self, partitions: int, lateness: int) -> None:
         if lateness < 0:
-            raise ValueError(f"allowed lateness must be >= 0, got {lateness}")
+            raise ConfigError(f"allowed lateness must be >= 0, got {lateness}")
         self.lateness = lateness
         self.marks = [NO_MARK] * partitions
         self._before = NO_MARK

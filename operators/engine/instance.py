@@ -40,6 +40,7 @@ from operators.base import InputTuple, Operator
 from operators.engine.phase import Lifecycle, Phase
 from operators.engine.records import DeadLetters, HeldRecord, RecordSink
 from operators.engine.stats import RunStats
+from operators.exceptions import EngineStateError
 from recovery.contract import ReplayContract, TupleFate, Watermark
 from recovery.exceptions import RecoveryError, ReplayDivergenceError
 
@@ -181,7 +182,7 @@ class OperatorInstance:
                 )
             return
         if self._current is None:
-            raise RuntimeError("an operator makes records only while a tuple is applied")
+            raise EngineStateError("an operator makes records only while a tuple is applied")
         self._out_count += 1
         self.stats.outputs += 1
         # Records of the tuple being applied are held until it is done; see _release.

@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from enum import Enum
 
+from operators.exceptions import EngineStateError
 from recovery.contract import ReplayContract
 
 __all__ = ["Lifecycle", "Phase"]
@@ -44,7 +45,9 @@ class Lifecycle:
     def restore(self, contract: ReplayContract) -> None:
         """Start RESTORING under `contract` (a fresh instance: nothing was applied yet)."""
         if self.phase is not Phase.RUNNING or self.contract is not None:
-            raise RuntimeError(f"an instance is restored once, before any input (phase {self.phase.value})")
+            raise EngineStateError(
+                f"an instance is restored once, before any input (phase {self.phase.value})"
+            )
         self.phase = Phase.RESTORING
         self.contract = contract
 
@@ -63,5 +66,5 @@ class Lifecycle:
     def finish(self) -> None:
         """RUNNING -> DONE: the input ended (recovery, if any, ended first: `advance(input_ended=True)`)."""
         if self.phase is Phase.RESTORING:
-            raise RuntimeError("an instance still restoring cannot be done: advance it first")
+            raise EngineStateError("an instance still restoring cannot be done: advance it first")
         self.phase = Phase.DONE

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from cec.exceptions import ConfigError
+
 __all__ = ["TrimSchedule", "bound", "capped"]
 
 
@@ -36,7 +38,7 @@ class TrimSchedule:
 
     def __init__(self, every: int) -> None:
         if every < 1:
-            raise ValueError(f"trim_every must be >= 1, got {every}")
+            raise ConfigError(f"trim_every must be >= 1, got {every}")
         self.every = every
         self._pending: tuple[int, int] | None = None  # (bound, records appended when it was taken)
         self._looked = 0  # durable end when a bound was last taken

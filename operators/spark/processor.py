@@ -74,7 +74,7 @@ from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
 # per tuple its output partition in every generation (for C_k; only across generations): see packing.
 from operators.spark.packing import GROUP_COLUMN, QS_COLUMN, unpack
 from operators.spark.partitioning import output_partition, partition_groups, spark_hash_long
-from operators.spark.stamping import positions
+from operators.spark.stamping import log_time, positions
 from operators.spark.state_partition import (
     GCHECK_ORDER,
     PartitionCall,
@@ -124,6 +124,8 @@ STATE_SCHEMA = StructType(
         StructField("last_o", LongType(), False),
         StructField("q", LongType(), False),
         StructField("timer", LongType(), False),
+        # The logical time of its latest footprint in its log (trimming finds the footprint's offset by it).
+        StructField("fp_time", LongType(), True),
     ]
 )
 INIT_SCHEMA = StructType([StructField("cec_key", StringType(), True), *STATE_SCHEMA.fields])
@@ -153,6 +155,11 @@ CONTROL_KIND = "CTRL"
 FIGURES_ENTRY = "figures"
 
 
+# KeyedAggregate's keyword for each of AggregateSpec's fields, in AggregateSpec.build's order.
+_OPERATOR_ARGUMENTS = ("key_field", "value_field", "agg", "window_count", "window_ms", "time_field",
+                       "allowed_lateness")  # fmt: skip
+
+
 @dataclass(frozen=True)
 class AggregateSpec:
     """The aggregate's configuration; picklable (shipped to the Python workers inside the processor).
@@ -169,15 +176,10 @@ class AggregateSpec:
     allowed_lateness: int | None = None
 
     def build(self) -> KeyedAggregate:
-        return KeyedAggregate(
-            key_field=self.key,
-            value_field=self.value,
-            agg=self.agg,
-            window_count=self.window_count,
-            window_ms=self.window_ms,
-            time_field=self.time,
-            allowed_lateness=self.allowed_lateness,
-        )
+        values = (self.key, self.value, self.agg, self.window_count, self.window_ms, self.time,
+                  self.allowed_lateness)  # fmt: skip
+        arguments: dict[str, Any] = dict(zip(_OPERATOR_ARGUMENTS, values, strict=True))
+        return KeyedAggregate(**arguments)
 
 
 def _plain(value: Any) -> Any:
@@ -193,15 +195,18 @@ def _from_json(text: Any) -> Any:
     return None if text is None else json.loads(text)
 
 
-def _figures(part: PartitionState, phase: int, tuples: int = 0) -> tuple[Any, ...]:
+def _figures(part: PartitionState, generation: int, phase: int, tuples: int = 0) -> tuple[Any, ...]:
     """The partition's extent figures as a control row (`FIGURES_ENTRY`): its open windows and, per input
     partition, the lowest pos among their latest footprints; `tuples`: the input tuples it was handed in
     this call (packed rows hide them from Spark's own counts). `phase` orders the rows of one micro-batch
-    (0: after its input, 1: after its G-checks)."""
+    (0: after its input, 1: after its G-checks). For trimming (`operators.spark.trim`): the lowest time of
+    the footprints in this generation's log and whether the partition is still restoring."""
     clocks = [saved[6] for saved in part.keys.values() if saved[1] >= 0 and saved[6] is not None]
     lowest = [min(column) for column in zip(*clocks, strict=True)] if clocks else None
     report = {"partition": part.q, "entry": FIGURES_ENTRY, "phase": phase, "open_windows": len(clocks),
-              "footprint_min": lowest, "tuples": tuples}  # fmt: skip
+              "footprint_min": lowest, "tuples": tuples,
+              "footprint_time": part.oldest_footprint_time(generation),
+              "restoring": bool(part.engine[5])}  # fmt: skip
     return (part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0, None)
 
 
@@ -218,6 +223,7 @@ class CecAggregateProcessor(StatefulProcessor):
         gcheck: GCheckSpec | None = None,
         groups: Sequence[int] | None = None,
         marks: Sequence[Sequence[int] | None] | None = None,
+        times: Sequence[int] | None = None,
     ) -> None:
         self.spec = spec
         self.crash_points = crash_points
@@ -228,6 +234,8 @@ class CecAggregateProcessor(StatefulProcessor):
         self.group_q = {g: q for q, g in enumerate(groups or partition_groups(partitions))}
         self.partitions = partitions
         self.marks = list(marks) if marks is not None else [None] * partitions
+        # Per output partition of the current generation, its crash record's logical time (0: empty log).
+        self.times = list(times) if times is not None else [0] * partitions
         # Durations within a task (G-check cost, task time) and wall time between micro-batches (which may
         # run in other Python workers); attributes so that tests can drive them.
         self.clock = time.perf_counter
@@ -262,7 +270,7 @@ class CecAggregateProcessor(StatefulProcessor):
             own = tuple(self.crash_points[self.generation][q])
             # The crash record's marks (none for an empty log, or a query without watermarks).
             marks = (self.marks[q] or None) if self.spec.allowed_lateness is not None else None
-            part = PartitionState(q, own, fresh_engine(len(own), marks))
+            part = PartitionState(q, own, fresh_engine(len(own), marks), stamp_time=self.times[q])
         if self.gcheck is not None:
             part.control.take_planned(self.gcheck.planned, self.partitions, self.wall())
         return part
@@ -281,12 +289,13 @@ class CecAggregateProcessor(StatefulProcessor):
         started = self.clock()
         part = self._partition(key[0])
         keys = part.keys
-        columns = [initialState[c].tolist() for c in ("cec_key", "seq", "open", "state", "fp_gen", "pos_w")]
+        names = ("cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time")
+        columns = [initialState[c].tolist() for c in names]
         decode = self.operator.decode_state
         window_end = self.operator.window_end
         ends = part.engine[3]  # the engine's open windows by end, for its watermark
         watermarks = self.spec.allowed_lateness is not None
-        for k, seq, is_open, state, fp_gen, pos_w in zip(*columns, strict=True):
+        for k, seq, is_open, state, fp_gen, pos_w, fp_time in zip(*columns, strict=True):
             seq = int(seq)
             if is_open and k is not None:
                 s = decode(bytes(state))
@@ -294,12 +303,14 @@ class CecAggregateProcessor(StatefulProcessor):
                 # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
                 # their footprint clock is pos_w.
                 fields = (s.count, s.total, s.lo, s.hi, s.start, s.last)
-                keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0)
+                t = _plain(fp_time)
+                keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0,
+                           None if t is None else int(t))  # fmt: skip
                 end = window_end(s) if watermarks else None
                 if end is not None:
                     ends.append((end, k, seq))
             else:
-                keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0)
+                keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0, None)
         if watermarks:
             ends.sort()  # a heap
         windows = sum(1 for is_open in columns[2] if is_open)
@@ -356,14 +367,17 @@ class CecAggregateProcessor(StatefulProcessor):
             if k is not None and windows.get(k) is not None:
                 touch(k).live = True  # its state now holds every tuple of the key so far
         out = call.rows.rows
-        # Each new footprint's pos, exactly as the sink stamps it (`out` is in log order: the order the
-        # instance made them): the window's footprint clock.
+        # Each new footprint's pos and time, exactly as the sink stamps them (`out` is in log order: the
+        # order the instance made them): the window's footprint clock and time.
         stamper = PositionStamper(part.stamp)
         facts_of = call.keys
+        has_time, t_log = spec.time is not None, part.stamp_time
         for row, pos in zip(out, positions(out, stamper), strict=True):
+            t_log = log_time(t_log, row[9], pos, has_time)
             if row[4] == "GOPEN":
-                facts_of[row[5]].fp_clock = pos
-        part.stamp = stamper.last
+                facts = facts_of[row[5]]
+                facts.fp_clock, facts.fp_time = pos, t_log
+        part.stamp, part.stamp_time = stamper.last, t_log
         call.store()
         part.control.observe_batch(
             now=self.wall(), task_seconds=self.clock() - self.task_started, seen=seen, emitted=len(out)
@@ -371,7 +385,7 @@ class CecAggregateProcessor(StatefulProcessor):
         if self.gcheck is not None and part.timer < 0 and part.live_windows():
             self._arm_timer(part, timerValues)
         self.state.update(part.dump())
-        out.append(_figures(part, 0, n))
+        out.append(_figures(part, self.generation, 0, n))
         yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
     def _tuples(self, columns: dict[str, list[Any]], errors: Sequence[str | None]) -> list[InputTuple]:
@@ -421,7 +435,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 rows = self._gcheck(part, call, live)
             self._arm_timer(part, timerValues)
             if rows:  # G-checks moved footprints: the partition's figures after them
-                rows.append(_figures(part, 1))
+                rows.append(_figures(part, self.generation, 1))
             report = part.control.report(part.q)
             if report is not None:
                 rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None))
@@ -471,11 +485,14 @@ class CecAggregateProcessor(StatefulProcessor):
             elapsed,
         )
         rows = call.rows.rows
-        # The G-checks' pos, as the sink stamps them after the micro-batch's other records.
+        # The G-checks' pos and time, as the sink stamps them after the micro-batch's other records.
         stamper = PositionStamper(part.stamp)
+        has_time, t_log = self.spec.time is not None, part.stamp_time
         for row, pos in zip(rows, positions(rows, stamper), strict=True):
-            call.keys[row[5]].fp_clock = pos
-        part.stamp = stamper.last
+            t_log = log_time(t_log, row[9], pos, has_time)
+            facts = call.keys[row[5]]
+            facts.fp_clock, facts.fp_time = pos, t_log
+        part.stamp, part.stamp_time = stamper.last, t_log
         call.store()
         return rows
 

@@ -36,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from cec.records import Kind, OutputRecord, RecordCodec
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS, FIGURES_ENTRY
-from operators.spark.stamping import log_order, positions
+from operators.spark.stamping import log_order, log_time, positions
+from operators.spark.trim import FootprintReport, OutputTrimmer
+from queuestore.exceptions import QueueStoreError, StoreClosedError
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
 
@@ -74,11 +76,7 @@ def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Ite
         rows, positions(rows, cursor.stamper), strict=True
     ):
         cursor.n += dn
-        if has_time:
-            if t >= 0:
-                cursor.time = max(cursor.time, t)
-        else:
-            cursor.time = max(cursor.time, sum(pos))
+        cursor.time = log_time(cursor.time, t, pos, has_time)
         yield OutputRecord(
             Kind(kind),
             cursor.time,
@@ -103,6 +101,7 @@ class CecSink:
         has_time: bool,
         keep_batches: int = 200,
         metrics: OperatorMetrics | None = None,
+        trim_every: int | None = None,
     ) -> None:
         self.outputs = list(outputs)
         self.cursors = [_Cursor(PositionStamper(e.pos), e.n, e.time) for e in recovery.ends]
@@ -132,6 +131,9 @@ class CecSink:
         # what it said): the controller's messages reach the driver with the rows, not by a Spark job.
         self.controls: dict[int, dict[str, Any]] = {}
         self.metrics = metrics
+        # Trimming (`operators.spark.trim`): each state partition's latest footprint report.
+        self.trimmer = None if trim_every is None else OutputTrimmer(self.outputs, trim_every)
+        self.trim_reports: dict[int, FootprintReport] = {}
         if metrics is not None:  # the windows carried over by recovery are open before the first batch
             self._publish(self._figures())
 
@@ -144,7 +146,7 @@ class CecSink:
             by_q.setdefault(int(row[0]), []).append(row)
         with self.lock:
             if self.closed:
-                raise RuntimeError("the CEC sink is closed")
+                raise StoreClosedError("the CEC sink is closed")
             self._take_reports(reports)
             before = Counter(self.kinds)
             for q in sorted(by_q):
@@ -153,7 +155,7 @@ class CecSink:
                 out = self.outputs[q]
                 out.flush()
                 if out.failures:
-                    raise RuntimeError(
+                    raise QueueStoreError(
                         f"{len(out.failures)} appends to {out.topic}[{q}] failed: {out.failures[0]!r}"
                     )
             self._batch_done(batch_id, before)
@@ -173,10 +175,19 @@ class CecSink:
                 phases[q] = control["phase"]
                 low = control["footprint_min"]
                 self.partitions[q] = (int(control["open_windows"]), None if low is None else tuple(low))
+                self.trim_reports[q] = FootprintReport(
+                    bool(control.get("restoring", True)), control.get("footprint_time")
+                )
 
     def _batch_done(self, batch_id: int, before: Counter[str]) -> None:
-        """Count a written micro-batch and keep (and publish) its figures; under the sink's lock."""
+        """Count a written micro-batch, trim the logs when due, and keep (and publish) its figures; under
+        the sink's lock."""
         self.batches += 1
+        if self.trimmer is not None:
+            for q, report in sorted(self.trim_reports.items()):
+                trimmed = self.trimmer.after_batch(q, self._durable_end(q), report)
+                if trimmed and self.metrics is not None:
+                    self.metrics.trimmed(trimmed)
         figures = self._figures()
         figures["batch"] = batch_id
         figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
@@ -198,6 +209,10 @@ class CecSink:
             gopens=figures["gopens"],
             gchecks=figures["gchecks"],
         )
+
+    def _durable_end(self, q: int) -> int:
+        """The offset after partition q's last durable record (the batch was flushed)."""
+        return self.outputs[q].index.next_offset
 
     def _write(self, q: int, rows: list[tuple[Any, ...]]) -> None:
         out = self.outputs[q]
@@ -229,6 +244,7 @@ class CecSink:
             "records": {k: self.kinds[k] for k in _KINDS},
             "gopens": self.kinds[_GOPEN],
             "gchecks": self.kinds[_GCHECK],
+            "trimmed_offsets": 0 if self.trimmer is None else self.trimmer.trimmed,
             "checkpointing": [self.controls[q] for q in sorted(self.controls)],
         }
 

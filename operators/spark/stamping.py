@@ -16,6 +16,9 @@ Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...)
   a G-check claims its key's last applied tuple (j, o): its state holds it. What follows a batch's last
   produced record (a G-check, or nothing) does not change that record's claim, so the processor can
   stamp its input rows and its G-checks in two passes and get the writer's positions exactly.
+- time (`log_time`): the largest event time so far (non-decreasing along the log), or sum(pos) when the
+  aggregate has no time field. The processor follows it as it follows pos, so a window's latest footprint
+  has its exact time in the log: the time the stream index finds the footprint's offset by (trimming).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from typing import Any
 from cec.records import Kind
 from recovery.contract import PositionStamper
 
-__all__ = ["log_order", "positions"]
+__all__ = ["log_order", "log_time", "positions"]
 
 _GCHECK = Kind.GCHECK.value
 
@@ -50,3 +53,11 @@ def positions(rows: Sequence[tuple[Any, ...]], stamper: PositionStamper) -> Iter
             nxt = rows[idx + 1]
             claims = nxt[4] == _GCHECK or nxt[1] != j or nxt[2] != o
         yield stamper.stamp(None, j, o, claims=claims)
+
+
+def log_time(previous: int, event_time: int, pos: Sequence[int], has_time: bool) -> int:
+    """A record's logical time in its log, after a record of time `previous` (module doc): `event_time` is
+    the row's event time (-1: none, a G-check's), `has_time` whether the aggregate has a time field."""
+    if has_time:
+        return previous if event_time < previous else event_time
+    return max(previous, sum(pos))

@@ -15,7 +15,9 @@ N counts the windows whose latest footprint is in this generation's log, `operat
 window position); `live`: its last tuple was processed past the key's crash point, so its state holds
 every tuple of the key so far and a G-check may claim them; `fp_clock`, `fp_out`: the input position and
 the partition's records emitted in this run when its latest footprint was made (the controller's u and
-q); (`last_j`, `last_o`): the key's last applied tuple, which its G-check claims.
+q); `fp_time`: the logical time that footprint has in its log (`operators.spark.stamping.log_time`: what
+trimming finds its offset by); (`last_j`, `last_o`): the key's last applied tuple, which its G-check
+claims.
 """
 
 from __future__ import annotations
@@ -43,13 +45,25 @@ __all__ = [
 
 # The emission index of a G-check row (the sink writes G-checks after a partition's other records).
 GCHECK_ORDER = 1 << 30
+_NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
 
 
 class KeyFacts:
     """One key's facts in a state partition (module doc)."""
 
-    __slots__ = ("fp_clock", "fp_gen", "fp_out", "last_j", "last_o", "live", "next_seq", "pos_w", "window")
+    __slots__ = (
+        "fp_clock",
+        "fp_gen",
+        "fp_out",
+        "fp_time",
+        "last_j",
+        "last_o",
+        "live",
+        "next_seq",
+        "pos_w",
+        "window",
+    )
 
     def __init__(self) -> None:
         self.next_seq = 0
@@ -59,19 +73,20 @@ class KeyFacts:
         self.live = False
         self.fp_clock: tuple[int, ...] | None = None
         self.fp_out = 0  # the partition's records emitted in this run when its latest footprint was made
+        self.fp_time: int | None = None  # the latest footprint's logical time in its log
         self.last_j = self.last_o = -1
 
 
 # A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
-# pos_w, live, fp_clock, last_j, last_o, fp_out). Plain tuples: the pickle of a partition stays one C-level
-# pass.
-Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int]
+# pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time). Plain tuples: the pickle of a partition stays one
+# C-level pass.
+Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int, int | None]
 
 
 def save_key(k: KeyFacts, next_seq: int) -> Saved:
     w = k.window
     if w is None:
-        return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0)
+        return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0, None)
     s = w.state
     return (
         next_seq,
@@ -84,6 +99,7 @@ def save_key(k: KeyFacts, next_seq: int) -> Saved:
         k.last_j,
         k.last_o,
         k.fp_out,
+        k.fp_time,
     )
 
 
@@ -91,11 +107,12 @@ def load_key(key: str | None, saved: Saved | None) -> KeyFacts:
     k = KeyFacts()
     if saved is None:
         return k
-    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out = saved
+    next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time = saved
     k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
     if seq >= 0 and state is not None and key is not None:
         k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
         k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_out = fp_gen, pos_w, live, fp_clock, fp_out
+        k.fp_time = fp_time
     return k
 
 
@@ -107,10 +124,11 @@ def fresh_engine(width: int, marks: Sequence[int] | None) -> HostState:
 
 class PartitionState:
     """A state partition's keys (as `Saved` tuples), its output partition q, its timer (-1: none), its
-    checkpointing measurements (`PartitionControl`), `stamp` (the pos of the last record its rows made;
-    the log's crash point before any) and the engine state between calls (module doc)."""
+    checkpointing measurements (`PartitionControl`), `stamp` and `stamp_time` (the pos and logical time of
+    the last record its rows made; the log's crash record's before any) and the engine state between calls
+    (module doc)."""
 
-    __slots__ = ("control", "engine", "keys", "q", "stamp", "timer")
+    __slots__ = ("control", "engine", "keys", "q", "stamp", "stamp_time", "timer")
 
     def __init__(
         self,
@@ -120,22 +138,24 @@ class PartitionState:
         keys: dict[str | None, Saved] | None = None,
         timer: int = -1,
         control: PartitionControl | None = None,
+        stamp_time: int = 0,
     ) -> None:
         self.q = q
         self.stamp = stamp
+        self.stamp_time = stamp_time
         self.engine = engine
         self.keys: dict[str | None, Saved] = keys if keys is not None else {}
         self.timer = timer
         self.control = control if control is not None else PartitionControl()
 
     def dump(self) -> tuple[bytes]:
-        state = (self.q, self.timer, self.keys, self.control, self.stamp, self.engine)
+        state = (self.q, self.timer, self.keys, self.control, self.stamp, self.engine, self.stamp_time)
         return (pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),)
 
     @classmethod
     def load(cls, row: Any) -> PartitionState:
-        q, timer, keys, control, stamp, engine = pickle.loads(bytes(row[0]))
-        return cls(q, stamp, engine, keys, timer, control)
+        q, timer, keys, control, stamp, engine, stamp_time = pickle.loads(bytes(row[0]))
+        return cls(q, stamp, engine, keys, timer, control, stamp_time)
 
     def live_windows(self) -> list[str | None]:
         """The keys whose open window may be G-checked (module doc: `live`)."""
@@ -143,6 +163,15 @@ class PartitionState:
 
     def open_count(self) -> int:
         return sum(1 for saved in self.keys.values() if saved[1] >= 0)
+
+    def oldest_footprint_time(self, generation: int) -> int | None:
+        """The lowest logical time among the latest footprints of the open windows whose footprint is in
+        `generation`'s log (None: no such window): the engine's trim rule finds the offset by it."""
+        times = [saved[10] for saved in self.keys.values() if saved[1] >= 0 and saved[3] == generation]
+        if not times:
+            return None
+        # A footprint of unknown time (never expected) holds the whole log.
+        return min(_NO_TIME if t is None else t for t in times)
 
 
 class PartitionWindows(WindowRegistry):
@@ -235,7 +264,7 @@ class PartitionRows:
                     k.fp_out = self.out_base + len(rows) + 1
                 elif kind is _R:
                     dn = -1 if k.fp_gen == generation else 0
-                    k.fp_gen, k.pos_w, k.live, k.fp_clock = -1, None, False, None
+                    k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_time = -1, None, False, None, None
             record_marks = None if marks is None else list(marks[i])
             rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
                          record_marks))  # fmt: skip

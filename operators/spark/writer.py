@@ -25,18 +25,18 @@ shuffle hash of its key, so task q holds exactly the rows of output partition q)
    extent figures: open windows, lowest footprint pos). No record, state, payload or per-key row reaches
    the driver.
 
-Reuse (`session`): PySpark reuses its Python workers across tasks (`spark.python.worker.reuse`, on by
-default), so a task keeps its partition's writer open in the worker after committing, with the offset the
-log ends at after that commit. The next micro-batch's task for q, if it lands in that worker, is attempt 0
-and is handed exactly that offset as its cursor in the same run, skips steps 2 and 3: no
-`init_transactions()`, no read of the log. That is safe because nothing can have been added to the log
-since that commit without this writer being fenced: every other writer of the partition (another worker's
-task, a retried or speculative attempt, which are never attempt 0 anyway, the driver of a new run) first
-calls `init_transactions()` with the same transactional.id. A fenced kept writer learns it when it appends
-(the broker rejects its records) and the task then falls back to steps 2 and 3 with a new writer, which
-compare with whatever the log holds; a kept writer whose offset differs from the cursor (another worker
-wrote in between, or a stage is re-run) is closed and replaced the same way. A new run (`ExecutorSink`)
-has a new session id: writers kept for an older run are never used.
+Reuse (`session`, `operators.spark.live_writers`): PySpark reuses its Python workers across tasks
+(`spark.python.worker.reuse`, on by default), so a task keeps its partition's writer open in the worker after
+committing, with the offset the log ends at after that commit. The next micro-batch's task for q, if it lands
+in that worker, is attempt 0 and is handed exactly that offset as its cursor in the same run, skips steps 2
+and 3: no `init_transactions()`, no read of the log. That is safe because nothing can have been added to the
+log since that commit without this writer being fenced: every other writer of the partition (another worker's
+task, a retried or speculative attempt, which are never attempt 0 anyway, the driver of a new run) first calls
+`init_transactions()` with the same transactional.id. A fenced kept writer learns it when it appends (the
+broker rejects its records) and the task then falls back to steps 2 and 3 with a new writer, which compare
+with whatever the log holds; a kept writer whose offset differs from the cursor (another worker wrote in
+between, or a stage is re-run) is closed and replaced the same way. A new run (`ExecutorSink`) has a new
+session id: writers kept for an older run are never used.
 
 Correctness does not depend on the processor's output being identical across attempts except for the
 records an earlier attempt managed to write: those are produced rows (ordered by (j, o, emission index),
@@ -52,26 +52,23 @@ previous run's writers.
 
 from __future__ import annotations
 
-import atexit
 import logging
-import shutil
-import tempfile
 import uuid
-from collections import Counter, OrderedDict
+from collections import Counter
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
+from operators.spark.live_writers import LiveWriter, discard, keep_live, take_live
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import EMIT_COLUMNS
 from operators.spark.sink import CecSink, _Cursor, split_controls, stamped
 from operators.spark.stamping import log_order
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
-from queuestore.exceptions import QueueStoreError
+from queuestore.exceptions import QueueStoreError, StoreClosedError
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
 
@@ -141,101 +138,6 @@ def _result_schema() -> StructType:
     )
 
 
-class _LiveWriter:
-    """One output partition's store and transactional writer in this Python worker, and where the log
-    ends after that writer's last commit (`next_offset`; None before its first)."""
-
-    def __init__(
-        self, session: str | None, bootstrap_servers: str, client: Mapping[str, str], topic: str, q: int
-    ):
-        from queuestore.kafka import KafkaQueueStore
-
-        self.session = session
-        self.topic, self.q = topic, q
-        # The writer's locks go to a directory of this worker: on another host the driver's state_dir does
-        # not exist, and on the driver's host its OutputQueue holds the partition's lock (module doc).
-        self.scratch = Path(tempfile.mkdtemp(prefix="cec-writer-"))
-        try:
-            self.store = KafkaQueueStore(bootstrap_servers, self.scratch, config=dict(client))
-        except BaseException:
-            shutil.rmtree(self.scratch, ignore_errors=True)
-            raise
-        self.writer: KafkaPartitionWriter | None = None
-        self.next_offset: int | None = None
-
-    def open(self) -> KafkaPartitionWriter:
-        """A new transactional writer: `init_transactions()` fences every earlier writer of the partition."""
-        if self.writer is not None:
-            old, self.writer = self.writer, None
-            try:
-                old.close(_DISCARD_TIMEOUT_S)
-            except Exception as exc:  # fenced or failed: it holds nothing of ours any more
-                log.debug("closing the replaced writer of %s[%d]: %s", self.topic, self.q, exc)
-        self.next_offset = None
-        self.writer = self.store.writer(self.topic, self.q)
-        return self.writer
-
-    def close(self, timeout: float | None = 60.0) -> None:
-        try:
-            if self.writer is not None:
-                self.writer.close(timeout)
-        finally:
-            self.writer = None
-            self.store.close()
-            shutil.rmtree(self.scratch, ignore_errors=True)
-
-
-# Writers kept alive across micro-batches in this (reused) Python worker, per (bootstrap, topic, q): a write
-# task whose partition's writer here committed the log up to the very cursor the driver hands it, in the
-# same run (`session`), as attempt 0, appends through it without init_transactions() and without reading
-# the log (module doc, "Reuse"). At most _LIVE_MAX, least recently used first out.
-_LIVE: OrderedDict[tuple[str, str, int], _LiveWriter] = OrderedDict()
-_LIVE_MAX = 64
-_DISCARD_TIMEOUT_S = 5.0
-
-
-def _take_live(
-    key: tuple[str, str, int], session: str | None, attempt: int, next_offset: int
-) -> _LiveWriter | None:
-    """The cached writer of `key` if it may append at `next_offset` unchecked, else None (a stale one is
-    closed: another session's, or a writer that is not known to end the log there)."""
-    live = _LIVE.pop(key, None)
-    if live is None:
-        return None
-    usable = (
-        session is not None
-        and live.session == session
-        and attempt == 0
-        and live.writer is not None
-        and live.writer.failure is None
-        and live.next_offset == next_offset
-    )
-    if usable:
-        return live
-    _discard(live)
-    return None
-
-
-def _discard(live: _LiveWriter) -> None:
-    """Close a writer that will not be used again; it may be fenced or failed, which is no error here."""
-    try:
-        live.close(_DISCARD_TIMEOUT_S)
-    except Exception as exc:  # a fenced producer may refuse to close cleanly; nothing of ours is open
-        log.debug("discarding the cached writer of %s[%d]: %s", live.topic, live.q, exc)
-
-
-def _keep_live(key: tuple[str, str, int], live: _LiveWriter) -> None:
-    _LIVE[key] = live
-    while len(_LIVE) > _LIVE_MAX:
-        _discard(_LIVE.popitem(last=False)[1])
-
-
-@atexit.register
-def _close_live() -> None:
-    while _LIVE:
-        _discard(_LIVE.popitem()[1])
-
-
 def _append_all(
     writer: KafkaPartitionWriter,
     messages: Sequence[tuple[bytes, RecordMeta]],
@@ -287,10 +189,10 @@ def write_partition(
     kinds = Counter(record.kind.value for record in records)
     where = f"{topic}[{q}]"
     key = (bootstrap_servers, topic, q)
-    live = _take_live(key, session, attempt, cursor.next_offset)
+    live = take_live(key, session, attempt, cursor.next_offset)
     reused = live is not None
     if live is None:
-        live = _LiveWriter(session, bootstrap_servers, client, topic, q)
+        live = LiveWriter(session, bootstrap_servers, client, topic, q)
     try:
         messages: list[tuple[bytes, RecordMeta]] = []
         value_limit = live.store.value_limit
@@ -328,14 +230,14 @@ def write_partition(
             last_offset = found[-1].offset if found else cursor.next_offset - 1
             last_offset = _append_all(writer, messages, len(found), last_offset, where)
     except BaseException:
-        _discard(live)
+        discard(live)
         raise
     end = PartitionCursor(state.stamper.last, state.n, state.time, last_offset + 1)
     if session is None:
         live.close()
     else:
         live.next_offset = end.next_offset
-        _keep_live(key, live)
+        keep_live(key, live)
     return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, reused)
 
 
@@ -459,8 +361,11 @@ class ExecutorSink(CecSink):
         client: Mapping[str, str],
         keep_batches: int = 200,
         metrics: OperatorMetrics | None = None,
+        trim_every: int | None = None,
     ) -> None:
-        super().__init__(outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics)
+        super().__init__(
+            outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics, trim_every=trim_every
+        )
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
         self.topic = recovery.current.topic
@@ -472,10 +377,13 @@ class ExecutorSink(CecSink):
         self.session = uuid.uuid4().hex
         self.summary_rows = 0  # rows the driver collected from the write tasks (the only data it gets)
 
+    def _durable_end(self, q: int) -> int:
+        return int(self.next_offsets[q])
+
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.lock:
             if self.closed:
-                raise RuntimeError("the CEC sink is closed")
+                raise StoreClosedError("the CEC sink is closed")
             cursors = [
                 PartitionCursor(c.stamper.last, c.n, c.time, nxt)
                 for c, nxt in zip(self.cursors, self.next_offsets, strict=True)

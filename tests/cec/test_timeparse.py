@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from cec.config import Checkpointing
-from cec.exceptions import BadTupleError, ConfigError
+from cec.exceptions import BadTupleError, CecError, ConfigError
 from cec.timeparse import format_time_ms, number_from_text, parse_duration_ms, parse_duration_s, parse_time_ms
 from operators.aggregate import KeyedAggregate
 from operators.base import InputTuple
@@ -104,8 +104,9 @@ def test_event_times_as_integers_iso_8601_and_sql_style(given: object, ms: int) 
     ],
 )
 def test_bad_times_raise_value_error(bad: object) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError) as caught:
         parse_time_ms(bad)
+    assert isinstance(caught.value, CecError)  # under the package's one root too, with its reason
 
 
 def test_the_aggregate_reads_iso_times_and_dead_letters_what_is_not_a_time() -> None:

@@ -396,7 +396,7 @@ def test_the_spark_planner_reads_the_closed_windows_from_the_log_when_the_driver
 ) -> None:
     """A planning task only reads the driver's index (read-only): a damaged one is not its to rebuild, so
     it takes the closed-window directory from the log instead (before: RocksDB's `Exception`)."""
-    from operators.spark.planning import _closed_windows
+    from operators.spark.plan_task import _closed_windows
 
     DAMAGE["table: a flipped byte in its first data block"](store)
     with store.reader(TOPIC, 0) as reader:

@@ -159,7 +159,7 @@ class SparkHost:
     ) -> None:
         crash = crash or (0,) * PARTITIONS
         self.group = partition_groups(1)[0]
-        self.processor = CecAggregateProcessor(spec, [[crash]], 0, None, [self.group], [marks])
+        self.processor = CecAggregateProcessor(spec, [[crash]], 0, None, [self.group], [marks], [end[1]])
         self.processor.init(_Handle())  # type: ignore[arg-type]
         if initial is not None:
             self.processor.handleInitialState((self.group,), initial, _Timers())  # type: ignore[arg-type]
@@ -169,6 +169,7 @@ class SparkHost:
         self.has_time = spec.time is not None
         self.cursor = _Cursor(PositionStamper(crash), end[0], end[1])
         self.made: list[OutputRecord] = []
+        self.controls: list[dict[str, Any]] = []  # the partition's control rows (figures), as reported
 
     def feed(self, rows: Sequence[Row]) -> None:
         frames = []
@@ -181,9 +182,10 @@ class SparkHost:
             frames.append(batch.to_pandas())
         out = list(self.processor.handleInputRows((self.group,), iter(frames[::-1]), _Timers()))  # type: ignore[arg-type]
         table = pd.concat(out, ignore_index=True)
-        records, _ = split_controls(
+        records, controls = split_controls(
             [_plain_row(r) for r in table[EMIT_COLUMNS].itertuples(index=False, name=None)]
         )
+        self.controls.extend(json.loads(c) for c in controls)
         self.made.extend(stamped(log_order(records), self.cursor, self.has_time))
 
     def records(self) -> list[OutputRecord]:
@@ -328,10 +330,10 @@ def _recovered(
         return LocalHost(operator, recovery=recovery, closed=closed)
     ec = recovery.checkpoint
     assert ec.crash_pos is not None
-    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(w.footprint.record.pos))
-             for w in recovery.windows]  # fmt: skip
-    lines += [(k, s + 1, False, None, -1, None) for k, s in closed.items() if k not in ec.windows]
-    initial = pd.DataFrame(lines, columns=["cec_key", "seq", "open", "state", "fp_gen", "pos_w"])
+    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(w.footprint.record.pos),
+              w.footprint.record.time) for w in recovery.windows]  # fmt: skip
+    lines += [(k, s + 1, False, None, -1, None, None) for k, s in closed.items() if k not in ec.windows]
+    initial = pd.DataFrame(lines, columns=["cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time"])
     last = prefix[-1]
     return SparkHost(spec, crash=tuple(ec.crash_pos), marks=tuple(ec.marks), end=(last.n, last.time),
                      initial=initial)  # fmt: skip
@@ -397,3 +399,32 @@ def test_tuples_held_back_under_a_watermark_go_on_when_offsets_have_gaps() -> No
         (Kind.R, "a", 6),
         (Kind.GOPEN, "a", 7),
     ]
+
+
+@pytest.mark.parametrize("time_field", [None, "t"])
+def test_a_state_partitions_oldest_footprint_time_is_that_footprints_time_in_the_log(
+    time_field: str | None,
+) -> None:
+    """What trimming finds the oldest footprint's offset by (`operators.spark.trim`): the time a state
+    partition reports is the logical time the sink stamps on that footprint, with event times that go back
+    and forth (the log's time is their running maximum) and without a time field (sum(pos))."""
+    spec = _spec(window_ms=30, time="t") if time_field else _spec(window_count=3)
+    host = SparkHost(spec)
+    times = [50, 20, 70, 65, 10, 90, 120, 80, 200, 130, 60, 300]
+    batches = [
+        [row(o % 2, o // 2, f"k{o % 5}", 1.0, times[o] if time_field else None) for o in range(b, b + 4)]
+        for b in range(0, len(times), 4)
+    ]
+    for batch in batches:
+        host.feed(sorted(batch))
+        latest: dict[str, int] = {}  # per key its open window's latest footprint's time, as stamped
+        for record in host.made:
+            assert record.key is not None or record.kind is Kind.DEAD
+            if record.kind in (Kind.GOPEN, Kind.GCHECK) and record.key is not None:
+                latest[record.key] = record.time
+            elif record.kind is Kind.R and record.key is not None:
+                latest.pop(record.key, None)
+        figures = [c for c in host.controls if c.get("entry") == "figures"][-1]
+        assert figures["footprint_time"] == (min(latest.values()) if latest else None)
+        assert figures["restoring"] is False
+    assert any(r.kind is Kind.R for r in host.made)  # windows closed on the way, footprints moved on

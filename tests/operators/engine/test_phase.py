@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from cec.exceptions import CecError
 from operators.engine.phase import Lifecycle, Phase
+from operators.exceptions import EngineStateError
 from recovery.contract import ReplayContract
 
 
@@ -23,7 +25,7 @@ def test_a_fresh_instance_runs_and_is_restored_only_once() -> None:
     assert not life.advance([0, 0])  # nothing to end
     life.restore(ReplayContract.fresh(2))
     assert life.phase is Phase.RESTORING
-    with pytest.raises(RuntimeError, match="restored once"):
+    with pytest.raises(EngineStateError, match="restored once"):
         life.restore(ReplayContract.fresh(2))
 
 
@@ -48,6 +50,15 @@ def test_an_input_that_ends_first_ends_recovery() -> None:
 
 def test_an_empty_replay_ends_recovery_at_once_and_a_restoring_instance_is_not_done() -> None:
     life, _ = _restoring((0, 0))
-    with pytest.raises(RuntimeError, match="still restoring"):
+    with pytest.raises(EngineStateError, match="still restoring"):
         life.finish()
     assert life.advance([0, 0])
+
+
+def test_a_host_that_drives_the_phase_out_of_order_gets_a_cec_error() -> None:
+    """Under the package's one root: a caller that catches `cec.CecError` catches these too."""
+    life, _ = _restoring((1, 1))
+    with pytest.raises(CecError, match="still restoring"):
+        life.finish()
+    with pytest.raises(CecError, match="restored once"):
+        life.restore(ReplayContract.fresh(2))

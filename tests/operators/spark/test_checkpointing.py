@@ -302,11 +302,13 @@ def test_processor_timer_gchecks_under_a_q_target_and_keeps_its_control() -> Non
     figures, report = (json.loads(p) for p in rows[rows["cec_kind"] == CONTROL_KIND]["cec_payload"])
     # Its figures: the 10 windows' lowest footprint pos, before the G-checks k0's G-open (tuple 0 claims
     # offset 1), after them k9's (offset 10), as the log stamps them (the G-checks claim (0, 10) as well);
-    # after its input it also counts the input tuples it was handed (the query's numInputRows).
+    # after its input it also counts the input tuples it was handed (the query's numInputRows). For
+    # trimming, the oldest footprint's time in the log (no time field: sum(pos), as the sink stamps it).
     (before,) = (json.loads(p) for p in out[0][out[0]["cec_kind"] == CONTROL_KIND]["cec_payload"])
     assert before == {"partition": 0, "entry": FIGURES_ENTRY, "phase": 0, "open_windows": 10,
-                      "footprint_min": [1], "tuples": 10}  # fmt: skip
-    assert figures == {**before, "phase": 1, "footprint_min": [10], "tuples": 0}
+                      "footprint_min": [1], "tuples": 10, "footprint_time": 1,
+                      "restoring": False}  # fmt: skip
+    assert figures == {**before, "phase": 1, "footprint_min": [10], "tuples": 0, "footprint_time": 10}
     assert report == {
         "partition": 0,
         "q_target": 10,

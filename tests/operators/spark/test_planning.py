@@ -154,7 +154,8 @@ def init_rows(spark: SparkSession) -> Iterator[Callable[[list[tuple[Any, ...]]],
     """Merge planning rows (key, seq, open, state, generation, pos_w) as the executors' merge does."""
 
     def merge(rows: list[tuple[Any, ...]]) -> dict[str, tuple[Any, ...]]:
-        full = [(k, s, o, st, g if o else -1, p, False, p, -1, -1, -1, -1) for (k, s, o, st, g, p) in rows]
+        full = [(k, s, o, st, g if o else -1, p, False, p, -1, -1, -1, -1, None)
+                for (k, s, o, st, g, p) in rows]  # fmt: skip
         merged = _merged(spark.createDataFrame(full, INIT_SCHEMA)).collect()
         return {r["cec_key"]: (r["seq"], r["open"], r["state"], r["fp_gen"], r["pos_w"]) for r in merged}
 

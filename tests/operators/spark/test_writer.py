@@ -25,7 +25,7 @@ import pytest
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
-from operators.spark import writer as writer_module
+from operators.spark.live_writers import close_live
 from operators.spark.writer import PartitionCursor, PartitionWrite, write_partition
 from queuestore.base import RecordMeta
 from queuestore.exceptions import QueueStoreError
@@ -69,7 +69,7 @@ def _log(store: KafkaQueueStore, topic: str) -> list[tuple[bytes, tuple[Any, ...
 @pytest.fixture(autouse=True)
 def _no_kept_writers() -> Any:
     yield
-    writer_module._close_live()  # writers a test kept in this process (as a Python worker would)
+    close_live()  # writers a test kept in this process (as a Python worker would)
 
 
 @pytest.fixture

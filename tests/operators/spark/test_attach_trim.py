@@ -1,0 +1,136 @@
+"""Trimming on the attached query: `cec_aggregate(..., trim_every=N)`, the engine's rule
+(`operators.engine.trimming`) applied by the driver (`operators.spark.trim`), on a real broker and real
+local Spark, over two input partitions and two output partitions.
+
+A downstream consumer (the test's own, registered with `QueueStore.acknowledge` before the first run, as a
+downstream `cec run` registers itself) reads the results as they are written and acknowledges what it
+read. Three runs: the first is SIGKILLed mid-write (its consumer has acknowledged nothing yet, so nothing
+may be trimmed); the consumer catches up; the second is SIGKILLed mid-write after it trimmed (up to what
+the consumer acknowledged, never past it); the third runs to the end. What the consumer read over the
+three runs is exactly the failure-free results, each window once, and the logs' starts advanced.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from cec.exceptions import ConfigError
+from cec.records import AvroCodec, Kind, RecordCodec
+from operators.aggregate import RESULT_SCHEMA
+from operators.spark.attach import RESULT_COLUMNS, cec_aggregate
+from queuestore.kafka import KafkaQueueStore
+from tests.operators.spark.test_attach import (
+    Purchases,
+    Reference,
+    _args,
+    _killed_driver,
+    _run,
+    purchases,  # noqa: F401 - the module's fixtures
+    reference,  # noqa: F401
+)
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+CONSUMER = "downstream-test"
+TRIM_EVERY = 40
+
+
+class Downstream:
+    """A consumer of every output partition: reads from where it stands to the end, keeps the results, and
+    acknowledges the offset after what it read."""
+
+    def __init__(self, store: KafkaQueueStore, topic: str, partitions: int) -> None:
+        self.store = store
+        self.topic = topic
+        self.positions = [0] * partitions
+        self.results: dict[tuple[str, int], tuple[Any, ...]] = {}
+        self.repeated: list[tuple[str, int]] = []
+        self.codec = AvroCodec(RESULT_SCHEMA)
+        self.records = RecordCodec()
+        for q in range(partitions):
+            store.acknowledge(topic, q, CONSUMER, 0)
+
+    def catch_up(self) -> None:
+        for q, position in enumerate(self.positions):
+            with self.store.reader(self.topic, q) as reader:
+                # Never below the log start: trimming must not pass what this consumer acknowledged.
+                assert reader.start_offset() <= position
+                for record in reader.scan_forward(position):
+                    position = record.offset + 1
+                    if record.meta.kind != Kind.R.value:
+                        continue
+                    payload = self.records.decode(record.value, record.meta).payload
+                    assert payload is not None
+                    row = self.codec.decode(payload)
+                    window = (str(row["key"]), int(row["window"]))
+                    if window in self.results:
+                        self.repeated.append(window)
+                    self.results[window] = tuple(row[c] for c in RESULT_COLUMNS)
+            self.positions[q] = position
+            self.store.acknowledge(self.topic, q, CONSUMER, position)
+
+    def per_key(self) -> dict[str, list[tuple[Any, ...]]]:
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        for (key, _), row in sorted(self.results.items()):
+            out.setdefault(key, []).append(row)
+        return out
+
+
+def _starts(store: KafkaQueueStore, topic: str) -> list[int]:
+    starts = []
+    for q in range(store.partitions(topic)):
+        with store.reader(topic, q) as reader:
+            starts.append(reader.start_offset())
+    return starts
+
+
+def test_trimmed_logs_recover_exactly_after_driver_sigkills_and_keep_unread_records(
+    spark: SparkSession,
+    purchases: Purchases,  # noqa: F811
+    reference: Reference,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    output = f"avg-trim-{uuid.uuid4().hex[:8]}"
+    store = KafkaQueueStore(purchases.bootstrap, tmp_path / "downstream")
+    try:
+        store.create_topic(output, 2)  # generation 0, so that the consumer registers before any record
+        downstream = Downstream(store, output, 2)
+        args = _args(purchases, tmp_path, output, partitions=2, trim_every=TRIM_EVERY)
+
+        _killed_driver(args, tmp_path / "first", hit=3)
+        assert _starts(store, output) == [0, 0]  # nothing read downstream yet: nothing trimmed
+        downstream.catch_up()
+        read_first = list(downstream.positions)
+        assert all(read_first)
+
+        _killed_driver(args, tmp_path / "second", hit=3)
+        after_second = _starts(store, output)
+        assert all(after_second), after_second  # it trimmed before it was killed ...
+        assert all(s <= r for s, r in zip(after_second, read_first, strict=True))  # ... never past the reads
+        downstream.catch_up()
+
+        query = _run(spark, args)
+        assert query.recovery.resumed and query.recovery.ec_windows > 0
+        assert query.cec_progress["trimmed_offsets"] > 0
+        downstream.catch_up()
+        final = _starts(store, output)
+        assert all(f >= s for f, s in zip(final, after_second, strict=True)) and final != after_second
+    finally:
+        store.close()
+    assert downstream.repeated == []
+    assert downstream.per_key() == reference.results
+
+
+def test_trim_every_is_refused_below_one(
+    spark: SparkSession,
+    purchases: Purchases,  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ConfigError, match="trim_every"):
+            cec_aggregate(spark, **_args(purchases, tmp_path, "never-made", trim_every=bad))
