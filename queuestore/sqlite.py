@@ -672,16 +672,5 @@ class SqliteQueueStore(QueueStore):
                 raise DamagedLogError(f"the acknowledgement {path} is damaged; {WAY_OUT}") from None
         return acks
 
-    def corrupt_record_for_testing(self, topic: str, partition: int, offset: int, flip_at: int = -1) -> None:
-        """Fault injection: flip one byte of a stored value, as a failing disk would."""
-        conn = _connect(self._partition_path(topic, partition), read_only=False, fsync=False)
-        try:
-            (value,) = conn.execute("SELECT value FROM log WHERE offset = ?", (offset,)).fetchone()
-            damaged = bytearray(value)
-            damaged[flip_at] ^= 0xFF
-            conn.execute("UPDATE log SET value = ? WHERE offset = ?", (bytes(damaged), offset))
-        finally:
-            conn.close()
-
     def close(self) -> None:
         pass

@@ -45,6 +45,7 @@ from recovery.eventual import (
     _scan_rows,
 )
 from recovery.manager import RecoveryManager
+from tests.queuestore.damage import corrupt_record
 
 needs_native = pytest.mark.skipif(native is None, reason="the C accelerator is not built")
 
@@ -507,7 +508,7 @@ def _damaged_log(root: Path) -> SqliteQueueStore:
     )
     assert len(footprints) >= 10, "the policy wrote too few G-checks for this test"
     for offset in rng.sample(footprints, min(40, len(footprints))):
-        store.corrupt_record_for_testing("agg", 0, offset, flip_at=rng.randrange(6, 12))
+        corrupt_record(store, "agg", 0, offset, flip_at=rng.randrange(6, 12))
     return store
 
 

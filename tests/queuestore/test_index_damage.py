@@ -33,6 +33,7 @@ from queuestore.sqlite import SqliteQueueStore
 from recovery.as_of import time_cut_start
 from tests.brokers import Broker
 from tests.helpers import per_key, results
+from tests.queuestore.damage import corrupt_record
 
 TOPIC = "idx"
 KEYS = 2000
@@ -372,7 +373,7 @@ def test_a_rebuild_takes_nothing_from_a_damaged_record(
     beside it). A damaged footprint is passed over, as recovery passes over it; a damaged result is an
     error naming it: its window's sequence number cannot be known."""
     offset = next(o for o, m in _metas(store) if m.kind == kind and o > 4000)
-    store.corrupt_record_for_testing(TOPIC, 0, offset)
+    corrupt_record(store, TOPIC, 0, offset)
     shutil.rmtree(_path(store))
     caplog.set_level(logging.WARNING, logger="queuestore.index")
     if kind == "R":

@@ -22,6 +22,7 @@ from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
 from tests.helpers import copy_input_identity, hide_row, log_records, results, set_stored_kind
+from tests.queuestore.damage import corrupt_record
 
 
 def _spec(
@@ -137,7 +138,7 @@ def test_damaged_g_check_falls_back_to_an_older_footprint(tmp_path: Path) -> Non
             if r.key == key and r.seq == fp.record.seq and r.kind in (Kind.GOPEN, Kind.GCHECK)
         ]
         if older:
-            store.corrupt_record_for_testing("agg", 0, fp.offset)
+            corrupt_record(store, "agg", 0, fp.offset)
             damaged.append((key, fp.offset, older[-1]))
     assert damaged, "the workload must give some window more than one footprint"
     with store.reader("agg", 0) as reader:
@@ -167,7 +168,7 @@ def test_damaged_newest_footprint_moves_the_crash_point_back_safely(tmp_path: Pa
     damaged = set()
     for offset in range(last, len(records)):
         if records[offset].kind in (Kind.GOPEN, Kind.GCHECK):
-            store.corrupt_record_for_testing("agg", 0, offset)
+            corrupt_record(store, "agg", 0, offset)
             damaged.add(offset)
     _run_until(spec, None)
     assert _results_past(store, damaged) == want
@@ -183,7 +184,7 @@ def test_damaged_g_open_without_fallback_is_a_clear_error(tmp_path: Path) -> Non
     )
     for i, r in enumerate(records):
         if r.key == key and r.seq == fp.record.seq and r.kind in (Kind.GOPEN, Kind.GCHECK):
-            store.corrupt_record_for_testing("agg", 0, i)
+            corrupt_record(store, "agg", 0, i)
     with (
         store.reader("agg", 0) as reader,
         pytest.raises(RecoveryError, match="open windows before the start"),
@@ -198,7 +199,7 @@ def test_damaged_result_record_is_never_used(tmp_path: Path) -> None:
         ec = EventualCheckpointBuilder(reader).build()
     r_offset = max(i for i, r in enumerate(records) if r.kind is Kind.R)
     assert r_offset > ec.extent_start, "the workload must close a window inside the extent"
-    store.corrupt_record_for_testing("agg", 0, r_offset, flip_at=10)
+    corrupt_record(store, "agg", 0, r_offset, flip_at=10)
     with store.reader("agg", 0) as reader, pytest.raises(RecoveryError, match="damaged"):
         EventualCheckpointBuilder(reader).build()
     with pytest.raises(DamagedLogError, match=f"offset {r_offset} is damaged"):

@@ -40,6 +40,7 @@ from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers import child_env, log_records, results, start_worker, wait_for
 from tests.queuestore.conformance.append_child import KEYS, record
+from tests.queuestore.damage import corrupt_record
 
 if TYPE_CHECKING:
     from tests.conftest import StoreBackend
@@ -375,8 +376,8 @@ def test_create_topic_mismatch(store_backend: StoreBackend) -> None:
 def _damage_sqlite(store: QueueStore, topic: str) -> dict[int, str]:
     # Offsets of a SQLite log are dense: record number == offset.
     assert isinstance(store, SqliteQueueStore)
-    store.corrupt_record_for_testing(topic, 0, 7)  # last byte of the Avro body
-    store.corrupt_record_for_testing(topic, 0, 12, flip_at=3)  # inside the stored CRC itself
+    corrupt_record(store, topic, 0, 7)  # last byte of the Avro body
+    corrupt_record(store, topic, 0, 12, flip_at=3)  # inside the stored CRC itself
     return {7: "body", 12: "crc"}
 
 
