@@ -293,7 +293,8 @@ class KeyedAggregate(Operator):
             if x > state.hi:
                 state.hi = x
             state.last = t
-        if self.windows.is_full(state.count):
+        assert self.window_count is not None
+        if state.count >= self.window_count:
             ctx.close_window(key, self._result(key, window.seq, state))
         return True
 
@@ -310,7 +311,7 @@ class KeyedAggregate(Operator):
         windows = self.windows
         window = ctx.registry.get(key)
         # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
-        watermark: int | None = getattr(ctx, "watermark", None)
+        watermark: int | None = getattr(ctx, "watermark", None) if windows.closed_by_watermark else None
         closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
         if window is not None and not closes and not math.isfinite(window.state.total + x):
             raise BadTupleError(f"value {self.value_field!r} {x!r} would overflow its window's sum")

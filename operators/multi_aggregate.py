@@ -239,7 +239,8 @@ class MultiAggregate(Operator):
         assert t is not None
         windows = self.windows
         window = ctx.registry.get(key)
-        watermark: int | None = getattr(ctx, "watermark", None)  # None: a host without watermarks
+        # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
+        watermark: int | None = getattr(ctx, "watermark", None) if self.by_window else None
         closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
         exact = exact_sum.exact
         scaled = [None if x is None else exact(x) for x in xs]
