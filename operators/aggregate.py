@@ -23,8 +23,9 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
-from cec.timeparse import NonFiniteTimeError, number_from_text, parse_duration_ms, parse_time_ms
+from cec.timeparse import number_from_text, parse_duration_ms
 from operators.base import InputTuple, Operator, OperatorContext
+from operators.windows import LONG_MAX, LONG_MIN, CountWindows, TumblingTimeWindows, windows_for
 
 __all__ = [
     "AGGREGATES",
@@ -120,11 +121,7 @@ class AggState:
         self.last = t
 
 
-# Times, window bounds and counts are Avro longs in the log: anything outside cannot be written. A tuple
-# that would put one there is dead-lettered *before* it changes anything, so that no encode error (and no
-# crash loop on the same row at every restart) can come after a window changed.
-LONG_MIN = -(1 << 63)
-LONG_MAX = (1 << 63) - 1
+# Times, window bounds and counts are Avro longs in the log (`operators.windows.LONG_MIN`, `LONG_MAX`).
 _EXACT_INT = 1 << 53  # ints up to this convert to a double exactly and cheaply
 
 
@@ -143,28 +140,6 @@ def _number(value: Any, what: str) -> float:
     if not math.isfinite(x):
         raise BadTupleError(f"{what} is not finite: {value!r:.80}")
     return x
-
-
-def _time_ms(value: Any, what: str, margin: int) -> int:
-    """An event time in integer ms (`cec.timeparse.parse_time_ms`: integers exactly, also as ASCII text;
-    other numbers only without a fraction; ISO-8601 and "YYYY-MM-DD HH:MM:SS", UTC without a zone). Must
-    lie within `margin` of the Avro long range (a time window's bounds are `margin` = D away from it)."""
-    if value is None or (isinstance(value, str) and not value.strip()):
-        raise BadTupleError(f"missing {what}")
-    try:
-        t = parse_time_ms(value)
-    except NonFiniteTimeError:
-        raise BadTupleError(f"{what} is not finite: {value!r:.80}") from None
-    except (TypeError, ValueError):
-        raise BadTupleError(
-            f"{what} is neither integer milliseconds nor an ISO-8601 time: {value!r:.80}"
-        ) from None
-    except OverflowError:  # an integer beyond any double
-        raise BadTupleError(f"{what} is out of range: {value!r:.80}") from None
-    if not LONG_MIN + margin <= t <= LONG_MAX - margin:
-        bound = "the 64-bit range" if not margin else f"the 64-bit range less the window ({margin} ms)"
-        raise BadTupleError(f"{what} is out of range: {value!r:.40} is beyond {bound}")
-    return t
 
 
 def canonical_key(raw: Any, field: str) -> str | None:
@@ -248,17 +223,12 @@ class KeyedAggregate(Operator):
     ) -> None:
         if agg not in AGGREGATES:
             raise ConfigError(f"unknown aggregate {agg!r}; choose one of {', '.join(AGGREGATES)}")
-        if (window_count is None) == (window_ms is None):
-            raise ConfigError("give exactly one of a count window or a time window")
-        if window_count is not None and window_count < 1:
-            raise ConfigError(f"a count window needs at least 1 tuple, got {window_count}")
-        if window_ms is not None and time_field is None:
-            raise ConfigError("a time window needs a time field")
-        if allowed_lateness is not None:
-            if window_ms is None:
-                raise ConfigError("an allowed lateness (event-time watermarks) needs a time window")
-            if allowed_lateness < 0:
-                raise ConfigError(f"the allowed lateness must be >= 0 ms, got {allowed_lateness}")
+        self.windows: CountWindows | TumblingTimeWindows = windows_for(
+            window_count=window_count,
+            window_ms=window_ms,
+            time_field=time_field,
+            allowed_lateness=allowed_lateness,
+        )
         self.allowed_lateness = allowed_lateness
         self.key_field = key_field
         self.value_field = value_field
@@ -273,18 +243,13 @@ class KeyedAggregate(Operator):
         self._plain_count = window_count is not None and time_field is None and allowed_lateness is None
 
     def describe(self) -> str:
-        window = f"count={self.window_count}" if self.window_count else f"time={self.window_ms}ms"
-        if self.allowed_lateness is not None:
-            window += f", watermark lateness {self.allowed_lateness}ms"
-        return f"{self.agg}({self.value_field}) by {self.key_field}, tumbling {window}"
+        return f"{self.agg}({self.value_field}) by {self.key_field}, {self.windows.describe()}"
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
         return canonical_key(value.get(self.key_field), self.key_field)
 
     def event_time(self, value: Mapping[str, Any]) -> int | None:
-        if self.time_field is None:
-            return None
-        return _time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.window_ms or 0)
+        return self.windows.event_time(value)
 
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         if self._plain_count and self._process_count(tup, ctx):
@@ -345,24 +310,11 @@ class KeyedAggregate(Operator):
         # when there is one, else the tuple's offset in its partition.
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
-        if self.window_ms is not None and self.allowed_lateness is not None:
-            # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
-            watermark: int | None = getattr(ctx, "watermark", None)
-            if watermark is not None:
-                start = t - t % self.window_ms
-                if start + self.window_ms <= watermark:
-                    raise BadTupleError(
-                        f"late: window [{start}, {start + self.window_ms}) closed at watermark {watermark}"
-                    )
+        windows = self.windows
         window = ctx.registry.get(key)
-        closes = False
-        if window is not None and self.window_ms is not None:
-            state: AggState = window.state
-            if t < state.start:
-                raise BadTupleError(
-                    f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
-                )
-            closes = t >= state.start + self.window_ms
+        # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
+        watermark: int | None = getattr(ctx, "watermark", None) if windows.closed_by_watermark else None
+        closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
         if window is not None and not closes and not math.isfinite(window.state.total + x):
             raise BadTupleError(f"value {self.value_field!r} {x!r} would overflow its window's sum")
         # Every check is done: from here on the tuple changes state and cannot fail.
@@ -371,17 +323,14 @@ class KeyedAggregate(Operator):
             ctx.close_window(key, self._result(key, window.seq, window.state))
             window = None
         if window is None:
-            start = t - t % self.window_ms if self.window_ms else t
-            window = ctx.open_window(key, AggState(1, x, x, x, start, t))
+            window = ctx.open_window(key, AggState(1, x, x, x, windows.start_of(t), t))
         else:
             window.state.add(x, t)
-        if self.window_count is not None and window.state.count >= self.window_count:
+        if windows.is_full(window.state.count):
             ctx.close_window(key, self._result(key, window.seq, window.state))
 
     def window_end(self, state: AggState) -> int | None:
-        if self.window_ms is None or self.allowed_lateness is None:
-            return None
-        return state.start + self.window_ms
+        return self.windows.watermark_end(state.start)
 
     def expire(self, key: str, seq: int, state: AggState) -> dict[str, Any]:
         return self._result(key, seq, state)
@@ -397,7 +346,7 @@ class KeyedAggregate(Operator):
             value = state.lo
         else:
             value = state.hi
-        end = state.start + self.window_ms if self.window_ms else state.last
+        end = self.windows.end_of(state.start, state.last)
         return {
             "key": key,
             "window": seq,

@@ -28,9 +28,10 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from operators import exact_sum
-from operators.aggregate import _EXACT_INT, AGGREGATES, _number, _time_ms, canonical_key
+from operators.aggregate import _EXACT_INT, AGGREGATES, _number, canonical_key
 from operators.base import InputTuple, Operator, OperatorContext
 from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
+from operators.windows import CountWindows, TumblingTimeWindows, windows_for
 
 __all__ = [
     "ALL_ROWS",
@@ -118,17 +119,12 @@ class MultiAggregate(Operator):
         if len(set(key_fields)) != len(key_fields):
             raise ConfigError(f"a key field is named twice in {','.join(key_fields)}")
         self.aggregates = result_columns([(f, c) for f, c in aggs])
-        if (window_count is None) == (window_ms is None):
-            raise ConfigError("give exactly one of a count window or a time window")
-        if window_count is not None and window_count < 1:
-            raise ConfigError(f"a count window needs at least 1 tuple, got {window_count}")
-        if window_ms is not None and time_field is None:
-            raise ConfigError("a time window needs a time field")
-        if allowed_lateness is not None:
-            if window_ms is None:
-                raise ConfigError("an allowed lateness (event-time watermarks) needs a time window")
-            if allowed_lateness < 0:
-                raise ConfigError(f"the allowed lateness must be >= 0 ms, got {allowed_lateness}")
+        self.windows: CountWindows | TumblingTimeWindows = windows_for(
+            window_count=window_count,
+            window_ms=window_ms,
+            time_field=time_field,
+            allowed_lateness=allowed_lateness,
+        )
         self.key_fields = list(key_fields)
         self.value_fields = list(dict.fromkeys(a.column for a in self.aggregates if a.column != ALL_ROWS))
         for field in self.value_fields:
@@ -142,7 +138,7 @@ class MultiAggregate(Operator):
         # With watermarks every time window is a part of its own, keyed by (key, start): it closes only
         # when the watermark passes its end, never by its key's next tuple, so which tuples it holds
         # depends only on the input, not on how input partitions interleave (keys spread over them).
-        self.by_window = window_ms is not None and allowed_lateness is not None
+        self.by_window = self.windows.closed_by_watermark
         self.result_schema = self._result_schema()
         # What `state_fields` shows of a window (the log holds `operators.multi_state`'s bytes).
         self.state_schema = {
@@ -193,11 +189,8 @@ class MultiAggregate(Operator):
         }
 
     def describe(self) -> str:
-        window = f"count={self.window_count}" if self.window_count else f"time={self.window_ms}ms"
-        if self.allowed_lateness is not None:
-            window += f", watermark lateness {self.allowed_lateness}ms"
         aggs = ", ".join(f"{a.func}({a.column})" for a in self.aggregates)
-        return f"{aggs} by {','.join(self.key_fields)}, tumbling {window}"
+        return f"{aggs} by {','.join(self.key_fields)}, {self.windows.describe()}"
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
         """The id of the window part the tuple goes to. Per-key windows: a single key as `canonical_key`
@@ -215,14 +208,12 @@ class MultiAggregate(Operator):
             parts.append(part)
         if self.by_window:
             t = self.event_time(value)
-            assert t is not None and self.window_ms is not None
-            parts.append(t - t % self.window_ms)
+            assert t is not None
+            parts.append(self.windows.start_of(t))
         return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
     def event_time(self, value: Mapping[str, Any]) -> int | None:
-        if self.time_field is None:
-            return None
-        return _time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.window_ms or 0)
+        return self.windows.event_time(value)
 
     def _values(self, value: Mapping[str, Any]) -> list[float | None]:
         out: list[float | None] = []
@@ -246,23 +237,11 @@ class MultiAggregate(Operator):
         xs = self._values(tup.value)
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
-        if self.window_ms is not None and self.allowed_lateness is not None:
-            watermark: int | None = getattr(ctx, "watermark", None)
-            if watermark is not None:
-                start = t - t % self.window_ms
-                if start + self.window_ms <= watermark:
-                    raise BadTupleError(
-                        f"late: window [{start}, {start + self.window_ms}) closed at watermark {watermark}"
-                    )
+        windows = self.windows
         window = ctx.registry.get(key)
-        closes = False
-        if window is not None and self.window_ms is not None:
-            state: MultiState = window.state
-            if t < state.start:
-                raise BadTupleError(
-                    f"late tuple: time {t} is before its key's open window [{state.start}, ...)"
-                )
-            closes = t >= state.start + self.window_ms
+        # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
+        watermark: int | None = getattr(ctx, "watermark", None) if self.by_window else None
+        closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
         exact = exact_sum.exact
         scaled = [None if x is None else exact(x) for x in xs]
         if window is not None and not closes:
@@ -276,13 +255,13 @@ class MultiAggregate(Operator):
             assert window is not None
             ctx.close_window(key, self._result(key, window.seq, window.state))
             window = None
+        state: MultiState
         if window is None:
-            start = t - t % self.window_ms if self.window_ms else t
             columns = [
                 empty_column() if x is None or si is None else ColumnState(1, si, x, x)
                 for x, si in zip(xs, scaled, strict=True)
             ]
-            window = ctx.open_window(key, MultiState(1, start, t, columns))
+            window = ctx.open_window(key, MultiState(1, windows.start_of(t), t, columns))
             state = window.state
         else:
             state = window.state
@@ -291,13 +270,11 @@ class MultiAggregate(Operator):
             for x, si, col in zip(xs, scaled, state.columns, strict=True):
                 if x is not None and si is not None:
                     col.add(x, si)
-        if self.window_count is not None and state.count >= self.window_count:
+        if windows.is_full(state.count):
             ctx.close_window(key, self._result(key, window.seq, state))
 
     def window_end(self, state: MultiState) -> int | None:
-        if self.window_ms is None or self.allowed_lateness is None:
-            return None
-        return state.start + self.window_ms
+        return self.windows.watermark_end(state.start)
 
     def expire(self, key: str, seq: int, state: MultiState) -> dict[str, Any]:
         return self._result(key, seq, state)
@@ -326,12 +303,15 @@ class MultiAggregate(Operator):
             names = ["key"] if len(self.key_fields) == 1 else self.key_fields
             out = dict(zip(names, parts, strict=True))
         # Per-key windows are numbered per key; a window of its own (watermarks) by its start / size.
-        out["window"] = state.start // self.window_ms if self.by_window and self.window_ms else seq
+        windows = self.windows
+        out["window"] = (
+            windows.index(state.start) if isinstance(windows, TumblingTimeWindows) and self.by_window else seq
+        )
         for agg in self.aggregates:
             out[agg.name] = self._aggregate(agg, state)
         out["count"] = state.count
         out["start"] = state.start
-        out["end"] = state.start + self.window_ms if self.window_ms else state.last
+        out["end"] = windows.end_of(state.start, state.last)
         return out
 
     def state_fields(self, state: MultiState) -> dict[str, Any]:
