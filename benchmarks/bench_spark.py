@@ -804,6 +804,9 @@ def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]], profile
         "profile": profile,
     }
     (d / "args.json").write_text(json.dumps(args))
+    # A name is spawned once per repeat: a fresh progress file, so that events() holds this driver's
+    # events only (appended to, the kill's time counted from the first repeat's query start).
+    (d / "progress.jsonl").unlink(missing_ok=True)
     env = dict(os.environ)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
     log = d / "driver.log"
@@ -2002,6 +2005,8 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
             )
             pair[f"ratio_cold_recovery_attached_to_native{suffix}"] = (
                 att["recovery_with_cold_driver_seconds"] / nat["recovery_with_cold_driver_seconds"]
+                if nat["recovery_with_cold_driver_seconds"] > 0
+                else math.nan
             )
             pair[f"ratio_total_overhead_attached_to_native{suffix}"] = (
                 att["total_overhead_seconds"] / nat["total_overhead_seconds"]
@@ -2027,7 +2032,10 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
         suffix = "" if system == "attached" else f"_{system}"
         for name in ("ratio_recovery_attached_to_native", "ratio_cold_recovery_attached_to_native",
                      "ratio_total_overhead_attached_to_native"):  # fmt: skip
-            result[f"median_{name}{suffix}"] = statistics.median(p[f"{name}{suffix}"] for p in pairs)
+            # A pair whose native figure is <= 0 (its restart as fast as its failure-free run) has no ratio.
+            defined = [p[f"{name}{suffix}"] for p in pairs if not math.isnan(p[f"{name}{suffix}"])]
+            result[f"median_{name}{suffix}"] = statistics.median(defined) if defined else math.nan
+            result[f"pairs_with_{name}{suffix}"] = len(defined)
     result["same_results_as_local_engine"] = all(p[f"{side}_same_results"] for p in pairs for side in systems)
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()
@@ -2037,7 +2045,8 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     if w.attached_readers:
         plot_connector(OUT_JSON.parent, CONNECTOR_PNG)
     say(
-        f"recovery after a driver kill, attached / native (median of {len(pairs)}): "
+        f"recovery after a driver kill, attached / native (median of the "
+        f"{result['pairs_with_ratio_recovery_attached_to_native']} of {len(pairs)} pairs with a ratio): "
         f"{result['median_ratio_recovery_attached_to_native']:.2f} (warm driver), "
         f"{result['median_ratio_cold_recovery_attached_to_native']:.2f} (cold driver); results "
         f"{'match' if result['same_results_as_local_engine'] else 'DIFFER'}; {path}"
