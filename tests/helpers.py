@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sqlite3
 import subprocess
 import sys
@@ -149,3 +150,34 @@ def hide_row(root: Path, topic: str, offset: int, partition: int = 0) -> None:
         assert conn.execute("DELETE FROM log WHERE offset = ?", (offset,)).rowcount == 1
     finally:
         conn.close()
+
+
+def run_through_crashes(spec: JobSpec, spec_path: Path, crashes: list[tuple[str, int]]) -> int:
+    """Run a job's worker once per crash in `crashes`, each (site, n): "external" SIGKILLs it from outside once
+    its log ("agg"[0] of the job's SQLite store) holds n records; any other site is a kill point armed at its
+    n-th call. Every run ends by SIGKILL or completes; returns how many were killed."""
+    from queuestore.sqlite import SqliteQueueStore
+
+    def logged() -> int:
+        store = SqliteQueueStore(Path(spec.store["root"]))
+        if not store.topic_exists("agg"):
+            return 0
+        with store.reader("agg", 0) as reader:
+            return reader.end_offset()
+
+    killed = 0
+    for site, n in crashes:
+        if site == "external":
+            proc = start_worker(spec, spec_path)
+            try:
+                wait_for(lambda p=proc, n=n: p.poll() is not None or logged() >= n, timeout=120)
+            finally:
+                if proc.poll() is None:
+                    proc.send_signal(signal.SIGKILL)
+                proc.communicate(timeout=60)
+        else:
+            proc = start_worker(spec, spec_path, faults=f"{site}:{n}")
+            proc.communicate(timeout=120)
+        assert proc.returncode in (0, -signal.SIGKILL), proc.returncode
+        killed += proc.returncode == -signal.SIGKILL
+    return killed

@@ -9,7 +9,6 @@ from __future__ import annotations
 import csv
 import json
 import math
-import signal
 import struct
 from collections import defaultdict
 from pathlib import Path
@@ -32,7 +31,7 @@ from operators.multi_aggregate import MultiAggregate, parse_agg
 from operators.sinks import iter_payloads
 from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
-from tests.helpers import start_worker, wait_for
+from tests.helpers import run_through_crashes, start_worker
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
 FLIGHT_SCHEMA: dict[str, Any] = {
@@ -359,14 +358,6 @@ def _queue_job(root: Path) -> JobSpec:
     )
 
 
-def _logged(root: Path) -> int:
-    store = SqliteQueueStore(root)
-    if not store.topic_exists("agg"):
-        return 0
-    with store.reader("agg", 0) as reader:
-        return reader.end_offset()
-
-
 def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
     rows = iter_payloads(SqliteQueueStore(root), "agg", schema)
     return sorted(
@@ -394,21 +385,7 @@ def test_sigkill_with_keys_over_three_partitions_gives_the_failure_free_results_
     root = tmp_path / "crashed"
     _write_queue(root, "flights", 3)
     spec = _queue_job(root)
-    killed = 0
-    for site, n in crashes:
-        if site == "external":
-            proc = start_worker(spec, tmp_path / "spec.json")
-            try:
-                wait_for(lambda p=proc, n=n: p.poll() is not None or _logged(root) >= n, timeout=120)
-            finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                proc.communicate(timeout=60)
-        else:
-            proc = start_worker(spec, tmp_path / "spec.json", faults=f"{site}:{n}")
-            proc.communicate(timeout=120)
-        assert proc.returncode in (0, -signal.SIGKILL), proc.returncode
-        killed += proc.returncode == -signal.SIGKILL
+    killed = run_through_crashes(spec, tmp_path / "spec.json", crashes)
     assert killed >= 1
     proc = start_worker(spec, tmp_path / "spec.json")
     _, err = proc.communicate(timeout=120)

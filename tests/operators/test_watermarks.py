@@ -25,7 +25,7 @@ from operators.runtime import OperatorRuntime
 from operators.sources import InputSource
 from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
-from tests.helpers import log_records, per_key, results, start_worker, wait_for
+from tests.helpers import log_records, per_key, results, run_through_crashes, start_worker
 
 
 def _csv(path: Path, rows: list[tuple[str, float, int]]) -> Path:
@@ -140,14 +140,6 @@ def _generator_job(root: Path, *, lateness: int | None, partitions: int = 3) -> 
     )
 
 
-def _logged(root: Path) -> int:
-    store = SqliteQueueStore(root)
-    if not store.topic_exists("agg"):
-        return 0
-    with store.reader("agg", 0) as reader:
-        return reader.end_offset()
-
-
 @pytest.mark.parametrize(
     "crashes",
     [
@@ -169,21 +161,7 @@ def test_sigkill_and_recovery_close_the_same_windows_with_several_partitions(
 
     root = tmp_path / "crashed"
     spec = _generator_job(root, lateness=0)
-    killed = 0
-    for site, n in crashes:
-        if site == "external":
-            proc = start_worker(spec, tmp_path / "spec.json")
-            try:
-                wait_for(lambda p=proc, n=n: p.poll() is not None or _logged(root) >= n, timeout=120)
-            finally:
-                if proc.poll() is None:
-                    proc.send_signal(signal.SIGKILL)
-                proc.communicate(timeout=60)
-        else:
-            proc = start_worker(spec, tmp_path / "spec.json", faults=f"{site}:{n}")
-            proc.communicate(timeout=120)
-        assert proc.returncode in (0, -signal.SIGKILL), proc.returncode
-        killed += proc.returncode == -signal.SIGKILL
+    killed = run_through_crashes(spec, tmp_path / "spec.json", crashes)
     assert killed >= 1
     proc = start_worker(spec, tmp_path / "spec.json")
     _, err = proc.communicate(timeout=120)
