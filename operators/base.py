@@ -107,6 +107,20 @@ class Operator(abc.ABC):
         """The result of `key`'s window `seq` closed by the watermark (only for windows with an end)."""
         raise NotImplementedError(f"{self.name} has no windows the watermark closes")
 
+    def window_end_after(self, state: Any, watermark: int | None) -> int | None:
+        """The first end past `watermark` (None: none yet) at which the watermark acts on a window with
+        `state` (every end at or below it has acted already: its records are in the log). Default:
+        `window_end`, which for a window closed whole always lies past the watermark."""
+        return self.window_end(state)
+
+    def expire_next(
+        self, key: str, seq: int, state: Any, end: int, ctx: OperatorContext
+    ) -> tuple[Mapping[str, Any] | None, int | None]:
+        """The watermark passed `end` of `key`'s window `seq`: (result, None) closes the window with that
+        result as its R; (result or None, later) emits the result without closing anything (a window part
+        that serves several windows, `operators.hopping`) and acts again at end `later`. Default: `expire`."""
+        return self.expire(key, seq, state), None
+
     def encode_state(self, state: Any) -> bytes:
         raise NotImplementedError(f"{self.name} is stateless")
 

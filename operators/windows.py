@@ -8,7 +8,10 @@ One small class per window kind, each answering the same questions (`Windows`):
 - `TumblingTimeWindows`: [start, start + D) with start aligned to D (a floor, also for negative times); the
   key's open window closes when its next tuple is at or past its end, or, with an allowed lateness, when
   the watermark passes its end.
-A new kind (hopping, session) is another class beside these, chosen by `windows_for`.
+- `HoppingTimeWindows`: Spark's `window(ts, size, slide)`: [start, start + size) with start a multiple of
+  the slide; a tuple is in every window that contains its time (`starts_of`). Chosen by `hopping_windows`;
+  the operator that keeps them is `operators.hopping`.
+A new kind (session) is another class beside these, chosen by `windows_for`.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ __all__ = [
     "LONG_MAX",
     "LONG_MIN",
     "CountWindows",
+    "HoppingTimeWindows",
     "TumblingTimeWindows",
     "Windows",
     "event_time_ms",
+    "hopping_windows",
     "windows_for",
 ]
 
@@ -217,3 +222,85 @@ def windows_for(
         return CountWindows(window_count, time_field)
     assert window_ms is not None and time_field is not None
     return TumblingTimeWindows(window_ms, time_field, allowed_lateness)
+
+
+class HoppingTimeWindows(Windows):
+    """Hopping windows [start, start + size_ms) with start a multiple of slide_ms (which divides size_ms):
+    k = size / slide windows hold each time. Their state is kept per pane ([p, p + slide), p a multiple of
+    the slide) and per period ([e, e + size), e a multiple of the size), `operators.hopping`."""
+
+    __slots__ = ("panes", "size_ms", "slide_ms")
+
+    def __init__(self, size_ms: int, slide_ms: int, time_field: str, allowed_lateness: int | None) -> None:
+        super().__init__(time_field, allowed_lateness)
+        self.size_ms = size_ms
+        self.slide_ms = slide_ms
+        self.panes = size_ms // slide_ms  # k: the windows (and panes of a window) per time
+
+    def describe(self) -> str:
+        window = f"hopping time={self.size_ms}ms slide={self.slide_ms}ms"
+        if self.allowed_lateness is not None:
+            window += f", watermark lateness {self.allowed_lateness}ms"
+        return window
+
+    @property
+    def margin(self) -> int:
+        return self.size_ms
+
+    def pane_of(self, t: int) -> int:
+        """The start of the pane that holds time `t`."""
+        return t - t % self.slide_ms
+
+    def period_of(self, t: int) -> int:
+        """The start of the size-aligned period that holds time `t` (a window spans at most two)."""
+        return t - t % self.size_ms
+
+    def starts_of(self, t: int) -> range:
+        """The starts of every window that holds time `t`, the earliest first."""
+        pane = self.pane_of(t)
+        return range(pane - self.size_ms + self.slide_ms, pane + 1, self.slide_ms)
+
+    def start_of(self, t: int) -> int:
+        return self.pane_of(t)
+
+    def closes_before(self, t: int, open_start: int | None, watermark: int | None) -> bool:
+        return False  # several windows are open per key: `operators.hopping` closes them
+
+    def is_full(self, count: int) -> bool:
+        return False
+
+    def end_of(self, start: int, last: int) -> int:
+        return start + self.size_ms
+
+    @property
+    def closed_by_watermark(self) -> bool:
+        return self.allowed_lateness is not None
+
+    def watermark_end(self, start: int) -> int | None:
+        if self.allowed_lateness is None:
+            return None
+        return start + self.size_ms
+
+
+def hopping_windows(
+    *, window_ms: int | None, slide_ms: int, time_field: str | None, allowed_lateness: int | None
+) -> HoppingTimeWindows:
+    """The hopping windows of `--window-time` and `--slide`; ConfigError for options that do not make them."""
+    if window_ms is None:
+        raise ConfigError("a slide needs a time window (--slide needs --window-time)")
+    if window_ms < 1 or slide_ms < 1:
+        raise ConfigError(
+            f"a hopping window needs a size and a slide of at least 1 ms, got {window_ms}, {slide_ms}"
+        )
+    if slide_ms > window_ms:
+        raise ConfigError(f"the slide ({slide_ms} ms) is larger than the window ({window_ms} ms)")
+    if window_ms % slide_ms:
+        raise ConfigError(
+            f"the slide ({slide_ms} ms) must divide the window ({window_ms} ms): windows are combined from "
+            "slide-wide panes"
+        )
+    if time_field is None:
+        raise ConfigError("a time window needs a time field")
+    if allowed_lateness is not None and allowed_lateness < 0:
+        raise ConfigError(f"the allowed lateness must be >= 0 ms, got {allowed_lateness}")
+    return HoppingTimeWindows(window_ms, slide_ms, time_field, allowed_lateness)

@@ -21,7 +21,7 @@ __all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
 
 def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     """--key, --value, --time (the fields it reads: columns of a CSV, fields of a topic's values), the
-    window (--window-count or --window-time), --allowed-lateness and --agg."""
+    window (--window-count or --window-time, --slide), --allowed-lateness and --agg."""
     run.add_argument(
         "--key",
         required=True,
@@ -39,6 +39,12 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     group.add_argument("--window-count", type=positive_int, help="tumbling window of N tuples per key")
     group.add_argument(
         "--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour"
+    )
+    run.add_argument(
+        "--slide",
+        metavar="D",
+        help="hopping windows: a --window-time window starts every D (e.g. --window-time 1h --slide 15m), "
+        "as Spark's window(ts, size, slide); D must divide the window",
     )
     run.add_argument(
         "--allowed-lateness",
@@ -61,6 +67,8 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
     message when --window-time comes without one)."""
     if args.window_time and not args.time:
         raise ConfigError(f"--window-time needs --time {time_flag}")
+    if args.slide is not None and not args.window_time:
+        raise ConfigError("--slide needs --window-time (hopping windows are time windows)")
     if args.allowed_lateness is not None and not args.window_time:
         raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
 
@@ -73,4 +81,5 @@ def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
         window_time=args.window_time,
         time=args.time,
         allowed_lateness=args.allowed_lateness,
+        slide=args.slide,
     )

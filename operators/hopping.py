@@ -1,0 +1,428 @@
+"""Hopping windows of several aggregates over composite keys: `cec run --window-time 1h --slide 15m`.
+
+As Spark's `window(ts, size, slide)`: windows [start, start + size) with start a multiple of the slide
+(which must divide the size); a tuple is in each of the k = size / slide windows that contain its time.
+Results: one row per (key, window) that holds a tuple, with the columns of `operators.multi_aggregate`
+(`window` is start / slide) and the same aggregate rules (SQL nulls, exact order-independent sums).
+
+Why panes, in parts of one period. Keeping each window as a part of its own (design A of the hopping
+design notes) writes a G-open per window: k footprints per key where tumbling windows write one, and k
+updates per tuple. Here a key's state is kept per pane [p, p + slide): a tuple updates one pane, and a
+window's result combines the k panes it covers. The panes of a key are grouped into one part per period
+[e, e + size) (e a multiple of the size): the part (key, e) opens with its first tuple (one G-open, whose
+state is that tuple's pane, as small as a tumbling window's) and closes once the last window that covers
+one of its panes has its result. So per key and period there is one G-open and one R, as with tumbling
+windows of the size; only the results themselves are k per period. A window spans at most two periods,
+so a result combines the panes of at most two parts of its key.
+
+What each record is under the EC rule (DESIGN-NOTES section 2, `recovery.eventual`), unchanged:
+- G-open, G-check: a footprint of the part (key, e), identified by (part id, seq) as every window; its
+  state is the part's panes.
+- R with the part's id: the result of the part's last window; it closes the part (its older footprints
+  are skipped). Every other window's result is a result record without a window identity (as a stateless
+  operator's): no part of any checkpoint. A tuple replayed below the crash point (REBUILD) makes it again
+  only in memory; the engine drops it (`OperatorInstance.emit`), since the first one is in the log.
+A window is emitted by the part that holds its first non-empty pane (its owner); the owner's R is thus
+always the result of a window it owns, and no window is emitted twice.
+
+When windows close, as tumbling time windows close:
+- without a watermark, a key's windows whose end is at or before its next tuple's time close (their
+  results go out) before that tuple goes in. A tuple is late (dead letter) when the earliest window that
+  holds it has closed: its pane ends at or before the latest time of its part's tuples (or, when its part is
+  not open, of its key's). So a tuple goes into all of its windows or into none;
+- with `--allowed-lateness`, the watermark closes windows in (end, part, seq) order
+  (`OperatorInstance._expire` asks `expire_next` once per window end), never a key's own next tuple; a
+  tuple is late when its pane ends at or before the watermark. The panes (and so every window) then hold
+  exactly the input's tuples whatever the interleaving of the input partitions that carry a key.
+Why the late rule looks only at the tuple's own part without a watermark: replaying below the crash point,
+the part's state is exactly what it was at that tuple, but a younger part of the same key may already hold
+later tuples (loaded from its footprint); a rule that read it could refuse in the replay a tuple the first
+run took. Per key in time order (what per-key closing assumes) the two rules are the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from cec.exceptions import BadTupleError
+from cec.registry import OpenWindow, WindowRegistry
+from operators import exact_sum
+from operators.aggregate import canonical_key
+from operators.base import InputTuple, OperatorContext
+from operators.multi_aggregate import MultiAggregate
+from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
+from operators.windows import HoppingTimeWindows, hopping_windows
+
+__all__ = ["HoppingAggregate", "PaneRun", "decode_panes", "encode_panes"]
+
+VERSION = 0x03  # multi_state's is 0x02: a pane run's bytes are never read as one window's
+
+
+@dataclass(slots=True)
+class PaneRun:
+    """The state of one part (key, period): its non-empty panes by start, each a `MultiState` whose
+    `start` is the pane's start and `last` the latest time of its tuples."""
+
+    panes: list[MultiState]
+
+    @property
+    def latest(self) -> int:
+        """The latest time of the part's tuples."""
+        return max(pane.last for pane in self.panes)
+
+
+def _varint(out: bytearray, n: int) -> None:
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+
+
+def encode_panes(run: PaneRun) -> bytes:
+    """Version, pane count, then per pane the length and bytes of its `multi_state` encoding."""
+    out = bytearray((VERSION,))
+    _varint(out, len(run.panes))
+    for pane in run.panes:
+        data = encode_state(pane)
+        _varint(out, len(data))
+        out += data
+    return bytes(out)
+
+
+def decode_panes(data: bytes, columns: int) -> PaneRun:
+    """`encode_panes`'s inverse; ValueError for bytes that are not such a state (never another exception)."""
+    if data[:1] != bytes((VERSION,)):
+        raise ValueError("pane run: unknown version")
+    at = 1
+
+    def varint() -> int:
+        nonlocal at
+        n, shift = 0, 0
+        while True:
+            if at >= len(data) or shift > 70:
+                raise ValueError("pane run: truncated or overlong varint")
+            b = data[at]
+            at += 1
+            n |= (b & 0x7F) << shift
+            shift += 7
+            if b < 0x80:
+                return n
+
+    count = varint()
+    if count < 1:
+        raise ValueError("pane run: no pane")
+    panes: list[MultiState] = []
+    for _ in range(count):
+        size = varint()
+        if at + size > len(data):
+            raise ValueError("pane run: truncated")
+        pane = decode_state(data[at : at + size], columns)
+        at += size
+        if panes and pane.start <= panes[-1].start:
+            raise ValueError("pane run: panes out of order")
+        panes.append(pane)
+    if at != len(data):
+        raise ValueError("pane run: trailing bytes")
+    return PaneRun(panes)
+
+
+def _merge_column(into: ColumnState, col: ColumnState) -> None:
+    if col.n == 0:
+        return
+    into.n += col.n
+    into.total += col.total
+    for x in (col.lo, col.hi):  # ColumnState.add's order of -0.0 and 0.0
+        if x < into.lo or (x == into.lo and math.copysign(1.0, x) < math.copysign(1.0, into.lo)):
+            into.lo = x
+        if x > into.hi or (x == into.hi and math.copysign(1.0, x) > math.copysign(1.0, into.hi)):
+            into.hi = x
+
+
+class HoppingAggregate(MultiAggregate):
+    """Several aggregates per composite key over hopping time windows (module doc)."""
+
+    def __init__(
+        self,
+        *,
+        key_fields: Sequence[str],
+        aggs: Sequence[tuple[str, str]],
+        window_ms: int | None,
+        slide_ms: int,
+        time_field: str | None,
+        allowed_lateness: int | None = None,
+    ) -> None:
+        self.hopping: HoppingTimeWindows = hopping_windows(
+            window_ms=window_ms, slide_ms=slide_ms, time_field=time_field, allowed_lateness=allowed_lateness
+        )
+        super().__init__(
+            key_fields=key_fields,
+            aggs=aggs,
+            window_ms=window_ms,
+            time_field=time_field,
+            allowed_lateness=allowed_lateness,
+        )
+        self.slide_ms = slide_ms
+        fields = dict(self.state_schema or {})
+        self.state_schema = {
+            **fields,
+            "name": "HoppingAggregateStateFields",
+            "fields": [{"name": "panes", "type": "long"}, *fields["fields"]],
+        }
+        # The open parts of each key (its JSON key -> period starts): the parts a key's windows combine.
+        # Built from the registry the first time it is needed (after a recovery loaded the EC into it),
+        # then kept as parts open and close.
+        self._parts: dict[str, set[int]] = {}
+        self._indexed: WindowRegistry | None = None
+
+    def describe(self) -> str:
+        aggs = ", ".join(f"{a.func}({a.column})" for a in self.aggregates)
+        return f"{aggs} by {','.join(self.key_fields)}, {self.hopping.describe()}"
+
+    # -- ids ---------------------------------------------------------------------------------------------
+    def _key_json(self, value: Mapping[str, Any]) -> str:
+        parts: list[str] = []
+        for field in self.key_fields:
+            part = canonical_key(value.get(field), field)
+            if part is None:
+                raise BadTupleError(f"missing key {field!r}")
+            parts.append(part)
+        return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+
+    @staticmethod
+    def _part_id(key_json: str, period: int) -> str:
+        return f"{key_json[:-1]},{period}]"  # the key's fields and the period's start, one JSON array
+
+    @staticmethod
+    def _split(part_id: str) -> tuple[str, int]:
+        parts = json.loads(part_id)
+        return json.dumps(parts[:-1], ensure_ascii=False, separators=(",", ":")), int(parts[-1])
+
+    def key_of(self, value: Mapping[str, Any]) -> str | None:
+        """The part the tuple goes to: its key's fields and its period's start, as a JSON array."""
+        key_json = self._key_json(value)
+        t = self.event_time(value)
+        assert t is not None
+        return self._part_id(key_json, self.hopping.period_of(t))
+
+    def _index(self, registry: WindowRegistry) -> dict[str, set[int]]:
+        if self._indexed is not registry:
+            self._parts = {}
+            for window in registry:
+                key_json, period = self._split(window.key)
+                self._parts.setdefault(key_json, set()).add(period)
+            self._indexed = registry
+        return self._parts
+
+    def _forget(self, key_json: str, period: int) -> None:
+        periods = self._parts.get(key_json)
+        if periods is not None:
+            periods.discard(period)
+            if not periods:
+                del self._parts[key_json]
+
+    # -- windows -------------------------------------------------------------------------------------------
+    def _window(self, runs: Sequence[PaneRun], start: int) -> MultiState | None:
+        """The window [start, start + size) of a key combined from its parts' panes; None if it holds none."""
+        end = start + self.hopping.size_ms
+        combined: MultiState | None = None
+        for run in runs:
+            for pane in run.panes:
+                if not start <= pane.start < end:
+                    continue
+                if combined is None:
+                    combined = MultiState(0, start, pane.last, [empty_column() for _ in pane.columns])
+                combined.count += pane.count
+                combined.last = max(combined.last, pane.last)
+                for into, col in zip(combined.columns, pane.columns, strict=True):
+                    _merge_column(into, col)
+        return combined
+
+    def _window_result(self, key_json: str, state: MultiState) -> dict[str, Any]:
+        names = ["key"] if len(self.key_fields) == 1 else self.key_fields
+        out: dict[str, Any] = dict(zip(names, json.loads(key_json), strict=True))
+        out["window"] = state.start // self.slide_ms
+        for agg in self.aggregates:
+            out[agg.name] = self._aggregate(agg, state)
+        out["count"] = state.count
+        out["start"] = state.start
+        out["end"] = state.start + self.hopping.size_ms
+        return out
+
+    def _owns(self, run: PaneRun, older: PaneRun | None, start: int) -> bool:
+        """Whether `run` emits window `start`: it holds the window's first non-empty pane (`older`, the
+        part of the period before, holds none in it)."""
+        end = start + self.hopping.size_ms
+        if not any(start <= pane.start < end for pane in run.panes):
+            return False
+        return older is None or all(pane.start < start for pane in older.panes)
+
+    # -- tuples ----------------------------------------------------------------------------------------------
+    def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
+        value = tup.value
+        assert value is not None
+        key_json = self._key_json(value)
+        xs = self._values(value)
+        t = self.event_time(value)
+        assert t is not None
+        hop = self.hopping
+        size, slide = hop.size_ms, hop.slide_ms
+        pane_start, period = hop.pane_of(t), hop.period_of(t)
+        part_id = self._part_id(key_json, period)
+        registry = ctx.registry
+        index = self._index(registry)
+        own = registry.get(part_id)
+        runs: dict[int, OpenWindow] = {}
+        for p in sorted(index.get(key_json, ())):
+            window = registry.get(self._part_id(key_json, p))
+            assert window is not None, "the parts index and the registry disagree"
+            runs[p] = window
+        if self.by_window:
+            watermark: int | None = getattr(ctx, "watermark", None)
+            if watermark is not None and pane_start + slide <= watermark:
+                raise BadTupleError(
+                    f"late: window [{pane_start - size + slide}, {pane_start + slide}) closed at watermark {watermark}"
+                )
+            latest = None
+        else:
+            latest = max((w.state.latest for w in runs.values()), default=None)
+            seen = own.state.latest if own is not None else latest
+            if seen is not None and pane_start + slide <= seen:
+                raise BadTupleError(
+                    f"late tuple: time {t} is in window [{pane_start - size + slide}, {pane_start + slide}) "
+                    f"of its key, closed at {seen}"
+                )
+        scaled = [None if x is None else exact_sum.exact(x) for x in xs]
+        # A window's sum is at most the sum of the magnitudes of the panes it covers (k of its key's).
+        limit = exact_sum.OVERFLOW
+        for i, si in enumerate(scaled):
+            if si is None:
+                continue
+            total = abs(si) + sum(
+                abs(pane.columns[i].total)
+                for w in runs.values()
+                for pane in w.state.panes
+                if pane_start - size < pane.start < pane_start + size
+            )
+            if total >= limit:
+                raise BadTupleError(f"value {self.value_fields[i]!r} would overflow its window's sum")
+        # Every check is done: from here on the tuple changes state and cannot fail.
+        if latest is not None and t > latest:
+            self._close_until(key_json, runs, latest, t, ctx)
+            own = registry.get(part_id)
+        if own is None:
+            column_states = [
+                empty_column() if x is None or si is None else ColumnState(1, si, x, x)
+                for x, si in zip(xs, scaled, strict=True)
+            ]
+            ctx.open_window(part_id, PaneRun([MultiState(1, pane_start, t, column_states)]))
+            index.setdefault(key_json, set()).add(period)
+            return
+        panes = own.state.panes
+        at = next((i for i, pane in enumerate(panes) if pane.start >= pane_start), len(panes))
+        if at < len(panes) and panes[at].start == pane_start:
+            pane = panes[at]
+            pane.count += 1
+            pane.last = max(pane.last, t)
+            for x, si, col in zip(xs, scaled, pane.columns, strict=True):
+                if x is not None and si is not None:
+                    col.add(x, si)
+        else:
+            column_states = [
+                empty_column() if x is None or si is None else ColumnState(1, si, x, x)
+                for x, si in zip(xs, scaled, strict=True)
+            ]
+            panes.insert(at, MultiState(1, pane_start, t, column_states))
+
+    def _close_until(
+        self, key_json: str, runs: dict[int, OpenWindow], latest: int, t: int, ctx: OperatorContext
+    ) -> None:
+        """Per-key closing: the key's windows whose end lies in (latest, t] close, each emitted by its
+        owner; a part whose last window that is closes with it (its R)."""
+        size, slide = self.hopping.size_ms, self.hopping.slide_ms
+        if not runs:
+            return
+        last_end = max(max(p.start for p in w.state.panes) for w in runs.values()) + size
+        end = latest - latest % slide + slide  # the first window end past `latest`
+        periods = sorted(runs)
+        while end <= t and end <= last_end:
+            start = end - size
+            states = [runs[p].state for p in periods if p in runs]
+            for p in periods:
+                window = runs.get(p)
+                if window is None:
+                    continue
+                older = runs.get(p - size)
+                if not self._owns(window.state, None if older is None else older.state, start):
+                    continue
+                combined = self._window(states, start)
+                assert combined is not None
+                result = self._window_result(key_json, combined)
+                if max(pane.start for pane in window.state.panes) + size == end:
+                    ctx.close_window(window.key, result)
+                    del runs[p]
+                    self._forget(key_json, p)
+                else:
+                    ctx.emit(result)
+                break
+            end += slide
+
+    # -- the watermark -------------------------------------------------------------------------------------
+    def window_end(self, state: PaneRun) -> int | None:  # type: ignore[override]
+        if not self.by_window:
+            return None
+        return state.panes[0].start + self.hopping.slide_ms  # the earliest window of its first pane
+
+    def window_end_after(self, state: PaneRun, watermark: int | None) -> int | None:
+        first = self.window_end(state)
+        if first is None or watermark is None:
+            return first
+        slide = self.hopping.slide_ms
+        return max(first, watermark - watermark % slide + slide)
+
+    def expire_next(
+        self, key: str, seq: int, state: PaneRun, end: int, ctx: OperatorContext
+    ) -> tuple[dict[str, Any] | None, int | None]:
+        key_json, period = self._split(key)
+        size = self.hopping.size_ms
+        start = end - size
+        registry = ctx.registry
+        older = registry.get(self._part_id(key_json, period - size))
+        result = None
+        if self._owns(state, None if older is None else older.state, start):
+            newer = registry.get(self._part_id(key_json, period + size))
+            runs = [w.state for w in (older, newer) if w is not None]
+            combined = self._window([state, *runs], start)
+            assert combined is not None
+            result = self._window_result(key_json, combined)
+        if end >= state.panes[-1].start + size:
+            assert result is not None  # its last window's first pane is its own last pane
+            self._index(registry)
+            self._forget(key_json, period)
+            return result, None
+        return result, end + self.hopping.slide_ms
+
+    def expire(self, key: str, seq: int, state: PaneRun) -> dict[str, Any]:  # type: ignore[override]
+        raise NotImplementedError("hopping windows close through expire_next")
+
+    # -- state ---------------------------------------------------------------------------------------------
+    def state_fields(self, state: PaneRun) -> dict[str, Any]:  # type: ignore[override]
+        """A part's state as flat named fields (`cec state --as-of`): its panes, and the fields of
+        `MultiAggregate.state_fields` over all of them (`start` the first pane's, `last` the latest time)."""
+        combined = MultiState(
+            0, state.panes[0].start, state.latest, [empty_column() for _ in self.value_fields]
+        )
+        for pane in state.panes:
+            combined.count += pane.count
+            for into, col in zip(combined.columns, pane.columns, strict=True):
+                _merge_column(into, col)
+        return {"panes": len(state.panes), **super().state_fields(combined)}
+
+    def encode_state(self, state: PaneRun) -> bytes:  # type: ignore[override]
+        return encode_panes(state)
+
+    def decode_state(self, data: bytes) -> PaneRun:  # type: ignore[override]
+        return decode_panes(data, len(self.value_fields))
