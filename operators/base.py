@@ -121,6 +121,15 @@ class Operator(abc.ABC):
         that serves several windows, `operators.hopping`) and acts again at end `later`. Default: `expire`."""
         return self.expire(key, seq, state), None
 
+    # Whether each result is made at most once by a failure-free run, identified by `result_identity`: a
+    # recovery then reads the results at the log's end (those of the tuple the crash cut, which is applied
+    # again) and the instance does not make those again (`operators.hopping`: results that close no part).
+    unique_results: bool = False
+
+    def result_identity(self, result: Mapping[str, Any]) -> object:
+        """What identifies a result when `unique_results` (e.g. its key and window start)."""
+        raise NotImplementedError(f"{self.name} does not identify its results")
+
     def encode_state(self, state: Any) -> bytes:
         raise NotImplementedError(f"{self.name} is stateless")
 

@@ -23,7 +23,15 @@ What each record is under the EC rule (DESIGN-NOTES section 2, `recovery.eventua
   operator's): no part of any checkpoint. A tuple replayed below the crash point (REBUILD) makes it again
   only in memory; the engine drops it (`OperatorInstance.emit`), since the first one is in the log.
 A window is emitted by the part that holds its first non-empty pane (its owner); the owner's R is thus
-always the result of a window it owns, and no window is emitted twice.
+always the result of a window it owns, and no window is emitted twice. An older part may close (its R)
+at the very end at which its younger part asks whether the older one owns that window: part ids sort the
+younger part first (`_part_id`), so it asks while the older one is still open.
+The tuple a crash cut (some of its records are in the log, the last one, which claims it, is not) is
+applied again from the EC, which no longer holds the parts its logged R's closed: it would make again
+the results already logged before the cut, and a younger part could take a window that an older part,
+now closed, had emitted. So a window's result is identified by its key and start (`unique_results`): the
+runtime reads the results at the log's end that carry the crash point's `pos` and the engine does not
+make them again.
 
 When windows close, as tumbling time windows close:
 - without a watermark, a key's windows whose end is at or before its next tuple's time close (their
@@ -31,13 +39,20 @@ When windows close, as tumbling time windows close:
   holds it has closed: its pane ends at or before the latest time of its part's tuples (or, when its part is
   not open, of its key's). So a tuple goes into all of its windows or into none;
 - with `--allowed-lateness`, the watermark closes windows in (end, part, seq) order
-  (`OperatorInstance._expire` asks `expire_next` once per window end), never a key's own next tuple; a
-  tuple is late when its pane ends at or before the watermark. The panes (and so every window) then hold
-  exactly the input's tuples whatever the interleaving of the input partitions that carry a key.
-Why the late rule looks only at the tuple's own part without a watermark: replaying below the crash point,
-the part's state is exactly what it was at that tuple, but a younger part of the same key may already hold
-later tuples (loaded from its footprint); a rule that read it could refuse in the replay a tuple the first
-run took. Per key in time order (what per-key closing assumes) the two rules are the same.
+  (`OperatorInstance._expire` asks `expire_next` once per window end), never a key's own next tuple. A
+  tuple goes into those of its windows that are still open (end past the watermark) and is late only when
+  every one has closed: its pane's start + size is at or before the watermark (Flink's rule for sliding
+  windows). Which windows a tuple joins then depends only on the watermark when it comes, as the
+  tumbling windows' late rule does, not on how the input partitions carrying a key interleave otherwise.
+Why these late rules, and not one rule for both: replaying below the crash point (REBUILD), the watermark
+is the crash point's, later than when the tuple first came. A tuple refused then by the watermark rule
+went only into windows that had all closed before the crash point, whose results are in the log; its
+pane changes no window still to come, so the part's results after recovery are the failure-free ones (an
+"earliest window closed" rule would refuse tuples that windows still open hold). Without a watermark the
+rule reads only the tuple's own part, whose state in the replay is exactly what it was at that tuple; a
+younger part of the same key may already hold later tuples there (loaded from its footprint), so a rule
+that read it could refuse in the replay a tuple the first run took. Per key in time order (what per-key
+closing assumes) the per-key rule is the key's "earliest window closed".
 """
 
 from __future__ import annotations
@@ -55,7 +70,7 @@ from operators.aggregate import canonical_key
 from operators.base import InputTuple, OperatorContext
 from operators.multi_aggregate import MultiAggregate
 from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
-from operators.windows import HoppingTimeWindows, hopping_windows
+from operators.windows import LONG_MAX, HoppingTimeWindows, hopping_windows
 
 __all__ = ["HoppingAggregate", "PaneRun", "decode_panes", "encode_panes"]
 
@@ -178,6 +193,12 @@ class HoppingAggregate(MultiAggregate):
         self._parts: dict[str, set[int]] = {}
         self._indexed: WindowRegistry | None = None
 
+    unique_results = True  # one result per (key, window): see the module doc on the tuple a crash cuts
+
+    def result_identity(self, result: Mapping[str, Any]) -> object:
+        names = ["key"] if len(self.key_fields) == 1 else self.key_fields
+        return (*(result[name] for name in names), result["start"])
+
     def describe(self) -> str:
         aggs = ", ".join(f"{a.func}({a.column})" for a in self.aggregates)
         return f"{aggs} by {','.join(self.key_fields)}, {self.hopping.describe()}"
@@ -194,15 +215,21 @@ class HoppingAggregate(MultiAggregate):
 
     @staticmethod
     def _part_id(key_json: str, period: int) -> str:
-        return f"{key_json[:-1]},{period}]"  # the key's fields and the period's start, one JSON array
+        """The key's fields and the period, one JSON array. The period is written as LONG_MAX - start in 16
+        hex digits, so that of two parts of a key the younger one has the smaller id: the watermark acts
+        on equal ends in (end, id, seq) order, and a younger part must decide which windows it owns while
+        the older part, which may close at that same end, is still open."""
+        return f'{key_json[:-1]},"{LONG_MAX - period:016x}"]'
 
     @staticmethod
     def _split(part_id: str) -> tuple[str, int]:
         parts = json.loads(part_id)
-        return json.dumps(parts[:-1], ensure_ascii=False, separators=(",", ":")), int(parts[-1])
+        return json.dumps(parts[:-1], ensure_ascii=False, separators=(",", ":")), LONG_MAX - int(
+            parts[-1], 16
+        )
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
-        """The part the tuple goes to: its key's fields and its period's start, as a JSON array."""
+        """The part the tuple goes to: its key's fields and its period (`_part_id`), as a JSON array."""
         key_json = self._key_json(value)
         t = self.event_time(value)
         assert t is not None
@@ -282,9 +309,10 @@ class HoppingAggregate(MultiAggregate):
             runs[p] = window
         if self.by_window:
             watermark: int | None = getattr(ctx, "watermark", None)
-            if watermark is not None and pane_start + slide <= watermark:
+            if watermark is not None and pane_start + size <= watermark:
                 raise BadTupleError(
-                    f"late: window [{pane_start - size + slide}, {pane_start + slide}) closed at watermark {watermark}"
+                    f"late: every window of time {t} closed at watermark {watermark} (the last one "
+                    f"[{pane_start}, {pane_start + size}))"
                 )
             latest = None
         else:
@@ -374,7 +402,9 @@ class HoppingAggregate(MultiAggregate):
     def window_end(self, state: PaneRun) -> int | None:  # type: ignore[override]
         if not self.by_window:
             return None
-        return state.panes[0].start + self.hopping.slide_ms  # the earliest window of its first pane
+        # The earliest end of a window holding any pane of its period: a pane earlier than its first one
+        # may still come.
+        return self.hopping.period_of(state.panes[0].start) + self.hopping.slide_ms
 
     def window_end_after(self, state: PaneRun, watermark: int | None) -> int | None:
         first = self.window_end(state)

@@ -16,14 +16,15 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from cec import progress as progress_tasks
-from cec.exceptions import ConfigError
+from cec.exceptions import CodecError, ConfigError
 from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly
 from cec.rates import MeasuredRates
-from cec.records import RecordCodec
+from cec.records import AvroCodec, Kind, RecordCodec
 from cec.registry import WindowRegistry
 from cec.schedule import CheckpointSchedule
 from operators.base import Operator
@@ -32,6 +33,7 @@ from operators.engine.candidates import InstanceWindows
 from operators.local_sink import OutputQueueSink
 from operators.local_trim import LogTrimmer
 from operators.sources import InputSource
+from queuestore.base import PartitionReader
 from queuestore.output import OutputQueue
 from recovery.manager import RecoveryManager
 
@@ -165,6 +167,31 @@ class OperatorRuntime:
         return self.instance.registry
 
     # -- recovery --------------------------------------------------------------------------------------
+    def _results_at_end(self, reader: PartitionReader, crash_pos: Sequence[int]) -> list[dict[str, Any]]:
+        """The results of the records at the log's end that carry the crash point's `pos` (the records of the
+        tuple the crash cut, if any, are among them), for an operator with `unique_results`; else none."""
+        if not self.operator.unique_results:
+            return []
+        results = AvroCodec(self.operator.result_schema)
+        out: list[dict[str, Any]] = []
+        before = reader.end_offset()
+        crash = list(crash_pos)
+        while before > 0:
+            stored = reader.read_backward(before, 512)
+            if not stored:
+                break
+            for record in stored:  # newest first
+                try:
+                    decoded = self.codec.decode(record.value, record.meta)
+                except CodecError:
+                    continue  # a chunk's part or a damaged record: never a result of the cut tuple
+                if list(decoded.pos) != crash:
+                    return out
+                if decoded.kind is Kind.R and decoded.payload is not None:
+                    out.append(results.decode(decoded.payload))
+            before = stored[-1].offset
+        return out
+
     def _recover(self) -> bool:
         """Restore the instance from the eventual checkpoint; False if the operator had already finished."""
         progress = Progress(f"{self.operator.name} recovery", enabled=self.progress.enabled)
@@ -192,6 +219,8 @@ class OperatorRuntime:
             finally:
                 if scan is not None:
                     scan.close()
+            crash_pos = recovery.checkpoint.crash_pos
+            logged = [] if crash_pos is None else self._results_at_end(reader, crash_pos)
         if self.metrics is not None:
             self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
         if not recovery.needed:
@@ -205,7 +234,7 @@ class OperatorRuntime:
             self._replay_task = progress_tasks.task(
                 f"{self.progress.label} replay", plan.replay_span, "tuples"
             )
-        self.instance.restore(recovery, where=f"{output.topic}[{output.partition}]")
+        self.instance.restore(recovery, where=f"{output.topic}[{output.partition}]", logged_results=logged)
         self.progress(
             f"recovered: extent {ec.extent_size:,} records, {len(recovery.windows):,} windows "
             f"(EC build {ec.build_seconds * 1000:.1f} ms, load {recovery.report.ec_load_seconds * 1000:.1f} ms), "

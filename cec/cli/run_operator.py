@@ -14,7 +14,7 @@ from cec.cli.common import positive_int
 from cec.exceptions import ConfigError
 from operators.aggregate import AGGREGATES
 from operators.aggregate_flags import aggregate_flags
-from operators.job import aggregate_operator
+from operators.job import aggregate_operator, build_operator
 
 __all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
 
@@ -74,8 +74,9 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
 
 
 def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
-    """The operator spec of the run (a duration flag that does not parse is one `ConfigError`)."""
-    return aggregate_operator(
+    """The operator spec of the run, checked by building its operator before any work (a duration flag that
+    does not parse, a slide larger than the window: one `ConfigError`)."""
+    spec = aggregate_operator(
         **aggregate_flags(args.key, args.value, args.agg),
         window_count=args.window_count,
         window_time=args.window_time,
@@ -83,3 +84,5 @@ def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
         allowed_lateness=args.allowed_lateness,
         slide=args.slide,
     )
+    build_operator(spec)
+    return spec

@@ -101,6 +101,7 @@ class OperatorInstance:
         self._wm: Watermark | None = None if lateness is None else Watermark(partitions, lateness)
         self._ends: list[tuple[int, str, int]] = []  # open windows by (end, key, seq), for the watermark
         self._held_back: list[InputTuple] = []  # past a crash point while another partition replays
+        self._logged_results: set[object] = set()  # identities of the results at the log's end (restore)
 
     # -- what the host reads ---------------------------------------------------------------------------
     @property
@@ -168,6 +169,10 @@ class OperatorInstance:
             # A result that closes no window (`operators.hopping`: one window of several a part serves),
             # made again by a tuple replayed below the crash point: the first one is in the log. No
             # window state depends on it, so unlike an R or a G-open it is no sign of divergence.
+            return
+        if self._logged_results and self.operator.result_identity(result) in self._logged_results:
+            # Made again by the tuple the crash cut (only some of its records reached the log, so it is
+            # applied again): the one in the log stands (`Operator.unique_results`).
             return
         self._emit(Kind.R, None, -1, None, self._result_codec.encode(result))
         self.stats.results += 1
@@ -244,10 +249,16 @@ class OperatorInstance:
         self.lifecycle.finish()
 
     # -- recovery --------------------------------------------------------------------------------------
-    def restore(self, recovery: Recovery, *, where: str = "") -> None:
+    def restore(
+        self, recovery: Recovery, *, where: str = "", logged_results: Sequence[Mapping[str, Any]] = ()
+    ) -> None:
         """Load the eventual checkpoint of a non-empty log and start RESTORING under its replay contract
         (`phase`); the input is then to be read from `recovery.plan.start` (this instance's positions).
-        A log that ends with EOS leaves the instance DONE at its crash point."""
+        A log that ends with EOS leaves the instance DONE at its crash point. `logged_results`: results at
+        the log's end (at least those with the crash point's `pos`) of an operator with
+        `unique_results`, which `emit` does not make again."""
+        if logged_results and self.operator.unique_results:
+            self._logged_results = {self.operator.result_identity(r) for r in logged_results}
         ec = recovery.checkpoint
         assert ec.crash_pos is not None
         self.stats.resumed = True

@@ -1,0 +1,573 @@
+"""Hopping windows (`cec run --window-time D --slide S`, `operators.hopping`): results against a plain-Python
+truth (CSV; a 3-partition JSON topic on the broker), exact recovery under SIGKILL with keys spread over 3
+input partitions, the state's bytes, and the flags' mistakes (one line, exit 2, before any work)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import random
+import struct
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cec.config import Checkpointing
+from cec.exceptions import BadTupleError, ConfigError
+from cec.records import Kind, OutputRecord, RecordCodec
+from cec.timeparse import format_time_ms
+from operators.base import InputTuple
+from operators.hopping import HoppingAggregate, PaneRun, decode_panes, encode_panes
+from operators.job import JobSpec, aggregate_operator, build_operator, run_job
+from operators.multi_state import ColumnState, MultiState
+from operators.sinks import iter_payloads
+from queuestore.base import RecordMeta
+from queuestore.sqlite import SqliteQueueStore
+from tests.brokers import Broker
+from tests.helpers import cec, run_through_crashes, start_worker
+from tests.topic_data import create_topic, produce
+
+MINUTE = 60_000
+AGGS = ["avg:delay", "sum:delay", "min:delay", "max:delay", "count:delay", "count:*"]
+
+
+# -- the truth: each key's windows from the definition, in plain Python -----------------------------------
+
+
+def _window_row(
+    keys: list[str], start: int, size: int, slide: int, rows: list[dict[str, Any]], aggs: list[str]
+) -> dict[str, str]:
+    out: dict[str, str] = {}
+    names = ["key"] if len(keys) == 1 else keys
+    for name, field in zip(names, keys, strict=True):
+        out[name] = str(rows[0][field])
+    out["window"] = str(start // slide)
+    single = len(aggs) == 1
+    for agg in aggs:
+        func, _, column = agg.partition(":")
+        if column == "*":
+            n = len(rows)
+            value: Any = float(n) if single else n
+        else:
+            xs = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
+            if func == "count":
+                value = float(len(xs)) if single else len(xs)
+            elif not xs:
+                value = None
+            elif func == "sum":
+                value = math.fsum(xs)
+            elif func == "avg":
+                value = math.fsum(xs) / len(xs)
+            else:
+                value = min(xs) if func == "min" else max(xs)
+        name = "value" if single else ("count" if column == "*" else f"{func}_{column}")
+        out[name] = "" if value is None else repr(value) if isinstance(value, float) else str(value)
+    out["count"] = str(len(rows))
+    out["start"] = format_time_ms(start)
+    out["end"] = format_time_ms(start + size)
+    return out
+
+
+def truth(
+    rows: list[dict[str, Any]],
+    keys: list[str],
+    size: int,
+    slide: int,
+    aggs: list[str],
+    lateness: int | None,
+    closed_at: int | None = None,
+) -> list[dict[str, str]]:
+    """The windows that hold a tuple and have closed, from one input in its order: without a lateness a
+    key's window closes at its key's first later tuple at or past its end, and a tuple is late when its
+    pane ended at or before its key's latest time; with one, at the end windows with end <= the watermark
+    (`closed_at`, or max time - lateness) closed, a tuple goes into its windows whose end is past the
+    watermark (max time so far - lateness) when it comes, and is late when there is none."""
+    accepted: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    latest: dict[tuple[str, ...], int] = {}
+    top: int | None = None
+    for row in rows:
+        key = tuple(str(row[k]) for k in keys)
+        t = int(row["ts"])
+        pane = t - t % slide
+        top = t if top is None else max(top, t)
+        if lateness is not None:
+            watermark = top - lateness
+            if pane + size <= watermark:
+                continue  # every window of it has closed
+            # It joins the windows whose end is past the watermark when it comes.
+            accepted.setdefault(key, []).append({**row, "_joins_after": watermark})
+            continue
+        if key in latest and pane + slide <= latest[key]:
+            continue  # its earliest window has closed
+        latest[key] = max(latest.get(key, t), t)
+        accepted.setdefault(key, []).append({**row, "_joins_after": None})
+    out = []
+    for key, tuples in accepted.items():
+        limit = (
+            latest[key]
+            if lateness is None
+            else (closed_at if closed_at is not None else (top or 0) - lateness)
+        )
+        starts = set()
+        for r in tuples:
+            pane = int(r["ts"]) - int(r["ts"]) % slide
+            starts.update(range(pane - size + slide, pane + 1, slide))  # every window holding the time
+        for s in sorted(starts):
+            if s + size > limit:
+                continue
+            inside = [
+                r
+                for r in tuples
+                if s <= int(r["ts"]) < s + size
+                and (r["_joins_after"] is None or s + size > r["_joins_after"])
+            ]
+            if not inside:
+                continue
+            out.append(_window_row(keys, s, size, slide, inside, aggs))
+    return sorted(out, key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def read_results(path: Path) -> list[dict[str, str]]:
+    with path.open(newline="") as f:
+        return sorted(csv.DictReader(f), key=lambda r: json.dumps(r, sort_keys=True))
+
+
+def flights(n: int, seed: int, *, in_order: bool) -> list[dict[str, Any]]:
+    """Flights over 2 hours: 4 carriers x 3 origins, delays with nulls; in time order, or with tuples up to
+    90 minutes behind (late ones among them under a watermark)."""
+    rnd = random.Random(seed)
+    rows = []
+    t = 0
+    for _ in range(n):
+        t += rnd.randrange(0, 40_000)
+        ts = t if in_order else max(0, t - rnd.choice([0, 0, 0, 0, rnd.randrange(90 * MINUTE)]))
+        rows.append(
+            {
+                "carrier": rnd.choice(["AA", "UA", "DL", "B6"]),
+                "origin": rnd.choice(["JFK", "SFO", "ORD"]),
+                "delay": None if rnd.random() < 0.1 else rnd.randrange(-4000, 40000) / 8,
+                "ts": ts,
+            }
+        )
+    return rows
+
+
+def write_flights(path: Path, rows: list[dict[str, Any]]) -> Path:
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["carrier", "origin", "delay", "ts"])
+        for r in rows:
+            writer.writerow(
+                [r["carrier"], r["origin"], "" if r["delay"] is None else repr(r["delay"]), r["ts"]]
+            )
+    return path
+
+
+# -- cec run over a CSV ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("keys", "aggs", "lateness"),
+    [
+        (["carrier", "origin"], AGGS, None),
+        (["carrier", "origin"], AGGS, "0"),
+        (["carrier"], ["avg:delay"], "5m"),
+        (["origin"], ["max:delay", "count:*"], None),
+    ],
+)
+def test_cec_run_csv_gives_every_hopping_window_of_the_truth(
+    tmp_path: Path, keys: list[str], aggs: list[str], lateness: str | None
+) -> None:
+    rows = flights(600, seed=len(keys) + len(aggs), in_order=lateness is None)
+    data = write_flights(tmp_path / "flights.csv", rows)
+    more = [] if lateness is None else ["--allowed-lateness", lateness]
+    agg_flags = [a for agg in aggs for a in ("--agg", agg)]
+    out = cec(
+        "run", str(data), "--key", ",".join(keys), *agg_flags, "--time", "ts", "--window-time", "1h",
+        "--slide", "15m", *more, "--results", str(tmp_path / "out.csv"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    lateness_ms = None if lateness is None else {"0": 0, "5m": 5 * MINUTE}[lateness]
+    want = truth(rows, keys, 60 * MINUTE, 15 * MINUTE, aggs, lateness_ms)
+    got = read_results(tmp_path / "out.csv")
+    assert len(want) > 20
+    assert got == want
+    # Late tuples are counted dead letters, not lost (the out-of-order input has some under a watermark).
+    dead = list(csv.DictReader((tmp_path / "out.dead-letters.csv").open()))
+    accepted = sum(1 for _ in rows) - len(dead)
+    assert accepted > 0 and all("late" in d["reason"] for d in dead)
+    if lateness == "0":
+        assert dead
+
+
+def test_single_aggregate_keeps_the_value_column_and_counts_print_as_integers(tmp_path: Path) -> None:
+    rows = [{"carrier": "AA", "origin": "JFK", "delay": 1.5 * i, "ts": i * 7 * MINUTE} for i in range(20)]
+    data = write_flights(tmp_path / "f.csv", rows)
+    out = cec(
+        "run", str(data), "--key", "carrier", "--value", "delay", "--agg", "count", "--time", "ts",
+        "--window-time", "30m", "--slide", "10m", "--results", str(tmp_path / "out.csv"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    header = (tmp_path / "out.csv").read_text().splitlines()[0]
+    assert header == "key,window,value,count,start,end"
+    got = read_results(tmp_path / "out.csv")
+    want = truth(rows, ["carrier"], 30 * MINUTE, 10 * MINUTE, ["count:delay"], None)
+    assert [r["count"] for r in got] == [r["count"] for r in want]
+    assert all(r["value"] == r["count"] for r in got)  # `count` prints as an integer
+
+
+# -- bad flags: one clear line, exit 2, before any work ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (
+            ["--window-time", "15m", "--slide", "1h"],
+            "the slide (3600000 ms) is larger than the window (900000 ms)",
+        ),
+        (["--window-count", "5", "--slide", "1m"], "--slide needs --window-time"),
+        (
+            ["--window-time", "1h", "--slide", "7m"],
+            "the slide (420000 ms) must divide the window (3600000 ms)",
+        ),
+        (["--window-time", "1h", "--slide", "soon"], "soon"),
+    ],
+)
+def test_a_bad_slide_is_one_line_and_exit_2_before_any_work(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    data = write_flights(tmp_path / "f.csv", flights(10, 1, in_order=True))
+    store = tmp_path / "store"
+    out = cec(
+        "run", str(data), "--key", "carrier", "--value", "delay", "--time", "ts", *flags,
+        "--results", str(tmp_path / "out.csv"), "--store-dir", str(store),
+    )  # fmt: skip
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "Traceback" not in out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], out.stderr
+    assert not (tmp_path / "out.csv").exists()
+    assert not store.exists() or not any(store.iterdir())
+
+
+# -- the engine, tuple by tuple --------------------------------------------------------------------------
+
+
+def _operator(lateness: int | None = None) -> HoppingAggregate:
+    return HoppingAggregate(
+        key_fields=["k"], aggs=[("sum", "v"), ("count", "*")], window_ms=60, slide_ms=20,
+        time_field="ts", allowed_lateness=lateness,
+    )  # fmt: skip
+
+
+def _run(operator: HoppingAggregate, tuples: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    from cec.records import AvroCodec
+    from operators.engine.instance import OperatorInstance
+    from operators.local_sink import OutputQueueSink
+
+    class Queue:
+        def __init__(self) -> None:
+            self.stored: list[tuple[bytes, RecordMeta]] = []
+
+        def append(self, value: bytes, meta: RecordMeta) -> None:
+            self.stored.append((value, meta))
+
+    queue = Queue()
+    codec = RecordCodec()
+    instance = OperatorInstance(operator, OutputQueueSink(queue, codec, 1), 1)  # type: ignore[arg-type]
+    instance.apply_run([InputTuple(0, i, v) for i, v in enumerate(tuples)])
+    results = AvroCodec(operator.result_schema)
+    rows, dead = [], []
+    for value, meta in queue.stored:
+        record = codec.decode(value, meta)
+        if meta.kind == Kind.R.value:
+            rows.append(results.decode(record.payload))
+        elif meta.kind == Kind.DEAD.value:
+            dead.append(meta.kind)
+    return rows, dead
+
+
+def test_one_g_open_per_key_and_period_and_one_record_per_result() -> None:
+    # Key "a": one tuple every 10 ms for 300 ms: 5 periods of 60 ms, k = 3 windows per time.
+    tuples = [{"k": "a", "v": 1.0, "ts": t} for t in range(0, 300, 10)]
+    operator = _operator()
+    from operators.engine.instance import OperatorInstance
+
+    counts: dict[str, int] = {}
+    original = OperatorInstance._emit
+
+    def counting(self: OperatorInstance, kind: Kind, *args: Any) -> None:
+        counts[kind.value] = counts.get(kind.value, 0) + 1
+        original(self, kind, *args)
+
+    OperatorInstance._emit = counting  # type: ignore[method-assign]
+    try:
+        rows, _ = _run(operator, tuples)
+    finally:
+        OperatorInstance._emit = original  # type: ignore[method-assign]
+    assert counts.get("GOPEN", 0) == 5  # one per period, not one per window (3 per period)
+    # Windows ending by 290 (the last tuple): ends 20, 40, ..., 280: 14 results, one record each.
+    assert [(r["start"], r["count"]) for r in rows] == [
+        (s, len(range(max(s, 0), s + 60, 10))) for s in range(-40, 230, 20)
+    ]
+    assert counts["R"] == len(rows) == 14
+
+
+def test_a_late_tuple_is_a_dead_letter_and_goes_into_no_window() -> None:
+    tuples = [{"k": "a", "v": 1.0, "ts": 0}, {"k": "a", "v": 1.0, "ts": 45}, {"k": "a", "v": 100.0, "ts": 10}]
+    tuples.append({"k": "a", "v": 1.0, "ts": 200})
+    rows, dead = _run(_operator(), tuples)
+    assert len(dead) == 1  # ts 10: its pane [0, 20) ended before 45, so window [-40, 20) had closed
+    assert all(r["sum_v"] < 100 for r in rows)
+
+    # Under a watermark a tuple goes into its windows still open: at watermark 45 the one at 10 misses
+    # [-40, 20) and [-20, 40), which closed, and joins [0, 60); at watermark 130 every window of 10 has closed.
+    late = [*tuples[:3], {"k": "a", "v": 1.0, "ts": 130}, {"k": "a", "v": 1000.0, "ts": 10}, tuples[3]]
+    rows, dead = _run(_operator(lateness=0), late)
+    assert len(dead) == 1
+    sums = {r["start"]: r["sum_v"] for r in rows}
+    assert sums[-40] == 1.0 and sums[-20] == 1.0 and sums[0] == 102.0 and sums[20] == 1.0
+
+
+@given(
+    st.lists(
+        st.lists(
+            st.one_of(
+                st.none(), st.floats(allow_nan=False, allow_infinity=False, width=64).filter(lambda x: x != 0)
+            ),
+            min_size=1,
+            max_size=4,
+        ),
+        min_size=1,
+        max_size=5,
+    )
+)
+def test_a_pane_run_decodes_to_what_was_encoded(columns_per_pane: list[list[float | None]]) -> None:
+    from operators import exact_sum
+    from operators.multi_state import empty_column
+
+    width = len(columns_per_pane[0])
+    panes = []
+    for i, xs in enumerate(columns_per_pane):
+        xs = (xs + [None] * width)[:width]
+        cols = [empty_column() if x is None else ColumnState(1, exact_sum.exact(x), x, x) for x in xs]
+        panes.append(MultiState(1, i * 20 - 40, i * 20 - 35, cols))
+    run = PaneRun(panes)
+    assert decode_panes(encode_panes(run), width) == run
+    data = encode_panes(run)
+    for cut in range(len(data)):
+        with pytest.raises(ValueError):
+            decode_panes(data[:cut], width)
+
+
+def test_bad_configurations_are_refused() -> None:
+    with pytest.raises(ConfigError, match="larger than the window"):
+        build_operator(aggregate_operator("k", "v", "avg", window_time="1m", time="ts", slide="2m"))
+    with pytest.raises(ConfigError, match="needs a time window"):
+        HoppingAggregate(key_fields=["k"], aggs=[("avg", "v")], window_ms=None, slide_ms=5, time_field="ts")
+    with pytest.raises(BadTupleError):
+        _operator().key_of({"v": 1.0, "ts": 3})
+
+
+# -- SIGKILL: 3 input partitions, keys spread over all of them, watermarks ---------------------------------
+
+FLIGHT_SCHEMA: dict[str, Any] = {
+    "type": "record",
+    "name": "Flight",
+    "namespace": "tests.hopping",
+    "fields": [
+        {"name": "carrier", "type": "string"},
+        {"name": "origin", "type": "string"},
+        {"name": "delay", "type": ["null", "double"]},
+        {"name": "ts", "type": "long"},
+    ],
+}
+
+
+def _write_queue(root: Path, topic: str, partitions: int, *, spread: bool) -> None:
+    """An upstream cec queue of flights, event times rising per partition; `spread`: every key on every
+    partition, else each carrier on one partition."""
+    from cec.records import AvroCodec
+
+    store = SqliteQueueStore(root)
+    store.create_topic(topic, partitions)
+    codec, payload = RecordCodec(), AvroCodec(FLIGHT_SCHEMA)
+    for p in range(partitions):
+        with store.writer(topic, p) as writer:
+            for i in range(1200):
+                h = ((i * partitions + p) * 2654435761) % 2**32
+                carrier = ["AA", "UA", "DL", "B6"][h % 4] if spread else ["AA", "UA", "DL"][p]
+                row = {
+                    "carrier": carrier,
+                    "origin": ["JFK", "SFO", "ORD"][(h >> 5) % 3],
+                    # Magnitudes far apart: float `+` rounds differently in another order.
+                    "delay": None if h % 17 == 0 else ((h % 2001) - 1000) * 10.0 ** ((h >> 9) % 24 - 8),
+                    "ts": i * 4 + p,
+                }
+                writer.append(
+                    codec.encode(OutputRecord(Kind.R, i, (i,), 0, payload=payload.encode(row))),
+                    RecordMeta(Kind.R.value, i, None, -1),
+                )
+            writer.append(
+                codec.encode(OutputRecord(Kind.EOS, 1200, (1200,), 0)),
+                RecordMeta(Kind.EOS.value, 1200, None, -1),
+            )
+            writer.flush()
+
+
+def _queue_job(root: Path, lateness: str | None) -> JobSpec:
+    return JobSpec(
+        operator=aggregate_operator(
+            "carrier",
+            None,
+            "avg",
+            window_time="100ms",
+            slide="25ms",
+            time="ts",
+            allowed_lateness=lateness,
+            key_fields=["carrier", "origin"],
+            aggs=[("avg", "delay"), ("sum", "delay"), ("max", "delay"), ("count", "*")],
+        ),
+        source={"type": "queue", "topic": "flights", "schema": FLIGHT_SCHEMA},
+        store={"type": "sqlite", "root": str(root)},
+        output_topic="agg",
+        checkpointing=Checkpointing(u_target=200, ci_ms=5.0, cp_ms=10.0),
+        batch_size=16,
+    )
+
+
+def _bits(x: Any) -> Any:
+    return struct.pack("<d", x).hex() if isinstance(x, float) else x
+
+
+def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
+    rows = iter_payloads(SqliteQueueStore(root), "agg", schema)
+    return sorted(json.dumps({k: _bits(v) for k, v in r.items()}) for r in rows)
+
+
+@pytest.mark.parametrize(
+    ("lateness", "crashes"),
+    [
+        ("0", [("runtime.after_input", 1400)]),
+        ("0", [("runtime.before_append", 700), ("external", 1800), ("runtime.replaying", 150)]),
+        (None, [("runtime.after_input", 1500), ("runtime.replaying", 100)]),
+    ],
+)
+def test_sigkill_during_processing_and_recovery_gives_the_failure_free_results_bit_for_bit(
+    tmp_path: Path, lateness: str | None, crashes: list[tuple[str, int]]
+) -> None:
+    spread = lateness is not None  # without a watermark a key's tuples come from one partition
+    reference = tmp_path / "reference"
+    _write_queue(reference, "flights", 3, spread=spread)
+    run_job(_queue_job(reference, lateness))
+    schema = build_operator(_queue_job(reference, lateness).operator).result_schema
+    want = _sorted_results(reference, schema)
+    assert len(want) > 300
+
+    root = tmp_path / "crashed"
+    _write_queue(root, "flights", 3, spread=spread)
+    spec = _queue_job(root, lateness)
+    killed = run_through_crashes(spec, tmp_path / "spec.json", crashes)
+    assert killed >= 1
+    proc = start_worker(spec, tmp_path / "spec.json")
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    assert _sorted_results(root, schema) == want
+
+
+# -- a 3-partition JSON topic on the broker --------------------------------------------------------------
+
+
+def test_cec_run_on_a_three_partition_json_topic_gives_the_truth(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    # Keys on every partition, event times rising per partition: no tuple is late whatever the
+    # interleaving, and at the end the watermark is the smallest partition's largest time.
+    partitions, per = 3, 400
+    rnd = random.Random(5)
+    records: list[tuple[int, bytes | None, bytes | None]] = []
+    rows: list[dict[str, Any]] = []
+    for i in range(per):
+        for p in range(partitions):
+            row = {
+                "carrier": rnd.choice(["AA", "UA", "DL"]),
+                "origin": rnd.choice(["JFK", "SFO"]),
+                "delay": rnd.randrange(-400, 4000) / 4,
+                "ts": i * 20_000 + p * 7_000,
+            }
+            rows.append(row)
+            records.append((p, None, json.dumps(row).encode()))
+    topic = f"flights-{random.Random().randrange(1 << 30)}"
+    create_topic(kafka_broker.bootstrap, topic, partitions)
+    produce(kafka_broker.bootstrap, topic, records)
+    aggs = ["avg:delay", "max:delay", "count:*"]
+    out = cec(
+        "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--format", "json",
+        "--key", "carrier,origin", *[a for agg in aggs for a in ("--agg", agg)], "--time", "ts",
+        "--window-time", "10m", "--slide", "2m", "--allowed-lateness", "0", "--results", str(tmp_path / "out.csv"),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    closed_at = min(max(r["ts"] for r in rows[p::partitions]) for p in range(partitions))
+    want = truth(rows, ["carrier", "origin"], 10 * MINUTE, 2 * MINUTE, aggs, 0, closed_at=closed_at)
+    assert len(want) > 100
+    assert read_results(tmp_path / "out.csv") == want
+
+
+# -- a crash that cut a tuple's records: the log ends inside them -------------------------------------------
+
+
+def _cut_log(root: Path, topic: str, before: int) -> None:
+    """Keep only the first `before` records of the output log (a SQLite partition), as if the writer had
+    made only that prefix durable when the operator died."""
+    import sqlite3
+
+    conn = sqlite3.connect(root / topic / "0.sqlite", isolation_level=None)
+    try:
+        conn.execute("DELETE FROM log WHERE offset >= ?", (before,))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("lateness", ["0", None])
+def test_a_log_cut_inside_a_tuples_records_recovers_to_the_failure_free_results(
+    tmp_path: Path, lateness: str | None
+) -> None:
+    import shutil
+
+    spread = lateness is not None
+    reference = tmp_path / "reference"
+    _write_queue(reference, "flights", 3, spread=spread)
+    run_job(_queue_job(reference, lateness))
+    schema = build_operator(_queue_job(reference, lateness).operator).result_schema
+    want = _sorted_results(reference, schema)
+    # Cut points inside a tuple's records: after a result (of a window or a part) that a later record of
+    # the same tuple follows (same pos), at both kinds: results that close no part, and a part's R.
+    codec = RecordCodec()
+    with SqliteQueueStore(reference).reader("agg", 0) as reader:
+        records = reader.read_forward(0, 1 << 20)
+    decoded = [codec.decode(r.value, r.meta) for r in records]
+    inside = [
+        i + 1
+        for i in range(len(decoded) - 1)
+        if decoded[i].kind is Kind.R
+        and decoded[i + 1].kind is Kind.R
+        and decoded[i].pos == decoded[i + 1].pos
+    ]
+    by_part = [i for i in inside if decoded[i - 1].key is not None]
+    plain = [i for i in inside if decoded[i - 1].key is None]
+    assert by_part and plain
+    cuts = [
+        *by_part[len(by_part) // 3 :: max(1, len(by_part) // 3)][:2],
+        *plain[len(plain) // 2 :: len(plain)][:2],
+    ]
+    for cut in cuts:
+        root = tmp_path / f"cut-{cut}"
+        shutil.copytree(reference, root)
+        _cut_log(root, "agg", cut)
+        run_job(_queue_job(root, lateness))
+        assert _sorted_results(root, schema) == want, f"cut at {cut}"
