@@ -24,8 +24,8 @@ What each record is under the EC rule (DESIGN-NOTES section 2, `recovery.eventua
   only in memory; the engine drops it (`OperatorInstance.emit`), since the first one is in the log.
 A window is emitted by the part that holds its first non-empty pane (its owner); the owner's R is thus
 always the result of a window it owns, and no window is emitted twice. An older part may close (its R)
-at the very end at which its younger part asks whether the older one owns that window: part ids sort the
-younger part first (`_part_id`), so it asks while the older one is still open.
+at the very end at which its younger part asks whether the older one owns that window: the older part
+notes that end for the younger one (`_closed_at`).
 The tuple a crash cut (some of its records are in the log, the last one, which claims it, is not) is
 applied again from the EC, which no longer holds the parts its logged R's closed: it would make again
 the results already logged before the cut, and a younger part could take a window that an older part,
@@ -69,12 +69,14 @@ from operators import exact_sum
 from operators.aggregate import canonical_key
 from operators.base import InputTuple, OperatorContext
 from operators.multi_aggregate import MultiAggregate
+from operators.multi_state import VERSION as STATE_VERSION
 from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
-from operators.windows import LONG_MAX, HoppingTimeWindows, hopping_windows
+from operators.windows import HoppingTimeWindows, hopping_windows
 
 __all__ = ["HoppingAggregate", "PaneRun", "decode_panes", "encode_panes"]
 
 VERSION = 0x03  # multi_state's is 0x02: a pane run's bytes are never read as one window's
+ONE_PANE = 0x04  # a run of one pane (every G-open): its `multi_state` bytes after this tag, nothing else
 
 
 @dataclass(slots=True)
@@ -98,7 +100,10 @@ def _varint(out: bytearray, n: int) -> None:
 
 
 def encode_panes(run: PaneRun) -> bytes:
-    """Version, pane count, then per pane the length and bytes of its `multi_state` encoding."""
+    """Version, pane count, then per pane the length and bytes of its `multi_state` encoding; one pane (a
+    G-open's state) as `ONE_PANE` and that pane's `multi_state` bytes without their version byte."""
+    if len(run.panes) == 1:
+        return bytes((ONE_PANE,)) + encode_state(run.panes[0])[1:]
     out = bytearray((VERSION,))
     _varint(out, len(run.panes))
     for pane in run.panes:
@@ -110,6 +115,8 @@ def encode_panes(run: PaneRun) -> bytes:
 
 def decode_panes(data: bytes, columns: int) -> PaneRun:
     """`encode_panes`'s inverse; ValueError for bytes that are not such a state (never another exception)."""
+    if data[:1] == bytes((ONE_PANE,)):
+        return PaneRun([decode_state(bytes((STATE_VERSION,)) + data[1:], columns)])
     if data[:1] != bytes((VERSION,)):
         raise ValueError("pane run: unknown version")
     at = 1
@@ -187,11 +194,15 @@ class HoppingAggregate(MultiAggregate):
             "name": "HoppingAggregateStateFields",
             "fields": [{"name": "panes", "type": "long"}, *fields["fields"]],
         }
-        # The open parts of each key (its JSON key -> period starts): the parts a key's windows combine.
-        # Built from the registry the first time it is needed (after a recovery loaded the EC into it),
-        # then kept as parts open and close.
+        # Without a watermark, the open parts of each key (its JSON key -> period starts), which its next
+        # tuple may close. Built from the registry the first time it is needed (after a recovery loaded
+        # the EC into it), then kept as parts open and close.
         self._parts: dict[str, set[int]] = {}
         self._indexed: WindowRegistry | None = None
+        # Parts the watermark closed whose younger part is open: at which end (`expire_next`). Only read
+        # in the same sweep; a crash between the two leaves the R in the log, whose window the engine then
+        # does not make again (`unique_results`).
+        self._closed_at: dict[str, int] = {}
 
     unique_results = True  # one result per (key, window): see the module doc on the tuple a crash cuts
 
@@ -213,20 +224,14 @@ class HoppingAggregate(MultiAggregate):
             parts.append(part)
         return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
-    @staticmethod
-    def _part_id(key_json: str, period: int) -> str:
-        """The key's fields and the period, one JSON array. The period is written as LONG_MAX - start in 16
-        hex digits, so that of two parts of a key the younger one has the smaller id: the watermark acts
-        on equal ends in (end, id, seq) order, and a younger part must decide which windows it owns while
-        the older part, which may close at that same end, is still open."""
-        return f'{key_json[:-1]},"{LONG_MAX - period:016x}"]'
+    def _part_id(self, key_json: str, period: int) -> str:
+        """The key's fields and the period's number (start / size), one JSON array: `["AA","JFK",12]`."""
+        return f"{key_json[:-1]},{period // self.hopping.size_ms}]"
 
-    @staticmethod
-    def _split(part_id: str) -> tuple[str, int]:
+    def _split(self, part_id: str) -> tuple[str, int]:
         parts = json.loads(part_id)
-        return json.dumps(parts[:-1], ensure_ascii=False, separators=(",", ":")), LONG_MAX - int(
-            parts[-1], 16
-        )
+        key_json = json.dumps(parts[:-1], ensure_ascii=False, separators=(",", ":"))
+        return key_json, int(parts[-1]) * self.hopping.size_ms
 
     def key_of(self, value: Mapping[str, Any]) -> str | None:
         """The part the tuple goes to: its key's fields and its period (`_part_id`), as a JSON array."""
@@ -300,13 +305,22 @@ class HoppingAggregate(MultiAggregate):
         pane_start, period = hop.pane_of(t), hop.period_of(t)
         part_id = self._part_id(key_json, period)
         registry = ctx.registry
-        index = self._index(registry)
         own = registry.get(part_id)
         runs: dict[int, OpenWindow] = {}
-        for p in sorted(index.get(key_json, ())):
-            window = registry.get(self._part_id(key_json, p))
-            assert window is not None, "the parts index and the registry disagree"
-            runs[p] = window
+        if self.by_window:
+            # The parts whose windows can hold this time: its own and its neighbours.
+            for p in (period - size, period + size):
+                window = registry.get(self._part_id(key_json, p))
+                if window is not None:
+                    runs[p] = window
+            if own is not None:
+                runs[period] = own
+        else:
+            index = self._index(registry)
+            for p in sorted(index.get(key_json, ())):
+                window = registry.get(self._part_id(key_json, p))
+                assert window is not None, "the parts index and the registry disagree"
+                runs[p] = window
         if self.by_window:
             watermark: int | None = getattr(ctx, "watermark", None)
             if watermark is not None and pane_start + size <= watermark:
@@ -347,7 +361,8 @@ class HoppingAggregate(MultiAggregate):
                 for x, si in zip(xs, scaled, strict=True)
             ]
             ctx.open_window(part_id, PaneRun([MultiState(1, pane_start, t, column_states)]))
-            index.setdefault(key_json, set()).add(period)
+            if not self.by_window:
+                self._parts.setdefault(key_json, set()).add(period)
             return
         panes = own.state.panes
         at = next((i for i, pane in enumerate(panes) if pane.start >= pane_start), len(panes))
@@ -420,9 +435,12 @@ class HoppingAggregate(MultiAggregate):
         size = self.hopping.size_ms
         start = end - size
         registry = ctx.registry
-        older = registry.get(self._part_id(key_json, period - size))
+        older_id = self._part_id(key_json, period - size)
+        older = registry.get(older_id)
+        closed_at = self._closed_at.pop(older_id, None) if older is None else None
         result = None
-        if self._owns(state, None if older is None else older.state, start):
+        # An older part that closed at this very end (earlier in this sweep) owned this window: its R.
+        if closed_at != end and self._owns(state, None if older is None else older.state, start):
             newer = registry.get(self._part_id(key_json, period + size))
             runs = [w.state for w in (older, newer) if w is not None]
             combined = self._window([state, *runs], start)
@@ -430,8 +448,8 @@ class HoppingAggregate(MultiAggregate):
             result = self._window_result(key_json, combined)
         if end >= state.panes[-1].start + size:
             assert result is not None  # its last window's first pane is its own last pane
-            self._index(registry)
-            self._forget(key_json, period)
+            if registry.get(self._part_id(key_json, period + size)) is not None:
+                self._closed_at[key] = end
             return result, None
         return result, end + self.hopping.slide_ms
 
