@@ -486,36 +486,47 @@ def test_sigkill_during_processing_and_recovery_gives_the_failure_free_results_b
 def test_cec_run_on_a_three_partition_json_topic_gives_the_truth(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
-    # Keys on every partition, event times rising per partition: no tuple is late whatever the
-    # interleaving, and at the end the watermark is the smallest partition's largest time.
-    partitions, per = 3, 400
+    # `cec run --input-topic` runs one instance per input partition: each (carrier, origin) lives on one
+    # partition (as a producer keyed by it puts it), event times rise, some rows come up to 30 minutes late.
+    partitions = 3
     rnd = random.Random(5)
+    keys = [(c, o) for c in ("AA", "UA", "DL") for o in ("JFK", "SFO")]
     records: list[tuple[int, bytes | None, bytes | None]] = []
-    rows: list[dict[str, Any]] = []
-    for i in range(per):
-        for p in range(partitions):
-            row = {
-                "carrier": rnd.choice(["AA", "UA", "DL"]),
-                "origin": rnd.choice(["JFK", "SFO"]),
-                "delay": rnd.randrange(-400, 4000) / 4,
-                "ts": i * 20_000 + p * 7_000,
-            }
-            rows.append(row)
-            records.append((p, None, json.dumps(row).encode()))
+    per_partition: list[list[dict[str, Any]]] = [[] for _ in range(partitions)]
+    for i in range(1200):
+        carrier, origin = rnd.choice(keys)
+        p = keys.index((carrier, origin)) % partitions
+        late = rnd.random() < 0.1
+        row = {
+            "carrier": carrier,
+            "origin": origin,
+            "delay": None if rnd.random() < 0.05 else rnd.randrange(-400, 4000) / 4,
+            "ts": max(0, i * 7_000 - (rnd.randrange(30 * MINUTE) if late else 0)),
+        }
+        per_partition[p].append(row)
+        records.append((p, f"{carrier}|{origin}".encode(), json.dumps(row).encode()))
     topic = f"flights-{random.Random().randrange(1 << 30)}"
     create_topic(kafka_broker.bootstrap, topic, partitions)
     produce(kafka_broker.bootstrap, topic, records)
-    aggs = ["avg:delay", "max:delay", "count:*"]
+    aggs = ["avg:delay", "max:delay", "count:delay", "count:*"]
     out = cec(
         "run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--format", "json",
         "--key", "carrier,origin", *[a for agg in aggs for a in ("--agg", agg)], "--time", "ts",
-        "--window-time", "10m", "--slide", "2m", "--allowed-lateness", "0", "--results", str(tmp_path / "out.csv"),
+        "--window-time", "10m", "--slide", "2m", "--allowed-lateness", "1m", "--results", str(tmp_path / "out.csv"),
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
-    closed_at = min(max(r["ts"] for r in rows[p::partitions]) for p in range(partitions))
-    want = truth(rows, ["carrier", "origin"], 10 * MINUTE, 2 * MINUTE, aggs, 0, closed_at=closed_at)
-    assert len(want) > 100
+    want = sorted(
+        (
+            r
+            for rows in per_partition
+            for r in truth(rows, ["carrier", "origin"], 10 * MINUTE, 2 * MINUTE, aggs, MINUTE)
+        ),
+        key=lambda r: json.dumps(r, sort_keys=True),
+    )
+    assert len(want) > 150
     assert read_results(tmp_path / "out.csv") == want
+    dead = list(csv.DictReader((tmp_path / "out.dead-letters.csv").open()))
+    assert dead and all("late" in d["reason"] for d in dead)
 
 
 # -- a crash that cut a tuple's records: the log ends inside them -------------------------------------------
