@@ -38,7 +38,8 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--window-count", type=positive_int, help="tumbling window of N tuples per key")
     group.add_argument(
-        "--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour"
+        "--window-time",
+        help="time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour: tumbling, or hopping with --slide",
     )
     run.add_argument(
         "--slide",
