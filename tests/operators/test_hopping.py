@@ -365,6 +365,17 @@ def test_a_pane_run_decodes_to_what_was_encoded(columns_per_pane: list[list[floa
             decode_panes(data[:cut], width)
 
 
+@given(st.binary(max_size=80), st.integers(min_value=0, max_value=3))
+def test_any_bytes_decode_to_a_pane_run_or_a_value_error(data: bytes, columns: int) -> None:
+    for head in (b"", b"\x03", b"\x04", b"\x03\x01"):
+        try:
+            run = decode_panes(head + data, columns)
+        except ValueError:
+            continue
+        assert run.panes and all(len(p.columns) == columns for p in run.panes)
+        assert decode_panes(encode_panes(run), columns) == run
+
+
 def test_bad_configurations_are_refused() -> None:
     with pytest.raises(ConfigError, match="larger than the window"):
         build_operator(aggregate_operator("k", "v", "avg", window_time="1m", time="ts", slide="2m"))
