@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cec.config import Checkpointing
@@ -29,6 +29,7 @@ from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, run_through_crashes, start_worker
+from tests.operators.test_multi_aggregate import ROW, _every_record
 from tests.topic_data import create_topic, produce
 
 MINUTE = 60_000
@@ -593,3 +594,31 @@ def test_a_log_cut_inside_a_tuples_records_recovers_to_the_failure_free_results(
         _cut_log(root, "agg", cut)
         run_job(_queue_job(root, lateness))
         assert _sorted_results(root, schema) == want, f"cut at {cut}"
+
+
+# -- any input: a result or a dead letter, never an exception; in one run or tuple by tuple alike ---------
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), ROW), max_size=25),
+    st.booleans(),
+)
+def test_any_input_is_a_result_or_a_dead_letter_the_same_in_one_run_or_one_by_one(
+    rows: list[tuple[int, dict[str, Any]]], watermarks: bool
+) -> None:
+    offsets = [0, 0]
+    tuples = []
+    for j, value in rows:
+        tuples.append(InputTuple(j, offsets[j], value))
+        offsets[j] += 1
+
+    def build() -> HoppingAggregate:
+        return HoppingAggregate(
+            key_fields=["a", "b"],
+            aggs=[("avg", "v"), ("sum", "w"), ("min", "v"), ("max", "w"), ("count", "v"), ("count", "*")],
+            window_ms=20, slide_ms=5, time_field="t", allowed_lateness=0 if watermarks else None,
+        )  # fmt: skip
+
+    batch = _every_record(build(), tuples, one_by_one=False)
+    assert batch == _every_record(build(), tuples, one_by_one=True)
