@@ -52,7 +52,14 @@ pane changes no window still to come, so the part's results after recovery are t
 rule reads only the tuple's own part, whose state in the replay is exactly what it was at that tuple; a
 younger part of the same key may already hold later tuples there (loaded from its footprint), so a rule
 that read it could refuse in the replay a tuple the first run took. Per key in time order (what per-key
-closing assumes) the per-key rule is the key's "earliest window closed".
+closing assumes) the per-key rule is the key's "earliest window closed". As for tumbling windows,
+results without a watermark follow each key's input order: a key's tuples should come from one input
+partition (`cec run --input-topic` runs one instance per input partition).
+
+The EC rule in `recovery/` is unchanged: parts are windows to it, and it reads past results without a
+window identity. The pane design of the notes (B) closes a pane with a partial record kept in the EC until
+the windows using it are done, which needs a new record kind and EC rule; grouping panes per period keeps
+them in open parts instead, at the cost of a window's result reading the part of the period before.
 """
 
 from __future__ import annotations
