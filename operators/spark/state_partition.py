@@ -28,9 +28,11 @@ from typing import Any
 
 from cec.records import Kind
 from cec.registry import OpenWindow, WindowRegistry
-from operators.aggregate import AggState, KeyedAggregate
+from operators.aggregate import AggState
+from operators.base import Operator
 from operators.engine.instance import HostState, OperatorInstance
 from operators.engine.records import HeldRecord
+from operators.multi_state import ColumnState, MultiState
 from operators.spark.checkpointing import PartitionControl
 from recovery.contract import ReplayContract
 
@@ -41,12 +43,15 @@ __all__ = [
     "PartitionRows",
     "PartitionState",
     "PartitionWindows",
+    "flat_state",
+    "state_of",
 ]
 
 # The emission index of a G-check row (the sink writes G-checks after a partition's other records).
 GCHECK_ORDER = 1 << 30
 _NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
+_MULTI_FIELDS = 4  # len(flat_state(MultiState)); a single aggregate's has 6
 
 
 class KeyFacts:
@@ -77,21 +82,38 @@ class KeyFacts:
         self.last_j = self.last_o = -1
 
 
-# A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
+# A key as saved in the partition's state: (next_seq, open seq or -1, `flat_state` or None, fp_gen,
 # pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time). Plain tuples: the pickle of a partition stays one
 # C-level pass.
 Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int, int | None]
+
+
+def flat_state(state: AggState | MultiState) -> tuple[Any, ...]:
+    """A window's state as plain values (`Saved`): a single aggregate's six fields, or several aggregates'
+    (count, start, last, per value column (n, exact total, min, max))."""
+    if type(state) is AggState:
+        return (state.count, state.total, state.lo, state.hi, state.start, state.last)
+    assert isinstance(state, MultiState)
+    columns = tuple((c.n, c.total, c.lo, c.hi) for c in state.columns)
+    return (state.count, state.start, state.last, columns)
+
+
+def state_of(fields: tuple[Any, ...]) -> AggState | MultiState:
+    """`flat_state`'s inverse (the two forms differ in length)."""
+    if len(fields) == _MULTI_FIELDS:
+        count, start, last, columns = fields
+        return MultiState(count, start, last, [ColumnState(*c) for c in columns])
+    return AggState(*fields)
 
 
 def save_key(k: KeyFacts, next_seq: int) -> Saved:
     w = k.window
     if w is None:
         return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0, None)
-    s = w.state
     return (
         next_seq,
         w.seq,
-        (s.count, s.total, s.lo, s.hi, s.start, s.last),
+        flat_state(w.state),
         k.fp_gen,
         k.pos_w,
         k.live,
@@ -110,7 +132,7 @@ def load_key(key: str | None, saved: Saved | None) -> KeyFacts:
     next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time = saved
     k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
     if seq >= 0 and state is not None and key is not None:
-        k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
+        k.window = OpenWindow(key, seq, state_of(state), 0, 0, 0, 0)
         k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_out = fp_gen, pos_w, live, fp_clock, fp_out
         k.fp_time = fp_time
     return k
@@ -300,7 +322,7 @@ class PartitionCall:
 
     def __init__(
         self,
-        operator: KeyedAggregate,
+        operator: Operator,
         part: PartitionState,
         generation: int,
         crash_pos: Sequence[int],
