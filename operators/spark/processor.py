@@ -147,6 +147,8 @@ EMIT_SCHEMA = StructType(
         StructField("cec_t", LongType(), False),  # the tuple's event time, -1 if none
         StructField("cec_dn", LongType(), False),  # change of N
         StructField("cec_marks", ArrayType(LongType(), False), True),  # event-time marks (watermarks only)
+        # The instance's live input position when it made the record (`operators.spark.stamping`).
+        StructField("cec_live", ArrayType(LongType(), False), True),
     ]
 )
 EMIT_COLUMNS = [f.name for f in EMIT_SCHEMA.fields]
@@ -243,7 +245,7 @@ def _figures(part: PartitionState, generation: int, phase: int, tuples: int = 0)
               "footprint_min": lowest, "tuples": tuples,
               "footprint_time": part.oldest_footprint_time(generation),
               "restoring": bool(part.engine[5])}  # fmt: skip
-    return (part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0, None)
+    return (part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0, None, None)
 
 
 class CecAggregateProcessor(StatefulProcessor):
@@ -494,7 +496,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 rows.append(_figures(part, self.generation, 1))
             report = part.control.report(part.q)
             if report is not None:
-                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None))
+                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None, None))
         self.state.update(part.dump())
         if rows:
             yield pd.DataFrame(rows, columns=EMIT_COLUMNS)

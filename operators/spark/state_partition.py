@@ -248,7 +248,8 @@ class _WindowPositions(Mapping[str, tuple[int, ...]]):
 
 class PartitionRows:
     """The Spark host's `RecordSink`: the instance's records as rows in `processor.EMIT_COLUMNS` order,
-    (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks); the sink stamps
+    (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks, live position);
+    the sink stamps
     them later (`operators.spark.stamping`). The emission index is the order the instance made them (the
     order it applied its tuples); a G-check row claims its key's last applied tuple. N delta: +1 on a
     G-open, -1 on the R of a window whose latest footprint is in this generation's log, +1 on a G-check
@@ -276,6 +277,7 @@ class PartitionRows:
     ) -> None:
         rows, generation = self.rows, self.generation
         t = -1 if event_time is None else event_time
+        positions = list(live)
         for i, (kind, key, seq, state, payload, _n) in enumerate(held):
             dn = 0
             if key is not None and kind is not _DEAD:
@@ -289,7 +291,7 @@ class PartitionRows:
                     k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_time = -1, None, False, None, None
             record_marks = None if marks is None else list(marks[i])
             rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
-                         record_marks))  # fmt: skip
+                         record_marks, positions))  # fmt: skip
             self.produced += 1
 
     def gchecks(
@@ -303,12 +305,13 @@ class PartitionRows:
     ) -> None:
         rows, generation = self.rows, self.generation
         record_marks = list(marks) if marks else None
+        positions = list(live)
         for window, state in zip(windows, states, strict=True):
             k = self.facts(window.key)
             dn = 0 if k.fp_gen == generation else 1  # its latest footprint moves into this log
             k.fp_gen = generation
             rows.append((self.q, k.last_j, k.last_o, GCHECK_ORDER, _GCHECK.value, window.key, window.seq, state,
-                         None, -1, dn, record_marks))  # fmt: skip
+                         None, -1, dn, record_marks, positions))  # fmt: skip
             k.fp_out = self.out_base + len(rows)
 
     def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:

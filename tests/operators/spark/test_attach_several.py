@@ -321,6 +321,8 @@ def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills
         "window_time": f"{WINDOW_MS}ms",
         "allowed_lateness": LATENESS,
         "input_reader": PYTHON,
+        # G-checks too: a footprint's pos must cover every tuple its state holds, from every input partition.
+        "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
     }
     _run(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, **extra))
     assert _spark_results(spark, kafka_broker, reference) == truth
@@ -333,6 +335,12 @@ def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _spark_results(spark, kafka_broker, output) == truth
     assert _dead(kafka_broker, tmp_path, output) == _dead(kafka_broker, tmp_path, reference)
+    store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "kinds")
+    try:
+        kinds = [r.kind for q in range(STATE_PARTITIONS) for r in log_records(store, output, q)]
+    finally:
+        store.close()
+    assert Kind.GCHECK in kinds and Kind.GOPEN in kinds
 
 
 @pytest.mark.parametrize(
@@ -389,7 +397,9 @@ def test_other_result_columns_on_an_existing_output_topic_are_refused(
     output = f"several-columns-{uuid.uuid4().hex[:8]}"
     _run(spark, _args(kafka_broker, topic, tmp_path, output, window_count=5))
     with pytest.raises(ConfigError, match="keep key= and agg= as they were"):
-        cec_aggregate(spark, **_args(kafka_broker, topic, tmp_path, output, window_count=5, agg=AGGS[:2]))
+        cec_aggregate(
+            spark, **_args(kafka_broker, topic, tmp_path, output, window_count=5, agg=[("sum", "arr_delay")])
+        )
     with pytest.raises(ConfigError, match="keep key= and agg= as they were"):
         cec_aggregate(spark, **{**_args(kafka_broker, topic, tmp_path, output, window_count=5),
                                 "key": "carrier", "value": "arr_delay", "agg": "avg"})  # fmt: skip
