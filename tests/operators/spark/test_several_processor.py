@@ -5,7 +5,8 @@
 2. the packed key of a tuple (`partitioning.partition_key`) is its part id (`MultiAggregate.key_of`)
    without the window start, for any key values (hypothesis), and a window state survives the state
    partition's plain-tuple form (`state_partition.flat_state` / `state_of`);
-3. the processor driven directly over two micro-batches of tuples packed by the topic source's own code
+3. in Spark, `partitioning.part_partition_key` takes a part id back to that packed key;
+4. the processor driven directly over two micro-batches of tuples packed by the topic source's own code
    (`topic_reader.TupleBatches`) gives the windows a plain-Python grouping gives (the second micro-batch
    continues the windows the first left open), and the operator's dead letters.
 """
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import math
 from collections import defaultdict
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 import pytest
@@ -29,11 +30,14 @@ from operators.multi_aggregate import MultiAggregate
 from operators.multi_state import ColumnState, MultiState
 from operators.spark.aggregate_form import aggregate_form
 from operators.spark.packing import PackSpec
-from operators.spark.partitioning import partition_groups, partition_key
+from operators.spark.partitioning import part_partition_key, partition_groups, partition_key
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
 from operators.spark.state_partition import flat_state, state_of
 from operators.spark.topic_reader import TopicOptions, TupleBatches
 from tests.operators.spark.test_processor import _RecordingHandle, _Timers
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 AGGS = (("avg", "arr_delay"), ("max", "dep_delay"), ("count", "*"))
 KEY = ("carrier", "origin")
@@ -215,3 +219,23 @@ def test_processor_runs_several_aggregates_over_a_composite_key() -> None:
         for p in records[records["cec_kind"] == Kind.DEAD.value]["cec_payload"]
     )
     assert reasons == ["missing key 'origin'", "value 'arr_delay' is not a number: 'n/a'"]
+
+
+def test_part_ids_map_back_to_their_packed_key_in_spark(spark: SparkSession) -> None:
+    """`part_partition_key` (a Spark column) takes a part id to the key its tuples were packed by."""
+    from pyspark.sql import functions as F
+
+    values = ["AA", 'a"],1', "x,-5]", "ünï", "-3", "true", "a\\b", "1]"]
+    records = [
+        {"carrier": c, "origin": o, "ts": t}
+        for c in values
+        for o in values[:3]
+        for t in (-250, 0, 10**12 + 7)
+    ]
+    operator = MultiAggregate(
+        key_fields=list(KEY), aggs=[("count", "*")], window_ms=100, time_field="ts", allowed_lateness=0
+    )
+    pairs = [(operator.key_of(r), partition_key(r, KEY, as_array=True)) for r in records]
+    frame = spark.createDataFrame(pairs, "part string, packed string")
+    mapped = frame.select(part_partition_key(F.col("part"), by_window=True).alias("got"), "packed").collect()
+    assert [row["got"] for row in mapped] == [packed for _, packed in pairs]
