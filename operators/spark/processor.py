@@ -281,6 +281,8 @@ class CecAggregateProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.operator: Operator = self.spec.build()
+        # Parts per (key, window start) never reopen once the watermark closed them (PartitionCall).
+        self.forget_closed = isinstance(self.operator, MultiAggregate) and self.operator.by_window
         self.handle = handle
         self.state = handle.getValueState(STATE_NAME, PARTITION_STATE_SCHEMA)
         # One processor per task: the input positions its rows reached in this micro-batch (next offsets),
@@ -320,6 +322,7 @@ class CecAggregateProcessor(StatefulProcessor):
             self.generation,
             self._crash_pos(part.q),
             per_key_crash=len(self.crash_points) > 1,
+            forget_closed=self.forget_closed,
         )
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
@@ -347,7 +350,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 end = window_end(s) if watermarks else None
                 if end is not None:
                     ends.append((end, k, seq))
-            else:
+            elif not self.forget_closed:
                 keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0, None)
         if watermarks:
             ends.sort()  # a heap

@@ -321,7 +321,10 @@ class PartitionRows:
 class PartitionCall:
     """One call of a state partition (module doc): its keys as they are touched, the instance over them,
     and the rows it made. `crash_pos` is the partition's crash point (with several generations, the bound
-    of every key's own, `key_crash` filled by the caller as rows come)."""
+    of every key's own, `key_crash` filled by the caller as rows come). `forget_closed`: parts that never
+    open again once closed (several aggregates under watermarks: a part per (key, window start), which the
+    watermark closes, after which its tuples are late) are not kept after they close, so a partition's
+    state holds its open windows, not every window it ever had."""
 
     def __init__(
         self,
@@ -331,8 +334,10 @@ class PartitionCall:
         crash_pos: Sequence[int],
         *,
         per_key_crash: bool = False,
+        forget_closed: bool = False,
     ) -> None:
         self.part = part
+        self.forget_closed = forget_closed
         self.keys: dict[str | None, KeyFacts] = {}  # touched in this call
         self.key_crash: dict[str | None, Sequence[int]] | None = {} if per_key_crash else None
         self.rows = PartitionRows(part.q, generation, self.touch, part.control.out)
@@ -365,5 +370,8 @@ class PartitionCall:
         keys, next_seq = self.part.keys, self.instance.next_seq
         for key, k in self.keys.items():
             k.window = self.windows._windows.get(key) if key is not None else None
+            if self.forget_closed and k.window is None:
+                keys.pop(key, None)  # a part that never opens again: nothing of it is needed (class doc)
+                continue
             keys[key] = save_key(k, next_seq.get(key, k.next_seq) if key is not None else k.next_seq)
         self.part.engine = self.instance.save()

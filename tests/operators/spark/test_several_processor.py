@@ -6,7 +6,8 @@
    without the window start, for any key values (hypothesis), and a window state survives the state
    partition's plain-tuple form (`state_partition.flat_state` / `state_of`);
 3. in Spark, `partitioning.part_partition_key` takes a part id back to that packed key;
-4. the processor driven directly over two micro-batches of tuples packed by the topic source's own code
+4. under watermarks a state partition keeps only its open parts (closed ones never reopen);
+5. the processor driven directly over two micro-batches of tuples packed by the topic source's own code
    (`topic_reader.TupleBatches`) gives the windows a plain-Python grouping gives (the second micro-batch
    continues the windows the first left open), and the operator's dead letters.
 """
@@ -32,7 +33,7 @@ from operators.spark.aggregate_form import aggregate_form
 from operators.spark.packing import PackSpec
 from operators.spark.partitioning import part_partition_key, partition_groups, partition_key
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
-from operators.spark.state_partition import flat_state, state_of
+from operators.spark.state_partition import PartitionState, flat_state, state_of
 from operators.spark.topic_reader import TopicOptions, TupleBatches
 from tests.operators.spark.test_processor import _RecordingHandle, _Timers
 
@@ -239,3 +240,40 @@ def test_part_ids_map_back_to_their_packed_key_in_spark(spark: SparkSession) -> 
     frame = spark.createDataFrame(pairs, "part string, packed string")
     mapped = frame.select(part_partition_key(F.col("part"), by_window=True).alias("got"), "packed").collect()
     assert [row["got"] for row in mapped] == [packed for _, packed in pairs]
+
+
+def test_under_watermarks_a_partition_keeps_only_its_open_parts() -> None:
+    """Parts per (key, window start) closed by the watermark are results, and gone from the state."""
+    window_ms = 60
+    spec = AggregateSpec(
+        "carrier",
+        None,
+        "avg",
+        None,
+        window_ms,
+        "ts",
+        json_values=True,
+        allowed_lateness=0,
+        key_fields=KEY,
+        aggs=AGGS,
+    )
+    groups = partition_groups(1)
+    processor = CecAggregateProcessor(spec, [[(0, 0)]], 0, None, groups)
+    handle = _RecordingHandle()
+    processor.init(handle)  # type: ignore[arg-type]
+    tuples = [t for t in _tuples(300) if t.offset not in (8, 11)]  # no dead letters here
+    batches = TupleBatches(_options())
+    out: list[pd.DataFrame] = []
+    for third in (tuples[:100], tuples[100:200], tuples[200:]):
+        frames = [batches.of(j, [t for t in third if t.partition == j]).to_pandas() for j in (0, 1)]
+        out.extend(processor.handleInputRows((groups[0],), iter(frames), _Timers()))  # type: ignore[arg-type]
+    records = pd.concat(out, ignore_index=True)
+    codec = AvroCodec(spec.build().result_schema)
+    results = [codec.decode(bytes(p)) for p in records[records["cec_kind"] == Kind.R.value]["cec_payload"]]
+    last = max(t.value["ts"] for t in tuples if t.value is not None)
+    closed = {(v["carrier"], v["origin"], v["ts"] // window_ms) for t in tuples if (v := t.value) is not None
+              and v["ts"] // window_ms * window_ms + window_ms <= last}  # fmt: skip
+    assert {(r["carrier"], r["origin"], r["window"]) for r in results} == closed
+    state = PartitionState.load(handle.states["cec_partition"].value)
+    assert state.keys and all(saved[1] >= 0 for saved in state.keys.values())  # open parts only
+    assert len(state.keys) == state.open_count() < len(results)
