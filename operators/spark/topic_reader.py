@@ -23,6 +23,10 @@ Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), 
 (optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
 `schema.registry.url` (registry), `columns` (csv: comma-separated names), `startingOffsets`
 (`{"<partition>": offset}`, default the log start), `maxRecordsPerTrigger`, `kafka.*` client settings.
+For several aggregates (`cec_aggregate(agg=[...])`, packed rows only): `keys` and `values` (JSON lists of
+the key fields and value columns; `value` is then optional and no record needs one: SQL's null rule) and
+`keyArray` (`true`: the packed key is the JSON array of the key fields' keys); each packed value is then the
+JSON object of those fields (`TupleBatches`).
 A seek below a partition's log start is `RetentionError` ("input retention shorter than
 the replay needs"), never a silent gap.
 """
