@@ -107,7 +107,7 @@ class KafkaTopicSource(MessageBatches, InputSource):
         *,
         fmt: str,
         key_field: str,
-        value_field: str,
+        value_field: str | None,
         time_field: str | None = None,
         schema: Any = None,
         registry_url: str | None = None,

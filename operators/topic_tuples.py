@@ -31,7 +31,7 @@ class RecordTuples:
     """Decode and check records for an operator that reads `key_field`, `value_field` and `time_field`."""
 
     def __init__(
-        self, decoder: ValueDecoder, key_field: str, value_field: str, time_field: str | None = None
+        self, decoder: ValueDecoder, key_field: str, value_field: str | None, time_field: str | None = None
     ) -> None:
         self.decoder = decoder
         self.required = [f for f in (key_field, value_field, time_field) if f]

@@ -66,6 +66,7 @@ from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from operators.aggregate import parse_duration_ms, parse_lateness_ms
 from operators.formats import FORMATS
+from operators.spark.aggregate_form import aggregate_form
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
@@ -73,7 +74,7 @@ from operators.spark.kafka_input import AUTO, choose_input_reader
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
-from operators.spark.results import RESULT_COLUMNS, read_results, register_all
+from operators.spark.results import RESULT_COLUMNS, bind_result_schema, read_results, register_all
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
 from operators.spark.trim import check_trim_every, check_trimmed_indexes
@@ -123,11 +124,11 @@ def cec_aggregate(
     input_topic: str,
     bootstrap_servers: str,
     output_topic: str,
-    key: str,
-    value: str,
+    key: str | Sequence[str],
+    value: str | None = None,
     state_dir: str | Path,
     checkpoint_location: str | Path,
-    agg: str = "avg",
+    agg: str | Sequence[tuple[str, str]] = "avg",
     window_count: int | None = None,
     window_time: str | int | None = None,
     time: str | None = None,
@@ -147,7 +148,7 @@ def cec_aggregate(
     input_reader: str = AUTO,
     trim_every: int | None = None,
 ) -> CecAggregateQuery:
-    """Start (or resume) `agg(value)` per `key` over tumbling windows with CEC, reading `input_topic` and
+    """Start (or resume) `agg(value)` (or several aggregates) per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
     handle with CEC's figures in its progress, see `operators.spark.query`).
 
@@ -165,8 +166,13 @@ def cec_aggregate(
       comma-separated text); cec: the payload's Avro schema (a name known to cec-kafka, JSON text or a
       dict; default "purchase"); `schema_registry_url`: registry;
     - `window_count=N` or `window_time="10s"` (with `time`, the event-time field in ms); `agg` is one of
-      avg, sum, count, min, max; results have KeyedAggregate's columns (key, window, value, count, start,
-      end) and are read with `read_results`;
+      avg, sum, count, min, max over `value`; results have KeyedAggregate's columns (key, window, value,
+      count, start, end) and are read with `read_results`;
+    - several aggregates and composite keys (`operators.spark.aggregate_form`): `key=["carrier",
+      "origin"]`, `agg=[("avg", "arr_delay"), ("max", "dep_delay"), ("count", "*")]` (no `value`) run
+      `operators.multi_aggregate.MultiAggregate`, as `cec run --key a,b --agg FUNC:COLUMN` does, with its
+      result columns (one per key field, `value` or one `FUNC_COLUMN` per aggregate) and SQL's null rule;
+      an ordinary topic input only;
     - `allowed_lateness="10s"` (a time window): event-time watermarks, as `cec run --allowed-lateness`: a
       window also closes when the watermark (per input partition the largest event time a state partition
       applied, less the lateness, min over input partitions) passes its end, whether or not its key comes
@@ -222,21 +228,24 @@ def cec_aggregate(
         raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
     if input_format not in FORMATS:
         raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-    if key in (value, time) or (time is not None and time == value):
+    form = aggregate_form(key, value, agg)
+    if time is not None and time in (*form.key_fields, value):
         raise ConfigError("key, value and time must be different columns")
     window_ms = None
     if window_time is not None:
         window_ms = int(window_time) if isinstance(window_time, int) else parse_duration_ms(window_time)
     lateness = None if allowed_lateness is None else parse_lateness_ms(allowed_lateness)
     spec = AggregateSpec(
-        key,
+        form.key_fields[0],
         value,
-        agg,
+        form.agg,
         window_count,
         window_ms,
         time,
         json_values=input_format != "cec",
         allowed_lateness=lateness,
+        key_fields=form.several_keys,
+        aggs=form.aggs,
     )
     spec.build()  # validates the aggregate configuration here, not on an executor
     if partitions is not None and partitions < 1:
@@ -244,7 +253,17 @@ def cec_aggregate(
     if max_records_per_trigger is not None and max_records_per_trigger < 1:
         raise ConfigError("max_records_per_trigger must be >= 1")
     check_trim_every(trim_every)
-    source_options = select_source_options(input_format, input_schema, schema_registry_url, key, value, time)
+    source_options = select_source_options(
+        input_format,
+        input_schema,
+        schema_registry_url,
+        spec.key,
+        value,
+        time,
+        key_fields=(spec.key_fields or (spec.key,)) if spec.several else (),
+        value_fields=form.value_columns,
+        key_array=spec.key_array,
+    )
     check_session(spark, embedded_store=False, what="cec_aggregate")
     reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
     metrics, served_port = None, None
@@ -276,12 +295,16 @@ def cec_aggregate(
         outputs = _open_outputs(store, current)  # takes the partitions' writer locks before reading the logs
         try:
             recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
-            if lateness is not None:
-                try:
+            try:
+                if lateness is not None:
                     _check_watermarks(recovery, input_partitions)
-                except ConfigError:
-                    recovery.release()
-                    raise
+                # Several aggregates' results have their own columns: recorded with the topic for
+                # read_results, and a log written with other columns is refused.
+                schema = spec.build().result_schema if spec.several else None
+                bind_result_schema(store, generations, schema, resumed=recovery.resumed)
+            except BaseException:
+                recovery.release()
+                raise
         except BaseException:
             for out in outputs:
                 out.close()

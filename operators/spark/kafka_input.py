@@ -149,7 +149,7 @@ class KafkaRowPacker:
         from operators.topic_tuples import KEY_FIELD, TIMESTAMP_FIELD
 
         self.opts = opts
-        named = {opts.key, opts.value, opts.time}
+        named = {opts.key, opts.value, opts.time, *opts.key_fields, *opts.value_fields}
         self.columns = ["partition", "offset", "value"]
         if TIMESTAMP_FIELD in named:
             self.columns.append("timestamp")
@@ -252,5 +252,5 @@ def _kept_records(opts: TopicOptions) -> RecordTuples:
             registry_url=opts.registry_url,
             columns=list(opts.columns) or None,
         )
-        records = _RECORDS[key] = RecordTuples(decoder, opts.key, opts.value, opts.time)
+        records = _RECORDS[key] = RecordTuples(decoder, opts.key, opts.required_value, opts.time)
     return records

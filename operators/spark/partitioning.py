@@ -9,13 +9,19 @@ bit (tests/operators/spark/test_partitioning.py checks them against Spark's own 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Mapping, Sequence
 from typing import Any
+
+from cec.exceptions import BadTupleError
+from operators.aggregate import canonical_key
 
 __all__ = [
     "KeyGrouper",
     "output_partition",
+    "part_partition_key",
     "partition_groups",
+    "partition_key",
     "spark_hash_long",
     "spark_hash_string",
 ]
@@ -68,6 +74,37 @@ def spark_hash_string(value: str | None, seed: int = _SEED) -> int:
         byte = data[i]
         h = _mix_h1(h, _mix_k1((byte - 256 if byte > 127 else byte) & _MASK32))
     return _fmix(h, length)
+
+
+def partition_key(value: Mapping[str, Any], fields: Sequence[str], *, as_array: bool) -> str | None:
+    """The key several aggregates (`operators.multi_aggregate.MultiAggregate`) are partitioned by: its
+    part id without the window start. One field's key as `canonical_key` makes it, or (`as_array`: a
+    composite key, or parts keyed by (key, window start) under watermarks) the JSON array of the fields'
+    keys, written exactly as `MultiAggregate.key_of` writes its part ids, so that a part id maps back to
+    its partition key (`part_partition_key`). None when a field is missing or is not a key: the operator
+    refuses that tuple with its own reason wherever it goes."""
+    parts: list[str] = []
+    for field in fields:
+        try:
+            part = canonical_key(value.get(field), field)
+        except BadTupleError:
+            return None
+        if part is None:
+            return None
+        parts.append(part)
+    if not as_array:
+        return parts[0]
+    return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+
+
+def part_partition_key(part_id: Any, *, by_window: bool) -> Any:
+    """The Spark column of a part id's `partition_key` (a window of the initial state goes to the state
+    partition its key's tuples go to): the part id itself, or under watermarks the JSON array with its
+    last element (the window's start, an integer) taken off: `json.dumps(parts)` is the elements'
+    texts joined by commas, so dropping the trailing `,<start>` gives exactly `json.dumps(parts[:-1])`."""
+    from pyspark.sql import functions as F
+
+    return F.regexp_replace(part_id, r",-?[0-9]+\]$", "]") if by_window else part_id
 
 
 def output_partition(key: Any, partitions: int) -> Any:

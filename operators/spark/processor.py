@@ -65,9 +65,11 @@ from pyspark.sql.types import (
     StructType,
 )
 
+from cec.exceptions import BadTupleError
 from operators.aggregate import KeyedAggregate
-from operators.base import InputTuple
+from operators.base import InputTuple, Operator
 from operators.engine.phase import Phase
+from operators.multi_aggregate import MultiAggregate
 from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
 
 # The grouping column (one value per output partition of the current generation: `partition_groups`) and
@@ -79,6 +81,7 @@ from operators.spark.state_partition import (
     GCHECK_ORDER,
     PartitionCall,
     PartitionState,
+    flat_state,
     fresh_engine,
 )
 from recovery.contract import PositionStamper, TupleFate, key_crash_point
@@ -144,6 +147,8 @@ EMIT_SCHEMA = StructType(
         StructField("cec_t", LongType(), False),  # the tuple's event time, -1 if none
         StructField("cec_dn", LongType(), False),  # change of N
         StructField("cec_marks", ArrayType(LongType(), False), True),  # event-time marks (watermarks only)
+        # The instance's live input position when it made the record (`operators.spark.stamping`).
+        StructField("cec_live", ArrayType(LongType(), False), True),
     ]
 )
 EMIT_COLUMNS = [f.name for f in EMIT_SCHEMA.fields]
@@ -164,18 +169,51 @@ _OPERATOR_ARGUMENTS = ("key_field", "value_field", "agg", "window_count", "windo
 class AggregateSpec:
     """The aggregate's configuration; picklable (shipped to the Python workers inside the processor).
     `json_values`: the value and time columns hold JSON text (the cec-topic source), decoded here.
-    `allowed_lateness`: event-time watermarks (ms), as `cec run --allowed-lateness`."""
+    `allowed_lateness`: event-time watermarks (ms), as `cec run --allowed-lateness`.
+
+    With `key_fields` (a composite key) or `aggs` ((func, column) pairs) it is the several-aggregate form,
+    the operator `cec run --key a,b --agg FUNC:COLUMN` runs (`operators.multi_aggregate.MultiAggregate`):
+    then `key` is the first key field, `value` may be None, and each tuple's value column holds the JSON
+    object of the fields the operator reads (`operators.spark.topic_reader.TupleBatches`)."""
 
     key: str
-    value: str
+    value: str | None
     agg: str
     window_count: int | None
     window_ms: int | None
     time: str | None
     json_values: bool = False
     allowed_lateness: int | None = None
+    key_fields: tuple[str, ...] | None = None
+    aggs: tuple[tuple[str, str], ...] | None = None
 
-    def build(self) -> KeyedAggregate:
+    @property
+    def several(self) -> bool:
+        """The several-aggregate form (class doc)."""
+        return self.key_fields is not None or self.aggs is not None
+
+    @property
+    def by_window(self) -> bool:
+        """Several aggregates under watermarks: a part per (key, window start) (`MultiAggregate.by_window`)."""
+        operator = self.build()
+        return isinstance(operator, MultiAggregate) and operator.by_window
+
+    @property
+    def key_array(self) -> bool:
+        """Whether the packed key is the JSON array of the key fields' keys
+        (`operators.spark.partitioning.partition_key`): a composite key, or parts per window."""
+        return self.several and (len(self.key_fields or ()) > 1 or self.by_window)
+
+    def build(self) -> KeyedAggregate | MultiAggregate:
+        if self.several:
+            return MultiAggregate(
+                key_fields=list(self.key_fields or (self.key,)),
+                aggs=list(self.aggs or ((self.agg, self.value or ""),)),
+                window_count=self.window_count,
+                window_ms=self.window_ms,
+                time_field=self.time,
+                allowed_lateness=self.allowed_lateness,
+            )
         values = (self.key, self.value, self.agg, self.window_count, self.window_ms, self.time,
                   self.allowed_lateness)  # fmt: skip
         arguments: dict[str, Any] = dict(zip(_OPERATOR_ARGUMENTS, values, strict=True))
@@ -207,7 +245,7 @@ def _figures(part: PartitionState, generation: int, phase: int, tuples: int = 0)
               "footprint_min": lowest, "tuples": tuples,
               "footprint_time": part.oldest_footprint_time(generation),
               "restoring": bool(part.engine[5])}  # fmt: skip
-    return (part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0, None)
+    return (part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, json.dumps(report).encode(), -1, 0, None, None)
 
 
 class CecAggregateProcessor(StatefulProcessor):
@@ -242,7 +280,9 @@ class CecAggregateProcessor(StatefulProcessor):
         self.wall = time.time
 
     def init(self, handle: StatefulProcessorHandle) -> None:
-        self.operator = self.spec.build()
+        self.operator: Operator = self.spec.build()
+        # Parts per (key, window start) never reopen once the watermark closed them (PartitionCall).
+        self.forget_closed = isinstance(self.operator, MultiAggregate) and self.operator.by_window
         self.handle = handle
         self.state = handle.getValueState(STATE_NAME, PARTITION_STATE_SCHEMA)
         # One processor per task: the input positions its rows reached in this micro-batch (next offsets),
@@ -282,6 +322,7 @@ class CecAggregateProcessor(StatefulProcessor):
             self.generation,
             self._crash_pos(part.q),
             per_key_crash=len(self.crash_points) > 1,
+            forget_closed=self.forget_closed,
         )
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
@@ -302,14 +343,14 @@ class CecAggregateProcessor(StatefulProcessor):
                 window_pos = tuple(int(p) for p in pos_w)
                 # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
                 # their footprint clock is pos_w.
-                fields = (s.count, s.total, s.lo, s.hi, s.start, s.last)
+                fields = flat_state(s)
                 t = _plain(fp_time)
                 keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0,
                            None if t is None else int(t))  # fmt: skip
                 end = window_end(s) if watermarks else None
                 if end is not None:
                     ends.append((end, k, seq))
-            else:
+            elif not self.forget_closed:
                 keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0, None)
         if watermarks:
             ends.sort()  # a heap
@@ -333,10 +374,13 @@ class CecAggregateProcessor(StatefulProcessor):
         columns = unpack(frames, names)
         part = self._partition(key[0])
         call = self._call(part)
-        js, os_, ks = columns["cec_j"], columns["cec_o"], columns["cec_key"]
+        js, os_ = columns["cec_j"], columns["cec_o"]
         n = len(js)
         errors: Sequence[str | None] = columns["cec_error"] if spec.json_values else [None] * n
         tuples = self._tuples(columns, errors)
+        # The engine's part ids: the packed key for one aggregate; for several, the operator's own
+        # `key_of` (a composite key, and with watermarks a part per (key, window start)).
+        ks = self._part_ids(tuples) if spec.several else columns["cec_key"]
         seen = self.seen
         for j, o in zip(js, os_, strict=True):
             if o >= seen[j]:
@@ -388,6 +432,21 @@ class CecAggregateProcessor(StatefulProcessor):
         out.append(_figures(part, self.generation, 0, n))
         yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
+    def _part_ids(self, tuples: Sequence[InputTuple]) -> list[str | None]:
+        """Each tuple's part id as the engine keys its windows (`Operator.key_of`); None for a tuple the
+        operator refuses (its dead letter comes from the engine, with the operator's reason)."""
+        key_of = self.operator.key_of
+        out: list[str | None] = []
+        for tup in tuples:
+            key = None
+            if tup.value is not None:
+                try:
+                    key = key_of(tup.value)
+                except BadTupleError:
+                    key = None
+            out.append(key)
+        return out
+
     def _tuples(self, columns: dict[str, list[Any]], errors: Sequence[str | None]) -> list[InputTuple]:
         """The partition's input tuples, in input order. A record the source could not read carries its
         reason, and the record as read in the value column (its dead letter's `raw`)."""
@@ -398,6 +457,7 @@ class CecAggregateProcessor(StatefulProcessor):
         raw_values = columns["cec_v"]
         times = [decode(t) for t in columns["cec_time"]] if spec.time else [None] * n
         key_field, value_field, time_field = spec.key, spec.value, spec.time
+        several = spec.several
         out: list[InputTuple] = []
         append = out.append
         for j, o, k, v, t, err in zip(js, os_, ks, raw_values, times, errors, strict=True):
@@ -405,7 +465,8 @@ class CecAggregateProcessor(StatefulProcessor):
                 # As bytes: the text the source made of them (`raw_text`) is the dead letter's raw as is.
                 append(InputTuple(j, o, None, err, v.encode() if isinstance(v, str) else None))
                 continue
-            value: dict[str, Any] = {key_field: k, value_field: decode(v)}
+            # Several aggregates: the JSON object of the fields the operator reads (topic_reader's doc).
+            value: dict[str, Any] = decode(v) if several else {key_field: k, str(value_field): decode(v)}
             if time_field:
                 value[time_field] = t
             append(InputTuple(j, o, value))
@@ -438,7 +499,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 rows.append(_figures(part, self.generation, 1))
             report = part.control.report(part.q)
             if report is not None:
-                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None))
+                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None, None))
         self.state.update(part.dump())
         if rows:
             yield pd.DataFrame(rows, columns=EMIT_COLUMNS)

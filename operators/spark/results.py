@@ -3,23 +3,65 @@ DataFrame), and the data sources its reads use (`register_all`)."""
 
 from __future__ import annotations
 
+import json
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cec.exceptions import ConfigError
 from operators.aggregate import RESULT_SCHEMA
 from operators.spark.datasource import FORMAT, register
-from operators.spark.generations import list_generations
+from operators.spark.generations import Generation, list_generations
 from operators.spark.topic_reader import register_topic_source
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
 
-__all__ = ["RESULT_COLUMNS", "read_results", "register_all"]
+    from queuestore.kafka import KafkaQueueStore
+
+__all__ = ["RESULTS_ATTACHMENT", "RESULT_COLUMNS", "bind_result_schema", "read_results", "register_all"]
 
 RESULT_COLUMNS = [f["name"] for f in RESULT_SCHEMA["fields"]]
+# The attachment of an output topic (partition 0) that holds its results' Avro schema when they are not
+# KeyedAggregate's (several aggregates, a composite key): `read_results` decodes them by it.
+RESULTS_ATTACHMENT = "results"
+
+
+def _recorded_schema(store: KafkaQueueStore, topic: str) -> dict[str, Any] | None:
+    found = store.read_attachment(topic, 0, RESULTS_ATTACHMENT)
+    return json.loads(found) if found else None
+
+
+def bind_result_schema(
+    store: KafkaQueueStore,
+    generations: Sequence[Generation],
+    schema: Mapping[str, Any] | None,
+    *,
+    resumed: bool,
+) -> None:
+    """Record the results' schema with the current generation (None: KeyedAggregate's, recorded as
+    nothing, as every log written before several aggregates existed). A log that holds records written
+    with other result columns is refused with one ConfigError: its results could not be read as one."""
+    wanted = None if schema is None else dict(schema)
+    for gen in generations:
+        found = _recorded_schema(store, gen.topic)
+        if found == wanted:
+            continue
+        if resumed:
+
+            def columns(s: Mapping[str, Any] | None) -> str:
+                return ", ".join(f["name"] for f in (s or RESULT_SCHEMA)["fields"])
+
+            raise ConfigError(
+                f"output topic {gen.topic!r} holds results with the columns ({columns(found)}), this "
+                f"query's have ({columns(wanted)}): keep key= and agg= as they were, or use a new output_topic"
+            )
+    current = generations[-1].topic
+    if _recorded_schema(store, current) != wanted:
+        store.write_attachment(
+            current, 0, RESULTS_ATTACHMENT, b"" if wanted is None else json.dumps(wanted).encode()
+        )
 
 
 def register_all(spark: SparkSession) -> None:
@@ -38,7 +80,9 @@ def read_results(
     with_meta: bool = False,
 ) -> DataFrame:
     """The results (R records) of every generation of `output_topic` as one DataFrame with KeyedAggregate's
-    columns (plus the cec_ metadata columns and `cec_generation` when `with_meta`)."""
+    columns, or for several aggregates or a composite key `cec run`'s (`MultiAggregate.result_schema`,
+    recorded with the topic: one column per key field, `value` or one `FUNC_COLUMN` per aggregate), plus
+    the cec_ metadata columns and `cec_generation` when `with_meta`."""
     from functools import reduce
 
     from pyspark.sql import functions as F
@@ -50,21 +94,23 @@ def read_results(
     store = KafkaQueueStore(bootstrap_servers, state_dir, config=dict(kafka_config or {}))
     try:
         generations = list_generations(store, output_topic)
+        schemas = [_recorded_schema(store, gen.topic) for gen in generations]
     finally:
         store.close()
     if not generations:
         raise ConfigError(f"output topic {output_topic!r} does not exist")
     register_all(spark)
     frames = []
-    for gen in generations:
+    for gen, schema in zip(generations, schemas, strict=True):
         reader = (
             spark.read.format(FORMAT)
             .option("topic", gen.topic)
             .option("bootstrap.servers", bootstrap_servers)
-            .option("schema", "aggregate")
+            .option("schema", "aggregate" if schema is None else json.dumps(schema))
         )
+        columns = RESULT_COLUMNS if schema is None else [f["name"] for f in schema["fields"]]
         for name, setting in (kafka_config or {}).items():
             reader = reader.option(f"kafka.{name}", setting)
         df = reader.load().withColumn("cec_generation", F.lit(gen.index))
-        frames.append(df if with_meta else df.select(*RESULT_COLUMNS))
+        frames.append(df if with_meta else df.select(*columns))
     return reduce(lambda a, b: a.unionByName(b), frames)

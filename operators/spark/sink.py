@@ -72,7 +72,7 @@ def split_controls(rows: list[tuple[Any, ...]]) -> tuple[list[tuple[Any, ...]], 
 def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Iterator[OutputRecord]:
     """The records of one partition's batch (rows in `log_order`), with pos/N/time continuing from
     `cursor` (advanced as they are made): the one stamping rule of both sinks (driver and executors)."""
-    for (_, _j, _o, _i, kind, key, seq, state, payload, t, dn, marks), pos in zip(
+    for (_, _j, _o, _i, kind, key, seq, state, payload, t, dn, marks, *_live), pos in zip(
         rows, positions(rows, cursor.stamper), strict=True
     ):
         cursor.n += dn

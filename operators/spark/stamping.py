@@ -11,9 +11,14 @@ Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...)
   A G-check holds its window's state after every tuple of its key read so far (the processor makes them
   after a micro-batch's input), so at the end of the batch its pos (the floor, and at least its key's
   last tuple + 1) is below the key's next tuple, which a later micro-batch reads.
-- pos (`positions`): `recovery.contract.PositionStamper` continuing from the log's previous record. A
-  produced record claims its tuple (pos[j] = o + 1) when it is the tuple's last record, else pos[j] = o;
-  a G-check claims its key's last applied tuple (j, o): its state holds it. What follows a batch's last
+- pos (`positions`): `recovery.contract.PositionStamper` continuing from the log's previous record, over
+  the live input position of the partition's instance when it made the record (per input partition the
+  next offset after its last applied tuple there: every tuple of its keys below has been applied), as the
+  local host stamps. A produced record claims its tuple (pos[j] = o + 1) when it is the tuple's last
+  record, else pos[j] = o; a G-check claims its key's last applied tuple (j, o): its state holds it.
+  Without the live position (claims only), a state partition whose keys come from several input
+  partitions would log a pos below what it had applied on the others, and a restart would apply those
+  tuples again (keys spread over input partitions, `cec_aggregate(agg=[...], allowed_lateness=...)`). What follows a batch's last
   produced record (a G-check, or nothing) does not change that record's claim, so the processor can
   stamp its input rows and its G-checks in two passes and get the writer's positions exactly.
 - time (`log_time`): the largest event time so far (non-decreasing along the log), or sum(pos) when the
@@ -52,7 +57,10 @@ def positions(rows: Sequence[tuple[Any, ...]], stamper: PositionStamper) -> Iter
         else:
             nxt = rows[idx + 1]
             claims = nxt[4] == _GCHECK or nxt[1] != j or nxt[2] != o
-        yield stamper.stamp(None, j, o, claims=claims)
+        # The instance's live position (everything of its input below it is applied, as the local host
+        # stamps); a row without one (made before rows carried it) stands on its claim alone.
+        live = row[12] if len(row) > 12 else None
+        yield stamper.stamp(live, j, o, claims=claims)
 
 
 def log_time(previous: int, event_time: int, pos: Sequence[int], has_time: bool) -> int:

@@ -28,9 +28,11 @@ from typing import Any
 
 from cec.records import Kind
 from cec.registry import OpenWindow, WindowRegistry
-from operators.aggregate import AggState, KeyedAggregate
+from operators.aggregate import AggState
+from operators.base import Operator
 from operators.engine.instance import HostState, OperatorInstance
 from operators.engine.records import HeldRecord
+from operators.multi_state import ColumnState, MultiState
 from operators.spark.checkpointing import PartitionControl
 from recovery.contract import ReplayContract
 
@@ -41,12 +43,15 @@ __all__ = [
     "PartitionRows",
     "PartitionState",
     "PartitionWindows",
+    "flat_state",
+    "state_of",
 ]
 
 # The emission index of a G-check row (the sink writes G-checks after a partition's other records).
 GCHECK_ORDER = 1 << 30
 _NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
+_MULTI_FIELDS = 4  # len(flat_state(MultiState)); a single aggregate's has 6
 
 
 class KeyFacts:
@@ -77,21 +82,38 @@ class KeyFacts:
         self.last_j = self.last_o = -1
 
 
-# A key as saved in the partition's state: (next_seq, open seq or -1, AggState fields or None, fp_gen,
+# A key as saved in the partition's state: (next_seq, open seq or -1, `flat_state` or None, fp_gen,
 # pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time). Plain tuples: the pickle of a partition stays one
 # C-level pass.
 Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int, int | None]
+
+
+def flat_state(state: AggState | MultiState) -> tuple[Any, ...]:
+    """A window's state as plain values (`Saved`): a single aggregate's six fields, or several aggregates'
+    (count, start, last, per value column (n, exact total, min, max))."""
+    if type(state) is AggState:
+        return (state.count, state.total, state.lo, state.hi, state.start, state.last)
+    assert isinstance(state, MultiState)
+    columns = tuple((c.n, c.total, c.lo, c.hi) for c in state.columns)
+    return (state.count, state.start, state.last, columns)
+
+
+def state_of(fields: tuple[Any, ...]) -> AggState | MultiState:
+    """`flat_state`'s inverse (the two forms differ in length)."""
+    if len(fields) == _MULTI_FIELDS:
+        count, start, last, columns = fields
+        return MultiState(count, start, last, [ColumnState(*c) for c in columns])
+    return AggState(*fields)
 
 
 def save_key(k: KeyFacts, next_seq: int) -> Saved:
     w = k.window
     if w is None:
         return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0, None)
-    s = w.state
     return (
         next_seq,
         w.seq,
-        (s.count, s.total, s.lo, s.hi, s.start, s.last),
+        flat_state(w.state),
         k.fp_gen,
         k.pos_w,
         k.live,
@@ -110,7 +132,7 @@ def load_key(key: str | None, saved: Saved | None) -> KeyFacts:
     next_seq, seq, state, fp_gen, pos_w, live, fp_clock, last_j, last_o, fp_out, fp_time = saved
     k.next_seq, k.last_j, k.last_o = next_seq, last_j, last_o
     if seq >= 0 and state is not None and key is not None:
-        k.window = OpenWindow(key, seq, AggState(*state), 0, 0, 0, 0)
+        k.window = OpenWindow(key, seq, state_of(state), 0, 0, 0, 0)
         k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_out = fp_gen, pos_w, live, fp_clock, fp_out
         k.fp_time = fp_time
     return k
@@ -226,7 +248,8 @@ class _WindowPositions(Mapping[str, tuple[int, ...]]):
 
 class PartitionRows:
     """The Spark host's `RecordSink`: the instance's records as rows in `processor.EMIT_COLUMNS` order,
-    (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks); the sink stamps
+    (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks, live position);
+    the sink stamps
     them later (`operators.spark.stamping`). The emission index is the order the instance made them (the
     order it applied its tuples); a G-check row claims its key's last applied tuple. N delta: +1 on a
     G-open, -1 on the R of a window whose latest footprint is in this generation's log, +1 on a G-check
@@ -254,6 +277,7 @@ class PartitionRows:
     ) -> None:
         rows, generation = self.rows, self.generation
         t = -1 if event_time is None else event_time
+        positions = list(live)
         for i, (kind, key, seq, state, payload, _n) in enumerate(held):
             dn = 0
             if key is not None and kind is not _DEAD:
@@ -267,7 +291,7 @@ class PartitionRows:
                     k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_time = -1, None, False, None, None
             record_marks = None if marks is None else list(marks[i])
             rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
-                         record_marks))  # fmt: skip
+                         record_marks, positions))  # fmt: skip
             self.produced += 1
 
     def gchecks(
@@ -281,12 +305,13 @@ class PartitionRows:
     ) -> None:
         rows, generation = self.rows, self.generation
         record_marks = list(marks) if marks else None
+        positions = list(live)
         for window, state in zip(windows, states, strict=True):
             k = self.facts(window.key)
             dn = 0 if k.fp_gen == generation else 1  # its latest footprint moves into this log
             k.fp_gen = generation
             rows.append((self.q, k.last_j, k.last_o, GCHECK_ORDER, _GCHECK.value, window.key, window.seq, state,
-                         None, -1, dn, record_marks))  # fmt: skip
+                         None, -1, dn, record_marks, positions))  # fmt: skip
             k.fp_out = self.out_base + len(rows)
 
     def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:
@@ -296,18 +321,23 @@ class PartitionRows:
 class PartitionCall:
     """One call of a state partition (module doc): its keys as they are touched, the instance over them,
     and the rows it made. `crash_pos` is the partition's crash point (with several generations, the bound
-    of every key's own, `key_crash` filled by the caller as rows come)."""
+    of every key's own, `key_crash` filled by the caller as rows come). `forget_closed`: parts that never
+    open again once closed (several aggregates under watermarks: a part per (key, window start), which the
+    watermark closes, after which its tuples are late) are not kept after they close, so a partition's
+    state holds its open windows, not every window it ever had."""
 
     def __init__(
         self,
-        operator: KeyedAggregate,
+        operator: Operator,
         part: PartitionState,
         generation: int,
         crash_pos: Sequence[int],
         *,
         per_key_crash: bool = False,
+        forget_closed: bool = False,
     ) -> None:
         self.part = part
+        self.forget_closed = forget_closed
         self.keys: dict[str | None, KeyFacts] = {}  # touched in this call
         self.key_crash: dict[str | None, Sequence[int]] | None = {} if per_key_crash else None
         self.rows = PartitionRows(part.q, generation, self.touch, part.control.out)
@@ -340,5 +370,8 @@ class PartitionCall:
         keys, next_seq = self.part.keys, self.instance.next_seq
         for key, k in self.keys.items():
             k.window = self.windows._windows.get(key) if key is not None else None
+            if self.forget_closed and k.window is None:
+                keys.pop(key, None)  # a part that never opens again: nothing of it is needed (class doc)
+                continue
             keys[key] = save_key(k, next_seq.get(key, k.next_seq) if key is not None else k.next_seq)
         self.part.engine = self.instance.save()

@@ -23,6 +23,10 @@ Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), 
 (optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
 `schema.registry.url` (registry), `columns` (csv: comma-separated names), `startingOffsets`
 (`{"<partition>": offset}`, default the log start), `maxRecordsPerTrigger`, `kafka.*` client settings.
+For several aggregates (`cec_aggregate(agg=[...])`, packed rows only): `keys` and `values` (JSON lists of
+the key fields and value columns; `value` is then optional and no record needs one: SQL's null rule) and
+`keyArray` (`true`: the packed key is the JSON array of the key fields' keys); each packed value is then the
+JSON object of those fields (`TupleBatches`).
 A seek below a partition's log start is `RetentionError` ("input retention shorter than
 the replay needs"), never a silent gap.
 """
@@ -41,6 +45,7 @@ from cec.exceptions import ConfigError
 from operators.engine.records import raw_text
 from operators.formats import FORMATS
 from operators.spark.packing import PACK_OPTION, PackSpec, kept_packer, packed_schema
+from operators.spark.partitioning import partition_key
 from operators.spark.reader_pool import READERS
 from operators.spark.slices import KafkaOptions, SliceStreamReader, starting_positions
 
@@ -82,7 +87,7 @@ class TopicOptions:
     bootstrap: str
     fmt: str
     key: str
-    value: str
+    value: str | None  # None: several aggregates that name their columns (`value_fields`)
     time: str | None
     schema: Any = None
     registry_url: str | None = None
@@ -91,6 +96,16 @@ class TopicOptions:
     max_records_per_trigger: int | None = None
     client_config: dict[str, str] = field(default_factory=dict)
     pack: PackSpec | None = None  # the attached query's packed rows (`operators.spark.packing`)
+    # Several aggregates (options `keys`, `values`: JSON lists; `keyArray`): the key fields, the value
+    # columns, and whether the packed key is the JSON array of the key fields' keys (module doc).
+    key_fields: tuple[str, ...] = ()
+    value_fields: tuple[str, ...] = ()
+    key_array: bool = False
+
+    @property
+    def several(self) -> bool:
+        """The several-aggregate form: rows carry the JSON object of every field the operator reads."""
+        return bool(self.key_fields)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> TopicOptions:
@@ -99,7 +114,11 @@ class TopicOptions:
         fmt = opts.get("format", "json")
         if fmt not in FORMATS or fmt == "cec":
             raise ConfigError(f"{TOPIC_FORMAT} reads json, avro, registry or csv values, not {fmt!r}")
-        if not opts.get("key") or not opts.get("value"):
+        key_fields = _names(opts.get("keys"), "keys")
+        value_fields = _names(opts.get("values"), "values")
+        if key_fields:
+            opts.setdefault("key", key_fields[0])
+        if not opts.get("key") or not (opts.get("value") or key_fields):
             raise ConfigError(f"{TOPIC_FORMAT} needs the options 'key' and 'value' (field names)")
         schema: Any = opts.get("schema")
         if schema is not None and schema.lstrip().startswith("{"):
@@ -109,7 +128,7 @@ class TopicOptions:
             bootstrap=common.bootstrap,
             fmt=fmt,
             key=opts["key"],
-            value=opts["value"],
+            value=opts.get("value") or None,
             time=opts.get("time") or None,
             schema=schema,
             registry_url=opts.get("schema.registry.url"),
@@ -118,6 +137,9 @@ class TopicOptions:
             max_records_per_trigger=common.max_records_per_trigger,
             client_config=common.client_config,
             pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
+            key_fields=key_fields,
+            value_fields=value_fields,
+            key_array=opts.get("keyarray", "false").lower() == "true",
         )
 
     def read_schema(self) -> StructType:
@@ -132,7 +154,14 @@ class TopicOptions:
         schema = json.dumps(self.schema, sort_keys=True, default=str)
         config = tuple(sorted(self.client_config.items()))
         return (self.bootstrap, self.topic, self.fmt, self.key, self.value, self.time, schema,
-                self.registry_url, self.columns, config, partition, total)  # fmt: skip
+                self.registry_url, self.columns, config, partition, total, self.key_fields,
+                self.value_fields)  # fmt: skip
+
+    @property
+    def required_value(self) -> str | None:
+        """The value field a record must have to be a tuple: none for several aggregates (SQL's null rule:
+        each aggregate skips a record without its column), as `cec run` reads them."""
+        return None if self.several else self.value
 
     def bounds(self) -> tuple[list[int], list[int]]:
         """(log starts, ends) of every partition now."""
@@ -189,7 +218,9 @@ class TupleBatches:
     def of(self, p: int, batch: Sequence[InputTuple]) -> pa.RecordBatch:
         import pyarrow as pa
 
-        key, value, time_field = self.opts.key, self.opts.value, self.opts.time
+        if self.opts.several:
+            return self._several(p, batch)
+        key, value, time_field = self.opts.key, str(self.opts.value), self.opts.time
         packer, dumps = self.packer, json.dumps
         offsets: list[int] = []
         errors: list[str | None] = []
@@ -216,6 +247,49 @@ class TupleBatches:
             [pa.array(c, type=f.type) for c, f in zip(columns, self.schema, strict=True)], schema=self.schema
         )
 
+    def _several(self, p: int, batch: Sequence[InputTuple]) -> pa.RecordBatch:
+        """`of` for several aggregates: the packed key is `partition_key` of the record (None when a key
+        field is missing or not a key: the operator dead-letters it with its own reason) and the value the
+        JSON object of the key fields and value columns, which the processor hands the operator."""
+        opts = self.opts
+        assert self.packer is not None, "several aggregates are read packed only"
+        fields = list(dict.fromkeys((*opts.key_fields, *opts.value_fields)))
+        time_field, dumps = opts.time, json.dumps
+        offsets: list[int] = []
+        errors: list[str | None] = []
+        keys: list[str | None] = []
+        values: list[str | None] = []
+        times: list[str | None] = []
+        for tup in batch:
+            offsets.append(tup.offset)
+            v = tup.value
+            if v is None:
+                errors.append(tup.error or "undecodable input")
+                keys.append(None)
+                values.append(raw_text(tup))  # the record as read: its dead letter's raw
+                times.append(None)
+                continue
+            errors.append(None)
+            keys.append(partition_key(v, opts.key_fields, as_array=opts.key_array))
+            values.append(dumps({name: v.get(name) for name in fields}, default=str))
+            times.append(None if time_field is None else dumps(v[time_field], default=str))
+        return self.packer.pack(p, offsets, keys, values, times, errors)
+
+
+def _names(text: str | None, option: str) -> tuple[str, ...]:
+    """A JSON list of field names (options `keys`, `values`); () when not given."""
+    if not text:
+        return ()
+    try:
+        names = json.loads(text)
+    except ValueError:
+        names = None
+    if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        raise ConfigError(
+            f"{TOPIC_FORMAT} option {option!r} must be a JSON list of field names, got {text!r}"
+        )
+    return tuple(names)
+
 
 def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: list[int]) -> KafkaTopicSource:
     """A KafkaTopicSource of one partition, bounded by the slice it opens for (and later by each slice it
@@ -227,7 +301,7 @@ def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: li
         opts.topic,
         fmt=opts.fmt,
         key_field=opts.key,
-        value_field=opts.value,
+        value_field=opts.required_value,
         time_field=opts.time,
         schema=opts.schema,
         registry_url=opts.registry_url,

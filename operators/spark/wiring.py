@@ -15,6 +15,7 @@ from operators.spark.checkpointing import GCheckSpec
 from operators.spark.datasource import FORMAT
 from operators.spark.kafka_input import SPARK_KAFKA, check_retention, spark_kafka_input
 from operators.spark.packing import PACK_OPTION, PackSpec
+from operators.spark.partitioning import part_partition_key
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import (
     EMIT_SCHEMA,
@@ -109,8 +110,13 @@ def start_query(
     # One group per output partition q of the current generation (the processor keeps a partition's keys
     # in one state value): a grouping value that Spark's shuffle hash sends to state partition q.
     groups = partition_groups(recovery.current.partitions)
+    # The initial state's windows are keyed by part id; their tuples by its partition key (with several
+    # aggregates under watermarks, the part id less the window's start).
+    by_window = spec.by_window
     group_of = F.array(*[F.lit(g).cast("long") for g in groups])[
-        output_partition(F.col("cec_key"), recovery.current.partitions)
+        output_partition(
+            part_partition_key(F.col("cec_key"), by_window=by_window), recovery.current.partitions
+        )
     ]
     marks = [end.marks for end in recovery.ends]
     times = [end.time for end in recovery.ends]

@@ -1,0 +1,405 @@
+"""`cec_aggregate(key=[...], agg=[(FUNC, COLUMN), ...])`: several aggregates over a composite key on the
+attached query, the operator `cec run --key a,b --agg FUNC:COLUMN` runs (MultiAggregate, through the one
+engine), on a real broker and real local Spark:
+
+1. keys spread over 3 input partitions with `allowed_lateness` (parts per (key, window)), through both
+   input readers: the results equal `cec run`'s over the same topic and a plain-Python truth (SQL's null
+   rule, exactly rounded averages), and the dead letters are `cec run`'s;
+2. count windows and time windows without watermarks (each key in one input partition): the same;
+3. the driver SIGKILLed mid-write and again while recovering: the restart's results are exactly the
+   failure-free run's;
+4. bad input is one ConfigError line before any work: an unknown aggregate, a malformed pair, a column
+   or key field the input's schema lacks, a cec queue input, other result columns on an existing topic.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import uuid
+import zlib
+from collections import defaultdict
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+from cec.exceptions import ConfigError
+from cec.records import AvroCodec, Kind
+from cec.timeparse import parse_time_ms
+from operators.base import DEAD_LETTER_SCHEMA
+from operators.spark.attach import CecAggregateQuery, cec_aggregate, read_results
+from operators.spark.connector import has_kafka_connector
+from operators.spark.kafka_input import PYTHON, SPARK_KAFKA
+from operators.spark.partitioning import KeyGrouper, partition_key
+from queuestore.kafka import KafkaQueueStore
+from tests.brokers import Broker
+from tests.helpers import cec, log_records
+from tests.operators.spark.test_attach import _killed_driver
+from tests.topic_data import create_topic, produce
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+KEY = ["carrier", "origin"]
+AGGS = [("avg", "arr_delay"), ("max", "dep_delay"), ("count", "*")]
+AGG_FLAGS = ["--agg", "avg:arr_delay", "--agg", "max:dep_delay", "--agg", "count:*"]
+COLUMNS = ["carrier", "origin", "window", "avg_arr_delay", "max_dep_delay", "count", "start", "end"]
+WINDOW_MS = 200
+LATENESS = "100ms"
+STATE_PARTITIONS = 2
+FLUSH_TS = 10**9  # far past every real tuple: closes every real window on every state partition
+Row = tuple[Any, ...]
+
+
+def _ordered(rows: Any) -> list[Row]:
+    """Rows by (carrier, origin, start, window), which is unique (aggregates may be null: not sortable)."""
+    return sorted(rows, key=lambda r: (r[0], r[1], r[6], r[2]))
+
+
+def _flights(partitions: int, count: int, *, spread: bool) -> list[tuple[int, dict[str, Any]]]:
+    """(input partition, record). `spread`: a key's tuples go to every partition (round robin), else each
+    key lives in one. Event times increase within a partition, so no tuple is ever behind a watermark.
+    Averages of sevenths are not exact in binary (the sum's order would show); some values are null or
+    absent (SQL's rule), every 151st arr_delay is not a number and every 173rd record lacks its origin
+    (dead letters)."""
+    out = []
+    for i in range(count):
+        h = (i * 2654435761) % 2**32
+        record: dict[str, Any] = {
+            "carrier": ["AA", "UA", "DL"][h % 3],
+            "origin": ["JFK", "SFO", "ORD"][(h >> 5) % 3],
+        }
+        partition = i % partitions if spread else zlib.crc32(json.dumps(record).encode()) % partitions
+        record["ts"] = i * 3 + partition
+        if h % 11:
+            record["arr_delay"] = (h % 100_000) / 7 - 40
+        if h % 13:
+            record["dep_delay"] = (h >> 8) % 90 - 10
+        elif h % 2:
+            record["dep_delay"] = None
+        if i % 151 == 150:
+            record["arr_delay"] = "late"
+        if i % 173 == 172:
+            del record["origin"]
+        out.append((partition, record))
+    return out
+
+
+def _flush(partitions: int) -> list[tuple[int, dict[str, Any]]]:
+    """Per input partition, one far-future tuple for every state partition (a key that goes there): the
+    watermark of every state partition then passes every real window's end."""
+    grouper = KeyGrouper([STATE_PARTITIONS])
+    origins: dict[int, str] = {}
+    i = 0
+    while len(origins) < STATE_PARTITIONS:
+        origin = f"flush{i}"
+        key = partition_key({"carrier": "ZZ", "origin": origin}, KEY, as_array=True)
+        origins.setdefault(grouper(key)[1][-1], origin)
+        i += 1
+    return [
+        (j, {"carrier": "ZZ", "origin": origin, "ts": FLUSH_TS, "arr_delay": 1.0, "dep_delay": 1})
+        for j in range(partitions)
+        for origin in origins.values()
+    ]
+
+
+def _topic(broker: Broker, records: list[tuple[int, dict[str, Any]]], partitions: int) -> str:
+    topic = f"flights-{uuid.uuid4().hex[:10]}"
+    create_topic(broker.bootstrap, topic, partitions)
+    produce(broker.bootstrap, topic, [(p, None, json.dumps(r).encode()) for p, r in records])
+    return topic
+
+
+def _truth(
+    records: list[tuple[int, dict[str, Any]]], window: tuple[str, int], *, by_watermark: bool
+) -> list[Row]:
+    """Plain Python, no cec code: per (carrier, origin) windows of `window` ("count", N tuples, start/end the
+    first/last tuple's offset; or "time", ms, aligned) over the records that are not dead letters. Without
+    a watermark a key's last window stays open; with it (and the flush tuples) every window closes and is
+    numbered start / size. SQL's null rule; avg is the exactly rounded sum over the count."""
+    offsets: dict[int, int] = defaultdict(int)
+    per_key: dict[tuple[str, str], list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+    for p, r in records:
+        offset = offsets[p]
+        offsets[p] += 1
+        if "origin" not in r or r.get("arr_delay") == "late" or r["carrier"] == "ZZ":
+            continue
+        per_key[(r["carrier"], r["origin"])].append((offset, r))
+    out: list[Row] = []
+    kind, size = window
+    for (carrier, origin), tuples in per_key.items():
+        if kind == "count":
+            groups = [tuples[i : i + size] for i in range(0, len(tuples) - size + 1, size)]
+            bounds = [(g[0][0], g[-1][0]) for g in groups]
+        else:
+            by_start: dict[int, list[tuple[int, dict[str, Any]]]] = defaultdict(list)
+            for offset, r in tuples:
+                by_start[r["ts"] // size * size].append((offset, r))
+            starts = sorted(by_start) if by_watermark else sorted(by_start)[:-1]
+            groups = [by_start[s] for s in starts]
+            bounds = [(s, s + size) for s in starts]
+        for seq, (group, (start, end)) in enumerate(zip(groups, bounds, strict=True)):
+            arr = [r["arr_delay"] for _, r in group if r.get("arr_delay") is not None]
+            dep = [float(r["dep_delay"]) for _, r in group if r.get("dep_delay") is not None]
+            number = start // size if by_watermark else seq
+            avg = math.fsum(arr) / len(arr) if arr else None
+            out.append((carrier, origin, number, avg, max(dep) if dep else None, len(group), start, end))
+    return _ordered(out)
+
+
+def _args(broker: Broker, topic: str, root: Path, output: str, **extra: Any) -> dict[str, Any]:
+    return {
+        "input_topic": topic,
+        "bootstrap_servers": broker.bootstrap,
+        "input_format": "json",
+        "output_topic": output,
+        "key": KEY,
+        "agg": AGGS,
+        "state_dir": str(root / "state"),
+        "checkpoint_location": str(root / "checkpoints"),
+        "partitions": STATE_PARTITIONS,
+        "max_records_per_trigger": 600,
+        **extra,
+    }
+
+
+def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
+    query = cec_aggregate(spark, available_now=True, **args)
+    assert query.awaitTermination(600) is True, "the query did not finish"
+    assert query.exception() is None
+    return query
+
+
+def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
+    frame = read_results(spark, output, broker.bootstrap)
+    assert frame.columns == COLUMNS
+    return _ordered(tuple(r) for r in frame.collect() if r["carrier"] != "ZZ")
+
+
+def _csv(path: Path, records: list[tuple[int, dict[str, Any]]]) -> Path:
+    """The records in their order as one CSV file (a null or absent field is an empty one)."""
+    columns = ("carrier", "origin", "ts", "arr_delay", "dep_delay")
+    with path.open("w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(columns)
+        for _, r in records:
+            writer.writerow(["" if r.get(c) is None else repr(r[c]) if isinstance(r[c], float) else r[c]
+                             for c in columns])  # fmt: skip
+    return path
+
+
+def _cec_run(
+    broker: Broker, source: str | Path, root: Path, flags: list[str], *, time: bool
+) -> tuple[list[Row], list[Row]]:
+    """`cec run` over a topic (one instance per input partition) or a CSV file: its results (in
+    `_spark_results`' form) and dead letters (partition, offset or row, reason)."""
+    if isinstance(source, Path):
+        where = [str(source)]
+    else:
+        where = ["--input-topic", source, "--bootstrap-servers", broker.bootstrap, "--format", "json"]
+    root.mkdir(parents=True, exist_ok=True)
+    out = cec("run", *where, "--key", ",".join(KEY), *AGG_FLAGS, *flags, "--results", str(root / "run.csv"),
+              "--store-dir", str(root / "run-store"))  # fmt: skip
+    assert out.returncode == 0, out.stderr
+
+    def when(text: str) -> int:
+        return parse_time_ms(text) if time else int(text)
+
+    def number(text: str) -> float | None:
+        return None if text == "" else float(text)
+
+    with (root / "run.csv").open(newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == COLUMNS
+        rows = [
+            (r["carrier"], r["origin"], int(r["window"]), number(r["avg_arr_delay"]), number(r["max_dep_delay"]),
+             int(r["count"]), when(r["start"]), when(r["end"]))
+            for r in reader
+            if r["carrier"] != "ZZ"
+        ]  # fmt: skip
+    with (root / "run.dead-letters.csv").open(newline="") as f:
+        dead = [(int(r["partition"]), int(r["offset"]), r["reason"]) for r in csv.DictReader(f)]
+    return _ordered(rows), sorted(dead)
+
+
+def _dead(broker: Broker, root: Path, output: str) -> list[Row]:
+    codec = AvroCodec(DEAD_LETTER_SCHEMA)
+    store = KafkaQueueStore(broker.bootstrap, root / "probe")
+    try:
+        out = []
+        for q in range(store.partitions(output)):
+            for record in log_records(store, output, q):
+                if record.kind is Kind.DEAD and record.payload is not None:
+                    d = codec.decode(record.payload)
+                    out.append((d["partition"], d["offset"], d["reason"]))
+        return sorted(out)
+    finally:
+        store.close()
+
+
+def _need_reader(spark: SparkSession, reader: str) -> None:
+    if reader != SPARK_KAFKA or has_kafka_connector(spark):
+        return
+    why = "Spark's Kafka connector is not on the classpath: run `make spark-kafka-jars`"
+    if os.environ.get("CI") or os.environ.get("CEC_TEST_SPARK_KAFKA") == "required":
+        pytest.fail(why, pytrace=False)
+    pytest.skip(why)
+
+
+WANT_REASONS = {"missing key 'origin'", "value 'arr_delay' is not a number: 'late'"}
+
+
+@pytest.mark.parametrize("reader", [PYTHON, SPARK_KAFKA])
+def test_keys_spread_over_partitions_with_watermarks_equal_cec_run_and_the_truth(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path, reader: str
+) -> None:
+    _need_reader(spark, reader)
+    records = _flights(3, 1500, spread=True) + _flush(3)
+    topic = _topic(kafka_broker, records, 3)
+    time_flags = ["--time", "ts", "--window-time", f"{WINDOW_MS}ms", "--allowed-lateness", LATENESS]
+    # `cec run` over the topic runs an instance per input partition (a spread key's windows split over
+    # them), so its results are taken over the same records in one CSV file (event times increase along
+    # it), its dead letters (per tuple) over the topic.
+    flights = _csv(tmp_path / "flights.csv", records)
+    want, _ = _cec_run(kafka_broker, flights, tmp_path / "csv", time_flags, time=True)
+    _, want_dead = _cec_run(kafka_broker, topic, tmp_path / "topic", time_flags, time=True)
+    truth = _truth(records, ("time", WINDOW_MS), by_watermark=True)
+    assert want == truth
+
+    output = f"several-wm-{uuid.uuid4().hex[:8]}"
+    args = _args(kafka_broker, topic, tmp_path, output, time="ts", window_time=f"{WINDOW_MS}ms",
+                 allowed_lateness=LATENESS, input_reader=reader)  # fmt: skip
+    query = _run(spark, args)
+    assert query.input_reader == reader
+    assert _spark_results(spark, kafka_broker, output) == truth
+    dead = _dead(kafka_broker, tmp_path, output)
+    assert dead == want_dead and {reason for *_, reason in dead} == WANT_REASONS
+    # Some (key, window) has tuples from every input partition: the results do not depend on the order.
+    spread = defaultdict(set)
+    for p, r in records:
+        spread[(r["carrier"], r.get("origin"), r["ts"] // WINDOW_MS)].add(p)
+    assert max(len(ps) for ps in spread.values()) == 3
+
+
+@pytest.mark.parametrize(
+    ("window", "reader"), [(("count", 7), PYTHON), (("time", WINDOW_MS), SPARK_KAFKA)], ids=["count", "time"]
+)
+def test_count_and_time_windows_without_watermarks_equal_cec_run_and_the_truth(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path, window: tuple[str, int], reader: str
+) -> None:
+    _need_reader(spark, reader)
+    records = _flights(3, 1200, spread=False)
+    topic = _topic(kafka_broker, records, 3)
+    kind, size = window
+    if kind == "count":
+        flags, extra = ["--window-count", str(size)], {"window_count": size}
+    else:
+        flags = ["--time", "ts", "--window-time", f"{size}ms"]
+        extra = {"time": "ts", "window_time": f"{size}ms"}
+    want, want_dead = _cec_run(kafka_broker, topic, tmp_path, flags, time=kind == "time")
+    truth = _truth(records, window, by_watermark=False)
+    assert want == truth
+
+    output = f"several-{kind}-{uuid.uuid4().hex[:8]}"
+    _run(spark, _args(kafka_broker, topic, tmp_path, output, input_reader=reader, **extra))
+    assert _spark_results(spark, kafka_broker, output) == truth
+    assert _dead(kafka_broker, tmp_path, output) == want_dead
+
+
+def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path
+) -> None:
+    records = _flights(3, 2400, spread=True) + _flush(3)
+    topic = _topic(kafka_broker, records, 3)
+    truth = _truth(records, ("time", WINDOW_MS), by_watermark=True)
+    reference = f"several-ref-{uuid.uuid4().hex[:8]}"
+    extra = {
+        "time": "ts",
+        "window_time": f"{WINDOW_MS}ms",
+        "allowed_lateness": LATENESS,
+        "input_reader": PYTHON,
+        # G-checks too: a footprint's pos must cover every tuple its state holds, from every input partition.
+        "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
+    }
+    _run(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, **extra))
+    assert _spark_results(spark, kafka_broker, reference) == truth
+
+    output = f"several-kill-{uuid.uuid4().hex[:8]}"
+    args = _args(kafka_broker, topic, tmp_path, output, **extra)
+    _killed_driver(args, tmp_path / "first", hit=3)
+    _killed_driver(args, tmp_path / "recovering", hit=2)  # killed again in the micro-batch recovery ends in
+    query = _run(spark, args)
+    assert query.recovery.resumed and query.recovery.ec_windows > 0
+    assert _spark_results(spark, kafka_broker, output) == truth
+    assert _dead(kafka_broker, tmp_path, output) == _dead(kafka_broker, tmp_path, reference)
+    store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "kinds")
+    try:
+        kinds = [r.kind for q in range(STATE_PARTITIONS) for r in log_records(store, output, q)]
+    finally:
+        store.close()
+    assert Kind.GCHECK in kinds and Kind.GOPEN in kinds
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"agg": [("median", "arr_delay")]}, "unknown aggregate 'median'"),
+        ({"agg": [("avg",)]}, "agg takes (FUNC, COLUMN) pairs"),
+        ({"agg": [("sum", "*")]}, "only count takes '*'"),
+        ({"agg": [("avg", "carrier")]}, "'carrier' is a key column"),
+        ({"agg": "avg"}, "give value=, or agg=[('avg', COLUMN), ...]"),
+        ({"key": ["carrier", "carrier"]}, "names a column twice"),
+        ({"value": "arr_delay"}, "value= goes with agg given as a function name"),
+        (
+            {"input_format": "csv", "input_schema": "carrier,origin,ts,arr_delay"},
+            "value field 'dep_delay' is not in",
+        ),
+        (
+            {"input_format": "csv", "input_schema": "carrier,ts,arr_delay,dep_delay"},
+            "key field 'origin' is not in",
+        ),
+        (
+            {
+                "input_format": "avro",
+                "input_schema": {
+                    "type": "record",
+                    "name": "F",
+                    "fields": [
+                        {"name": "carrier", "type": "string"},
+                        {"name": "arr_delay", "type": "double"},
+                        {"name": "dep_delay", "type": "double"},
+                    ],
+                },
+            },
+            "key field 'origin' is not in the avro input's schema",
+        ),
+        ({"input_format": "cec"}, "a cec queue input takes one key and one agg"),
+    ],
+)
+def test_bad_several_aggregates_are_one_config_error_before_any_work(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path, change: dict[str, Any], message: str
+) -> None:
+    output = f"several-bad-{uuid.uuid4().hex[:8]}"
+    args = {**_args(kafka_broker, "no-such-topic", tmp_path, output, window_count=3), **change}
+    with pytest.raises(ConfigError) as caught:
+        cec_aggregate(spark, **args)
+    assert message in str(caught.value) and "\n" not in str(caught.value)
+    assert not (tmp_path / "state").exists()  # nothing opened: the checks come before the store
+
+
+def test_other_result_columns_on_an_existing_output_topic_are_refused(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path
+) -> None:
+    topic = _topic(kafka_broker, _flights(2, 200, spread=False), 2)
+    output = f"several-columns-{uuid.uuid4().hex[:8]}"
+    _run(spark, _args(kafka_broker, topic, tmp_path, output, window_count=5))
+    with pytest.raises(ConfigError, match="keep key= and agg= as they were"):
+        cec_aggregate(
+            spark, **_args(kafka_broker, topic, tmp_path, output, window_count=5, agg=[("sum", "arr_delay")])
+        )
+    with pytest.raises(ConfigError, match="keep key= and agg= as they were"):
+        cec_aggregate(spark, **{**_args(kafka_broker, topic, tmp_path, output, window_count=5),
+                                "key": "carrier", "value": "arr_delay", "agg": "avg"})  # fmt: skip
