@@ -21,7 +21,7 @@ __all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
 
 def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     """--key, --value, --time (the fields it reads: columns of a CSV, fields of a topic's values), the
-    window (--window-count or --window-time), --allowed-lateness and --agg."""
+    window (--window-count, --window-time or --session-gap), --allowed-lateness and --agg."""
     run.add_argument(
         "--key",
         required=True,
@@ -39,6 +39,12 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     group.add_argument("--window-count", type=positive_int, help="tumbling window of N tuples per key")
     group.add_argument(
         "--window-time", help="tumbling time window per key, e.g. 500ms, 10s, 5m, 1h, 5 minutes, 1 hour"
+    )
+    group.add_argument(
+        "--session-gap",
+        metavar="GAP",
+        help="session windows per key (needs --time): tuples less than GAP apart share a session "
+        "[first, last + GAP), e.g. 30m; the key's next tuple at or past the end closes it",
     )
     run.add_argument(
         "--allowed-lateness",
@@ -61,6 +67,13 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
     message when --window-time comes without one)."""
     if args.window_time and not args.time:
         raise ConfigError(f"--window-time needs --time {time_flag}")
+    if args.session_gap is not None and not args.time:
+        raise ConfigError(f"--session-gap needs --time {time_flag}")
+    if args.session_gap is not None and args.allowed_lateness is not None:
+        raise ConfigError(
+            "--allowed-lateness does not work with --session-gap yet: a session closes when its key's next "
+            "tuple is at or past its end"
+        )
     if args.allowed_lateness is not None and not args.window_time:
         raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
 
@@ -73,4 +86,5 @@ def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
         window_time=args.window_time,
         time=args.time,
         allowed_lateness=args.allowed_lateness,
+        session_gap=args.session_gap,
     )
