@@ -33,7 +33,7 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--time",
         help="event-time column: integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS (UTC without a "
-        "zone); needed for --window-time",
+        "zone); needed for --window-time and --session-gap",
     )
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--window-count", type=positive_int, help="tumbling window of N tuples per key")
