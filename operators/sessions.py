@@ -29,6 +29,24 @@ per-key window): if the key has a session in the EC, the tuple is in its loaded 
 whose R is in the log, or was a dead letter: SKIP. Replay applies a key's tuples in the key's input order,
 so it reaches the same `first`/`last` and closes nothing before the crash point (every close there has its
 R in the log, before the EC footprint of the key's next session).
+
+Not built yet: sessions closed by the watermark, where a key's tuples come from several partitions and a
+tuple between two open sessions merges them. The design this module is to grow into, and why it is exact:
+- Parts are (key, slice), slice = floor(t / gap), not sessions: a tuple's part follows from the tuple alone,
+  so a replayed tuple below t_c goes to its own EC part by the unchanged skip rule, whether a merge that
+  involved it happened before the crash point or after it. A merge moves no state and writes no record: a
+  session is a run of consecutive open slices, two neighbours joined when the later one's first tuple is
+  less than the gap after the earlier one's last (slices with an empty one between are a gap or more
+  apart), read from the slices' states when the run closes. G-open and G-check stay per slice.
+- A run of consecutive open slices closes once W >= (its last slice + 2) * gap: each of its sessions' result
+  rides on the R of the session's first slice, every other slice ends with an R that carries no result
+  (its footprint is gone; the EC rule needs the R). A tuple is late when its slice is not open and ends at
+  or before W: then no accepted tuple can reach a closed session (the slices beside it are past W too),
+  and a REBUILD tuple, whose slice is open in the EC, is accepted as it was the first time.
+- What that needs besides this module: a closing record without a result that every results reader skips
+  (today every R's payload is a result row, in the log format, the EC scan of `cec._native` and each reader)
+  and a watermark expiry that lets the operator defer a slice whose run is not due yet (the engine's
+  `_expire` closes every window whose end the watermark passed).
 """
 
 from __future__ import annotations
