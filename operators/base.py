@@ -58,8 +58,16 @@ class OperatorContext(Protocol):
         the current tuple is processed, unless the window already closed again."""
         ...
 
-    def close_window(self, key: str, result: Mapping[str, Any]) -> None:
-        """Close `key`'s open window, emitting `result` as its R."""
+    def close_window(self, key: str, result: Mapping[str, Any] | None) -> None:
+        """Close `key`'s open window, emitting `result` as its R. `result` None: an R without a result
+        (the window's state went into another window's result, as a session's slice does): it still ends the
+        window's footprints for the EC, and every reader of results skips it."""
+        ...
+
+    def checkpoint_window(self, key: str) -> None:
+        """Emit a G-check of `key`'s open window now, among the records of the tuple being applied: an
+        operator that moves one window's state into another footprints the receiver before it closes the
+        giver, so that every prefix of the log holds the state once."""
         ...
 
     def emit(self, result: Mapping[str, Any]) -> None:
@@ -106,6 +114,12 @@ class Operator(abc.ABC):
     def expire(self, key: str, seq: int, state: Any) -> Mapping[str, Any]:
         """The result of `key`'s window `seq` closed by the watermark (only for windows with an end)."""
         raise NotImplementedError(f"{self.name} has no windows the watermark closes")
+
+    def close_expired(self, window: OpenWindow, ctx: OperatorContext) -> None:
+        """The watermark passed `window_end` of `window` (open): close it with its result (`expire`). An
+        operator whose windows close together (a session's slices) may close others with it, or leave it
+        open for a later window's close to take along."""
+        ctx.close_window(window.key, self.expire(window.key, window.seq, window.state))
 
     def encode_state(self, state: Any) -> bytes:
         raise NotImplementedError(f"{self.name} is stateless")

@@ -44,7 +44,8 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
         "--session-gap",
         metavar="GAP",
         help="session windows per key (needs --time): tuples less than GAP apart share a session "
-        "[first, last + GAP), e.g. 30m; the key's next tuple at or past the end closes it",
+        "[first, last + GAP), e.g. 30m; the key's next tuple at or past the end closes it, or with "
+        "--allowed-lateness the watermark",
     )
     run.add_argument(
         "--allowed-lateness",
@@ -69,13 +70,10 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
         raise ConfigError(f"--window-time needs --time {time_flag}")
     if args.session_gap is not None and not args.time:
         raise ConfigError(f"--session-gap needs --time {time_flag}")
-    if args.session_gap is not None and args.allowed_lateness is not None:
+    if args.allowed_lateness is not None and not args.window_time and args.session_gap is None:
         raise ConfigError(
-            "--allowed-lateness does not work with --session-gap yet: a session closes when its key's next "
-            "tuple is at or past its end"
+            "--allowed-lateness needs --window-time or --session-gap (event-time watermarks close time windows)"
         )
-    if args.allowed_lateness is not None and not args.window_time:
-        raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
 
 
 def operator_spec(args: argparse.Namespace) -> dict[str, Any]:

@@ -15,7 +15,17 @@ from tests.brokers import Broker
 from tests.cec.test_cli_aggregates import _as_csv, _read
 from tests.cec.test_cli_errors import assert_one_line_error, nothing_written
 from tests.helpers import cec
-from tests.operators.test_sessions import GAP, bad_rows, partition_of, session_rows, truth, write_csv
+from tests.operators.test_sessions import (
+    GAP,
+    LATENESS,
+    bad_rows,
+    partition_of,
+    partition_rows,
+    session_rows,
+    truth,
+    watermark_truth,
+    write_csv,
+)
 from tests.topic_data import create_topic, produce
 
 FLAGS = [
@@ -73,8 +83,8 @@ def test_one_key_and_one_aggregate_keep_the_columns_of_before(tmp_path: Path) ->
         (["--time", "ts", "--session-gap", "0s"], "session gap must be"),
         (["--time", "ts", "--session-gap", "soon"], "session gap"),
         (
-            ["--time", "ts", "--session-gap", "30m", "--allowed-lateness", "0"],
-            "--allowed-lateness does not work with --session-gap yet",
+            ["--allowed-lateness", "0", "--window-count", "3"],
+            "--allowed-lateness needs --window-time or --session-gap",
         ),
     ],
 )
@@ -111,3 +121,17 @@ def test_a_three_partition_json_topic_gives_the_sessions_of_plain_python(
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SIGKILLed after 250 input records" in out.stdout
     assert _by_key(_read(tmp_path / "topic.csv")[1]) == _want(rows)
+
+
+def test_with_an_allowed_lateness_the_watermark_closes_sessions(tmp_path: Path) -> None:
+    (rows,) = partition_rows(8, 800, partitions=1)
+    data = write_csv(tmp_path / "flights.csv", rows)
+    out = cec("run", str(data), *FLAGS, "--allowed-lateness", f"{LATENESS}ms", "--results", str(tmp_path / "out.csv"),
+              "--crash-after", "500")  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "SIGKILLed after 500 input rows" in out.stdout
+    header, got = _read(tmp_path / "out.csv")
+    assert header[:3] == ["carrier", "origin", "window"]
+    want = _by_key([_as_csv(r) for r in watermark_truth([rows])])
+    assert len(want) > 100
+    assert _by_key(got) == want
