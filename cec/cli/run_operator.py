@@ -52,7 +52,7 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
         metavar="D",
         help="event-time watermarks: a time window closes once every input partition's largest event time "
         "is D past its end (e.g. 0, 500ms, 10s), whether or not its key comes back; later tuples are "
-        "dead letters 'late'",
+        "dead letters 'late' (sessions: docs/long-runs.md)",
     )
     run.add_argument(
         "--agg",
