@@ -135,3 +135,32 @@ def test_with_an_allowed_lateness_the_watermark_closes_sessions(tmp_path: Path) 
     want = _by_key([_as_csv(r) for r in watermark_truth([rows])])
     assert len(want) > 100
     assert _by_key(got) == want
+
+
+def test_a_json_topic_with_an_allowed_lateness_closes_each_partitions_sessions_by_its_watermark(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """`cec run --input-topic` runs one operator instance per input partition, each with its own
+    watermark: every partition's sessions as plain Python closes them, with the slices folded into their
+    sessions written to Kafka as results-less records that the results pass skips."""
+    parts = partition_rows(9, 300)
+    topic = f"sessions-wm-{uuid.uuid4().hex[:10]}"
+    create_topic(kafka_broker.bootstrap, topic, 3)
+    records = []
+    for p, rows in enumerate(parts):
+        for row in rows:
+            value = {k: row[k] for k in ("carrier", "origin", "ts")}
+            for column in ("arr_delay", "dep_delay"):
+                if row[column] is not None:
+                    value[column] = row[column]
+            records.append((p, None, json.dumps(value).encode()))
+    produce(kafka_broker.bootstrap, topic, records)
+    out = cec("run", "--input-topic", topic, "--bootstrap-servers", kafka_broker.bootstrap, "--format", "json",
+              *FLAGS, "--allowed-lateness", f"{LATENESS}ms", "--results", str(tmp_path / "topic.csv"),
+              "--crash-after", "120")  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "SIGKILLed after 120 input records" in out.stdout
+    want = sorted(json.dumps(_as_csv(r), sort_keys=True) for p in parts for r in watermark_truth([p]))
+    assert len(want) > 100
+    got = sorted(json.dumps(r, sort_keys=True) for r in _read(tmp_path / "topic.csv")[1])
+    assert got == want
