@@ -67,7 +67,7 @@ from operators import exact_sum
 from operators.aggregate import canonical_key
 from operators.base import InputTuple, OperatorContext
 from operators.multi_aggregate import AggregateColumn, MultiAggregate
-from operators.multi_state import ColumnState, MultiState, empty_column
+from operators.multi_state import ColumnState, MultiState, decode_state, empty_column
 from operators.windows import Windows
 
 __all__ = ["SessionAggregate", "SessionWindows", "merged"]
@@ -281,6 +281,11 @@ class SessionAggregate(MultiAggregate):
 
     def expire(self, key: str, seq: int, state: MultiState) -> dict[str, Any]:
         raise NotImplementedError("sessions close through close_expired")
+
+    def decode_state(self, data: bytes) -> MultiState:
+        # A slice that took in its session's earlier slices (a fold the log holds only part of) may hold
+        # a sum past the largest double: each slice's own is below it, so k slices' is below k times it.
+        return decode_state(data, len(self.value_fields), sum_limit=exact_sum.OVERFLOW << 64)
 
     # -- results ---------------------------------------------------------------------------------------
     def _session_result(self, prefix: Sequence[str | int], state: MultiState) -> dict[str, Any]:

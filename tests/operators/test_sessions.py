@@ -633,3 +633,32 @@ def test_a_log_cut_after_any_record_recovers_the_failure_free_sessions(tmp_path:
         start = recovery.plan.start
         rest = run(_watermark_op(), [t for t in tuples if t.offset >= start[t.partition]], recovery)
         assert rows(want[:cut] + rest) == rows(want), f"log cut after {cut} records"
+
+
+def test_a_session_whose_slices_sum_past_the_largest_double_is_exact_and_its_fold_reads_back() -> None:
+    big = 1.5e308
+    # Three neighbouring slices of one session: their exact sum is `big`, though the first two pass
+    # every double.
+    values = [(29, big), (31, big), (60, -big)]  # slices 0, 1 and 2, each less than the gap apart
+    tuples = [InputTuple(0, o, {"k": "a", "v": v, "t": t}) for o, (t, v) in enumerate(values)]
+    tuples.append(InputTuple(1, 0, {"k": "b", "v": 0.0, "t": 1000}))  # the watermark: both partitions'
+    tuples.append(InputTuple(0, len(values), {"k": "b", "v": 0.0, "t": 1000}))
+
+    def build() -> SessionAggregate:
+        return SessionAggregate(
+            key_fields=["k"],
+            aggs=[("sum", "v"), ("count", "*")],
+            gap_ms=30,
+            time_field="t",
+            allowed_lateness=0,
+        )
+
+    operator = build()
+    records = _every_record(operator, tuples, one_by_one=False)
+    results = AvroResults(operator)
+    (row,) = [
+        results(OutputRecord(Kind.R, 0, (), 0, payload=r[4])) for r in records if r[0] is Kind.R and r[4]
+    ]
+    assert (row["sum_v"], row["count"], row["start"], row["end"]) == (big, 3, 29, 90)
+    folded = [operator.decode_state(r[3]) for r in records if r[0] is Kind.GCHECK]
+    assert [s.count for s in folded] == [2, 3]  # each receiver's footprint reads back, past OVERFLOW too
