@@ -82,7 +82,7 @@ def result_layout(
     aggregate's `formats` (`operators.sinks.result_formats`): a null aggregate prints as an empty field."""
     from operators.job import build_operator
 
-    if "aggs" not in spec and "key_fields" not in spec and "slide_ms" not in spec:
+    if not {"aggs", "key_fields", "slide_ms", "session_gap_ms"} & spec.keys():
         return RESULT_SCHEMA, [f["name"] for f in RESULT_SCHEMA["fields"]], dict(formats)
     schema = build_operator(spec).result_schema
     columns = [f["name"] for f in schema["fields"]]

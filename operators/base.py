@@ -58,8 +58,16 @@ class OperatorContext(Protocol):
         the current tuple is processed, unless the window already closed again."""
         ...
 
-    def close_window(self, key: str, result: Mapping[str, Any]) -> None:
-        """Close `key`'s open window, emitting `result` as its R."""
+    def close_window(self, key: str, result: Mapping[str, Any] | None) -> None:
+        """Close `key`'s open window, emitting `result` as its R. `result` None: an R without a result
+        (the window's state went into another window's result, as a session's slice does): it still ends the
+        window's footprints for the EC, and every reader of results skips it."""
+        ...
+
+    def checkpoint_window(self, key: str) -> None:
+        """Emit a G-check of `key`'s open window now, among the records of the tuple being applied: an
+        operator that moves one window's state into another footprints the receiver before it closes the
+        giver, so that every prefix of the log holds the state once."""
         ...
 
     def emit(self, result: Mapping[str, Any]) -> None:
@@ -113,13 +121,14 @@ class Operator(abc.ABC):
         `window_end`, which for a window closed whole always lies past the watermark."""
         return self.window_end(state)
 
-    def expire_next(
-        self, key: str, seq: int, state: Any, end: int, ctx: OperatorContext
-    ) -> tuple[Mapping[str, Any] | None, int | None]:
-        """The watermark passed `end` of `key`'s window `seq`: (result, None) closes the window with that
-        result as its R; (result or None, later) emits the result without closing anything (a window part
-        that serves several windows, `operators.hopping`) and acts again at end `later`. Default: `expire`."""
-        return self.expire(key, seq, state), None
+    def close_expired(self, window: OpenWindow, end: int, ctx: OperatorContext) -> int | None:
+        """The watermark passed `end` of `window` (open). Default: close it with its result (`expire`) and
+        return None. An operator whose windows close together (a session's slices) may close others with
+        it, or leave it open for a later window's close to take along; a window part that serves several
+        windows (`operators.hopping`) may emit one window's result without closing anything and return the
+        later end at which the watermark acts on it again."""
+        ctx.close_window(window.key, self.expire(window.key, window.seq, window.state))
+        return None
 
     # Whether each result is made at most once by a failure-free run, identified by `result_identity`: a
     # recovery then reads the results at the log's end (those of the tuple the crash cut, which is applied

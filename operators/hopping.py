@@ -39,7 +39,7 @@ When windows close, as tumbling time windows close:
   holds it has closed: its pane ends at or before the latest time of its part's tuples (or, when its part is
   not open, of its key's). So a tuple goes into all of its windows or into none;
 - with `--allowed-lateness`, the watermark closes windows in (end, part, seq) order
-  (`OperatorInstance._expire` asks `expire_next` once per window end), never a key's own next tuple. A
+  (`OperatorInstance._expire` asks `close_expired` once per window end), never a key's own next tuple. A
   tuple goes into those of its windows that are still open (end past the watermark) and is late only when
   every one has closed: its pane's start + size is at or before the watermark (Flink's rule for sliding
   windows). Which windows a tuple joins then depends only on the watermark when it comes, as the
@@ -206,7 +206,7 @@ class HoppingAggregate(MultiAggregate):
         # the EC into it), then kept as parts open and close.
         self._parts: dict[str, set[int]] = {}
         self._indexed: WindowRegistry | None = None
-        # Parts the watermark closed whose younger part is open: at which end (`expire_next`). Only read
+        # Parts the watermark closed whose younger part is open: at which end (`close_expired`). Only read
         # in the same sweep; a crash between the two leaves the R in the log, whose window the engine then
         # does not make again (`unique_results`).
         self._closed_at: dict[str, int] = {}
@@ -435,8 +435,20 @@ class HoppingAggregate(MultiAggregate):
         slide = self.hopping.slide_ms
         return max(first, watermark - watermark % slide + slide)
 
-    def expire_next(
-        self, key: str, seq: int, state: PaneRun, end: int, ctx: OperatorContext
+    def close_expired(self, window: OpenWindow, end: int, ctx: OperatorContext) -> int | None:
+        """The watermark passed `end`: the result of the window [end - size, end) if this part owns it;
+        the part closes (with that result as its R) at its last window's end, else the watermark acts on
+        it again one slide later."""
+        result, later = self._expire_at(window.key, window.state, end, ctx)
+        if later is None:
+            assert result is not None
+            ctx.close_window(window.key, result)
+        elif result is not None:
+            ctx.emit(result)
+        return later
+
+    def _expire_at(
+        self, key: str, state: PaneRun, end: int, ctx: OperatorContext
     ) -> tuple[dict[str, Any] | None, int | None]:
         key_json, period = self._split(key)
         size = self.hopping.size_ms
@@ -461,7 +473,7 @@ class HoppingAggregate(MultiAggregate):
         return result, end + self.hopping.slide_ms
 
     def expire(self, key: str, seq: int, state: PaneRun) -> dict[str, Any]:  # type: ignore[override]
-        raise NotImplementedError("hopping windows close through expire_next")
+        raise NotImplementedError("hopping windows close through close_expired")
 
     # -- state ---------------------------------------------------------------------------------------------
     def state_fields(self, state: PaneRun) -> dict[str, Any]:  # type: ignore[override]

@@ -214,14 +214,17 @@ class IncrementalOutputs:
                             record = verified.record
                             assert record is not None
                             if record.payload is None:
-                                raise CodecError(
-                                    f"{reader.where(verified.offset)}: a {kind} record without payload"
-                                )
-                            row = self._decoders[kind].decode(record.payload)
-                            if kind == Kind.R.value:
+                                if kind != Kind.R.value or record.key is None:
+                                    raise CodecError(
+                                        f"{reader.where(verified.offset)}: a {kind} record without payload"
+                                    )
+                                # A window's R without a result (OperatorContext.close_window): no row.
+                            elif kind == Kind.R.value:
+                                row = self._decoders[kind].decode(record.payload)
                                 results_out.writerow([fmt(row[c]) for c, fmt in self._result_columns])
                                 self.n_results += 1
                             else:
+                                row = self._decoders[kind].decode(record.payload)
                                 dead_out.writerow([format_value(row[c]) for c in DEAD_LETTER_COLUMNS])
                                 self.n_dead += 1
                         self._offsets[p] = verified.offset + 1

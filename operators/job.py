@@ -140,12 +140,14 @@ def aggregate_operator(
     key_fields: Sequence[str] | None = None,
     aggs: Sequence[tuple[str, str]] | None = None,
     slide: str | None = None,
+    session_gap: str | None = None,
 ) -> dict[str, Any]:
     """The operator spec of a keyed windowed aggregate as the CLI's flags describe it (`window_time` a
     duration such as "5m", parsed here so that every entry point reads it the same way). `key_fields`
     (a composite key) and `aggs` ((func, column) pairs) make it the several-aggregate form
     (`operators.multi_aggregate`); without them the spec is the single aggregate's, as before. `slide` (a
-    duration) makes the time window hopping (`operators.hopping`)."""
+    duration) makes the time window hopping (`operators.hopping`); `session_gap` (a duration) makes session
+    windows (`operators.sessions`) in place of a window."""
     spec: dict[str, Any] = {
         "type": "aggregate",
         "key_field": key,
@@ -161,6 +163,8 @@ def aggregate_operator(
         spec["aggs"] = [list(a) for a in aggs]
     if slide is not None:
         spec["slide_ms"] = parse_duration_ms(slide)
+    if session_gap is not None:
+        spec["session_gap_ms"] = parse_duration_ms(session_gap, "session gap")
     if allowed_lateness is not None:
         # Only then: a log records its operator's spec, and one written before watermarks existed must
         # still resume against the same flags.

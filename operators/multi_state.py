@@ -124,9 +124,10 @@ class _Reader:
         return x
 
 
-def decode_state(data: bytes, columns: int) -> MultiState:
+def decode_state(data: bytes, columns: int, *, sum_limit: int = exact_sum.OVERFLOW) -> MultiState:
     """`encode_state`'s inverse for an aggregate of `columns` value columns; ValueError for bytes that
-    are not such a state (never another exception)."""
+    are not such a state (never another exception). `sum_limit`: an exact sum at or beyond it is refused
+    (a window's own sum stays below OVERFLOW; a session's slices folded together may pass it)."""
     if data[:1] != bytes((VERSION,)):
         raise ValueError("window state: unknown version")
     r = _Reader(data)
@@ -147,7 +148,7 @@ def decode_state(data: bytes, columns: int) -> MultiState:
             exponent = r.zigzag()
             mantissa = r.take(r.varint())
             total = exact_sum.unpack(mantissa, exponent)
-            if abs(total) >= exact_sum.OVERFLOW:
+            if abs(total) >= sum_limit:
                 raise ValueError("window state: a sum beyond every double")
             cols.append(ColumnState(n, total, r.double(), r.double()))
         if n > count:

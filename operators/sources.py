@@ -476,6 +476,8 @@ class QueueSource(InputSource):
             for offset, kind, record in self._verifiers[j].check_rows(rows):
                 if kind == _R:
                     assert record is not None
+                    if record.payload is None and record.key is not None:
+                        continue  # a window's R without a result (a session's slice): no tuple
                     out.append(self._tuple(j, offset, record))
                 elif kind == _EOS:
                     self._ended[j] = True

@@ -106,6 +106,7 @@ class AggregateSpec(OperatorSpec):
     key_fields: list[str] | None = None  # a composite key (more than one field)
     aggs: list[list[str]] | None = None  # several aggregates: [func, column] pairs
     slide_ms: int | None = None  # hopping windows (`operators.hopping`): the slide of the time window
+    session_gap_ms: int | None = None  # session windows (operators.sessions) instead of window_*
 
     def __post_init__(self) -> None:
         check_text(self.key_field, "key_field")
@@ -117,6 +118,7 @@ class AggregateSpec(OperatorSpec):
         check_count(self.window_ms, "window_ms")
         check_count(self.allowed_lateness_ms, "allowed_lateness_ms", least=0)
         check_count(self.slide_ms, "slide_ms")
+        check_count(self.session_gap_ms, "session_gap_ms")
         self.build()  # the operator's own checks (one window, a time field for a time window, ...)
 
     def to_dict(self) -> dict[str, Any]:
@@ -125,12 +127,24 @@ class AggregateSpec(OperatorSpec):
         # The form `cec run` has always written (and digested into its output topic names): every field
         # but a later one that is unset.
         out: dict[str, Any] = {"type": self.type, **{n: getattr(self, n) for n in self._names()}}
-        for later in ("allowed_lateness_ms", "key_fields", "aggs", "slide_ms"):
+        for later in ("allowed_lateness_ms", "key_fields", "aggs", "slide_ms", "session_gap_ms"):
             if out[later] is None:
                 del out[later]
         return out
 
     def build(self) -> Operator:
+        if self.session_gap_ms is not None:
+            from operators.sessions import SessionAggregate
+
+            if self.window_count is not None or self.window_ms is not None:
+                raise ConfigError("give a session gap or a count or time window, not both")
+            return SessionAggregate(
+                key_fields=self.key_fields or [self.key_field],
+                aggs=[(f, c) for f, c in self.aggs or [[self.agg, self.value_field or ""]]],
+                gap_ms=self.session_gap_ms,
+                time_field=self.time_field,
+                allowed_lateness=self.allowed_lateness_ms,
+            )
         if self.slide_ms is not None:
             from operators.hopping import HoppingAggregate
 

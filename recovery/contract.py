@@ -58,7 +58,10 @@ largest event time of the tuples of j applied so far and L the allowed lateness 
 partition has had one). A tuple whose window ends at or before W is late: dead-lettered. Rules:
 - a tuple first raises m[j], then every open window whose end <= W closes, in (end, key, seq) order
   (a total order: both a failure-free run and a recovered one close the same windows in the same order),
-  then the tuple is applied. Its own window cannot close there (its end is past its own time);
+  then the tuple is applied. Its own window cannot close there (its end is past its own time). An
+  operator may close windows together at one's turn (`Operator.close_expired`: a session's gap-wide
+  slices close as one run, `operators.sessions`); what it closes depends only on the open windows'
+  states and W, so both runs still close the same windows in the same order;
 - every record carries `marks`: m over the tuples below its `pos`. A record that does not claim its
   tuple (see "claiming") carries m[j] from before that tuple, so at every record all windows whose end
   <= W(marks) are closed and their R is in the log before it;

@@ -21,7 +21,7 @@ __all__ = ["add_operator_arguments", "check_operator_flags", "operator_spec"]
 
 def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     """--key, --value, --time (the fields it reads: columns of a CSV, fields of a topic's values), the
-    window (--window-count or --window-time, --slide), --allowed-lateness and --agg."""
+    window (--window-count, --window-time or --session-gap; --slide), --allowed-lateness and --agg."""
     run.add_argument(
         "--key",
         required=True,
@@ -33,7 +33,7 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
     run.add_argument(
         "--time",
         help="event-time column: integer milliseconds, ISO-8601 or YYYY-MM-DD HH:MM:SS (UTC without a "
-        "zone); needed for --window-time",
+        "zone); needed for --window-time and --session-gap",
     )
     group = run.add_mutually_exclusive_group(required=True)
     group.add_argument("--window-count", type=positive_int, help="tumbling window of N tuples per key")
@@ -47,12 +47,19 @@ def add_operator_arguments(run: argparse.ArgumentParser) -> None:
         help="hopping windows: a --window-time window starts every D (e.g. --window-time 1h --slide 15m), "
         "as Spark's window(ts, size, slide); D must divide the window",
     )
+    group.add_argument(
+        "--session-gap",
+        metavar="GAP",
+        help="session windows per key (needs --time): tuples less than GAP apart share a session "
+        "[first, last + GAP), e.g. 30m; the key's next tuple at or past the end closes it, or with "
+        "--allowed-lateness the watermark",
+    )
     run.add_argument(
         "--allowed-lateness",
         metavar="D",
         help="event-time watermarks: a time window closes once every input partition's largest event time "
         "is D past its end (e.g. 0, 500ms, 10s), whether or not its key comes back; later tuples are "
-        "dead letters 'late'",
+        "dead letters 'late' (sessions: docs/long-runs.md)",
     )
     run.add_argument(
         "--agg",
@@ -68,10 +75,14 @@ def check_operator_flags(args: argparse.Namespace, time_flag: str) -> None:
     message when --window-time comes without one)."""
     if args.window_time and not args.time:
         raise ConfigError(f"--window-time needs --time {time_flag}")
+    if args.session_gap is not None and not args.time:
+        raise ConfigError(f"--session-gap needs --time {time_flag}")
     if args.slide is not None and not args.window_time:
         raise ConfigError("--slide needs --window-time (hopping windows are time windows)")
-    if args.allowed_lateness is not None and not args.window_time:
-        raise ConfigError("--allowed-lateness needs --window-time (event-time watermarks close time windows)")
+    if args.allowed_lateness is not None and not args.window_time and args.session_gap is None:
+        raise ConfigError(
+            "--allowed-lateness needs --window-time or --session-gap (event-time watermarks close time windows)"
+        )
 
 
 def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
@@ -84,6 +95,7 @@ def operator_spec(args: argparse.Namespace) -> dict[str, Any]:
         time=args.time,
         allowed_lateness=args.allowed_lateness,
         slide=args.slide,
+        session_gap=args.session_gap,
     )
     build_operator(spec)
     return spec

@@ -159,10 +159,23 @@ class OperatorInstance:
         self._pending_opens.append(window)
         return window
 
-    def close_window(self, key: str, result: Mapping[str, Any]) -> None:
+    def close_window(self, key: str, result: Mapping[str, Any] | None) -> None:
         window = self._registry.close(key)
+        if result is None:  # an R without a result (OperatorContext.close_window)
+            self._emit(Kind.R, window.key, window.seq, None, None)
+            return
         self._emit(Kind.R, window.key, window.seq, None, self._result_codec.encode(result))
         self.stats.results += 1
+
+    def checkpoint_window(self, key: str) -> None:
+        window = self._registry.get(key)
+        if window is None:
+            raise EngineStateError(f"no open window {key!r} to checkpoint")
+        if not self.footprints:
+            return
+        self._registry.footprint(key, time=self._time, out_mark=self._out_count, in_mark=self._in_count)
+        self._emit(Kind.GCHECK, key, window.seq, self.operator.encode_footprint(window.state), None)
+        self.stats.gchecks += 1
 
     def emit(self, result: Mapping[str, Any]) -> None:
         if self._rebuilding:
@@ -338,7 +351,9 @@ class OperatorInstance:
             heapq.heappush(self._ends, (end, window.key, window.seq))
 
     def _expire(self) -> None:
-        """Close every open window whose end the watermark has passed, in (end, key, seq) order."""
+        """Close every open window whose end the watermark has passed, in (end, key, seq) order (the
+        operator's `close_expired`: one that closes windows together may take others along, or leave one
+        for a later one's close)."""
         assert self._wm is not None
         w = self._wm.value
         ends = self._ends
@@ -350,13 +365,8 @@ class OperatorInstance:
             window = registry.get(key)
             if window is None or window.seq != seq:
                 continue  # closed already by its own input
-            result, later = self.operator.expire_next(key, seq, window.state, end, self)
-            if later is None:
-                assert result is not None
-                self.close_window(key, result)
-            else:
-                if result is not None:
-                    self.emit(result)
+            later = self.operator.close_expired(window, end, self)
+            if later is not None:
                 heapq.heappush(ends, (later, key, seq))
 
     # -- applying tuples -------------------------------------------------------------------------------
