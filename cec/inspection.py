@@ -158,13 +158,15 @@ def summarize_partition(store: QueueStore, topic: str, partition: int) -> Partit
     )
 
 
-def inspect_topic(store: QueueStore, topic: str) -> list[PartitionSummary]:
-    """One summary per partition of `topic` (`UnknownTopicError` if there is none). A topic none of whose
-    partitions starts with a cec record (an input topic) is a `ConfigError` saying so, not damage."""
+def inspect_topic(store: QueueStore, topic: str, *, shared: bool = False) -> list[PartitionSummary]:
+    """One summary per partition of `topic` (`UnknownTopicError` if there is none). In a `shared` store
+    (Kafka: it holds other programs' topics too), a topic none of whose partitions starts with a cec
+    record (an input topic) is a `ConfigError` saying so, not damage; the embedded store holds only what
+    cec wrote, so there it is damage."""
     try:
         return [summarize_partition(store, topic, p) for p in range(store.partitions(topic))]
     except DamagedLogError:
-        if _written_by_cec(store, topic):
+        if not shared or _written_by_cec(store, topic):
             raise
         raise ConfigError(
             f"{topic} is not a cec log: its records were not written by cec (an input topic?); cec inspect "

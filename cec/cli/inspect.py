@@ -32,7 +32,7 @@ def cmd_inspect(args: argparse.Namespace) -> int:
             for topic, partitions in topics:
                 say(f"{topic}\t{partitions} partition(s)")
             return 0
-        summaries = inspection.inspect_topic(store, args.topic)
+        summaries = inspection.inspect_topic(store, args.topic, shared=bool(args.bootstrap_servers))
     say_report(
         args.json, inspection.topic_json(args.topic, summaries), (s.lines(args.topic) for s in summaries)
     )
