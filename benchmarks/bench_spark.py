@@ -65,6 +65,9 @@ sink's output per batch id, a batch re-run after the restart counted once).
     # Spark's Kafka connector section of RESULTS.md: CEC attached through both input readers vs Spark native
     # (Kafka source and sink, RocksDB + changelog checkpointing), throughput and driver-kill recovery, one run
     .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 1 --recovery-target 10s
+    # the same throughput before and after a code change, in one interleaved run: each attached system also
+    # runs from a second tree (a `git archive` snapshot with the C extension copied in), after / before per repeat
+    .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 3 --skip-recovery --before-tree /tmp/before
 Writes benchmarks/out/spark.json and benchmarks/spark.png. Progress on stderr.
 """
 
@@ -161,6 +164,9 @@ class Workload:
     # cec_aggregate over the JSON twin with these input readers (operators.spark.kafka_input), one attached
     # system each; () = one attached system over the cec queue itself (input_format="cec").
     attached_readers: tuple[str, ...] = ()
+    # --before-tree: a second source tree whose attached systems run in the same interleaved loop (each
+    # attached system once from each tree per repeat), for a before/after of a code change in one run.
+    before_tree: Path | None = None
 
     @property
     def master(self) -> str:
@@ -599,6 +605,9 @@ def native_child(args_path: Path) -> int:
     )
     register(spark)
     out: dict[str, Any] = {"session_seconds": time.perf_counter() - started, "queries": []}
+    # Which source tree this driver and its Python workers import (--before-tree runs two trees).
+    out["code_tree"] = _code_tree()
+    out["worker_code_tree"] = spark.sparkContext.parallelize([0], 1).map(lambda _: _code_tree()).collect()[0]
     sink_profile = _profile_attached_sink() if args.get("profile") else None
     out["conf"] = {key: spark.conf.get(key, None) for key in (PROVIDER_CONF, CHANGELOG_CONF, "spark.jars")}
     for spec in args["queries"]:
@@ -645,6 +654,13 @@ def native_child(args_path: Path) -> int:
         tmp.replace(result_path)
     spark.stop()
     return 0
+
+
+def _code_tree() -> str:
+    """The source tree whose `operators` package this process imports."""
+    import operators
+
+    return str(Path(operators.__file__).resolve().parent.parent)
 
 
 class _SinkProfile:
@@ -792,7 +808,10 @@ class _Child:
         return [json.loads(line) for line in self.progress.read_text().splitlines() if line.strip()]
 
 
-def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]], profile: bool = False) -> _Child:
+def _spawn_native(
+    w: Workload, name: str, queries: list[dict[str, Any]], profile: bool = False, tree: Path | None = None
+) -> _Child:
+    """A driver process running `queries`, importing the packages of `tree` (default: this checkout)."""
     d = w.work / "native" / name
     d.mkdir(parents=True, exist_ok=True)
     args = {
@@ -808,12 +827,18 @@ def _spawn_native(w: Workload, name: str, queries: list[dict[str, Any]], profile
     # events only (appended to, the kill's time counted from the first repeat's query start).
     (d / "progress.jsonl").unlink(missing_ok=True)
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    code = tree or ROOT
+    # The tree's packages first. ROOT stays on the path behind it (this script, run as the child, inserts
+    # ROOT first only when it is missing); the working directory is the tree too, as Spark starts its Python
+    # workers with `python -m pyspark.daemon`, which puts the working directory first on their path.
+    paths = [str(code), *([str(ROOT)] if tree else [])]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
     log = d / "driver.log"
     with log.open("wb") as f:
         proc = subprocess.Popen(
             [sys.executable, str(Path(__file__).resolve()), "--native-child", str(d / "args.json")],
             env=env,
+            cwd=code,
             stdin=subprocess.DEVNULL,
             stdout=f,
             stderr=subprocess.STDOUT,
@@ -1082,20 +1107,36 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     Returns (native, attached, the ratio attached / native of each pair); each side's figures are its best
     run, with every run kept, in the shapes `measure_native` / `measure_attached` give. With several
     attached readers (`Workload.attached_readers`), the further ones are under attached["others"], each
-    with its own per-pair ratios."""
+    with its own per-pair ratios. With `Workload.before_tree`, each attached system also runs from that tree
+    (`before_<system>`, right after its own in the rotation); those are under attached["before"], and each
+    attached system gets the per-repeat ratios after / before (`after_before_pair_ratios`, steady too)."""
     attached_systems = _attached_systems(w)
-    systems = ["native", *(["native_tws"] if w.tws_baseline else []), *attached_systems]
+    before_of = {system: f"before_{system}" for system in attached_systems} if w.before_tree else {}
+    readers = {**attached_systems, **{before_of[s]: r for s, r in attached_systems.items() if s in before_of}}
+    tree_of = {before: w.before_tree for before in before_of.values()}
+    systems = [
+        "native",
+        *(["native_tws"] if w.tws_baseline else []),
+        *(name for system in attached_systems for name in (system, before_of.get(system)) if name),
+    ]
     rows_of: dict[str, list[dict[str, Any]]] = {system: [] for system in systems}
     sessions: dict[str, list[float]] = {system: [] for system in systems}
     colds: dict[str, list[float]] = {system: [] for system in systems}
     conf: dict[str, Any] = {}
-    pairs: dict[str, list[float]] = {system: [] for system in attached_systems}
-    steady: dict[str, list[float]] = {system: [] for system in attached_systems}
+    pairs: dict[str, list[float]] = {system: [] for system in readers}
+    steady: dict[str, list[float]] = {system: [] for system in readers}
+    after_before: dict[str, list[float]] = {system: [] for system in before_of}
+    after_before_steady: dict[str, list[float]] = {system: [] for system in before_of}
+    repeats: list[dict[str, Any]] = []  # each repeat's order and the load average after each driver
     tws_pairs: list[float] = []
     tws_steady: list[float] = []
     for i in range(w.repeats):
         order = systems[i % len(systems) :] + systems[: i % len(systems)]  # rotates who goes first
         row: dict[str, dict[str, Any]] = {}
+        repeat_loads: list[float] = []
+        repeats.append(
+            {"order": order, "loadavg_start": os.getloadavg()[0], "loadavg_after_each": repeat_loads}
+        )
         for system in order:
             if system.startswith("native"):
                 api = "tws" if system == "native_tws" else "apply"
@@ -1108,15 +1149,23 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 colds[system].append(_query(result, "warmup")["wall_seconds"])
                 conf = result["conf"]
             else:
-                reader = attached_systems[system]
+                reader = readers[system]
                 warm = _attached_spec(w.warmup(), f"{system}-warmup", reader=reader)
                 warm["batch_rows"] = None
                 spec = _attached_spec(w, f"{system}.{i}", reader=reader)
-                child = _spawn_native(w, f"{system}_failure_free.{i}", [warm, spec])
+                tree = tree_of.get(system)
+                child = _spawn_native(w, f"{system}_failure_free.{i}", [warm, spec], tree=tree)
                 result = child.wait()
+                expected = str((tree or ROOT).resolve())
+                if {result.get("code_tree"), result.get("worker_code_tree")} != {expected}:
+                    raise child.fail(
+                        f"{system}'s driver imported {result.get('code_tree')} (its Python workers "
+                        f"{result.get('worker_code_tree')}), not {expected}"
+                    )
                 q = _query(result, spec["name"])
                 row[system] = {
                     **_native_run_row(w, q, _attached_digest(w, spec)),
+                    "code_tree": expected,
                     "input_reader": reader or "cec-kafka",
                     "start_seconds": q.get("start_seconds"),
                     "recovery_at_start": q.get("recovery"),
@@ -1125,10 +1174,12 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 colds[system].append(_query(result, f"{system}-warmup")["wall_seconds"])
             sessions[system].append(result["session_seconds"])
             tasks = row[system].get("write_tasks")
+            row[system]["loadavg_after"] = load = os.getloadavg()[0]
+            repeat_loads.append(load)
             say(
                 f"  repeat {i}: {system:<8} {row[system]['tuples_per_s']:>9,.0f} tuples/s  wall "
                 f"{row[system]['wall_seconds']:7.2f} s ({row[system]['batches']} batches; load "
-                f"{os.getloadavg()[0]:.1f}"
+                f"{load:.1f}"
                 + (
                     f"; {tasks['reused']} of {tasks['tasks']} write tasks through a kept writer; "
                     f"{tasks.get('summary_rows')} rows collected from them"
@@ -1140,12 +1191,22 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         for system in order:
             row[system]["steady_tuples_per_s"] = steady_rate(row[system]["progress"])
             rows_of[system].append(row[system])
-        for system in attached_systems:
+        for system in readers:
             pairs[system].append(row[system]["tuples_per_s"] / row["native"]["tuples_per_s"])
             steady[system].append(row[system]["steady_tuples_per_s"] / row["native"]["steady_tuples_per_s"])
             say(
                 f"  repeat {i}: {system} / native {pairs[system][-1]:.2f}, steady state (batches after the "
                 f"first) {steady[system][-1]:.2f}"
+            )
+        for system, before in before_of.items():
+            after_before[system].append(row[system]["tuples_per_s"] / row[before]["tuples_per_s"])
+            after_before_steady[system].append(
+                row[system]["steady_tuples_per_s"] / row[before]["steady_tuples_per_s"]
+            )
+            say(
+                f"  repeat {i}: {system} after / before {after_before[system][-1]:.2f}, steady state "
+                f"{after_before_steady[system][-1]:.2f} (load after each driver: "
+                f"{', '.join(f'{x:.1f}' for x in repeat_loads)})"
             )
         if "native_tws" in row:
             tws_pairs.append(row["attached"]["tuples_per_s"] / row["native_tws"]["tuples_per_s"])
@@ -1171,6 +1232,7 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                     "duplicates",
                     "steady_tuples_per_s",
                     "write_tasks",
+                    "loadavg_after",
                 )
             }
             for r in rows
@@ -1179,10 +1241,13 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         best["session_seconds"] = sessions[system][0]
         best["cold_start_seconds"] = colds[system][0]
         out[system] = best
-    for system in attached_systems:
+    for system in readers:
         out[system]["pair_ratios"] = pairs[system]
         out[system]["steady_pair_ratios"] = steady[system]
-    native = {"conf": conf, "native_plan": out["native"]}
+    for system in before_of:
+        out[system]["after_before_pair_ratios"] = after_before[system]
+        out[system]["after_before_steady_pair_ratios"] = after_before_steady[system]
+    native = {"conf": conf, "native_plan": out["native"], "repeats": repeats}
     if "native_tws" in out:
         native["tws_plan"] = out["native_tws"]
         out["attached"]["tws_pair_ratios"] = tws_pairs
@@ -1190,6 +1255,8 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     others = [system for system in attached_systems if system != "attached"]
     if others:
         out["attached"]["others"] = {system: out[system] for system in others}
+    if before_of:
+        out["attached"]["before"] = {before: out[before] for before in before_of.values()}
     return native, out["attached"], pairs["attached"]
 
 
@@ -1699,6 +1766,15 @@ def main(argv: list[str] | None = None) -> int:
         "interleaved with Spark native; writes benchmarks/out/spark-connector-<keys>.json (or "
         "spark-connector-recovery-<keys>.json) and redraws benchmarks/spark-connector.png",
     )
+    parser.add_argument(
+        "--before-tree",
+        type=Path,
+        default=None,
+        help="with --focus attached --skip-recovery: a second source tree (e.g. a `git archive` snapshot "
+        "with its C extension built); each attached system also runs from it, right after its own run in "
+        "every repeat (its drivers import that tree first), and the report gives after / before per repeat "
+        "and their median; writes benchmarks/out/before-after-spark-attached-<keys>.json",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1708,6 +1784,11 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.quick else 2)
     if repeats < 1 or args.partitions < 1 or args.batches < 2 or tuples < args.batches * WINDOW:
         parser.error("need --repeats >= 1, --partitions >= 1, --batches >= 2 and enough tuples for them")
+    if args.before_tree is not None:
+        if args.focus != "attached" or not args.skip_recovery or args.recovery_only or args.profile:
+            parser.error("--before-tree needs --focus attached --skip-recovery (throughput only)")
+        if not (args.before_tree / "operators" / "__init__.py").is_file():
+            parser.error(f"--before-tree {args.before_tree}: no operators package there")
 
     from tests.brokers import start_broker
 
@@ -1741,6 +1822,7 @@ def main(argv: list[str] | None = None) -> int:
             tws_baseline=args.tws_baseline,
             native_io=args.native_io,
             attached_readers=tuple(r.strip() for r in (args.attached_readers or "").split(",") if r.strip()),
+            before_tree=args.before_tree.resolve() if args.before_tree else None,
         )
         result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
@@ -1855,7 +1937,7 @@ def _attached_focus(
         checks[f"spark_native.{i}"] = run
     for i, run in enumerate(attached["runs"]):
         checks[f"cec_attached.{i}"] = run
-    for name, other in attached.get("others", {}).items():
+    for name, other in [*attached.get("others", {}).items(), *attached.get("before", {}).items()]:
         for i, run in enumerate(other["runs"]):
             checks[f"{name}.{i}"] = run
     for i, run in enumerate(result["spark_native"].get("tws_plan", {}).get("runs", [])):
@@ -1911,14 +1993,20 @@ def _attached_focus(
             f"pairs {', '.join(f'{r:.2f}' for r in other['pair_ratios'])}); steady state "
             f"{result[f'steady_ratio_{name}_to_native']:.2f}"
         )
+    if w.before_tree:
+        _before_after_summary(w, result)
     path = OUT_JSON.parent / ATTACHED_JSON.format(keys=w.keys)
     if w.attached_readers:
         path = OUT_JSON.parent / CONNECTOR_JSON.format(keys=w.keys)
+    if w.before_tree:  # a file of its own, outside the plots' globs
+        path = OUT_JSON.parent / BEFORE_AFTER_JSON.format(keys=w.keys)
     if w.attached_writers != "executors":
         result.setdefault("label", f"writers={w.attached_writers}")
         path = path.with_name(f"{path.stem}-{w.attached_writers}-writers{path.suffix}")
     path.write_text(json.dumps(result, indent=2))
-    if w.attached_readers:
+    if w.before_tree:
+        pass  # the plots know one tree's systems only
+    elif w.attached_readers:
         plot_connector(OUT_JSON.parent, CONNECTOR_PNG)
     else:
         plot_attached(sorted(OUT_JSON.parent.glob(ATTACHED_JSON.format(keys="*"))), ATTACHED_PNG)
@@ -1949,6 +2037,39 @@ def _attached_focus(
     )
 
 
+def _before_after_summary(w: Workload, result: dict[str, Any]) -> None:
+    """--before-tree: per attached system, the medians of its per-repeat ratios after / before and of each
+    tree's attached / native (every ratio within one repeat), into `result["before_after"]`."""
+    attached = result["cec_attached"]
+    after_rows = {"attached": attached, **attached.get("others", {})}
+    summary: dict[str, Any] = {"before_tree": str(w.before_tree), "after_tree": str(ROOT)}
+    for name, row in after_rows.items():
+        before = attached["before"][f"before_{name}"]
+        figures = {
+            "after_before": row["after_before_pair_ratios"],
+            "after_before_steady": row["after_before_steady_pair_ratios"],
+            "after_to_native": row["pair_ratios"],
+            "before_to_native": before["pair_ratios"],
+            "after_to_native_steady": row["steady_pair_ratios"],
+            "before_to_native_steady": before["steady_pair_ratios"],
+        }
+        summary[name] = {
+            "input_reader": row.get("input_reader"),
+            **{f"{k}_per_repeat": v for k, v in figures.items()},
+            **{f"{k}_median": statistics.median(v) for k, v in figures.items()},
+        }
+        m = summary[name]
+        say(
+            f"{name} ({row.get('input_reader')}) after / before: {m['after_before_median']:.2f} (median of "
+            f"{', '.join(f'{r:.2f}' for r in figures['after_before'])}; steady "
+            f"{m['after_before_steady_median']:.2f}); attached / native after {m['after_to_native_median']:.2f}, "
+            f"before {m['before_to_native_median']:.2f} (steady {m['after_to_native_steady_median']:.2f}, "
+            f"{m['before_to_native_steady_median']:.2f})"
+        )
+    result["before_after"] = summary
+
+
+BEFORE_AFTER_JSON = "before-after-spark-attached-{keys}.json"
 RECOVERY_JSON = "spark-attached-recovery-{keys}.json"
 CONNECTOR_JSON = "spark-connector-{keys}.json"
 CONNECTOR_RECOVERY_JSON = "spark-connector-recovery-{keys}.json"

@@ -326,11 +326,15 @@ class KafkaPartitionReader(PartitionReader):
         # log start. On the bulk consumer: it waits less per fetch, a forward reader's position is left
         # alone, and recovery's backward reads that follow find it connected already.
         where = f"{self.topic}[{self.partition}]"
+        # The log start is asked before the bulk consumer is made, never in between: a librdkafka consumer
+        # that idles after it is made (30 ms was enough) and is assigned only then fetches nothing until
+        # find_ends' silence check asks the broker's watermark, 0.5 s later (issue 23).
+        start = self._known_end or self.start_offset()
         (end,) = find_ends(
             self._bulk_consumer(),
             self.topic,
             [self.partition],
-            [self._known_end or self.start_offset()],
+            [start],
             log_start=lambda _p: self.start_offset(),
             stall_timeout=self._stall_timeout,
             on_stall=lambda _waiting: BrokerUnavailableError(

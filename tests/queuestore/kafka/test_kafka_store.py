@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
 
 from cec.records import RecordCodec
 from queuestore.base import RecordMeta, StoredRecord
@@ -34,6 +34,7 @@ from queuestore.exceptions import (
     WriterFencedError,
 )
 from queuestore.kafka import KafkaQueueStore, meta_from_headers, meta_to_headers, redact_config
+from queuestore.kafka.reader import KafkaPartitionReader
 from tests.brokers import Broker
 from tests.helpers import child_env
 from tests.queuestore.conformance.append_child import record
@@ -517,6 +518,40 @@ def test_end_offset_across_writer_sessions(store: KafkaQueueStore, topic: str) -
         ]
     with store.reader(topic, 1) as other:
         assert other.end_offset() == 0
+
+
+def test_end_offset_assigns_its_consumer_as_soon_as_it_is_made(
+    store: KafkaQueueStore, topic: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fresh reader's end lookup asks for the log start before it makes its bulk consumer, never in
+    between: a librdkafka consumer that idles after it is made (30 ms was enough) and is assigned only then
+    fetches nothing until the finder's silence check (0.5 s) asks the broker's watermark. Made first, the
+    consumer cost 0.5 s per end lookup of a fresh reader: on the Spark attached query's start (one per
+    output partition) and in its first micro-batch's write tasks (issue 23's spark-kafka figure)."""
+    append_n(store, topic, 0, 0, 5)
+    events: list[str] = []
+    start_offset = KafkaPartitionReader.start_offset
+    bulk_consumer = KafkaPartitionReader._bulk_consumer
+
+    def spy_start(reader: KafkaPartitionReader) -> int:
+        events.append("log start asked")
+        return start_offset(reader)
+
+    def spy_bulk(reader: KafkaPartitionReader) -> Consumer:
+        if reader._bulk is None:
+            events.append("bulk consumer made")
+        return bulk_consumer(reader)
+
+    monkeypatch.setattr(KafkaPartitionReader, "start_offset", spy_start)
+    monkeypatch.setattr(KafkaPartitionReader, "_bulk_consumer", spy_bulk)
+    with store.reader(topic, 0) as fresh:  # no known end: the lookup starts from the log start
+        assert fresh.end_offset() == 6
+    assert events == ["log start asked", "bulk consumer made"]
+    events.clear()
+    with store.reader(topic, 0) as hinted:  # as the Spark write tasks do at their cursor
+        hinted.hint_end(6)
+        assert list(hinted.scan_forward(6)) == []
+    assert events == ["bulk consumer made"]
 
 
 def test_end_offset_many_batches(store: KafkaQueueStore, topic: str) -> None:
