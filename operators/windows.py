@@ -11,7 +11,8 @@ One small class per window kind, each answering the same questions (`Windows`):
 - `HoppingTimeWindows`: Spark's `window(ts, size, slide)`: [start, start + size) with start a multiple of
   the slide; a tuple is in every window that contains its time (`starts_of`). Chosen by `hopping_windows`;
   the operator that keeps them is `operators.hopping`.
-A new kind (session) is another class beside these, chosen by `windows_for`.
+Session windows are not a class here: a session's bounds depend on its tuples, not on one tuple's time,
+so `operators.sessions` keeps them itself (its module doc says how they close and merge).
 """
 
 from __future__ import annotations
