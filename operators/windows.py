@@ -143,7 +143,30 @@ class CountWindows(Windows):
         return last
 
 
-class TumblingTimeWindows(Windows):
+class _SizedTimeWindows(Windows):
+    """Time windows [start, start + size_ms) (tumbling, hopping): never full by count, ended by their size,
+    closed by the watermark when there is an allowed lateness."""
+
+    __slots__ = ()
+    size_ms: int
+
+    def is_full(self, count: int) -> bool:
+        return False
+
+    def end_of(self, start: int, last: int) -> int:
+        return start + self.size_ms
+
+    @property
+    def closed_by_watermark(self) -> bool:
+        return self.allowed_lateness is not None
+
+    def watermark_end(self, start: int) -> int | None:
+        if self.allowed_lateness is None:
+            return None
+        return start + self.size_ms
+
+
+class TumblingTimeWindows(_SizedTimeWindows):
     """Tumbling windows [start, start + size_ms) with start a multiple of size_ms."""
 
     __slots__ = ("size_ms",)
@@ -176,21 +199,6 @@ class TumblingTimeWindows(Windows):
         if t < open_start:
             raise BadTupleError(f"late tuple: time {t} is before its key's open window [{open_start}, ...)")
         return t >= open_start + size
-
-    def is_full(self, count: int) -> bool:
-        return False
-
-    def end_of(self, start: int, last: int) -> int:
-        return start + self.size_ms
-
-    @property
-    def closed_by_watermark(self) -> bool:
-        return self.allowed_lateness is not None
-
-    def watermark_end(self, start: int) -> int | None:
-        if self.allowed_lateness is None:
-            return None
-        return start + self.size_ms
 
     def index(self, start: int) -> int:
         """The number of the window starting at `start` (start / size): a window that is a part of its own
@@ -225,7 +233,7 @@ def windows_for(
     return TumblingTimeWindows(window_ms, time_field, allowed_lateness)
 
 
-class HoppingTimeWindows(Windows):
+class HoppingTimeWindows(_SizedTimeWindows):
     """Hopping windows [start, start + size_ms) with start a multiple of slide_ms (which divides size_ms):
     k = size / slide windows hold each time. Their state is kept per pane ([p, p + slide), p a multiple of
     the slide) and per period ([e, e + size), e a multiple of the size), `operators.hopping`."""
@@ -266,21 +274,6 @@ class HoppingTimeWindows(Windows):
 
     def closes_before(self, t: int, open_start: int | None, watermark: int | None) -> bool:
         return False  # several windows are open per key: `operators.hopping` closes them
-
-    def is_full(self, count: int) -> bool:
-        return False
-
-    def end_of(self, start: int, last: int) -> int:
-        return start + self.size_ms
-
-    @property
-    def closed_by_watermark(self) -> bool:
-        return self.allowed_lateness is not None
-
-    def watermark_end(self, start: int) -> int | None:
-        if self.allowed_lateness is None:
-            return None
-        return start + self.size_ms
 
 
 def hopping_windows(
