@@ -71,6 +71,7 @@ from operators.base import InputTuple, Operator
 from operators.engine.phase import Phase
 from operators.multi_aggregate import MultiAggregate
 from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
+from operators.spark.collector import collector_paused
 
 # The grouping column (one value per output partition of the current generation: `partition_groups`) and
 # per tuple its output partition in every generation (for C_k; only across generations): see packing.
@@ -327,6 +328,10 @@ class CecAggregateProcessor(StatefulProcessor):
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
         """The keys the recovery plan loads into this partition (may come in several chunks)."""
+        with collector_paused():
+            self._load_initial_state(key, initialState)
+
+    def _load_initial_state(self, key: Any, initialState: Any) -> None:
         started = self.clock()
         part = self._partition(key[0])
         keys = part.keys
@@ -359,6 +364,11 @@ class CecAggregateProcessor(StatefulProcessor):
         self.state.update(part.dump())
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
+        with collector_paused():  # why: operators.spark.collector
+            frames = list(self._input_rows(key, rows, timerValues))
+        yield from frames
+
+    def _input_rows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
         import pandas as pd
 
         frames = list(rows)
@@ -423,6 +433,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 facts.fp_clock, facts.fp_time = pos, t_log
         part.stamp, part.stamp_time = stamper.last, t_log
         call.store()
+        call.release()
         part.control.observe_batch(
             now=self.wall(), task_seconds=self.clock() - self.task_started, seen=seen, emitted=len(out)
         )
@@ -482,6 +493,11 @@ class CecAggregateProcessor(StatefulProcessor):
         one and the task's budget allows (`operators.spark.checkpointing.choose_gchecks`), once it is
         RUNNING (`operators.engine.phase`); re-arm while a live window is open (Spark deletes the expired
         timer after this returns)."""
+        with collector_paused():
+            frames = list(self._expired_timer(key, timerValues))
+        yield from frames
+
+    def _expired_timer(self, key: Any, timerValues: TimerValues) -> Iterator[Any]:
         import pandas as pd
 
         if self.gcheck is None:
@@ -555,6 +571,7 @@ class CecAggregateProcessor(StatefulProcessor):
             facts.fp_clock, facts.fp_time = pos, t_log
         part.stamp, part.stamp_time = stamper.last, t_log
         call.store()
+        call.release()
         return rows
 
     def close(self) -> None:
