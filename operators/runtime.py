@@ -28,6 +28,7 @@ from cec.records import AvroCodec, Kind, RecordCodec
 from cec.registry import WindowRegistry
 from cec.schedule import CheckpointSchedule
 from operators.base import Operator
+from operators.collector import collector_spaced
 from operators.engine import GCheckController, OperatorInstance, Phase, RunStats
 from operators.engine.candidates import InstanceWindows
 from operators.local_sink import OutputQueueSink
@@ -305,6 +306,10 @@ class OperatorRuntime:
         """Recover, then process until the input ends (EOS), `stop()` is true or `max_inputs` tuples were
         read in this run; the last two leave everything produced so far durable and no EOS, exactly the log
         a crash at that point would leave (checked between batches: use batch_size=1 for an exact count)."""
+        with collector_spaced():  # why: operators.collector
+            return self._recover_and_run(stop, max_inputs)
+
+    def _recover_and_run(self, stop: Callable[[], bool] | None, max_inputs: int | None) -> RunStats:
         self._started = time.perf_counter()
         if not self._recover():
             self.stats.completed = True

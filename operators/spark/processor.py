@@ -68,10 +68,10 @@ from pyspark.sql.types import (
 from cec.exceptions import BadTupleError
 from operators.aggregate import KeyedAggregate
 from operators.base import InputTuple, Operator
+from operators.collector import collector_paused
 from operators.engine.phase import Phase
 from operators.multi_aggregate import MultiAggregate
 from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
-from operators.spark.collector import collector_paused
 
 # The grouping column (one value per output partition of the current generation: `partition_groups`) and
 # per tuple its output partition in every generation (for C_k; only across generations): see packing.
@@ -364,7 +364,7 @@ class CecAggregateProcessor(StatefulProcessor):
         self.state.update(part.dump())
 
     def handleInputRows(self, key: Any, rows: Iterator[Any], timerValues: TimerValues) -> Iterator[Any]:
-        with collector_paused():  # why: operators.spark.collector
+        with collector_paused():  # why: operators.collector
             frames = list(self._input_rows(key, rows, timerValues))
         yield from frames
 

@@ -379,6 +379,6 @@ class PartitionCall:
     def release(self) -> None:
         """Drop the call's per-key objects now, by reference count. The call and its registry reference each
         other (`touch`), so otherwise every key's facts, window and state wait for a full pass of the cyclic
-        collector, which at 100,000 keys costs more than the call (`operators.spark.collector`)."""
+        collector, which at 100,000 keys costs more than the call (`operators.collector`)."""
         self.keys.clear()
         self.windows._windows.clear()
