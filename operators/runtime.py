@@ -30,6 +30,7 @@ from cec.schedule import CheckpointSchedule
 from operators.base import Operator
 from operators.engine import GCheckController, OperatorInstance, Phase, RunStats
 from operators.engine.candidates import InstanceWindows
+from operators.engine.trimming import TrimPace
 from operators.local_sink import OutputQueueSink
 from operators.local_trim import LogTrimmer
 from operators.sources import InputSource
@@ -80,12 +81,14 @@ class OperatorRuntime:
         trim_every: int | None = None,
         metrics: OperatorMetrics | None = None,
         gcheck_batch: int = 256,
+        trim_pace: TrimPace | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
 
-        `trim_every`: trim the output log (`operators.engine.trimming`) each time this many more records
-        are durable. None: never trim.
+        `trim_every`: trim the output log (`operators.local_trim`) each time this many more records were
+        appended. None: never trim. `trim_pace`: a registered consumer the operator waits for at each trim
+        (back-pressure, `operators.engine.trimming.TrimPace`).
 
         `clock` (seconds, monotonic) drives every checkpoint decision (default: the schedule's, else
         `time.monotonic`); `check_every` is how many tuples may pass between two looks at the budget,
@@ -140,8 +143,18 @@ class OperatorRuntime:
         self._trimmer = (
             None
             if trim_every is None
-            else LogTrimmer(self.instance, source, output, self.codec, trim_every, metrics)
+            else LogTrimmer(
+                self.instance,
+                source,
+                output,
+                self.codec,
+                trim_every,
+                metrics,
+                pace=trim_pace,
+                stop=lambda: self._stop is not None and self._stop(),
+            )
         )
+        self._stop: Callable[[], bool] | None = None  # run()'s: a paced trim stops waiting when it says so
         self._replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         self._started = time.perf_counter()
 
@@ -306,6 +319,7 @@ class OperatorRuntime:
         read in this run; the last two leave everything produced so far durable and no EOS, exactly the log
         a crash at that point would leave (checked between batches: use batch_size=1 for an exact count)."""
         self._started = time.perf_counter()
+        self._stop = stop
         if not self._recover():
             self.stats.completed = True
             self.stats.seconds = time.perf_counter() - self._started
