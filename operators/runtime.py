@@ -321,6 +321,8 @@ class OperatorRuntime:
         self._started = time.perf_counter()
         self._stop = stop
         if not self._recover():
+            if self._trimmer is not None:  # a log complete already: trimmed to what recovery needs, too
+                self._trimmer.at_rest()
             self.stats.completed = True
             self.stats.seconds = time.perf_counter() - self._started
             return self.stats

@@ -265,7 +265,9 @@ def _kafka_input(broker: Broker, root: Path, count: int) -> tuple[str, dict[str,
 
 @pytest.fixture(scope="module")
 def kafka_input(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
-    return _kafka_input(kafka_broker, tmp_path_factory.mktemp("reference"), 60_000)
+    """150,000 purchases: ~21,000 records a partition, past the writer's allowed lag (10,500 offsets with
+    `--trim-every 500`) well before the end, so every partition is trimmed by then whatever the pace."""
+    return _kafka_input(kafka_broker, tmp_path_factory.mktemp("reference"), 150_000)
 
 
 def _kept(broker: Broker, output: str, store: Path) -> list[tuple[int, int]]:
@@ -296,7 +298,7 @@ def test_on_kafka_every_trim_keeps_the_log_within_the_stated_bound_under_load(
 ) -> None:
     """`cec run --input-topic` over 3 partitions on Apache Kafka, a core busy beside it: every partition
     trims at every due point within the stated bound (`delete_records`; each partition's log grows to
-    several times the bound), the results equal the CSV's, and the final trim leaves each partition at what
+    over twice the bound), the results equal the CSV's, and the final trim leaves each partition at what
     recovery needs."""
     topic, want = _kafka_input(kafka_broker, tmp_path / "reference", 240_000)
     store, output = tmp_path / "store", f"out-{uuid.uuid4().hex[:10]}"
@@ -309,7 +311,7 @@ def test_on_kafka_every_trim_keeps_the_log_within_the_stated_bound_under_load(
         assert start > 0 and kept <= extent + INDEX_SLACK, (start, kept, extent)
     for p in range(PARTITIONS):
         stats = _stats(store / f".{output}.{p}.stats.json")
-        assert stats["outputs"] > 3 * (KAFKA_TRIM_EVERY + COMMIT_EVERY), stats["outputs"]
+        assert stats["outputs"] > 2 * (KAFKA_TRIM_EVERY + COMMIT_EVERY), stats["outputs"]
         _assert_every_trim_within_the_bound(stats, KAFKA_TRIM_EVERY, KAFKA_TRIM_EVERY + COMMIT_EVERY)
 
 
@@ -332,8 +334,8 @@ def test_on_kafka_a_results_topic_run_trims_by_default(
     "kills",
     [
         ["trim.before_prune:4"],  # inside a trim: the head deleted, the index not pruned
-        ["results.before_ack:3"],  # inside the results writer's commit: durable, not acknowledged
-        ["runtime.after_input:45000", "runtime.replaying:1"],  # then again during the recovery
+        ["results.before_ack:4"],  # inside the results writer's commit: durable, not acknowledged
+        ["runtime.after_input:120000", "runtime.replaying:1"],  # then again during the recovery
     ],
 )
 def test_on_kafka_sigkill_with_trimming_on_then_restart_is_exact(
