@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import tempfile
 import threading
 import time
@@ -170,6 +171,7 @@ def main() -> None:
     args = parser.parse_args()
     broker = None
     if args.apache_kafka:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tests package
         from tests.brokers import start_apache_kafka
 
         broker = start_apache_kafka()
