@@ -240,6 +240,9 @@ class IncrementalOutputs:
                             self._commit()
             if final:
                 self._commit()
+            elif read:
+                for f in self._files:  # readable at once (a following run's files are its current results)
+                    f.flush()
             return read
 
     def _commit(self) -> None:
