@@ -1,123 +1,240 @@
-"""Trimming over a long run: retained log records against input tuples, with and without trimming.
+"""Bounded trimming over a growing input: the records a trimmed log retains stay flat while the input grows.
 
-The paper's aggregate (avg per item over tumbling count windows) on the generator, SQLite store, a U
-target, and a registered consumer that reads the results as they come and acknowledges them (as `cec
-run`'s results writer does). Every trim records (input tuples, records retained); the run without
-trimming records its whole log at the same points. Prints a table and writes a plot.
+What `cec run --trim-every N` does, on the local engine: one operator instance per partition (the paper's
+aggregate, avg per item over tumbling count windows, on the purchase generator), side by side in threads,
+and the results writer (`IncrementalOutputs`, registered consumer `cec-run-results`) writing the results
+CSV as the run goes, the operators pacing on it (`TrimPace`, lag N + its commit interval); after the run,
+the final trim past the writer's last acknowledgement (`trim_after_consumers`). Each configuration (store
+x partitions) runs at the base input and at `--scale` times it, and once more without trimming at the
+base input (the throughput baseline, in this same script).
 
-    .venv/bin/python benchmarks/bench_trim.py --tuples 1000000 --plot benchmarks/trim.png
+Reported per run: records produced, the largest number of offsets a partition kept right after any trim
+(`RunStats.trims`), the largest bound stated for it (max(what recovery needed, N + C)), what each partition
+keeps at the end, and the throughput against the untrimmed run.
+
+    flock /tmp/cec-bench.lock nice -n 5 .venv/bin/python benchmarks/bench_trim.py --tuples 200000 \\
+        --scale 10 --partitions 1 3 --plot benchmarks/trim.png [--apache-kafka | --bootstrap-servers HOST:PORT]
+
+With `--apache-kafka` (a broker started from its jars, as the tests do) or `--bootstrap-servers` (or
+CEC_BOOTSTRAP_SERVERS) the Kafka store runs too (trims are `delete_records`).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import tempfile
 import threading
 import time
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from cec.config import Checkpointing
-from cec.records import Kind
-from operators.job import JobSpec, run_job
-from queuestore.sqlite import SqliteQueueStore
+from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
+from operators.engine.stats import RunStats
+from operators.engine.trimming import TrimPace
+from operators.incremental_outputs import COMMIT_EVERY, RESULTS_CONSUMER, IncrementalOutputs
+from operators.job import JobSpec, instance_spec, run_job
+from operators.local_trim import trim_after_consumers
+from operators.sinks import write_outputs
+from queuestore.base import QueueStore
+from queuestore.factory import open_store, store_spec
+
+RESULT_COLUMNS = ["key", "window", "value", "count", "start", "end"]
 
 
-def job(root: Path, tuples: int, keys: int, trim_every: int | None) -> JobSpec:
+@dataclass
+class Outcome:
+    store: str
+    partitions: int
+    tuples: int
+    trim_every: int | None
+    seconds: float
+    produced: int  # offsets written over all partitions
+    kept_max: int  # most offsets one partition kept right after a trim
+    stated_max: int  # the bound stated for that trim: max(what recovery needed, N + C)
+    over: int  # trims that kept more than their stated bound
+    kept_end: list[int]  # offsets each partition keeps at the end
+    trims: int
+    waits: int  # due points at which an operator waited for the writer
+    samples: list[tuple[int, int]]  # (inputs of partition 0, offsets kept) at each of its trims
+
+
+def template(
+    kind: str, root: Path, bootstrap: str | None, tuples: int, partitions: int, keys: int
+) -> JobSpec:
+    topic = f"bench-trim-{uuid.uuid4().hex[:8]}"
     return JobSpec(
         operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "avg",
                   "window_count": 10},
-        source={"type": "generator", "count": tuples, "keys": keys, "seed": 1, "partitions": 1},
-        store={"type": "sqlite", "root": str(root)},
-        output_topic="agg",
-        checkpointing=Checkpointing(u_target=20_000, ci_ms=10.0, cp_ms=10.0),
-        trim_every=trim_every,
+        source={"type": "generator", "count": tuples, "keys": keys, "seed": 1, "partitions": partitions},
+        store=store_spec(root, bootstrap if kind == "kafka" else None),
+        output_topic=topic,
+        output_partitions=partitions,
+        checkpointing=Checkpointing(u_target=20_000, ci_ms=30.0, cp_ms=100.0),
     )  # fmt: skip
 
 
-def follow_results(store: SqliteQueueStore, done: threading.Event, counts: list[int]) -> None:
-    """The registered consumer: reads every record, counts the results, acknowledges as it goes."""
-    store.acknowledge("agg", 0, "results", 0)
-    offset = 0
-    while True:
-        with store.reader("agg", 0) as reader:
-            records = reader.read_forward(offset, 8192)
-        for stored in records:
-            counts[0] += stored.meta.kind == Kind.R.value
-            if stored.meta.kind == Kind.EOS.value:
-                return
-            offset = stored.offset + 1
-        if records:
-            store.acknowledge("agg", 0, "results", offset)
-        elif done.is_set():
-            return
-        else:
-            time.sleep(0.005)
+def run_instances(specs: list[JobSpec]) -> list[RunStats]:
+    stats: list[RunStats | None] = [None] * len(specs)
+    errors: list[BaseException] = []
+
+    def one(i: int) -> None:
+        try:
+            stats[i] = run_job(specs[i])
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(specs))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise errors[0]
+    return [s for s in stats if s is not None]
 
 
-def run(
-    root: Path, tuples: int, keys: int, trim_every: int | None
-) -> tuple[list[tuple[int, int]], int, float]:
-    store = SqliteQueueStore(root)
-    store.create_topic("agg", 1)
-    done, counts = threading.Event(), [0]
-    consumer = threading.Thread(target=follow_results, args=(store, done, counts))
-    consumer.start()
-    started = time.perf_counter()
+def log_extent(store: QueueStore, topic: str, partitions: int) -> tuple[int, list[int]]:
+    produced, kept = 0, []
+    for p in range(partitions):
+        with store.reader(topic, p) as reader:
+            start, end = reader.start_offset(), reader.end_offset()
+        produced += end
+        kept.append(end - start)
+    return produced, kept
+
+
+def one_run(
+    kind: str, root: Path, bootstrap: str | None, tuples: int, partitions: int, keys: int, every: int | None
+) -> Outcome:
+    spec = template(kind, root, bootstrap, tuples, partitions, keys)
+    if every is not None:
+        spec = replace(spec, trim_every=every, trim_pace=TrimPace(RESULTS_CONSUMER, every + COMMIT_EVERY))
+    specs = [instance_spec(spec, p) for p in range(partitions)]
+    store = open_store(spec.store)
     try:
-        stats = run_job(job(root, tuples, keys, trim_every))
+        store.create_topic(spec.output_topic, partitions)
+        started = time.perf_counter()
+        if every is None:  # as `cec run` without trimming: the job, then the results from the whole log
+            stats = run_instances(specs)
+            files = (root / "out.csv", RESULT_COLUMNS)
+            write_outputs(
+                store, spec.output_topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, files, root / "dead.csv"
+            )
+        else:
+            writer = IncrementalOutputs(
+                store, spec.output_topic, RESULT_SCHEMA, DEAD_LETTER_SCHEMA, (root / "out.csv", RESULT_COLUMNS),
+                root / "out.dead-letters.csv", root / "progress.json",
+            ).open()  # fmt: skip
+            try:
+                with writer.running():
+                    stats = run_instances(specs)
+                for p, s in enumerate(stats):
+                    if s.trim_bound is not None:
+                        trim_after_consumers(store, spec.output_topic, p, s.trim_bound)
+            finally:
+                writer.close()
+        seconds = time.perf_counter() - started
+        produced, kept_end = log_extent(store, spec.output_topic, partitions)
     finally:
-        done.set()
-        consumer.join()
-    return stats.retained_samples, counts[0], time.perf_counter() - started
+        store.close()
+    lag = 0 if every is None else every + COMMIT_EVERY
+    trims = [t for s in stats for t in s.trims]
+    worst = max(trims, key=lambda t: t[1], default=(0, 0, 0))
+    over = sum(kept > max(needed, lag) for _, kept, needed in trims)
+    return Outcome(
+        kind, partitions, tuples, every, seconds, produced, worst[1], max(worst[2], lag), over, kept_end,
+        len(trims), sum(s.trim_waits for s in stats), [(i, k) for i, k, _ in stats[0].trims],
+    )  # fmt: skip
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--tuples", type=int, default=1_000_000)
-    parser.add_argument("--keys", type=int, default=1_000)
+    parser.add_argument("--tuples", type=int, default=200_000, help="the base input (all partitions)")
+    parser.add_argument("--scale", type=int, default=10, help="the larger input is this many times the base")
+    parser.add_argument("--partitions", type=int, nargs="+", default=[1, 3])
+    parser.add_argument("--keys", type=int, default=2_000)
     parser.add_argument("--trim-every", type=int, default=10_000)
+    parser.add_argument("--bootstrap-servers", default=os.environ.get("CEC_BOOTSTRAP_SERVERS"))
+    parser.add_argument(
+        "--apache-kafka",
+        action="store_true",
+        help="start Apache Kafka from its jars (as the tests do) and use it",
+    )
     parser.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory() as tmp:
-        samples, results, seconds = run(Path(tmp) / "trim", args.tuples, args.keys, args.trim_every)
-        whole = SqliteQueueStore(Path(tmp) / "trim")
-        with whole.reader("agg", 0) as reader:
-            produced, kept = reader.end_offset(), reader.end_offset() - reader.start_offset()
-    print(
-        f"{args.tuples:,} tuples, {args.keys:,} keys, U=20,000, trim every {args.trim_every:,} records: "
-        f"{seconds:.1f} s, {results:,} results read by the registered consumer"
-    )
-    print(f"log produced {produced:,} records, retained at the end {kept:,}")
-    print(f"{'input tuples':>14} {'retained':>10}")
-    step = max(1, len(samples) // 20)
-    for inputs, retained in samples[::step]:
-        print(f"{inputs:>14,} {retained:>10,}")
-    if samples:
-        print(f"max retained {max(r for _, r in samples):,} records over {len(samples)} trims")
-    if args.plot and samples:
-        import matplotlib
+    broker = None
+    if args.apache_kafka:
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tests package
+        from tests.brokers import start_apache_kafka
 
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        broker = start_apache_kafka()
+        args.bootstrap_servers = broker.bootstrap
+    try:
+        measure(args)
+    finally:
+        if broker is not None:
+            broker.stop()
 
-        fig, ax = plt.subplots(figsize=(7, 4))
-        xs = [i for i, _ in samples]
-        ax.plot(xs, [r for _, r in samples], label="retained (trimmed)")
-        ax.plot(
-            xs,
-            [i * produced / args.tuples for i in xs],
-            "--",
-            label="log produced (all kept without trimming)",
-        )
-        ax.set_xlabel("input tuples")
-        ax.set_ylabel("log records")
-        ax.set_title("retained output log over a long run")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(args.plot, dpi=90)
-        print(f"plot: {args.plot}")
+
+def measure(args: argparse.Namespace) -> None:
+    kinds = ["sqlite"] + (["kafka"] if args.bootstrap_servers else [])
+    outcomes: list[Outcome] = []
+    print(f"aggregate avg, count windows of 10, {args.keys:,} keys, U=20,000, trim every {args.trim_every:,}, "
+          f"results writer commit every {COMMIT_EVERY:,} offsets")  # fmt: skip
+    header = (f"{'store':>6} {'P':>2} {'tuples':>10} {'trim':>6} {'s':>7} {'tuples/s':>9} {'ratio':>6} "
+              f"{'produced':>10} {'kept max':>9} {'bound':>7} {'over':>4} {'trims':>6} {'waits':>6}  kept at the end")  # fmt: skip
+    print(header)
+    for kind in kinds:
+        for partitions in args.partitions:
+            base: Outcome | None = None
+            for tuples, every in ((args.tuples, None), (args.tuples, args.trim_every),
+                                  (args.tuples * args.scale, args.trim_every)):  # fmt: skip
+                with tempfile.TemporaryDirectory() as tmp:
+                    o = one_run(kind, Path(tmp), args.bootstrap_servers, tuples, partitions, args.keys, every)
+                base = base or o
+                outcomes.append(o)
+                rate = o.tuples / o.seconds
+                ratio = rate / (base.tuples / base.seconds)
+                print(f"{kind:>6} {partitions:>2} {tuples:>10,} {'off' if every is None else every:>6} "
+                      f"{o.seconds:>7.1f} {rate:>9,.0f} {ratio:>6.2f} {o.produced:>10,} {o.kept_max:>9,} "
+                      f"{o.stated_max:>7,} {o.over:>4} {o.trims:>6,} {o.waits:>6,}  {o.kept_end}", flush=True)  # fmt: skip
+    if args.plot:
+        plot(outcomes, args.plot)
+
+
+def plot(outcomes: list[Outcome], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    biggest = max(o.tuples for o in outcomes)
+    for o in outcomes:
+        if o.trim_every is None or o.tuples != biggest:
+            continue
+        xs = [i * o.partitions for i, _ in o.samples]  # partition 0's inputs, scaled to the whole input
+        ax.plot(xs, [k for _, k in o.samples], label=f"{o.store}, {o.partitions} partition(s): kept (p0)")
+    for o in outcomes:
+        if o.trim_every is None:
+            ax.plot([0, biggest], [0, o.produced / o.partitions * biggest / o.tuples], ":", color="grey",
+                    label=f"untrimmed log per partition ({o.store}, {o.partitions}p, extrapolated)")  # fmt: skip
+            break
+    ax.set_xlabel("input tuples")
+    ax.set_ylabel("output log offsets kept per partition")
+    ax.set_ylim(bottom=0)
+    ax.set_title("retained output log at every trim, cec run's results writer pacing")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    print(f"plot: {path}")
 
 
 if __name__ == "__main__":

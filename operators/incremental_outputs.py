@@ -9,7 +9,7 @@ import json
 import os
 import threading
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
@@ -20,10 +20,13 @@ from cec.verified import verified_records
 from operators.result_files import DEAD_LETTER_COLUMNS, Formats, format_value, partial_path
 from queuestore.base import QueueStore
 
-__all__ = ["RESULTS_CONSUMER", "IncrementalOutputs"]
+__all__ = ["COMMIT_EVERY", "RESULTS_CONSUMER", "IncrementalOutputs"]
 
 # The registered consumer (`QueueStore.acknowledge`) that writes `cec run`'s results while the log is trimmed.
 RESULTS_CONSUMER = "cec-run-results"
+# The writer's commit interval, in offsets read past: what it may leave unacknowledged once it has read
+# every partition to its end (so the least lag an operator pacing on it may allow, `TrimPace`).
+COMMIT_EVERY = 10_000
 
 
 class IncrementalOutputs:
@@ -59,7 +62,7 @@ class IncrementalOutputs:
         progress_path: Path,
         formats: Formats | None = None,
         *,
-        commit_every: int = 10_000,
+        commit_every: int = COMMIT_EVERY,
         partial: bool = False,
     ) -> None:
         self.store = store
@@ -81,7 +84,7 @@ class IncrementalOutputs:
         self.n_dead = 0
         self._offsets: list[int] = []
         self._acked: list[int] = []
-        self._pending = 0  # records read since the last commit
+        self._pending = 0  # offsets read past since the last commit (every partition's)
         self._files: list[TextIO] = []
         self._lock = threading.Lock()  # one drain at a time (the background thread, then the final one)
 
@@ -197,7 +200,8 @@ class IncrementalOutputs:
     # -- the pass ------------------------------------------------------------------------------------------
     def drain(self, *, final: bool = False) -> int:
         """Append the results and dead letters of every partition from the offset read up to to its end as
-        it is now, committing every `commit_every` records; `final`: commit at the end as well. Returns how
+        it is now, committing every `commit_every` offsets read past (records; on Kafka, with the
+        transaction markers among them); `final`: commit at the end as well. Returns how
         many records were read."""
         with self._lock:
             read = 0
@@ -227,13 +231,18 @@ class IncrementalOutputs:
                                 row = self._decoders[kind].decode(record.payload)
                                 dead_out.writerow([format_value(row[c]) for c in DEAD_LETTER_COLUMNS])
                                 self.n_dead += 1
+                        # Offsets, not records: on Kafka transaction markers take offsets too, and the
+                        # lag the operator waits on (`TrimPace`) is counted in offsets.
+                        self._pending += verified.offset + 1 - self._offsets[p]
                         self._offsets[p] = verified.offset + 1
                         read += 1
-                        self._pending += 1
                         if self._pending >= self.commit_every:
                             self._commit()
             if final:
                 self._commit()
+            elif read:
+                for f in self._files:  # readable at once (a following run's files are its current results)
+                    f.flush()
             return read
 
     def _commit(self) -> None:
@@ -273,9 +282,13 @@ class IncrementalOutputs:
         self._pending = 0
 
     @contextmanager
-    def running(self, period_s: float = 0.05) -> Iterator[IncrementalOutputs]:
+    def running(
+        self, period_s: float = 0.05, on_error: Callable[[], object] | None = None
+    ) -> Iterator[IncrementalOutputs]:
         """Drain in a background thread every `period_s` while the body runs the job, then drain to the end
-        (after a body that returned normally) and commit. An error of the background pass is raised here."""
+        (after a body that returned normally) and commit. An error of the background pass is raised here;
+        `on_error` is called when it happens (to stop the job: an operator that paces its trimming on
+        this writer would otherwise wait for it for ever)."""
         stop = threading.Event()
         errors: list[BaseException] = []
 
@@ -285,6 +298,8 @@ class IncrementalOutputs:
                     self.drain()
             except BaseException as exc:  # raised by the caller's thread
                 errors.append(exc)
+                if on_error is not None:
+                    on_error()
 
         thread = threading.Thread(target=loop, name="cec-run-results", daemon=True)
         thread.start()

@@ -23,6 +23,7 @@ from cec.schedule import CheckpointSchedule
 from operators.aggregate import parse_duration_ms, parse_lateness_ms
 from operators.base import Operator
 from operators.crash_after import CrashAfter
+from operators.engine.trimming import TrimPace
 from operators.runtime import OperatorRuntime, Progress, RunStats
 from operators.sinks import RESULTS_TOPIC
 from operators.sources import CsvSource, InputSource, PurchaseGenerator, QueueSource
@@ -71,7 +72,9 @@ class JobSpec:
     progress: bool = False
     stats_path: str | None = None
     footprints: bool = True  # False: results only, no fault tolerance (the baseline CEC is measured against)
-    trim_every: int | None = None  # trim the output log every this many durable records (None: never)
+    trim_every: int | None = None  # trim the output log every this many appended records (None: never)
+    # A registered consumer the operator waits for at each trim (back-pressure: `cec run`'s results writer)
+    trim_pace: TrimPace | None = None
     # Serve Prometheus metrics (cec.metrics) on metrics_port + output_partition; None: no endpoint.
     metrics_port: int | None = None
     # Also publish every result as a plain JSON record to this Kafka topic, in the output log's
@@ -82,6 +85,7 @@ class JobSpec:
         self.operator = OperatorSpec.from_dict(self.operator)
         self.source = SourceSpec.from_dict(self.source)
         self.store = StoreSpec.from_dict(self.store)
+        self.trim_pace = TrimPace.from_dict(self.trim_pace)
         if isinstance(self.checkpointing, Mapping):  # from JSON
             self.checkpointing = Checkpointing.from_dict(dict(self.checkpointing))
         if not isinstance(self.checkpointing, Checkpointing):
@@ -430,6 +434,7 @@ def _run_once(
                 progress=progress,
                 footprints=spec.footprints,
                 trim_every=spec.trim_every,
+                trim_pace=spec.trim_pace,
                 metrics=_metrics(spec),
             )
             stats = runtime.run(stop, max_inputs=max_inputs)

@@ -1,32 +1,43 @@
 """Trimming of the local host's output log (DESIGN-NOTES section 3): the I/O around the engine's rule
 (`operators.engine.trimming`), and the acknowledgements of an input that is a cec queue.
 
-`LogTrimmer` takes a bound each time `trim_every` more records are durable, applies it once it is safe,
-and trims to the bound of now when a run ends with everything durable (so under load the writer's pace,
-not `trim_every`, sets how far behind trimming is, and a run that stops leaves its log trimmed to what
-recovery needs). Never while the instance is restoring. A trim also acknowledges, to an input that is a
-registered consumer's queue, everything below the `pos` of the oldest record kept: older than every
-footprint a recovery needs, so at most any replay start, it is never read again.
+`LogTrimmer` trims at every due point (`TrimPoints`: each time `trim_every` more records were appended):
+it makes everything appended durable (so the oldest open window's newest footprint is in the log), waits
+for a paced consumer (`TrimPace`: `cec run`'s results writer) to be within its lag of the durable end,
+and trims to min(the extent start, every registered consumer's acknowledgement). Right after each trim
+the log therefore keeps at most max(what recovery needs, the paced lag) records, whatever the machine's
+load; between two trims it grows by at most one interval and one batch. When a run stops with everything
+durable it trims to the bound of then (`at_rest`) and reports that bound (`RunStats.trim_bound`), so a
+host whose consumer acknowledges last (`cec run`: the results writer's final commit) trims to it after
+(`trim_after_consumers`). Never while the instance is restoring. A trim also acknowledges, to an input
+that is a registered consumer's queue, everything below the `pos` of the oldest record kept: older than
+every footprint a recovery needs, so at most any replay start, it is never read again.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Callable
 
 from cec.exceptions import CodecError
 from cec.metrics import OperatorMetrics
 from cec.records import RecordCodec
 from operators.engine import OperatorInstance, Phase
-from operators.engine.trimming import TrimSchedule, bound, capped
+from operators.engine.trimming import TrimPace, TrimPoints, bound, capped
 from operators.sources import InputSource
+from queuestore.base import QueueStore
 from queuestore.output import OutputQueue
 
-__all__ = ["LogTrimmer"]
+__all__ = ["LogTrimmer", "trim_after_consumers"]
+
+# How long the operator waits between two looks at a paced consumer's acknowledgement (doubling from the
+# first to the last): a poll interval, not a timing any result depends on.
+_PACE_WAIT_S = (0.002, 0.1)
 
 
 class LogTrimmer:
-    """Trims `output`, the log of `instance`, every `every` durable records (module doc)."""
+    """Trims `output`, the log of `instance`, every `every` appended records (module doc)."""
 
     def __init__(
         self,
@@ -36,52 +47,83 @@ class LogTrimmer:
         codec: RecordCodec,
         every: int,
         metrics: OperatorMetrics | None = None,
+        *,
+        pace: TrimPace | None = None,
+        stop: Callable[[], bool] | None = None,
     ) -> None:
         self.instance = instance
         self.source = source
         self.output = output
         self.codec = codec
         self.metrics = metrics
-        self.schedule = TrimSchedule(every)
+        self.points = TrimPoints(every, output.appended)
+        self.pace = pace
+        self.stop = stop or (lambda: False)
 
     def _trimming(self) -> bool:
         return self.instance.phase is not Phase.RESTORING and self.instance.footprints
 
     def after_batch(self) -> None:
-        """A pending bound once it is safe, and the next one when due."""
-        if not self._trimming():
+        """At a due point: everything appended durable, the paced consumer within its lag, then the trim."""
+        if not self._trimming() or not self.points.due(self.output.appended):
             return
-        ready = self.schedule.ready(self.output.durable_count)
-        if ready is not None:
-            self._trim_to(ready)
-        self.schedule.take_if_due(
-            durable_end=self.output.index.next_offset, appended=self.output.appended, take=self._bound
-        )
+        self.output.flush()  # the bound of now is then durable: it may be applied at once
+        self._trim_to(self._bound(), self._wait_for_pace())
 
     def at_rest(self) -> None:
-        """Everything appended is durable (the end of a run): trim to the bound of now."""
+        """Everything appended is durable (the end of a run): trim to the bound of now (the paced consumer
+        within its lag first, as at a due point), and report it."""
         if not self._trimming():
             return
-        self.schedule.at_rest()
-        self._trim_to(self._bound())
+        low = self._bound()
+        self.instance.stats.trim_bound = low
+        self._trim_to(low, self._wait_for_pace())
+
+    def _acknowledged(self) -> dict[str, int]:
+        return self.output.store.acknowledged(self.output.topic, self.output.partition)
+
+    def _wait_for_pace(self) -> dict[str, int] | None:
+        """Back-pressure (`TrimPace`): wait, serving the writer's completions, until the paced consumer is
+        within its lag of the durable end (or the run is asked to stop); the acknowledgements last read
+        (None: no pace, none read)."""
+        pace = self.pace
+        if pace is None:
+            return None
+        output = self.output
+        wait, longest = _PACE_WAIT_S
+        acks = self._acknowledged()
+        if pace.caught_up(output.index.next_offset, acks):
+            return acks
+        self.instance.stats.trim_waits += 1
+        while not self.stop():
+            output.poll(wait)
+            wait = min(2 * wait, longest)
+            acks = self._acknowledged()
+            if pace.caught_up(output.index.next_offset, acks):
+                break
+        return acks
 
     def _bound(self) -> int:
         index = self.output.index
         oldest = self.instance.registry.oldest()
         return bound(index.next_offset, None if oldest is None else index.offset_for_time(oldest.tau2))
 
-    def _trim_to(self, low: int) -> None:
+    def _trim_to(self, low: int, acks: dict[str, int] | None = None) -> None:
+        """Trim to `low` capped by every registered consumer's acknowledgement (`acks`: as just read)."""
         output, index = self.output, self.output.index
-        low = capped(low, output.store.acknowledged(output.topic, output.partition).values())
+        end = index.next_offset
+        needed = end - low  # what recovery needs: from the extent start (or the crash record) to the end
+        low = capped(low, (self._acknowledged() if acks is None else acks).values())
+        stats = self.instance.stats
         if low > index.start_offset:
             trimmed = output.writer.trim(low)
             index.prune(low)
-            stats = self.instance.stats
             stats.trimmed_offsets += trimmed
             if self.metrics is not None:
                 self.metrics.trimmed(trimmed)
-            stats.retained_samples.append((self.instance.in_count, index.next_offset - low))
+            stats.retained_samples.append((self.instance.in_count, end - low))
             self._acknowledge(low)
+        stats.trims.append((self.instance.in_count, end - index.start_offset, needed))
 
     def register(self) -> None:
         """An input that is a registered consumer's queue: register this instance as its consumer from the
@@ -108,3 +150,20 @@ class LogTrimmer:
         name = re.sub(r"[^a-z0-9-]+", "-", self.output.topic.lower()).strip("-")[:48]
         digest = zlib.crc32(self.output.topic.encode()) & 0xFFFF
         return f"{name or 'op'}-{digest:04x}-{self.output.partition}"
+
+
+def trim_after_consumers(store: QueueStore, topic: str, partition: int, low: int) -> int:
+    """Trim `topic[partition]`, whose instance stopped with `low` as its bound (`RunStats.trim_bound`), to
+    that bound capped by every registered consumer's acknowledgement of now: after the last consumer's
+    final acknowledgement (`cec run`'s results writer), this leaves the log at what recovery needs. Opens
+    the partition's writer (its lock: the instance must have stopped). Returns the offsets trimmed."""
+    output = OutputQueue(store, topic, partition)
+    try:
+        low = capped(min(low, output.index.next_offset - 1), store.acknowledged(topic, partition).values())
+        if low <= output.index.start_offset:
+            return 0
+        trimmed = output.writer.trim(low)
+        output.index.prune(low)
+        return trimmed
+    finally:
+        output.close()

@@ -31,6 +31,7 @@ from operators.base import Operator
 from operators.collector import collector_spaced
 from operators.engine import GCheckController, OperatorInstance, Phase, RunStats
 from operators.engine.candidates import InstanceWindows
+from operators.engine.trimming import TrimPace
 from operators.local_sink import OutputQueueSink
 from operators.local_trim import LogTrimmer
 from operators.sources import InputSource
@@ -81,12 +82,14 @@ class OperatorRuntime:
         trim_every: int | None = None,
         metrics: OperatorMetrics | None = None,
         gcheck_batch: int = 256,
+        trim_pace: TrimPace | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
 
-        `trim_every`: trim the output log (`operators.engine.trimming`) each time this many more records
-        are durable. None: never trim.
+        `trim_every`: trim the output log (`operators.local_trim`) each time this many more records were
+        appended. None: never trim. `trim_pace`: a registered consumer the operator waits for at each trim
+        (back-pressure, `operators.engine.trimming.TrimPace`).
 
         `clock` (seconds, monotonic) drives every checkpoint decision (default: the schedule's, else
         `time.monotonic`); `check_every` is how many tuples may pass between two looks at the budget,
@@ -141,8 +144,18 @@ class OperatorRuntime:
         self._trimmer = (
             None
             if trim_every is None
-            else LogTrimmer(self.instance, source, output, self.codec, trim_every, metrics)
+            else LogTrimmer(
+                self.instance,
+                source,
+                output,
+                self.codec,
+                trim_every,
+                metrics,
+                pace=trim_pace,
+                stop=lambda: self._stop is not None and self._stop(),
+            )
         )
+        self._stop: Callable[[], bool] | None = None  # run()'s: a paced trim stops waiting when it says so
         self._replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         self._started = time.perf_counter()
 
@@ -311,7 +324,10 @@ class OperatorRuntime:
 
     def _recover_and_run(self, stop: Callable[[], bool] | None, max_inputs: int | None) -> RunStats:
         self._started = time.perf_counter()
+        self._stop = stop
         if not self._recover():
+            if self._trimmer is not None:  # a log complete already: trimmed to what recovery needs, too
+                self._trimmer.at_rest()
             self.stats.completed = True
             self.stats.seconds = time.perf_counter() - self._started
             return self.stats

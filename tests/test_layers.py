@@ -51,7 +51,8 @@ def test_the_cli_commands_stand_on_one_shared_module_without_a_circle() -> None:
     commands = {p.stem: {n.split(".")[2] for n in _imports(p) if _under(n, ("cec.cli",)) and n.count(".") >= 2}
                 for p in cli.glob("*.py")}  # fmt: skip
     assert commands["common"] == set()  # the bottom: every command may import it
+    assert commands["trimming"] == set()  # `cec run`'s trimming flag, beside the bottom
     assert commands["run_operator"] <= {"common"}
-    assert commands["run_topic"] <= {"common", "run_operator"}
+    assert commands["run_topic"] <= {"common", "run_operator", "trimming"}
     for name in ("demo", "run", "inspect", "recover", "state"):
         assert "main" not in commands[name], name  # the parser imports the commands, never the reverse

@@ -21,7 +21,6 @@ from cec.cli.common import (
     output_lines,
     policy_args,
     port,
-    positive_int,
     recovery_lines,
     results_paths,
     results_writer,
@@ -32,11 +31,13 @@ from cec.cli.common import (
     write_results,
 )
 from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
+from cec.cli.trimming import add_trim_argument, trim_settings
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_csv_input
 from operators.aggregate_flags import key_columns, value_columns
 from operators.job import JobSpec, run_job
+from operators.local_trim import trim_after_consumers
 from operators.sinks import IncrementalOutputs
 from operators.sources import CsvSource
 from operators.specs import OperatorSpec, SourceSpec
@@ -58,14 +59,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     run.add_argument(
         "--crash-after", type=int, help="SIGKILL the operator process after K input rows, then recover"
     )
-    run.add_argument(
-        "--trim-every",
-        type=positive_int,
-        metavar="N",
-        help="trim the output log every N records (default: never): the results and dead-letter CSVs are "
-        "then written as the run goes on and acknowledged, so the log keeps only what recovery and the "
-        "unwritten results still need (docs/long-runs.md)",
-    )
+    add_trim_argument(run)
     run.add_argument(
         "--progress", action="store_true", help="also the operator's own progress messages on stderr"
     )
@@ -146,6 +140,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for value in values:
         check_csv_input(input_path, columns, value, args.time)
     results_path, dead_path = results_paths(args.results)
+    trim_every, trim_pace = trim_settings(args)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
         topic = _output_topic(root, operator, input_path)
@@ -159,11 +154,12 @@ def cmd_run(args: argparse.Namespace) -> int:
             stats_path=str(root / f".{topic}.stats.json"),
             results_topic=results_topic,
             metrics_port=args.metrics_port,
-            trim_every=args.trim_every,
+            trim_every=trim_every,
+            trim_pace=trim_pace,
         )
         progress_path = root / f".{topic}.results-writer.json"
         stop = StopRequest()
-        if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+        if trim_every is not None or IncrementalOutputs.resumable(progress_path):
             # Trimming: the results are written while the run goes on, by a registered consumer of the
             # log (a run that trimmed before is resumed that way too, its log no longer holds everything),
             # under `.partial` names until the run reached the end of its input.
@@ -174,8 +170,10 @@ def cmd_run(args: argparse.Namespace) -> int:
                     store, topic, (results_path, dead_path, progress_path), operator, partial=True
                 )
                 try:
-                    with writer.running(), stop.on_signals():
+                    with writer.running(on_error=stop.set), stop.on_signals():
                         run_stats = _execute(spec, root, args.crash_after, stop)
+                    if run_stats.get("trim_bound") is not None:  # after the writer's final acknowledgement
+                        trim_after_consumers(store, topic, 0, run_stats["trim_bound"])
                     if run_stats.get("completed"):
                         writer.finish()
                 finally:

@@ -15,7 +15,7 @@ import json
 import signal
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +35,14 @@ from cec.cli.common import (
     write_results,
 )
 from cec.cli.run_operator import check_operator_flags, operator_spec
+from cec.cli.trimming import trim_settings
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_topic_input
 from operators.aggregate_flags import aggregate_flags
 from operators.formats import FORMATS, load_avro_schema
 from operators.job import SCHEMAS, JobSpec, instance_spec, run_job
+from operators.local_trim import trim_after_consumers
 from operators.runtime import RunStats
 from operators.sinks import (
     IncrementalOutputs,
@@ -161,6 +163,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     operator = operator_spec(args)
     results_path, dead_path = results_paths(args.results)
     source = _source_spec(args)
+    trim_every, trim_pace = trim_settings(args)
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
@@ -176,7 +179,8 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             checkpointing=checkpointing_of(args),
             results_topic=results_topic_of(args),
             metrics_port=args.metrics_port,
-            trim_every=args.trim_every,
+            trim_every=trim_every,
+            trim_pace=trim_pace,
         )
         store = open_store(store_cfg)
         try:
@@ -188,7 +192,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         specs = specs_of(template, root, output_topic, partitions)
         progress_path = root / f".{output_topic}.results-writer.json"
         with StopRequest().on_signals() as stop:
-            if args.trim_every is not None or IncrementalOutputs.resumable(progress_path):
+            if trim_every is not None or IncrementalOutputs.resumable(progress_path):
                 run, (n_results, n_dead, kinds) = _run_trimmed(
                     args,
                     specs,
@@ -235,6 +239,8 @@ class InstancesRun:
     recoveries: list[dict[str, Any] | None]
     completed: list[bool]
     partial_results: str | None = None
+    # Each instance's trim bound when it stopped (`RunStats.trim_bound`; None: unknown or no trimming).
+    trim_bounds: list[int | None] = field(default_factory=list)
 
     def stopped_early(self, follow: bool) -> bool:
         """A bounded run that some instance did not finish (a following run has no end to miss)."""
@@ -268,6 +274,7 @@ def _execute(
         stats = load_stats(Path(spec.stats_path or ""))
         run.recoveries.append(stats.get("recovery"))
         run.completed[p] = bool(stats.get("completed"))
+        run.trim_bounds.append(stats.get("trim_bound"))
     return run
 
 
@@ -289,9 +296,12 @@ def _run_trimmed(
     try:
         writer = results_writer(store, output_topic, paths, operator, partial=not args.follow)
         try:
-            with writer.running():
+            with writer.running(on_error=stop.set):
                 # A following run's results file grows as the writer goes: nothing to rewrite each second.
                 run = _execute(args, specs, root, lambda: None, stop)
+            for p, low in enumerate(run.trim_bounds):  # after the writer's final acknowledgement
+                if low is not None:
+                    trim_after_consumers(store, output_topic, p, low)
             if not run.stopped_early(args.follow):
                 writer.finish()
             run.partial_results = writer.partial_results
@@ -365,4 +375,5 @@ def _run_instances(
     return InstancesRun(
         [s.recovery.as_dict() if s and s.recovery else None for s in stats],
         [s is not None and s.completed for s in stats],
+        trim_bounds=[None if s is None else s.trim_bound for s in stats],
     )

@@ -31,6 +31,12 @@ class RunStats:
     max_replay: int = 0  # largest replay size u seen after any batch
     trimmed_offsets: int = 0  # offsets trimmed from the head of the output log in this run
     retained_samples: list[tuple[int, int]] = field(default_factory=list)  # (inputs, retained) per trim
+    # (inputs, records retained after it, records recovery needed) at every due point of trimming
+    trims: list[tuple[int, int, int]] = field(default_factory=list)
+    trim_waits: int = 0  # due points at which the operator waited for a paced consumer (back-pressure)
+    trim_bound: int | None = (
+        None  # the trim bound when the run stopped, everything durable (None: no trimming)
+    )
     checkpoint_policy: str = ""
     checkpoint_budget: float = 0.0  # the duty allowed at the end (CI/CP, or what the policy picked)
     checkpoint_seconds: float = 0.0  # operator time spent producing G-checks

@@ -4,20 +4,25 @@ watermark): the rule only, the host does the I/O.
 - The bound: the lowest offset recovery still needs, the oldest open window's last footprint (found by its
   time: times never decrease along the log), and at least the newest durable record (the crash point),
   capped by what every registered consumer of the log acknowledged (`bound`).
-- When: a bound is taken each time `every` more records are durable; it is applied only once everything
-  appended when it was taken is durable too (until then a window's newest footprint may not be in the
-  log, and a crash would need its older one, which the bound may have passed). Footprints only move
-  forward, so a bound stays safe for ever after it was taken (`TrimSchedule`).
+- When, on the local host (`TrimPoints`): each time `every` more records were appended, the host makes
+  everything appended durable and trims to the bound of then, at once (a window's newest footprint is in
+  the log by then: before, a crash would need its older one, which the bound may have passed). A
+  registered consumer that must keep up (`TrimPace`: `cec run`'s results writer) is waited for first.
+- When, on the attached query (`TrimSchedule`): a bound is taken each time `every` more records are
+  durable and applied once everything appended when it was taken is durable too. Footprints only move
+  forward, so a bound stays safe for ever after it was taken.
 - Never while RESTORING (the windows are not consistent yet): the host asks only when RUNNING.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from cec.exceptions import ConfigError
 
-__all__ = ["TrimSchedule", "bound", "capped"]
+__all__ = ["TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped"]
 
 
 def bound(durable_end: int, oldest_footprint: int | None) -> int:
@@ -64,3 +69,60 @@ class TrimSchedule:
         """Everything appended is durable (the end of a run): a pending bound is superseded by the one of
         now, which the host applies itself."""
         self._pending = None
+
+
+class TrimPoints:
+    """The due points of the local host's trimming: one each time `every` more records were appended to the
+    instance's output log, counted by the operator itself (never by the writer's pace, so a loaded machine
+    changes when a trim happens in time, not how many records lie between two)."""
+
+    def __init__(self, every: int, appended: int = 0) -> None:
+        if every < 1:
+            raise ConfigError(f"trim_every must be >= 1, got {every}")
+        self.every = every
+        self._last = appended  # records appended at the last due point (or at the start)
+
+    def due(self, appended: int) -> bool:
+        """Whether `appended` (records handed to the writer so far) reached the next due point; a due
+        point is used once."""
+        if appended - self._last < self.every:
+            return False
+        self._last = appended
+        return True
+
+
+@dataclass(frozen=True)
+class TrimPace:
+    """Back-pressure from one registered consumer of the log (`cec run`'s results writer): at a due point
+    the operator waits until that consumer's acknowledged offset is at most `lag` offsets behind the
+    durable end, so its acknowledgements, and with them the trimmed log, cannot fall behind without limit.
+
+    `lag` must exceed what the consumer may leave unacknowledged once it has read everything (for the
+    results writer: its commit interval), or the operator would wait for ever."""
+
+    consumer: str
+    lag: int
+
+    def __post_init__(self) -> None:
+        if not self.consumer:
+            raise ConfigError("a trim pace needs the name of a registered consumer")
+        if isinstance(self.lag, bool) or not isinstance(self.lag, int) or self.lag < 1:
+            raise ConfigError(f"a trim pace's lag must be a whole number >= 1, got {self.lag!r}")
+
+    def caught_up(self, durable_end: int, acknowledged: Mapping[str, int]) -> bool:
+        """Whether the operator may trim and go on: the consumer is within `lag` of `durable_end` (the offset
+        after the newest durable record), or not registered (it was forgotten: nothing to wait for)."""
+        ack = acknowledged.get(self.consumer)
+        return ack is None or durable_end - ack <= self.lag
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"consumer": self.consumer, "lag": self.lag}
+
+    @classmethod
+    def from_dict(cls, data: TrimPace | Mapping[str, Any] | None) -> TrimPace | None:
+        if data is None or isinstance(data, TrimPace):
+            return data
+        unknown = sorted(set(data) - {"consumer", "lag"})
+        if unknown:
+            raise ConfigError(f"unknown trim pace field(s): {', '.join(unknown)}")
+        return cls(str(data.get("consumer", "")), data.get("lag", 0))

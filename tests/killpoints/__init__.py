@@ -22,6 +22,11 @@ Sites (n counts passes in the process):
 - `store.io_error:n`: that commit fails with a disk I/O error instead (the process lives on);
 - `kafka.before_commit:n` / `kafka.after_commit:n`: around the n-th Kafka transaction commit of a writer;
 - `recovery.after_ec_build:n`: after the n-th eventual checkpoint built (during recovery itself);
+- `trim.before_prune:n`: inside the n-th trim, the log's head deleted (SQLite's range delete committed,
+  Kafka's `delete_records` answered), the stream index not yet pruned (`StreamIndex.prune`);
+- `results.before_ack:n`: inside the n-th commit of `cec run`'s results writer (`IncrementalOutputs`; its
+  first is the one of its start), both files fsynced and its progress file renamed, no acknowledgement
+  sent yet;
 - `attach.sink.mid_batch:n`: the n-th micro-batch of an attached query dies with half of one output
   partition durable: the driver sink's n-th partition write (writers="driver"; the driver SIGKILLs
   itself), or the first write task of micro-batch n (writers="executors") SIGKILLs the driver's whole
@@ -62,6 +67,8 @@ SITES = frozenset(
         "kafka.before_commit",
         "kafka.after_commit",
         "recovery.after_ec_build",
+        "trim.before_prune",
+        "results.before_ack",
         SINK_MID_BATCH,
         WRITER_KILL_TASK,
     }
@@ -336,6 +343,59 @@ def _after_ec_build(n: int) -> None:
     on_import("recovery.eventual", patch)
 
 
+def _before_prune(n: int) -> None:
+    counter = _Counter()
+
+    def patch(module: ModuleType) -> None:
+        cls = module.StreamIndex
+        prune = cls.prune
+
+        def prune_(self: Any, before_offset: int) -> int:
+            with counter.lock:
+                counter.seen += 1
+                due = counter.seen == n
+            if due:
+                kill()
+            return int(prune(self, before_offset))
+
+        cls.prune = prune_
+
+    on_import("queuestore.index", patch)
+
+
+def _results_before_ack(n: int) -> None:
+    counter = _Counter()
+
+    def patch(module: ModuleType) -> None:
+        cls = module.IncrementalOutputs
+        commit = cls._commit
+
+        def commit_(self: Any) -> None:
+            with counter.lock:
+                counter.seen += 1
+                due = counter.seen == n
+            if not due:
+                return commit(self)
+            store = self.store
+
+            class Dying:
+                """The store, whose first acknowledgement kills the process instead."""
+
+                def __getattr__(self, name: str) -> Any:
+                    return getattr(store, name)
+
+                def acknowledge(self, *args: Any) -> None:
+                    kill()
+
+            self.store = Dying()
+            commit(self)
+            kill()  # no acknowledgement had changed: the same point
+
+        cls._commit = commit_
+
+    on_import("operators.incremental_outputs", patch)
+
+
 def _driver_sink_mid_batch(n: int) -> None:
     """writers="driver": the n-th partition write of the driver sink with at least two records dies with
     its first half durable."""
@@ -430,6 +490,10 @@ def install(spec: str) -> None:
             _kafka_commit(n, before=site == "kafka.before_commit")
         elif site == "recovery.after_ec_build":
             _after_ec_build(n)
+        elif site == "trim.before_prune":
+            _before_prune(n)
+        elif site == "results.before_ack":
+            _results_before_ack(n)
         elif site == SINK_MID_BATCH:
             _driver_sink_mid_batch(n)
     if SINK_MID_BATCH in plan or WRITER_KILL_TASK in plan:

@@ -99,10 +99,11 @@ BATCH = 256
 # keys, count windows: at most 100 open). The runtime looks at trimming once per batch.
 BATCH_RECORDS = 2 * BATCH + 100
 EXTENT = 2_000  # records between the oldest open window's footprint and the end (U = 2,000 inputs)
-# docs/long-runs.md, "How far behind trimming can be": a bound is applied when what was appended when it
-# was taken is durable (<= one in-flight later, seen up to a batch late); the next is taken a trim interval
-# later or, if the durable end jumped (a writer catching up commits up to its in-flight bound at once), at
-# the apply; meanwhile the consumer may read up to what is durable. Below the consumer's acknowledgement:
+# docs/long-runs.md, "How far behind trimming can be": every due point (TRIM_EVERY records appended, all
+# of them made durable there) trims to min(the extent start, the consumer's acknowledgement); until the
+# next one the log grows by a trim interval and a batch, and the consumer reads on from its acknowledgement
+# (up to what is durable, IN_FLIGHT records a step). Below the consumer's acknowledgement (a bound kept
+# from the store's former in-flight rule, which it still covers):
 RETAINED_BOUND = max(TRIM_EVERY, IN_FLIGHT) + 3 * IN_FLIGHT + 2 * BATCH_RECORDS + EXTENT
 
 
@@ -225,10 +226,12 @@ def test_an_unregistered_consumer_gets_everything_trimmed_up_to_the_extent(tmp_p
     stats = run_job(spec)
     assert stats.trimmed_offsets > 0
     start, end = _logged(SqliteQueueStore(tmp_path))
-    # A bound is taken every `trim_every` durable records and applied once what was appended by then is
-    # durable, at the I/O thread's pace: what is kept at the end is the extent plus a few trim intervals
-    # (measured 3.3k-6.6k records here), whatever the length of the run, so far below the whole log.
-    assert end - start < end // 3, (start, end, stats.max_extent)
+    # Every due point trims to what recovery needs then, whatever the machine's pace, and the end of the run
+    # to what it needs at the end: each right after a trim, none more than the extent (up to the stream
+    # index's granularity: an entry every 64 offsets, a run of up to 256 G-checks sharing one time).
+    assert len(stats.trims) >= stats.outputs // (2 * TRIM_EVERY)
+    assert all(kept == needed for _, kept, needed in stats.trims), stats.trims
+    assert 0 < end - start <= stats.max_extent + 64 + 256, (start, end, stats.max_extent)
 
 
 # -- Kafka -------------------------------------------------------------------------------------------
