@@ -35,6 +35,7 @@ from operators.engine.records import HeldRecord
 from operators.hopping import PaneRun
 from operators.multi_state import ColumnState, MultiState
 from operators.spark.checkpointing import PartitionControl
+from operators.spark.stamping import GCHECK_ORDER  # a timer's G-check row (the sink writes it after the rest)
 from recovery.contract import ReplayContract
 
 __all__ = [
@@ -48,8 +49,6 @@ __all__ = [
     "state_of",
 ]
 
-# The emission index of a G-check row (the sink writes G-checks after a partition's other records).
-GCHECK_ORDER = 1 << 30
 _NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
 _MULTI_FIELDS = 4  # len(flat_state(MultiState)); a single aggregate's has 6

@@ -22,6 +22,7 @@ from operators.spark.aggregate_form import aggregate_form, window_form
 from operators.spark.packing import PackSpec
 from operators.spark.partitioning import partition_groups
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
+from operators.spark.stamping import log_order
 from operators.spark.state_partition import PartitionState, flat_state, state_of
 from operators.spark.topic_reader import TopicOptions, TupleBatches
 from tests.helpers.engine_runs import engine_results
@@ -107,6 +108,17 @@ def test_the_processor_over_micro_batches_makes_the_local_engines_results(
     assert len(want) > 40 and got == want
     if window == "session" and watermarks:
         assert any(p is None for p in rs)  # slices folded into a later one: an R without a result
+        folds = records[(records["cec_kind"] == Kind.GCHECK.value)]
+        assert len(folds) > 0  # the receiving slices' G-checks, made by tuples (no timer here)
+    # In the log order both sinks write, no footprint of a window follows its R (a fold's G-check keeps
+    # its place among its tuple's records: before the giving slice's R and the receiving slice's own).
+    closed: set[tuple[str, int]] = set()
+    for batch in out:  # each micro-batch's rows, as the sink orders them
+        for row in log_order([tuple(r) for r in batch.itertuples(index=False)]):
+            if row[4] == Kind.R.value and row[5] is not None:
+                closed.add((row[5], row[6]))
+            elif row[4] in (Kind.GOPEN.value, Kind.GCHECK.value):
+                assert (row[5], row[6]) not in closed, row
     if window == "hopping":
         gopens = records[records["cec_kind"] == Kind.GOPEN.value]["cec_key"]
         assert len(gopens) == len(set(gopens))  # one G-open per (key, period): not one per window
