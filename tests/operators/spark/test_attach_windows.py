@@ -177,7 +177,7 @@ def test_hopping_and_session_windows_equal_cec_run_and_the_truth(
     assert dead == want_dead and {reason for *_, reason in dead} == WANT_REASONS
 
 
-@pytest.mark.parametrize("window", ["hopping"])
+@pytest.mark.parametrize("window", ["hopping", "session"])
 def test_hopping_and_session_windows_are_exact_after_driver_sigkills(
     spark: SparkSession, kafka_broker: Broker, tmp_path: Path, window: str
 ) -> None:
