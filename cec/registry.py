@@ -52,6 +52,11 @@ class WindowRegistry:
         """Oldest footprint first."""
         return iter(self._windows.values())
 
+    def open_keys(self) -> list[str]:
+        """The keys of every open window (a host whose registry loads windows lazily lists the ones it has
+        not loaded too, without loading them)."""
+        return list(self._windows)
+
     @property
     def n(self) -> int:
         """N: the number of open windows."""

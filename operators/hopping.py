@@ -250,8 +250,8 @@ class HoppingAggregate(MultiAggregate):
     def _index(self, registry: WindowRegistry) -> dict[str, set[int]]:
         if self._indexed is not registry:
             self._parts = {}
-            for window in registry:
-                key_json, period = self._split(window.key)
+            for part_id in registry.open_keys():  # not iterated: a lazy registry lists what it has not loaded
+                key_json, period = self._split(part_id)
                 self._parts.setdefault(key_json, set()).add(period)
             self._indexed = registry
         return self._parts

@@ -20,11 +20,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from cec import progress as progress_tasks
-from cec.exceptions import CodecError, ConfigError
+from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly
 from cec.rates import MeasuredRates
-from cec.records import AvroCodec, Kind, RecordCodec
+from cec.records import AvroCodec, RecordCodec
 from cec.registry import WindowRegistry
 from cec.schedule import CheckpointSchedule
 from operators.base import Operator
@@ -37,6 +37,7 @@ from operators.local_trim import LogTrimmer
 from operators.sources import InputSource
 from queuestore.base import PartitionReader
 from queuestore.output import OutputQueue
+from recovery.cut_tuple import results_at_end
 from recovery.manager import RecoveryManager
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
@@ -187,24 +188,7 @@ class OperatorRuntime:
         if not self.operator.unique_results:
             return []
         results = AvroCodec(self.operator.result_schema)
-        out: list[dict[str, Any]] = []
-        before = reader.end_offset()
-        crash = list(crash_pos)
-        while before > 0:
-            stored = reader.read_backward(before, 512)
-            if not stored:
-                break
-            for record in stored:  # newest first
-                try:
-                    decoded = self.codec.decode(record.value, record.meta)
-                except CodecError:
-                    continue  # a chunk's part or a damaged record: never a result of the cut tuple
-                if list(decoded.pos) != crash:
-                    return out
-                if decoded.kind is Kind.R and decoded.payload is not None:
-                    out.append(results.decode(decoded.payload))
-            before = stored[-1].offset
-        return out
+        return [results.decode(payload) for payload in results_at_end(reader, self.codec, crash_pos)]
 
     def _recover(self) -> bool:
         """Restore the instance from the eventual checkpoint; False if the operator had already finished."""

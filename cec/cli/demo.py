@@ -30,7 +30,7 @@ from cec.records import Kind, RecordCodec
 from cec.validation import require_spark
 from cec.verified import LogVerifier
 from operators.aggregate import RESULT_SCHEMA
-from operators.job import JobSpec, instance_spec, purchase_filter, run_job
+from operators.job import JobSpec, build_operator, instance_spec, purchase_filter, run_job
 from operators.sinks import count_kinds, iter_payloads
 from operators.specs import AggregateSpec, SourceSpec
 from queuestore.base import PartitionReader
@@ -40,6 +40,7 @@ from queuestore.factory import StoreSpec, open_store, store_spec
 __all__ = ["add_parser", "cmd_demo"]
 
 _ALL_KINDS = frozenset(k.value for k in Kind)
+WINDOW_KINDS = ("count", "hopping", "session")  # cec demo --windows
 
 
 def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -49,6 +50,14 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
     )
     demo.add_argument("--keys", type=positive_int, default=10_000, help="distinct items (default 10000)")
     demo.add_argument("--window", type=positive_int, default=10, help="count window size (default 10)")
+    demo.add_argument(
+        "--windows",
+        choices=WINDOW_KINDS,
+        default="count",
+        help="count: tumbling count windows of --window purchases (default); hopping: windows of --window x "
+        "--keys ms of item_time sliding by a quarter of that; session: sessions of an item's purchases less "
+        "than --keys ms apart",
+    )
     demo.add_argument("--seed", type=int, default=1)
     demo.add_argument(
         "--crash-at",
@@ -149,15 +158,19 @@ def _demo_specs(
         output_partitions=args.partitions,
         batch_size=args.batch,
     )
+    windows = _windows(args)
     agg_spec = JobSpec(
         operator=AggregateSpec(
             key_field="item_id",
             value_field="item_price",
             agg="avg",
-            window_count=args.window,
             # Event time, not the default (the sum of input offsets): on Kafka the filter's commit markers
             # take offsets where its commits happen to fall, so offsets differ between two runs.
             time_field="item_time",
+            window_count=windows.get("window_count"),
+            window_ms=windows.get("window_ms"),
+            slide_ms=windows.get("slide_ms"),
+            session_gap_ms=windows.get("session_gap_ms"),
         ),
         source=SourceSpec(type="queue", topic=filtered, schema="purchase"),
         store=store,
@@ -169,6 +182,25 @@ def _demo_specs(
         stats_path=str(root / f".{tag}.aggregate.stats.json"),
     )
     return filter_spec, agg_spec
+
+
+def _windows(args: argparse.Namespace) -> dict[str, int]:
+    """The aggregate's windows for `--windows` (an item's purchases are about --keys ms of item_time apart)."""
+    if args.windows == "hopping":
+        slide = max(1, args.window * args.keys // 4)
+        return {"window_ms": 4 * slide, "slide_ms": slide}
+    if args.windows == "session":
+        return {"session_gap_ms": args.keys}
+    return {"window_count": args.window}
+
+
+def _describe_windows(args: argparse.Namespace) -> str:
+    windows = _windows(args)
+    if args.windows == "hopping":
+        return f"hopping windows of {windows['window_ms']} ms sliding by {windows['slide_ms']} ms"
+    if args.windows == "session":
+        return f"sessions with a gap of {windows['session_gap_ms']} ms"
+    return f"count windows of {args.window}"
 
 
 def _run_pipeline_local(
@@ -277,7 +309,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         tag = f"demo-{args.seed}-{os.getpid()}-{int(time.time())}"
         say(
             f"cec demo: {args.input:,} purchases over {args.keys:,} items -> filter(price > 0) -> "
-            f"avg(price) per item over count windows of {args.window}"
+            f"avg(price) per item over {_describe_windows(args)}"
         )
         say(
             f"  engine: {args.engine}, {args.partitions} partition(s); queue store: {store_cfg['type']} "
@@ -318,8 +350,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
         # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
         store = open_store(store_cfg)
         try:
-            got = list(iter_payloads(store, agg_spec.output_topic, RESULT_SCHEMA))
-            want = list(iter_payloads(store, ref_agg.output_topic, RESULT_SCHEMA))
+            # Hopping and session windows have the several-aggregate form's columns.
+            schema = (
+                RESULT_SCHEMA if args.windows == "count" else build_operator(agg_spec.operator).result_schema
+            )
+            got = list(iter_payloads(store, agg_spec.output_topic, schema))
+            want = list(iter_payloads(store, ref_agg.output_topic, schema))
             kinds = count_kinds(store, agg_spec.output_topic)
             filtered = count_kinds(store, filter_spec.output_topic).get("R", 0)
         finally:

@@ -47,7 +47,7 @@ from recovery.exceptions import RecoveryError, ReplayDivergenceError
 if TYPE_CHECKING:
     from recovery.manager import Recovery, RecoveryReport
 
-__all__ = ["HostState", "OperatorInstance"]
+__all__ = ["HostState", "OperatorInstance", "loaded_window_ends"]
 
 _STATE = attrgetter("state")
 
@@ -55,6 +55,28 @@ _STATE = attrgetter("state")
 # windows: the input positions applied, logical time, event-time marks, the open windows' ends (for the
 # watermark), the tuples held back while restoring, and whether it is still restoring.
 HostState = tuple[list[int], int, list[int] | None, list[tuple[int, str, int]], list[InputTuple], bool]
+
+
+def loaded_window_ends(
+    operator: Operator, windows: Sequence[tuple[str, int, Any]], marks: Sequence[int] | None
+) -> list[tuple[int, str, int]]:
+    """The watermark's heap of open windows (key, seq, state) loaded from an EC, with the crash record's
+    `marks` (None: none yet): each at the first end past the watermark where it acts
+    (`Operator.window_end_after`), as the instance tracks the windows it opens. For a host that installs
+    loaded windows itself (the Spark state partition's initial state) rather than through `restore`."""
+    watermark = None
+    lateness = operator.allowed_lateness
+    if lateness is not None and marks is not None:
+        wm = Watermark(len(marks), lateness)
+        wm.marks = [int(m) for m in marks]
+        watermark = wm.value
+    ends: list[tuple[int, str, int]] = []
+    for key, seq, state in windows:
+        end = operator.window_end_after(state, watermark)
+        if end is not None:
+            ends.append((end, key, seq))
+    heapq.heapify(ends)
+    return ends
 
 
 class OperatorInstance:
@@ -314,9 +336,18 @@ class OperatorInstance:
         self.lifecycle.restore(recovery.plan)
         self._advance()  # nothing to replay: RUNNING at once
 
-    def resume(self, state: HostState, contract: ReplayContract | None) -> None:
+    def resume(
+        self,
+        state: HostState,
+        contract: ReplayContract | None,
+        *,
+        logged_results: Sequence[Mapping[str, Any]] = (),
+    ) -> None:
         """Install what a host kept of this instance between calls (`save`), with the replay contract
-        when it is still restoring (rebuilt by the host: its windows' footprint positions live there)."""
+        when it is still restoring (rebuilt by the host: its windows' footprint positions live there).
+        `logged_results`: as for `restore` (the results at the log's end, of the tuple the crash cut)."""
+        if logged_results and self.operator.unique_results:
+            self._logged_results = {self.operator.result_identity(r) for r in logged_results}
         pos, time_, marks, ends, held_back, restoring = state
         self._pos = list(pos)
         self._time = time_

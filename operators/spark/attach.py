@@ -64,9 +64,9 @@ from typing import TYPE_CHECKING, Any
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
-from operators.aggregate import parse_duration_ms, parse_lateness_ms
+from operators.aggregate import parse_lateness_ms
 from operators.formats import FORMATS
-from operators.spark.aggregate_form import aggregate_form
+from operators.spark.aggregate_form import aggregate_form, window_form
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
@@ -147,6 +147,8 @@ def cec_aggregate(
     allowed_lateness: str | int | None = None,
     input_reader: str = AUTO,
     trim_every: int | None = None,
+    slide: str | int | None = None,
+    session_gap: str | int | None = None,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` (or several aggregates) per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -173,6 +175,10 @@ def cec_aggregate(
       `operators.multi_aggregate.MultiAggregate`, as `cec run --key a,b --agg FUNC:COLUMN` does, with its
       result columns (one per key field, `value` or one `FUNC_COLUMN` per aggregate) and SQL's null rule;
       an ordinary topic input only;
+    - hopping windows `window_time="1h", slide="15m"` (Spark's `window(ts, size, slide)`) and session
+      windows `session_gap="30m"` (Spark's `session_window`; needs `time`) run `operators.hopping` and
+      `operators.sessions`, as `cec run --slide` / `--session-gap` do, with the several-aggregate form's
+      columns (also for one key and a plain string `agg`);
     - `allowed_lateness="10s"` (a time window): event-time watermarks, as `cec run --allowed-lateness`: a
       window also closes when the watermark (per input partition the largest event time a state partition
       applied, less the lateness, min over input partitions) passes its end, whether or not its key comes
@@ -228,24 +234,31 @@ def cec_aggregate(
         raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
     if input_format not in FORMATS:
         raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-    form = aggregate_form(key, value, agg)
+    windows = window_form(
+        window_count=window_count,
+        window_time=window_time,
+        slide=slide,
+        session_gap=session_gap,
+        time=time,
+        input_format=input_format,
+    )
+    form = aggregate_form(key, value, agg, several=windows.several)
     if time is not None and time in (*form.key_fields, value):
         raise ConfigError("key, value and time must be different columns")
-    window_ms = None
-    if window_time is not None:
-        window_ms = int(window_time) if isinstance(window_time, int) else parse_duration_ms(window_time)
     lateness = None if allowed_lateness is None else parse_lateness_ms(allowed_lateness)
     spec = AggregateSpec(
         form.key_fields[0],
         value,
         form.agg,
         window_count,
-        window_ms,
+        windows.window_ms,
         time,
         json_values=input_format != "cec",
         allowed_lateness=lateness,
         key_fields=form.several_keys,
         aggs=form.aggs,
+        slide=windows.slide_ms,
+        session_gap=windows.session_gap_ms,
     )
     spec.build()  # validates the aggregate configuration here, not on an executor
     if partitions is not None and partitions < 1:

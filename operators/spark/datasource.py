@@ -312,8 +312,14 @@ def _batches(opts: _Options, piece: KafkaSlice) -> Iterator[pa.RecordBatch]:
                     f"{opts.topic}[{piece.partition}] ends before offset {piece.end} that was planned"
                 )
             offset = rows[-1][0] + 1
-            # A control tuple is skipped by its kind once its checksum passed (no record decoded).
-            checked = [(o, r) for o, _kind, r in verifier.check_rows(rows) if r is not None]
+            # A control tuple is skipped by its kind once its checksum passed (no record decoded); so is an
+            # R without a result (a session's slice folded into a later one: `OperatorContext.close_window`)
+            # unless control tuples are asked for.
+            checked = [
+                (o, r)
+                for o, _kind, r in verifier.check_rows(rows)
+                if r is not None and (r.payload is not None or r.kind is not Kind.R or opts.include_control)
+            ]
             if checked and packer is not None:
                 assert payload_codec is not None  # read_schema: packing needs a payload schema
                 yield _packed_batch(piece.partition, checked, payload_codec, packer)
@@ -327,7 +333,7 @@ def _packed_batch(
     """The results among one chunk's checked records, packed (`operators.spark.packing`)."""
     spec = packer.spec
     names = payload_codec.names
-    results = [(o, r) for o, r in checked if r.kind is Kind.R]
+    results = [(o, r) for o, r in checked if r.kind is Kind.R and r.payload is not None]
     decoded = payload_codec.decode_tuples([r.payload or b"" for _, r in results])
     ki, vi = names.index(str(spec.key)), names.index(str(spec.value))
     ti = names.index(spec.time) if spec.time else None
@@ -362,7 +368,7 @@ def _arrow_batch(
         [r.n for r in records],
         [r.pos for r in records],
     ]
-    results = [i for i, r in enumerate(records) if r.kind is Kind.R]
+    results = [i for i, r in enumerate(records) if r.kind is Kind.R and r.payload is not None]
     if payload_codec is None:
         columns.append([r.payload if r.kind is Kind.R else None for r in records])
     else:

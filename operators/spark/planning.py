@@ -37,10 +37,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from cec.exceptions import ConfigError
+from cec.records import RecordCodec
 from operators.spark.generations import Generation
 from operators.spark.plan_task import (
     PLAN_EXTRA,
@@ -49,6 +50,7 @@ from operators.spark.plan_task import (
     plan_partition,
     plan_schema,
 )
+from recovery.cut_tuple import results_at_end
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -77,6 +79,9 @@ class LogEnd:
     time: int
     offset: int = 0  # the log's end offset (where the next record goes; transaction markers included)
     marks: tuple[int, ...] = ()  # the crash record's event-time marks (watermarks; () without, or empty)
+    # The result payloads of the records that carry the crash point's pos (`recovery.cut_tuple`): those of
+    # the tuple the crash cut, which an operator with `unique_results` does not make again.
+    results: tuple[bytes, ...] = ()
 
 
 @dataclass
@@ -121,6 +126,19 @@ def _current_ends(store: KafkaQueueStore, gen: Generation, outputs: Sequence[Out
             reader.hint_end(outputs[q].index.next_offset)
             ends.append(reader.end_offset())
     return ends
+
+
+def _with_cut_results(store: KafkaQueueStore, gen: Generation, ends: list[LogEnd]) -> list[LogEnd]:
+    """`ends` with the results at each non-empty log's end that carry its crash point (`LogEnd.results`):
+    a few records read back on the driver per partition."""
+    codec = RecordCodec()
+    out = []
+    for q, end in enumerate(ends):
+        if end.offset:
+            with store.reader(gen.topic, q) as reader:
+                end = replace(end, results=tuple(results_at_end(reader, codec, end.pos)))
+        out.append(end)
+    return out
 
 
 def _merged(windows: DataFrame) -> DataFrame:
@@ -247,6 +265,7 @@ def plan_recovery(
             if low is not None:
                 start = [min(s, p) for s, p in zip(start, low, strict=True)]
         plan.start = tuple(start)
+        plan.ends = _with_cut_results(store, current, plan.ends)
         plan.initial = initial if plan.ec_windows or plan.closed_keys else None
         if plan.initial is None:
             plan.release()

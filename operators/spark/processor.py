@@ -47,6 +47,7 @@ the query's progress come from one small row per partition and micro-batch, neve
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import time
@@ -65,12 +66,16 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cec.exceptions import BadTupleError
+from cec.exceptions import BadTupleError, ConfigError
+from cec.records import AvroCodec
 from operators.aggregate import KeyedAggregate
 from operators.base import InputTuple, Operator
 from operators.collector import collector_paused
+from operators.engine.instance import loaded_window_ends
 from operators.engine.phase import Phase
+from operators.hopping import HoppingAggregate
 from operators.multi_aggregate import MultiAggregate
+from operators.sessions import SessionAggregate
 from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
 
 # The grouping column (one value per output partition of the current generation: `partition_groups`) and
@@ -156,6 +161,7 @@ EMIT_COLUMNS = [f.name for f in EMIT_SCHEMA.fields]
 # The kind of a row that is not a record: a state partition's checkpoint controls (what it planned and
 # said), JSON in cec_payload, for the query's progress. The sinks take it out before writing.
 CONTROL_KIND = "CTRL"
+_FOOTPRINT_KINDS = ("GOPEN", "GCHECK")
 # The `entry` of a control row that carries a partition's extent figures (`_figures`) rather than its
 # checkpoint controls.
 FIGURES_ENTRY = "figures"
@@ -175,7 +181,10 @@ class AggregateSpec:
     With `key_fields` (a composite key) or `aggs` ((func, column) pairs) it is the several-aggregate form,
     the operator `cec run --key a,b --agg FUNC:COLUMN` runs (`operators.multi_aggregate.MultiAggregate`):
     then `key` is the first key field, `value` may be None, and each tuple's value column holds the JSON
-    object of the fields the operator reads (`operators.spark.topic_reader.TupleBatches`)."""
+    object of the fields the operator reads (`operators.spark.topic_reader.TupleBatches`). `slide` (ms,
+    with `window_ms`): hopping windows (`operators.hopping.HoppingAggregate`); `session_gap` (ms):
+    session windows (`operators.sessions.SessionAggregate`); both are of the several-aggregate form, the
+    classes `cec run --slide` / `--session-gap` runs."""
 
     key: str
     value: str | None
@@ -187,16 +196,42 @@ class AggregateSpec:
     allowed_lateness: int | None = None
     key_fields: tuple[str, ...] | None = None
     aggs: tuple[tuple[str, str], ...] | None = None
+    slide: int | None = None
+    session_gap: int | None = None
 
     @property
     def several(self) -> bool:
         """The several-aggregate form (class doc)."""
-        return self.key_fields is not None or self.aggs is not None
+        return (
+            self.key_fields is not None
+            or self.aggs is not None
+            or self.slide is not None
+            or self.session_gap is not None
+        )
 
     @property
     def by_window(self) -> bool:
-        """Several aggregates under watermarks: a part per (key, window start) (`MultiAggregate.by_window`)."""
+        """Whether a part id is the JSON array of the key's fields and a time number (the window's start
+        under watermarks, a hopping part's period, a session's slice under watermarks), which
+        `operators.spark.partitioning.part_partition_key` takes off to find the key's partition."""
         operator = self.build()
+        if isinstance(operator, HoppingAggregate):
+            return True
+        if isinstance(operator, SessionAggregate):
+            return operator.by_slice
+        return isinstance(operator, MultiAggregate) and operator.by_window
+
+    @property
+    def forget_closed(self) -> bool:
+        """Whether a part never opens again once closed, so a partition need not keep its next seq: a
+        window of its own under watermarks (its tuples are late after its close), a session's slice (late
+        once the watermark passed it). Not a hopping part: a later pane of its period may still come after
+        its last window closed, and opens it again with the next seq."""
+        operator = self.build()
+        if isinstance(operator, HoppingAggregate):
+            return False
+        if isinstance(operator, SessionAggregate):
+            return operator.by_slice
         return isinstance(operator, MultiAggregate) and operator.by_window
 
     @property
@@ -207,9 +242,30 @@ class AggregateSpec:
 
     def build(self) -> KeyedAggregate | MultiAggregate:
         if self.several:
+            key_fields = list(self.key_fields or (self.key,))
+            aggs = list(self.aggs or ((self.agg, self.value or ""),))
+            if self.session_gap is not None:
+                if self.window_count is not None or self.window_ms is not None:
+                    raise ConfigError("give session_gap or a count or time window, not both")
+                return SessionAggregate(
+                    key_fields=key_fields,
+                    aggs=aggs,
+                    gap_ms=self.session_gap,
+                    time_field=self.time,
+                    allowed_lateness=self.allowed_lateness,
+                )
+            if self.slide is not None:
+                return HoppingAggregate(
+                    key_fields=key_fields,
+                    aggs=aggs,
+                    window_ms=self.window_ms,
+                    slide_ms=self.slide,
+                    time_field=self.time,
+                    allowed_lateness=self.allowed_lateness,
+                )
             return MultiAggregate(
-                key_fields=list(self.key_fields or (self.key,)),
-                aggs=list(self.aggs or ((self.agg, self.value or ""),)),
+                key_fields=key_fields,
+                aggs=aggs,
                 window_count=self.window_count,
                 window_ms=self.window_ms,
                 time_field=self.time,
@@ -252,7 +308,8 @@ def _figures(part: PartitionState, generation: int, phase: int, tuples: int = 0)
 class CecAggregateProcessor(StatefulProcessor):
     """The CEC operator of one state partition at a time under transformWithStateInPandas (module doc).
     `marks`: per output partition of the current generation, the event-time marks of its log's crash
-    record (watermarks; None: none kept, or nothing logged yet)."""
+    record (watermarks; None: none kept, or nothing logged yet); `cut_results`: the result payloads of
+    the records at its log's end that carry the crash point's pos (`recovery.cut_tuple`)."""
 
     def __init__(
         self,
@@ -263,6 +320,7 @@ class CecAggregateProcessor(StatefulProcessor):
         groups: Sequence[int] | None = None,
         marks: Sequence[Sequence[int] | None] | None = None,
         times: Sequence[int] | None = None,
+        cut_results: Sequence[Sequence[bytes]] | None = None,
     ) -> None:
         self.spec = spec
         self.crash_points = crash_points
@@ -275,6 +333,9 @@ class CecAggregateProcessor(StatefulProcessor):
         self.marks = list(marks) if marks is not None else [None] * partitions
         # Per output partition of the current generation, its crash record's logical time (0: empty log).
         self.times = list(times) if times is not None else [0] * partitions
+        # Per output partition of the current generation, the result payloads at its log's end
+        # (`recovery.cut_tuple`, `operators.spark.planning.LogEnd.results`), decoded in `init`.
+        self.cut_results = [list(r) for r in cut_results] if cut_results is not None else [[]] * partitions
         # Durations within a task (G-check cost, task time) and wall time between micro-batches (which may
         # run in other Python workers); attributes so that tests can drive them.
         self.clock = time.perf_counter
@@ -282,8 +343,12 @@ class CecAggregateProcessor(StatefulProcessor):
 
     def init(self, handle: StatefulProcessorHandle) -> None:
         self.operator: Operator = self.spec.build()
-        # Parts per (key, window start) never reopen once the watermark closed them (PartitionCall).
-        self.forget_closed = isinstance(self.operator, MultiAggregate) and self.operator.by_window
+        # Parts that never reopen once closed are not kept after (PartitionCall, AggregateSpec.forget_closed).
+        self.forget_closed = self.spec.forget_closed
+        self.logged: list[list[dict[str, Any]]] = [[] for _ in self.cut_results]
+        if self.operator.unique_results:
+            codec = AvroCodec(self.operator.result_schema)
+            self.logged = [[codec.decode(p) for p in payloads] for payloads in self.cut_results]
         self.handle = handle
         self.state = handle.getValueState(STATE_NAME, PARTITION_STATE_SCHEMA)
         # One processor per task: the input positions its rows reached in this micro-batch (next offsets),
@@ -324,6 +389,7 @@ class CecAggregateProcessor(StatefulProcessor):
             self._crash_pos(part.q),
             per_key_crash=len(self.crash_points) > 1,
             forget_closed=self.forget_closed,
+            logged_results=self.logged[part.q],
         )
 
     def handleInitialState(self, key: Any, initialState: Any, timerValues: TimerValues) -> None:
@@ -338,9 +404,8 @@ class CecAggregateProcessor(StatefulProcessor):
         names = ("cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time")
         columns = [initialState[c].tolist() for c in names]
         decode = self.operator.decode_state
-        window_end = self.operator.window_end
-        ends = part.engine[3]  # the engine's open windows by end, for its watermark
         watermarks = self.spec.allowed_lateness is not None
+        loaded: list[tuple[str, int, Any]] = []
         for k, seq, is_open, state, fp_gen, pos_w, fp_time in zip(*columns, strict=True):
             seq = int(seq)
             if is_open and k is not None:
@@ -352,13 +417,16 @@ class CecAggregateProcessor(StatefulProcessor):
                 t = _plain(fp_time)
                 keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0,
                            None if t is None else int(t))  # fmt: skip
-                end = window_end(s) if watermarks else None
-                if end is not None:
-                    ends.append((end, k, seq))
+                if watermarks:
+                    loaded.append((k, seq, s))
             elif not self.forget_closed:
                 keys[k] = (seq, -1, None, -1, None, False, None, -1, -1, 0, None)
-        if watermarks:
-            ends.sort()  # a heap
+        if loaded:
+            # The engine's open windows by the end where the watermark acts on them (one heap; the
+            # partition's marks are the crash record's until its first call).
+            ends = part.engine[3]
+            ends.extend(loaded_window_ends(self.operator, loaded, part.engine[2]))
+            heapq.heapify(ends)
         windows = sum(1 for is_open in columns[2] if is_open)
         part.control.observe_load(windows, self.clock() - started)  # the EC load, measured where it runs
         self.state.update(part.dump())
@@ -428,7 +496,7 @@ class CecAggregateProcessor(StatefulProcessor):
         has_time, t_log = spec.time is not None, part.stamp_time
         for row, pos in zip(out, positions(out, stamper), strict=True):
             t_log = log_time(t_log, row[9], pos, has_time)
-            if row[4] == "GOPEN":
+            if row[4] in _FOOTPRINT_KINDS:  # a G-check here: a session's fold footprints its receiver
                 facts = facts_of[row[5]]
                 facts.fp_clock, facts.fp_time = pos, t_log
         part.stamp, part.stamp_time = stamper.last, t_log

@@ -7,7 +7,10 @@ Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...)
 - Log order (`log_order`): the records input tuples produced, in the order the partition's instance made
   them (their emission index: the order it applied its tuples, by (j, o) as unpacked, except that with
   watermarks a tuple held back while another input partition replays is applied, and its records made,
-  once that partition reached its crash point), then the G-checks in the order the processor made them.
+  once that partition reached its crash point), then the G-checks its timers made (emission index
+  `GCHECK_ORDER`) in the order the processor made them. A G-check a tuple made (a session's fold, which
+  footprints the receiving slice before it closes the giving one: `OperatorContext.checkpoint_window`) is
+  one of that tuple's records and keeps its place among them.
   A G-check holds its window's state after every tuple of its key read so far (the processor makes them
   after a micro-batch's input), so at the end of the batch its pos (the floor, and at least its key's
   last tuple + 1) is below the key's next tuple, which a later micro-batch reads.
@@ -15,7 +18,8 @@ Rows are in `processor.EMIT_COLUMNS` order: (q, j, o, emission index, kind, ...)
   the live input position of the partition's instance when it made the record (per input partition the
   next offset after its last applied tuple there: every tuple of its keys below has been applied), as the
   local host stamps. A produced record claims its tuple (pos[j] = o + 1) when it is the tuple's last
-  record, else pos[j] = o; a G-check claims its key's last applied tuple (j, o): its state holds it.
+  record, else pos[j] = o; a timer's G-check claims its key's last applied tuple (j, o): its state
+  holds it.
   Without the live position (claims only), a state partition whose keys come from several input
   partitions would log a pos below what it had applied on the others, and a restart would apply those
   tuples again (keys spread over input partitions, `cec_aggregate(agg=[...], allowed_lateness=...)`). What follows a batch's last
@@ -34,16 +38,22 @@ from typing import Any
 from cec.records import Kind
 from recovery.contract import PositionStamper
 
-__all__ = ["log_order", "log_time", "positions"]
+__all__ = ["GCHECK_ORDER", "log_order", "log_time", "positions"]
 
 _GCHECK = Kind.GCHECK.value
+# The emission index of a G-check a timer made (after a micro-batch's input: the end of the batch's log).
+GCHECK_ORDER = 1 << 30
+
+
+def _timer_gcheck(row: Sequence[Any]) -> bool:
+    return bool(row[4] == _GCHECK and row[3] == GCHECK_ORDER)
 
 
 def log_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
     """A partition's rows in log order (module doc)."""
-    produced = [r for r in rows if r[4] != _GCHECK]
+    produced = [r for r in rows if not _timer_gcheck(r)]
     produced.sort(key=lambda r: r[3])
-    produced.extend(r for r in rows if r[4] == _GCHECK)
+    produced.extend(r for r in rows if _timer_gcheck(r))
     return produced
 
 
@@ -51,12 +61,12 @@ def positions(rows: Sequence[tuple[Any, ...]], stamper: PositionStamper) -> Iter
     """The pos of each row (rows in log order), advancing `stamper` as they are made (module doc)."""
     last = len(rows) - 1
     for idx, row in enumerate(rows):
-        j, o, kind = row[1], row[2], row[4]
-        if kind == _GCHECK or idx == last:
+        j, o = row[1], row[2]
+        if idx == last or _timer_gcheck(row):
             claims = True
         else:
             nxt = rows[idx + 1]
-            claims = nxt[4] == _GCHECK or nxt[1] != j or nxt[2] != o
+            claims = _timer_gcheck(nxt) or nxt[1] != j or nxt[2] != o
         # The instance's live position (everything of its input below it is applied, as the local host
         # stamps); a row without one (made before rows carried it) stands on its claim alone.
         live = row[12] if len(row) > 12 else None

@@ -32,8 +32,10 @@ from operators.aggregate import AggState
 from operators.base import Operator
 from operators.engine.instance import HostState, OperatorInstance
 from operators.engine.records import HeldRecord
+from operators.hopping import PaneRun
 from operators.multi_state import ColumnState, MultiState
 from operators.spark.checkpointing import PartitionControl
+from operators.spark.stamping import GCHECK_ORDER  # a timer's G-check row (the sink writes it after the rest)
 from recovery.contract import ReplayContract
 
 __all__ = [
@@ -47,11 +49,11 @@ __all__ = [
     "state_of",
 ]
 
-# The emission index of a G-check row (the sink writes G-checks after a partition's other records).
-GCHECK_ORDER = 1 << 30
 _NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
 _MULTI_FIELDS = 4  # len(flat_state(MultiState)); a single aggregate's has 6
+_PANES_FIELDS = 2  # len(flat_state(PaneRun))
+_PANES = "panes"
 
 
 class KeyFacts:
@@ -88,21 +90,34 @@ class KeyFacts:
 Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, int, int | None]
 
 
-def flat_state(state: AggState | MultiState) -> tuple[Any, ...]:
-    """A window's state as plain values (`Saved`): a single aggregate's six fields, or several aggregates'
-    (count, start, last, per value column (n, exact total, min, max))."""
+def flat_state(state: AggState | MultiState | PaneRun) -> tuple[Any, ...]:
+    """A window's state as plain values (`Saved`): a single aggregate's six fields, several aggregates'
+    (count, start, last, per value column (n, exact total, min, max)), or a hopping part's panes
+    (`_PANES` and each pane's several-aggregate fields)."""
     if type(state) is AggState:
         return (state.count, state.total, state.lo, state.hi, state.start, state.last)
+    if type(state) is PaneRun:
+        return (_PANES, tuple(_flat_multi(pane) for pane in state.panes))
     assert isinstance(state, MultiState)
+    return _flat_multi(state)
+
+
+def _flat_multi(state: MultiState) -> tuple[Any, ...]:
     columns = tuple((c.n, c.total, c.lo, c.hi) for c in state.columns)
     return (state.count, state.start, state.last, columns)
 
 
-def state_of(fields: tuple[Any, ...]) -> AggState | MultiState:
-    """`flat_state`'s inverse (the two forms differ in length)."""
+def _multi(fields: tuple[Any, ...]) -> MultiState:
+    count, start, last, columns = fields
+    return MultiState(count, start, last, [ColumnState(*c) for c in columns])
+
+
+def state_of(fields: tuple[Any, ...]) -> AggState | MultiState | PaneRun:
+    """`flat_state`'s inverse (the three forms differ in length)."""
     if len(fields) == _MULTI_FIELDS:
-        count, start, last, columns = fields
-        return MultiState(count, start, last, [ColumnState(*c) for c in columns])
+        return _multi(fields)
+    if len(fields) == _PANES_FIELDS:
+        return PaneRun([_multi(pane) for pane in fields[1]])
     return AggState(*fields)
 
 
@@ -201,11 +216,25 @@ class PartitionWindows(WindowRegistry):
     time the key is met (`get`, `open`, `close`), so a call touches only the keys of its rows."""
 
     def __init__(
-        self, touch: Callable[[str | None], KeyFacts], touched: Mapping[str | None, KeyFacts]
+        self,
+        touch: Callable[[str | None], KeyFacts],
+        touched: Mapping[str | None, KeyFacts],
+        saved: Mapping[str | None, Saved] | None = None,
     ) -> None:
         super().__init__()
         self._touch = touch
         self._touched = touched
+        self._saved: Mapping[str | None, Saved] = saved if saved is not None else {}
+
+    def open_keys(self) -> list[str]:
+        """Every open window's key: those met in this call as they stand now, and the saved open ones
+        not met (without loading their states)."""
+        keys = list(self._windows)
+        touched = self._touched
+        keys += [
+            k for k, saved in self._saved.items() if saved[1] >= 0 and k is not None and k not in touched
+        ]
+        return keys
 
     def get(self, key: str) -> OpenWindow | None:
         window = self._windows.get(key)
@@ -289,6 +318,10 @@ class PartitionRows:
                 elif kind is _R:
                     dn = -1 if k.fp_gen == generation else 0
                     k.fp_gen, k.pos_w, k.live, k.fp_clock, k.fp_time = -1, None, False, None, None
+                elif kind is _GCHECK:  # one a tuple made (a session's fold): its footprint moves here
+                    dn = 0 if k.fp_gen == generation else 1
+                    k.fp_gen = generation
+                    k.fp_out = self.out_base + len(rows) + 1
             record_marks = None if marks is None else list(marks[i])
             rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
                          record_marks, positions))  # fmt: skip
@@ -335,13 +368,14 @@ class PartitionCall:
         *,
         per_key_crash: bool = False,
         forget_closed: bool = False,
+        logged_results: Sequence[Mapping[str, Any]] = (),
     ) -> None:
         self.part = part
         self.forget_closed = forget_closed
         self.keys: dict[str | None, KeyFacts] = {}  # touched in this call
         self.key_crash: dict[str | None, Sequence[int]] | None = {} if per_key_crash else None
         self.rows = PartitionRows(part.q, generation, self.touch, part.control.out)
-        self.windows = PartitionWindows(self.touch, self.keys)
+        self.windows = PartitionWindows(self.touch, self.keys, part.keys)
         width = len(crash_pos)
         self.instance = OperatorInstance(
             operator, self.rows, width, registry=self.windows, closed_seq=self._closed_seq
@@ -352,7 +386,7 @@ class PartitionCall:
             contract = ReplayContract(
                 (0,) * width, tuple(crash_pos), _WindowPositions(self.touch), self.key_crash
             )
-        self.instance.resume(engine, contract)
+        self.instance.resume(engine, contract, logged_results=logged_results)
 
     def touch(self, key: str | None) -> KeyFacts:
         k = self.keys.get(key)

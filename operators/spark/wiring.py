@@ -121,8 +121,9 @@ def start_query(
     marks = [end.marks for end in recovery.ends]
     times = [end.time for end in recovery.ends]
     processor = CecAggregateProcessor(
-        spec, recovery.crash_points, recovery.current.index, gcheck, groups, marks, times
-    )
+        spec, recovery.crash_points, recovery.current.index, gcheck, groups, marks, times,
+        [end.results for end in recovery.ends],
+    )  # fmt: skip
     initial = recovery.initial  # the planning job's rows, cached on the executors (never on the driver)
     if initial is not None:
         initial = initial.withColumn(GROUP_COLUMN, group_of)

@@ -555,3 +555,23 @@ def test_a_failed_append_stops_the_run_and_a_rerun_recovers_exactly(tmp_path: Pa
     assert (tmp_path / "out.dead-letters.csv").read_bytes() == (
         tmp_path / "plain.dead-letters.csv"
     ).read_bytes()
+
+
+@pytest.mark.parametrize("windows", ["hopping", "session"])
+def test_the_local_demo_over_hopping_and_session_windows_passes_with_a_real_kill(
+    tmp_path: Path, windows: str
+) -> None:
+    out = cec(
+        "demo", "--engine", "local", "--windows", windows, "--input", "30000", "--keys", "400", "--window", "10",
+        "--quiet", "--store-dir", str(tmp_path),
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout + out.stderr
+    over = {
+        "hopping": "hopping windows of 4000 ms sliding by 1000 ms",
+        "session": "sessions with a gap of 400 ms",
+    }
+    assert f"avg(price) per item over {over[windows]}" in out.stdout
+    assert "SIGKILLed the aggregate process" in out.stdout
+    assert "verdict:               PASS" in out.stdout
+    results = int(out.stdout.split("results (R):")[1].split("(")[0].replace(",", ""))
+    assert results > 1000

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import random
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -18,123 +16,23 @@ from hypothesis import strategies as st
 
 from cec.config import Checkpointing
 from cec.exceptions import BadTupleError, ConfigError
-from cec.records import Kind, OutputRecord, RecordCodec
-from cec.timeparse import format_time_ms
+from cec.records import Kind, RecordCodec
 from operators.base import InputTuple
 from operators.hopping import HoppingAggregate, PaneRun, decode_panes, encode_panes
 from operators.job import JobSpec, aggregate_operator, build_operator, run_job
 from operators.multi_state import ColumnState, MultiState
-from operators.sinks import iter_payloads
 from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker
-from tests.helpers import cec, run_through_crashes, start_worker
-from tests.operators.test_multi_aggregate import ROW, _every_record
+from tests.helpers import cec
+from tests.helpers.crash_plans import run_after_crashes
+from tests.helpers.engine_runs import ROW, every_record
+from tests.helpers.flight_queues import flight_schema, logged_result_bits, write_partitions
+from tests.helpers.truth import csv_results, hopping_truth
 from tests.topic_data import create_topic, produce
 
 MINUTE = 60_000
 AGGS = ["avg:delay", "sum:delay", "min:delay", "max:delay", "count:delay", "count:*"]
-
-
-# -- the truth: each key's windows from the definition, in plain Python -----------------------------------
-
-
-def _window_row(
-    keys: list[str], start: int, size: int, slide: int, rows: list[dict[str, Any]], aggs: list[str]
-) -> dict[str, str]:
-    out: dict[str, str] = {}
-    names = ["key"] if len(keys) == 1 else keys
-    for name, field in zip(names, keys, strict=True):
-        out[name] = str(rows[0][field])
-    out["window"] = str(start // slide)
-    single = len(aggs) == 1
-    for agg in aggs:
-        func, _, column = agg.partition(":")
-        if column == "*":
-            n = len(rows)
-            value: Any = float(n) if single else n
-        else:
-            xs = [float(r[column]) for r in rows if r.get(column) not in (None, "")]
-            if func == "count":
-                value = float(len(xs)) if single else len(xs)
-            elif not xs:
-                value = None
-            elif func == "sum":
-                value = math.fsum(xs)
-            elif func == "avg":
-                value = math.fsum(xs) / len(xs)
-            else:
-                value = min(xs) if func == "min" else max(xs)
-        name = "value" if single else ("count" if column == "*" else f"{func}_{column}")
-        out[name] = "" if value is None else repr(value) if isinstance(value, float) else str(value)
-    out["count"] = str(len(rows))
-    out["start"] = format_time_ms(start)
-    out["end"] = format_time_ms(start + size)
-    return out
-
-
-def truth(
-    rows: list[dict[str, Any]],
-    keys: list[str],
-    size: int,
-    slide: int,
-    aggs: list[str],
-    lateness: int | None,
-    closed_at: int | None = None,
-) -> list[dict[str, str]]:
-    """The windows that hold a tuple and have closed, from one input in its order: without a lateness a
-    key's window closes at its key's first later tuple at or past its end, and a tuple is late when its
-    pane ended at or before its key's latest time; with one, at the end windows with end <= the watermark
-    (`closed_at`, or max time - lateness) closed, a tuple goes into its windows whose end is past the
-    watermark (max time so far - lateness) when it comes, and is late when there is none."""
-    accepted: dict[tuple[str, ...], list[dict[str, Any]]] = {}
-    latest: dict[tuple[str, ...], int] = {}
-    top: int | None = None
-    for row in rows:
-        key = tuple(str(row[k]) for k in keys)
-        t = int(row["ts"])
-        pane = t - t % slide
-        top = t if top is None else max(top, t)
-        if lateness is not None:
-            watermark = top - lateness
-            if pane + size <= watermark:
-                continue  # every window of it has closed
-            # It joins the windows whose end is past the watermark when it comes.
-            accepted.setdefault(key, []).append({**row, "_joins_after": watermark})
-            continue
-        if key in latest and pane + slide <= latest[key]:
-            continue  # its earliest window has closed
-        latest[key] = max(latest.get(key, t), t)
-        accepted.setdefault(key, []).append({**row, "_joins_after": None})
-    out = []
-    for key, tuples in accepted.items():
-        limit = (
-            latest[key]
-            if lateness is None
-            else (closed_at if closed_at is not None else (top or 0) - lateness)
-        )
-        starts = set()
-        for r in tuples:
-            pane = int(r["ts"]) - int(r["ts"]) % slide
-            starts.update(range(pane - size + slide, pane + 1, slide))  # every window holding the time
-        for s in sorted(starts):
-            if s + size > limit:
-                continue
-            inside = [
-                r
-                for r in tuples
-                if s <= int(r["ts"]) < s + size
-                and (r["_joins_after"] is None or s + size > r["_joins_after"])
-            ]
-            if not inside:
-                continue
-            out.append(_window_row(keys, s, size, slide, inside, aggs))
-    return sorted(out, key=lambda r: json.dumps(r, sort_keys=True))
-
-
-def read_results(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return sorted(csv.DictReader(f), key=lambda r: json.dumps(r, sort_keys=True))
 
 
 def flights(n: int, seed: int, *, in_order: bool) -> list[dict[str, Any]]:
@@ -193,8 +91,8 @@ def test_cec_run_csv_gives_every_hopping_window_of_the_truth(
     )  # fmt: skip
     assert out.returncode == 0, out.stdout + out.stderr
     lateness_ms = None if lateness is None else {"0": 0, "5m": 5 * MINUTE}[lateness]
-    want = truth(rows, keys, 60 * MINUTE, 15 * MINUTE, aggs, lateness_ms)
-    got = read_results(tmp_path / "out.csv")
+    want = hopping_truth(rows, keys, 60 * MINUTE, 15 * MINUTE, aggs, lateness_ms)
+    got = csv_results(tmp_path / "out.csv")
     assert len(want) > 20
     assert got == want
     # Late tuples are counted dead letters, not lost (the out-of-order input has some under a watermark).
@@ -215,8 +113,8 @@ def test_single_aggregate_keeps_the_value_column_and_counts_print_as_integers(tm
     assert out.returncode == 0, out.stderr
     header = (tmp_path / "out.csv").read_text().splitlines()[0]
     assert header == "key,window,value,count,start,end"
-    got = read_results(tmp_path / "out.csv")
-    want = truth(rows, ["carrier"], 30 * MINUTE, 10 * MINUTE, ["count:delay"], None)
+    got = csv_results(tmp_path / "out.csv")
+    want = hopping_truth(rows, ["carrier"], 30 * MINUTE, 10 * MINUTE, ["count:delay"], None)
     assert [r["count"] for r in got] == [r["count"] for r in want]
     assert all(r["value"] == r["count"] for r in got)  # `count` prints as an integer
 
@@ -388,48 +286,29 @@ def test_bad_configurations_are_refused() -> None:
 
 # -- SIGKILL: 3 input partitions, keys spread over all of them, watermarks ---------------------------------
 
-FLIGHT_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "Flight",
-    "namespace": "tests.hopping",
-    "fields": [
-        {"name": "carrier", "type": "string"},
-        {"name": "origin", "type": "string"},
-        {"name": "delay", "type": ["null", "double"]},
-        {"name": "ts", "type": "long"},
-    ],
-}
+FLIGHT_SCHEMA = flight_schema("tests.hopping", ["delay"])
 
 
-def _write_queue(root: Path, topic: str, partitions: int, *, spread: bool) -> None:
-    """An upstream cec queue of flights, event times rising per partition; `spread`: every key on every
-    partition, else each carrier on one partition."""
-    from cec.records import AvroCodec
-
-    store = SqliteQueueStore(root)
-    store.create_topic(topic, partitions)
-    codec, payload = RecordCodec(), AvroCodec(FLIGHT_SCHEMA)
+def _queue_parts(partitions: int, *, spread: bool) -> list[list[dict[str, Any]]]:
+    """Per input partition, flights with event times rising; `spread`: every key on every partition, else
+    each carrier on one partition."""
+    parts = []
     for p in range(partitions):
-        with store.writer(topic, p) as writer:
-            for i in range(1200):
-                h = ((i * partitions + p) * 2654435761) % 2**32
-                carrier = ["AA", "UA", "DL", "B6"][h % 4] if spread else ["AA", "UA", "DL"][p]
-                row = {
+        rows = []
+        for i in range(1200):
+            h = ((i * partitions + p) * 2654435761) % 2**32
+            carrier = ["AA", "UA", "DL", "B6"][h % 4] if spread else ["AA", "UA", "DL"][p]
+            rows.append(
+                {
                     "carrier": carrier,
                     "origin": ["JFK", "SFO", "ORD"][(h >> 5) % 3],
                     # Magnitudes far apart: float `+` rounds differently in another order.
                     "delay": None if h % 17 == 0 else ((h % 2001) - 1000) * 10.0 ** ((h >> 9) % 24 - 8),
                     "ts": i * 4 + p,
                 }
-                writer.append(
-                    codec.encode(OutputRecord(Kind.R, i, (i,), 0, payload=payload.encode(row))),
-                    RecordMeta(Kind.R.value, i, None, -1),
-                )
-            writer.append(
-                codec.encode(OutputRecord(Kind.EOS, 1200, (1200,), 0)),
-                RecordMeta(Kind.EOS.value, 1200, None, -1),
             )
-            writer.flush()
+        parts.append(rows)
+    return parts
 
 
 def _queue_job(root: Path, lateness: str | None) -> JobSpec:
@@ -453,15 +332,6 @@ def _queue_job(root: Path, lateness: str | None) -> JobSpec:
     )
 
 
-def _bits(x: Any) -> Any:
-    return struct.pack("<d", x).hex() if isinstance(x, float) else x
-
-
-def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
-    rows = iter_payloads(SqliteQueueStore(root), "agg", schema)
-    return sorted(json.dumps({k: _bits(v) for k, v in r.items()}) for r in rows)
-
-
 @pytest.mark.parametrize(
     ("lateness", "crashes"),
     [
@@ -473,23 +343,18 @@ def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
 def test_sigkill_during_processing_and_recovery_gives_the_failure_free_results_bit_for_bit(
     tmp_path: Path, lateness: str | None, crashes: list[tuple[str, int]]
 ) -> None:
-    spread = lateness is not None  # without a watermark a key's tuples come from one partition
+    parts = _queue_parts(3, spread=lateness is not None)  # without a watermark: a key on one partition
     reference = tmp_path / "reference"
-    _write_queue(reference, "flights", 3, spread=spread)
+    write_partitions(reference, parts, FLIGHT_SCHEMA)
     run_job(_queue_job(reference, lateness))
     schema = build_operator(_queue_job(reference, lateness).operator).result_schema
-    want = _sorted_results(reference, schema)
+    want = logged_result_bits(reference, schema)
     assert len(want) > 300
 
     root = tmp_path / "crashed"
-    _write_queue(root, "flights", 3, spread=spread)
-    spec = _queue_job(root, lateness)
-    killed = run_through_crashes(spec, tmp_path / "spec.json", crashes)
-    assert killed >= 1
-    proc = start_worker(spec, tmp_path / "spec.json")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert _sorted_results(root, schema) == want
+    write_partitions(root, parts, FLIGHT_SCHEMA)
+    assert run_after_crashes(_queue_job(root, lateness), tmp_path / "spec.json", crashes) >= 1
+    assert logged_result_bits(root, schema) == want
 
 
 # -- a 3-partition JSON topic on the broker --------------------------------------------------------------
@@ -531,12 +396,12 @@ def test_cec_run_on_a_three_partition_json_topic_gives_the_truth(
         (
             r
             for rows in per_partition
-            for r in truth(rows, ["carrier", "origin"], 10 * MINUTE, 2 * MINUTE, aggs, MINUTE)
+            for r in hopping_truth(rows, ["carrier", "origin"], 10 * MINUTE, 2 * MINUTE, aggs, MINUTE)
         ),
         key=lambda r: json.dumps(r, sort_keys=True),
     )
     assert len(want) > 150
-    assert read_results(tmp_path / "out.csv") == want
+    assert csv_results(tmp_path / "out.csv") == want
     dead = list(csv.DictReader((tmp_path / "out.dead-letters.csv").open()))
     assert dead and all("late" in d["reason"] for d in dead)
 
@@ -562,12 +427,11 @@ def test_a_log_cut_inside_a_tuples_records_recovers_to_the_failure_free_results(
 ) -> None:
     import shutil
 
-    spread = lateness is not None
     reference = tmp_path / "reference"
-    _write_queue(reference, "flights", 3, spread=spread)
+    write_partitions(reference, _queue_parts(3, spread=lateness is not None), FLIGHT_SCHEMA)
     run_job(_queue_job(reference, lateness))
     schema = build_operator(_queue_job(reference, lateness).operator).result_schema
-    want = _sorted_results(reference, schema)
+    want = logged_result_bits(reference, schema)
     # Cut points inside a tuple's records: after a result (of a window or a part) that a later record of
     # the same tuple follows (same pos), at both kinds: results that close no part, and a part's R.
     codec = RecordCodec()
@@ -593,7 +457,7 @@ def test_a_log_cut_inside_a_tuples_records_recovers_to_the_failure_free_results(
         shutil.copytree(reference, root)
         _cut_log(root, "agg", cut)
         run_job(_queue_job(root, lateness))
-        assert _sorted_results(root, schema) == want, f"cut at {cut}"
+        assert logged_result_bits(root, schema) == want, f"cut at {cut}"
 
 
 # -- any input: a result or a dead letter, never an exception; in one run or tuple by tuple alike ---------
@@ -620,5 +484,5 @@ def test_any_input_is_a_result_or_a_dead_letter_the_same_in_one_run_or_one_by_on
             window_ms=20, slide_ms=5, time_field="t", allowed_lateness=0 if watermarks else None,
         )  # fmt: skip
 
-    batch = _every_record(build(), tuples, one_by_one=False)
-    assert batch == _every_record(build(), tuples, one_by_one=True)
+    batch = every_record(build(), tuples, one_by_one=False)
+    assert batch == every_record(build(), tuples, one_by_one=True)

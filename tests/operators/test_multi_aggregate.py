@@ -20,32 +20,20 @@ from hypothesis import strategies as st
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
-from cec.records import Kind, OutputRecord, RecordCodec
+from cec.records import Kind, OutputRecord
 from operators import exact_sum
 from operators.aggregate import RESULT_SCHEMA, KeyedAggregate
-from operators.base import InputTuple, Operator
-from operators.engine.instance import OperatorInstance
+from operators.base import InputTuple
 from operators.job import JobSpec, aggregate_operator, build_operator, run_job
-from operators.local_sink import OutputQueueSink
 from operators.multi_aggregate import MultiAggregate, parse_agg
 from operators.sinks import iter_payloads
-from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
-from tests.helpers import run_through_crashes, start_worker
+from tests.helpers.crash_plans import run_after_crashes
+from tests.helpers.engine_runs import ROW, AvroResults, engine_results, every_record, open_counts
+from tests.helpers.flight_queues import flight_schema, logged_result_bits, write_partitions
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
-FLIGHT_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "Flight",
-    "namespace": "tests.breadth",
-    "fields": [
-        {"name": "carrier", "type": "string"},
-        {"name": "origin", "type": "string"},
-        {"name": "arr_delay", "type": ["null", "double"]},
-        {"name": "dep_delay", "type": ["null", "double"]},
-        {"name": "ts", "type": "long"},
-    ],
-}
+FLIGHT_SCHEMA = flight_schema("tests.breadth", ["arr_delay", "dep_delay"])
 
 
 def _bits(x: float | None) -> bytes | None:
@@ -68,39 +56,6 @@ def test_the_exact_sum_is_fsum_in_any_order(xs: list[float], rnd: Any) -> None:
 
 
 # -- through the engine: one key's tuples over two input partitions ---------------------------------------
-
-
-class _MemoryQueue:
-    def __init__(self) -> None:
-        self.stored: list[tuple[bytes, RecordMeta]] = []
-
-    def append(self, value: bytes, meta: RecordMeta) -> None:
-        self.stored.append((value, meta))
-
-    def append_run(self, kind: str, time: int, keys: list[str], seqs: list[int], values: list[bytes]) -> None:
-        for key, seq, value in zip(keys, seqs, values, strict=True):
-            self.stored.append((value, RecordMeta(kind, time, key, seq)))
-
-
-def _engine_results(operator: Operator, tuples: list[InputTuple]) -> list[dict[str, Any]]:
-    """Results of the real engine (OperatorInstance, local sink) over `tuples`, in the order given."""
-    queue = _MemoryQueue()
-    codec = RecordCodec()
-    instance = OperatorInstance(operator, OutputQueueSink(queue, codec, 2), 2)  # type: ignore[arg-type]
-    instance.apply_run(tuples)
-    payloads = AvroResults(operator)
-    return [payloads(codec.decode(v, m)) for v, m in queue.stored if m.kind == Kind.R.value]
-
-
-class AvroResults:
-    def __init__(self, operator: Operator) -> None:
-        from cec.records import AvroCodec
-
-        self.codec = AvroCodec(operator.result_schema)
-
-    def __call__(self, record: OutputRecord) -> dict[str, Any]:
-        assert record.payload is not None
-        return self.codec.decode(record.payload)
 
 
 def _split_runs(xs: list[float], cut: int, first: str) -> list[InputTuple]:
@@ -126,8 +81,8 @@ def _sum_avg(aggs: list[tuple[str, str]]) -> MultiAggregate:
 def test_sum_avg_min_max_do_not_depend_on_how_partitions_interleave(xs: list[float], data: Any) -> None:
     cut = data.draw(st.integers(1, len(xs) - 1))
     operator = _sum_avg([("sum", "v"), ("avg", "v"), ("min", "v"), ("max", "v"), ("count", "*")])
-    a = _engine_results(operator, _split_runs(xs, cut, "0"))
-    b = _engine_results(_sum_avg(operator_aggs(operator)), _split_runs(xs, cut, "1"))
+    a = engine_results(operator, _split_runs(xs, cut, "0"))
+    b = engine_results(_sum_avg(operator_aggs(operator)), _split_runs(xs, cut, "1"))
     assert len(a) == len(b) == 1
     for name in ("sum_v", "avg_v", "min_v", "max_v"):
         assert _bits(a[0][name]) == _bits(b[0][name]), name
@@ -143,7 +98,7 @@ def test_negative_control_plain_float_addition_depends_on_the_interleaving() -> 
     xs = [1e16, -1e16, 1.0]
     # The single aggregate sums with float `+`: 1e16 + -1e16 + 1 is 1, 1 + 1e16 + -1e16 is 0.
     legacy = [
-        _engine_results(
+        engine_results(
             KeyedAggregate(key_field="k", value_field="v", agg="sum", window_ms=10, time_field="t"),
             _split_runs(xs, 2, first),
         )[0]["value"]
@@ -151,14 +106,14 @@ def test_negative_control_plain_float_addition_depends_on_the_interleaving() -> 
     ]
     assert legacy[0] != legacy[1]
     exact = [
-        _engine_results(_sum_avg([("sum", "v")]), _split_runs(xs, 2, first))[0]["value"] for first in "01"
+        engine_results(_sum_avg([("sum", "v")]), _split_runs(xs, 2, first))[0]["value"] for first in "01"
     ]
     assert exact == [1.0, 1.0]
 
 
 def test_min_and_max_order_negative_zero_below_zero_whatever_comes_first() -> None:
     for xs in ([0.0, -0.0], [-0.0, 0.0]):
-        got = _engine_results(_sum_avg([("min", "v"), ("max", "v")]), _split_runs(xs, 1, "0"))[0]
+        got = engine_results(_sum_avg([("min", "v"), ("max", "v")]), _split_runs(xs, 1, "0"))[0]
         assert _bits(got["min_v"]) == _bits(-0.0)
         assert _bits(got["max_v"]) == _bits(0.0)
 
@@ -303,20 +258,15 @@ def test_bad_configurations_are_refused_before_any_work() -> None:
 # -- SIGKILL: 3 input partitions, keys spread over all of them, watermarks ---------------------------------
 
 
-def _write_queue(root: Path, topic: str, partitions: int) -> list[list[dict[str, Any]]]:
-    """An upstream cec queue of flights: every key on every partition, event times rising per partition."""
-    from cec.records import AvroCodec
-
-    store = SqliteQueueStore(root)
-    store.create_topic(topic, partitions)
-    codec, payload = RecordCodec(), AvroCodec(FLIGHT_SCHEMA)
-    written: list[list[dict[str, Any]]] = []
+def _flight_rows(partitions: int) -> list[list[dict[str, Any]]]:
+    """Per input partition, flights: every key on every partition, event times rising per partition."""
+    parts = []
     for p in range(partitions):
         rows = []
-        with store.writer(topic, p) as writer:
-            for i in range(1500):
-                h = ((i * partitions + p) * 2654435761) % 2**32
-                row = {
+        for i in range(1500):
+            h = ((i * partitions + p) * 2654435761) % 2**32
+            rows.append(
+                {
                     "carrier": ["AA", "UA", "DL", "B6"][h % 4],
                     "origin": ["JFK", "SFO", "ORD"][(h >> 5) % 3],
                     # Magnitudes far apart: float `+` rounds differently in another order.
@@ -324,18 +274,9 @@ def _write_queue(root: Path, topic: str, partitions: int) -> list[list[dict[str,
                     "dep_delay": None if h % 19 == 0 else float((h >> 12) % 300) / 3,
                     "ts": i * 4 + p,
                 }
-                rows.append(row)
-                writer.append(
-                    codec.encode(OutputRecord(Kind.R, i, (i,), 0, payload=payload.encode(row))),
-                    RecordMeta(Kind.R.value, i, None, -1),
-                )
-            writer.append(
-                codec.encode(OutputRecord(Kind.EOS, 1500, (1500,), 0)),
-                RecordMeta(Kind.EOS.value, 1500, None, -1),
             )
-            writer.flush()
-        written.append(rows)
-    return written
+        parts.append(rows)
+    return parts
 
 
 def _queue_job(root: Path) -> JobSpec:
@@ -358,13 +299,6 @@ def _queue_job(root: Path) -> JobSpec:
     )
 
 
-def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
-    rows = iter_payloads(SqliteQueueStore(root), "agg", schema)
-    return sorted(
-        json.dumps({k: _bits(v).hex() if isinstance(v, float) else v for k, v in r.items()}) for r in rows
-    )
-
-
 @pytest.mark.parametrize(
     "crashes",
     [
@@ -375,22 +309,18 @@ def _sorted_results(root: Path, schema: dict[str, Any]) -> list[str]:
 def test_sigkill_with_keys_over_three_partitions_gives_the_failure_free_results_bit_for_bit(
     tmp_path: Path, crashes: list[tuple[str, int]]
 ) -> None:
+    parts = _flight_rows(3)
     reference = tmp_path / "reference"
-    _write_queue(reference, "flights", 3)
+    write_partitions(reference, parts, FLIGHT_SCHEMA)
     run_job(_queue_job(reference))
     schema = build_operator(_queue_job(reference).operator).result_schema
-    want = _sorted_results(reference, schema)
+    want = logged_result_bits(reference, schema)
     assert len(want) > 100
 
     root = tmp_path / "crashed"
-    _write_queue(root, "flights", 3)
-    spec = _queue_job(root)
-    killed = run_through_crashes(spec, tmp_path / "spec.json", crashes)
-    assert killed >= 1
-    proc = start_worker(spec, tmp_path / "spec.json")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert _sorted_results(root, schema) == want
+    write_partitions(root, parts, FLIGHT_SCHEMA)
+    assert run_after_crashes(_queue_job(root), tmp_path / "spec.json", crashes) >= 1
+    assert logged_result_bits(root, schema) == want
 
 
 # -- cec state --as-of ------------------------------------------------------------------------------------
@@ -434,42 +364,6 @@ def test_state_as_of_shows_every_aggregate_column_of_the_open_windows(tmp_path: 
 
 # -- any value: a result or a dead letter, never an exception; in one run or tuple by tuple alike ---------
 
-ANY_VALUE = st.one_of(
-    st.none(),
-    st.booleans(),
-    st.integers(min_value=-(1 << 70), max_value=1 << 70),
-    st.floats(width=64),
-    st.text(max_size=6),
-    st.sampled_from(["12.5", " 3", "1e400", "nan", "-0", "1_000", "", "   ", "0x10"]),
-    st.lists(st.integers(), max_size=2),
-    st.dictionaries(st.text(max_size=2), st.integers(), max_size=1),
-)
-ROW = st.fixed_dictionaries(
-    {
-        "a": ANY_VALUE,
-        "b": st.sampled_from(["x", "y", 7, None]),
-        "v": ANY_VALUE,
-        "w": ANY_VALUE,
-        "t": st.one_of(st.integers(0, 60), ANY_VALUE),
-    }
-)
-
-
-def _every_record(operator: Operator, tuples: list[InputTuple], *, one_by_one: bool) -> list[tuple[Any, ...]]:
-    queue = _MemoryQueue()
-    codec = RecordCodec()
-    instance = OperatorInstance(operator, OutputQueueSink(queue, codec, 2), 2)  # type: ignore[arg-type]
-    if one_by_one:
-        for tup in tuples:
-            instance.apply_run([tup])
-    else:
-        instance.apply_run(tuples)
-    out = []
-    for value, meta in queue.stored:
-        record = codec.decode(value, meta)
-        out.append((record.kind, record.key, record.seq, record.state, record.payload))
-    return out
-
 
 @settings(max_examples=150, deadline=None)
 @given(st.lists(st.tuples(st.integers(0, 1), ROW), max_size=25), st.booleans())
@@ -492,20 +386,12 @@ def test_any_input_is_a_result_or_a_dead_letter_the_same_in_one_run_or_one_by_on
         )
 
     operator = build()
-    batch = _every_record(operator, tuples, one_by_one=False)
-    assert batch == _every_record(build(), tuples, one_by_one=True)
+    batch = every_record(operator, tuples, one_by_one=False)
+    assert batch == every_record(build(), tuples, one_by_one=True)
     # Every tuple is in exactly one place: a closed window's count, an open window's, or a dead letter.
     results = AvroResults(operator)
     closed = sum(
         results(OutputRecord(Kind.R, 0, (), 0, payload=r[4]))["count"] for r in batch if r[0] is Kind.R
     )
     dead = sum(1 for r in batch if r[0] is Kind.DEAD)
-    assert closed + dead + _open_counts(operator, tuples) == len(tuples)
-
-
-def _open_counts(operator: MultiAggregate, tuples: list[InputTuple]) -> int:
-    """Tuples in the windows still open after `tuples` (from the engine's own registry)."""
-    queue = _MemoryQueue()
-    instance = OperatorInstance(operator, OutputQueueSink(queue, RecordCodec(), 2), 2)  # type: ignore[arg-type]
-    instance.apply_run(tuples)
-    return sum(w.state.count for w in instance.registry)
+    assert closed + dead + open_counts(operator, tuples) == len(tuples)

@@ -7,12 +7,7 @@ from __future__ import annotations
 
 import csv
 import itertools
-import json
-import math
 import random
-import signal
-import struct
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -29,11 +24,18 @@ from operators.job import JobSpec, aggregate_operator, build_operator, run_job
 from operators.local_sink import OutputQueueSink
 from operators.sessions import SessionAggregate, SessionWindows
 from operators.sinks import iter_payloads
-from queuestore.base import RecordMeta
 from queuestore.sqlite import SqliteQueueStore
 from recovery.manager import RecoveryManager
-from tests.helpers import log_records, run_through_crashes, run_worker, start_worker
-from tests.operators.test_multi_aggregate import ROW, AvroResults, _every_record, _MemoryQueue, _open_counts
+from tests.helpers.crash_plans import crash_during_recovery, run_after_crashes
+from tests.helpers.engine_runs import ROW, AvroResults, MemoryQueue, every_record, open_counts
+from tests.helpers.flight_queues import (
+    flight_schema,
+    log_kinds,
+    logged_result_bits,
+    result_bits,
+    write_partitions,
+)
+from tests.helpers.truth import session_truth, watermark_session_truth
 
 GAP = 30
 AGGS = [("avg", "arr_delay"), ("max", "dep_delay"), ("count", "*"), ("count", "arr_delay")]
@@ -74,41 +76,10 @@ def session_rows(seed: int, n: int, longest: int = 8) -> list[dict[str, Any]]:
     return rows
 
 
-def truth(rows: list[dict[str, Any]], gap: int = GAP) -> list[dict[str, Any]]:
-    """Per key: its tuples sorted by time, cut where two neighbours are `gap` or more apart; each key's
-    last session stays open. Plain Python, SQL's null rule, no cec code."""
-    by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_key[(r["carrier"], r["origin"])].append(r)
-    out = []
-    for (carrier, origin), rs in by_key.items():
-        rs = sorted(rs, key=lambda r: (r["ts"], r["i"]))
-        sessions: list[list[dict[str, Any]]] = [[rs[0]]]
-        for prev, r in itertools.pairwise(rs):
-            if r["ts"] - prev["ts"] >= gap:
-                sessions.append([])
-            sessions[-1].append(r)
-        for seq, s in enumerate(sessions[:-1]):
-            arr = [r["arr_delay"] for r in s if r["arr_delay"] is not None]
-            dep = [r["dep_delay"] for r in s if r["dep_delay"] is not None]
-            out.append(
-                {
-                    "carrier": carrier,
-                    "origin": origin,
-                    "window": seq,
-                    "avg_arr_delay": math.fsum(arr) / len(arr) if arr else None,
-                    "max_dep_delay": max(dep) if dep else None,
-                    "count_arr_delay": len(arr),
-                    "count": len(s),
-                    "start": s[0]["ts"],
-                    "end": s[-1]["ts"] + gap,
-                }
-            )
-    return sorted(out, key=lambda r: (r["carrier"], r["origin"], r["start"]))
-
-
-def _bits(x: Any) -> Any:
-    return struct.pack("<d", x).hex() if isinstance(x, float) else x
+def truth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per key: its tuples sorted by time, cut where two neighbours are a gap or more apart; each key's
+    last session stays open (`tests.helpers.truth`: plain Python, SQL's null rule, no cec code)."""
+    return session_truth(rows, GAP, AGGS)
 
 
 def _sorted(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -222,18 +193,7 @@ def test_one_aggregate_keeps_the_key_and_value_columns() -> None:
 
 # -- SIGKILL: three input partitions, each key on one ------------------------------------------------------
 
-FLIGHT_SCHEMA: dict[str, Any] = {
-    "type": "record",
-    "name": "Flight",
-    "namespace": "tests.sessions",
-    "fields": [
-        {"name": "carrier", "type": "string"},
-        {"name": "origin", "type": "string"},
-        {"name": "arr_delay", "type": ["null", "double"]},
-        {"name": "dep_delay", "type": ["null", "double"]},
-        {"name": "ts", "type": "long"},
-    ],
-}
+FLIGHT_SCHEMA = flight_schema("tests.sessions", ["arr_delay", "dep_delay"])
 
 
 def partition_of(row: dict[str, Any], partitions: int = 3) -> int:
@@ -242,23 +202,8 @@ def partition_of(row: dict[str, Any], partitions: int = 3) -> int:
 
 def write_queue(root: Path, rows: list[dict[str, Any]], partitions: int = 3) -> None:
     """An upstream cec queue of `rows`, each key's rows on one partition in their order."""
-    store = SqliteQueueStore(root)
-    store.create_topic("flights", partitions)
-    codec, payload = RecordCodec(), AvroCodec(FLIGHT_SCHEMA)
-    for p in range(partitions):
-        mine = [r for r in rows if partition_of(r, partitions) == p]
-        with store.writer("flights", p) as writer:
-            for i, r in enumerate(mine):
-                value = {n: r[n] for n in ("carrier", "origin", "arr_delay", "dep_delay", "ts")}
-                writer.append(
-                    codec.encode(OutputRecord(Kind.R, i, (i,), 0, payload=payload.encode(value))),
-                    RecordMeta(Kind.R.value, i, None, -1),
-                )
-            writer.append(
-                codec.encode(OutputRecord(Kind.EOS, len(mine), (len(mine),), 0)),
-                RecordMeta(Kind.EOS.value, len(mine), None, -1),
-            )
-            writer.flush()
+    parts = [[r for r in rows if partition_of(r, partitions) == p] for p in range(partitions)]
+    write_partitions(root, parts, FLIGHT_SCHEMA)
 
 
 def _queue_job(root: Path) -> JobSpec:
@@ -280,37 +225,6 @@ def _queue_job(root: Path) -> JobSpec:
     )
 
 
-def logged(root: Path) -> int:
-    store = SqliteQueueStore(root)
-    if not store.topic_exists("agg"):
-        return 0
-    with store.reader("agg", 0) as reader:
-        return reader.end_offset()
-
-
-def crash_during_recovery(spec: JobSpec, spec_path: Path) -> None:
-    """SIGKILL runs of the job until its log holds 200 records (each killed inside a store commit, so
-    the batches before it are durable: how many varies with the writer thread's timing), then one run
-    right after it rebuilt the eventual checkpoint and one while it replays below the crash point."""
-    root = Path(spec.store["root"])
-    tries = 0
-    while logged(root) < 200:
-        tries += 1
-        assert tries <= 10, f"the log holds {logged(root)} records after {tries - 1} kills"
-        assert run_worker(spec, spec_path, faults=f"store.before_commit:{10 * tries}") == -signal.SIGKILL
-    for plan in ("recovery.after_ec_build:1", "runtime.replaying:5"):
-        assert run_worker(spec, spec_path, faults=plan) == -signal.SIGKILL, plan
-
-
-def log_kinds(root: Path) -> list[Kind]:
-    return [r.kind for r in log_records(SqliteQueueStore(root), "agg")]
-
-
-def _results_bits(root: Path, schema: dict[str, Any]) -> list[str]:
-    rows = iter_payloads(SqliteQueueStore(root), "agg", schema)
-    return sorted(json.dumps({k: _bits(v) for k, v in r.items()}) for r in rows)
-
-
 @pytest.mark.parametrize("during_recovery", [False, True], ids=["while-processing", "while-recovering"])
 def test_sigkill_over_three_partitions_gives_the_failure_free_sessions_bit_for_bit(
     tmp_path: Path, during_recovery: bool
@@ -320,8 +234,8 @@ def test_sigkill_over_three_partitions_gives_the_failure_free_sessions_bit_for_b
     write_queue(reference, rows)
     run_job(_queue_job(reference))
     schema = build_operator(_queue_job(reference).operator).result_schema
-    want = _results_bits(reference, schema)
-    assert want == sorted(json.dumps({k: _bits(v) for k, v in r.items()}) for r in truth(rows))
+    want = logged_result_bits(reference, schema)
+    assert want == result_bits(truth(rows))
     assert len(want) > 100
     assert log_kinds(reference).count(Kind.GCHECK) > 100
 
@@ -330,11 +244,8 @@ def test_sigkill_over_three_partitions_gives_the_failure_free_sessions_bit_for_b
     spec = _queue_job(root)
     if during_recovery:
         crash_during_recovery(spec, tmp_path / "spec.json")
-    assert run_through_crashes(spec, tmp_path / "spec.json", [("runtime.after_input", 1000)]) == 1
-    proc = start_worker(spec, tmp_path / "spec.json")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert _results_bits(root, schema) == want
+    assert run_after_crashes(spec, tmp_path / "spec.json", [("runtime.after_input", 1000)]) == 1
+    assert logged_result_bits(root, schema) == want
 
 
 # -- any value: a result or a dead letter, never an exception; in one run or tuple by tuple alike ---------
@@ -361,8 +272,8 @@ def test_any_input_is_a_session_result_or_a_dead_letter_the_same_in_one_run_or_o
         )
 
     operator = build()
-    batch = _every_record(operator, tuples, one_by_one=False)
-    assert batch == _every_record(build(), tuples, one_by_one=True)
+    batch = every_record(operator, tuples, one_by_one=False)
+    assert batch == every_record(build(), tuples, one_by_one=True)
     # Every tuple is in exactly one place: a closed session's count, an open slice's or session's, or a
     # dead letter (a slice closed without a result is in its session's count).
     results = AvroResults(operator)
@@ -372,7 +283,7 @@ def test_any_input_is_a_session_result_or_a_dead_letter_the_same_in_one_run_or_o
         if r[0] is Kind.R and r[4] is not None
     )
     dead = sum(1 for r in batch if r[0] is Kind.DEAD)
-    assert closed + dead + _open_counts(operator, tuples) == len(tuples)
+    assert closed + dead + open_counts(operator, tuples) == len(tuples)
     for state in (operator.decode_state(r[3]) for r in batch if r[0] in (Kind.GOPEN, Kind.GCHECK)):
         assert state.start <= state.last  # a footprint's session is [first, last + gap)
 
@@ -384,7 +295,7 @@ LATENESS = 5
 
 def engine_records(operator: SessionAggregate, tuples: list[InputTuple], partitions: int) -> list[Any]:
     """(kind, result or None) of every R and DEAD record of the real engine over `tuples` in that order."""
-    queue = _MemoryQueue()
+    queue = MemoryQueue()
     codec = RecordCodec()
     instance = OperatorInstance(operator, OutputQueueSink(queue, codec, partitions), partitions)  # type: ignore[arg-type]
     instance.apply_run(tuples)
@@ -457,47 +368,9 @@ def partition_rows(seed: int, per_partition: int, partitions: int = 3) -> list[l
     return out
 
 
-def watermark_truth(parts: list[list[dict[str, Any]]], gap: int = GAP) -> list[dict[str, Any]]:
-    """The sessions (every key's tuples sorted by time, cut at a gap) whose run of neighbouring gap-wide
-    slices (t // gap; a session's next one starting in the slice after its last) ends two slices or more
-    before the final watermark (the smallest of the partitions' largest times, less the lateness)."""
-    rows = [r for p in parts for r in p]
-    watermark = min(max(r["ts"] for r in p) for p in parts if p) - LATENESS
-    by_key: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        by_key[(r["carrier"], r["origin"])].append(r)
-    out = []
-    for (carrier, origin), rs in by_key.items():
-        rs = sorted(rs, key=lambda r: (r["ts"], r["i"]))
-        sessions: list[list[dict[str, Any]]] = [[rs[0]]]
-        for prev, r in itertools.pairwise(rs):
-            if r["ts"] - prev["ts"] >= gap:
-                sessions.append([])
-            sessions[-1].append(r)
-        for i, s in enumerate(sessions):
-            run_end = i  # the last session of the run of neighbouring slices this one is in
-            while run_end + 1 < len(sessions) and (
-                sessions[run_end + 1][0]["ts"] // gap == sessions[run_end][-1]["ts"] // gap + 1
-            ):
-                run_end += 1
-            if watermark < (sessions[run_end][-1]["ts"] // gap + 2) * gap:
-                continue  # still open at the end of the input
-            arr = [r["arr_delay"] for r in s if r["arr_delay"] is not None]
-            dep = [r["dep_delay"] for r in s if r["dep_delay"] is not None]
-            out.append(
-                {
-                    "carrier": carrier,
-                    "origin": origin,
-                    "window": s[0]["ts"] // gap,
-                    "avg_arr_delay": math.fsum(arr) / len(arr) if arr else None,
-                    "max_dep_delay": max(dep) if dep else None,
-                    "count_arr_delay": len(arr),
-                    "count": len(s),
-                    "start": s[0]["ts"],
-                    "end": s[-1]["ts"] + gap,
-                }
-            )
-    return out
+def watermark_truth(parts: list[list[dict[str, Any]]]) -> list[dict[str, Any]]:
+    """The sessions closed by the final watermark (`tests.helpers.truth.watermark_session_truth`)."""
+    return watermark_session_truth(parts, GAP, LATENESS, AGGS)
 
 
 def _interleave(parts: list[list[dict[str, Any]]], rnd: random.Random) -> list[InputTuple]:
@@ -513,10 +386,6 @@ def _interleave(parts: list[list[dict[str, Any]]], rnd: random.Random) -> list[I
         cursors[j] += 1
 
 
-def _bits_sorted(rows: list[dict[str, Any]]) -> list[str]:
-    return sorted(json.dumps({k: _bits(v) for k, v in r.items()}) for r in rows)
-
-
 @settings(max_examples=40, deadline=None)
 @given(st.integers(0, 10**6), st.randoms(use_true_random=False))
 def test_watermark_sessions_do_not_depend_on_how_partitions_interleave(seed: int, rnd: random.Random) -> None:
@@ -525,28 +394,8 @@ def test_watermark_sessions_do_not_depend_on_how_partitions_interleave(seed: int
     for _ in range(2):
         got = engine_records(_watermark_op(), _interleave(parts, rnd), 3)
         assert all(kind == "R" for kind, _ in got)  # times never decrease per partition: nothing is late
-        runs.append(_bits_sorted([r for _, r in got if r is not None]))
-    assert runs[0] == runs[1] == _bits_sorted(watermark_truth(parts))
-
-
-def write_partitions(root: Path, parts: list[list[dict[str, Any]]]) -> None:
-    """An upstream cec queue with one partition per list of `parts`, in that order."""
-    store = SqliteQueueStore(root)
-    store.create_topic("flights", len(parts))
-    codec, payload = RecordCodec(), AvroCodec(FLIGHT_SCHEMA)
-    for p, rows in enumerate(parts):
-        with store.writer("flights", p) as writer:
-            for i, r in enumerate(rows):
-                value = {n: r[n] for n in ("carrier", "origin", "arr_delay", "dep_delay", "ts")}
-                writer.append(
-                    codec.encode(OutputRecord(Kind.R, i, (i,), 0, payload=payload.encode(value))),
-                    RecordMeta(Kind.R.value, i, None, -1),
-                )
-            writer.append(
-                codec.encode(OutputRecord(Kind.EOS, len(rows), (len(rows),), 0)),
-                RecordMeta(Kind.EOS.value, len(rows), None, -1),
-            )
-            writer.flush()
+        runs.append(result_bits([r for _, r in got if r is not None]))
+    assert runs[0] == runs[1] == result_bits(watermark_truth(parts))
 
 
 def _watermark_job(root: Path) -> JobSpec:
@@ -575,25 +424,22 @@ def test_sigkill_with_keys_over_three_partitions_and_watermarks_gives_the_failur
 ) -> None:
     parts = partition_rows(11, 600)
     reference = tmp_path / "reference"
-    write_partitions(reference, parts)
+    write_partitions(reference, parts, FLIGHT_SCHEMA)
     run_job(_watermark_job(reference))
     schema = build_operator(_watermark_job(reference).operator).result_schema
-    want = _results_bits(reference, schema)
-    assert want == _bits_sorted(watermark_truth(parts))
+    want = logged_result_bits(reference, schema)
+    assert want == result_bits(watermark_truth(parts))
     kinds = log_kinds(reference)
     assert len(want) > 300 and kinds.count(Kind.GCHECK) > 100
     assert kinds.count(Kind.R) - len(want) > 50  # merged sessions' slices: an R without a result each
 
     root = tmp_path / "crashed"
-    write_partitions(root, parts)
+    write_partitions(root, parts, FLIGHT_SCHEMA)
     spec = _watermark_job(root)
     if during_recovery:
         crash_during_recovery(spec, tmp_path / "spec.json")
-    assert run_through_crashes(spec, tmp_path / "spec.json", [("runtime.after_input", 700)]) == 1
-    proc = start_worker(spec, tmp_path / "spec.json")
-    _, err = proc.communicate(timeout=120)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    assert _results_bits(root, schema) == want
+    assert run_after_crashes(spec, tmp_path / "spec.json", [("runtime.after_input", 700)]) == 1
+    assert logged_result_bits(root, schema) == want
 
 
 def test_a_log_cut_after_any_record_recovers_the_failure_free_sessions(tmp_path: Path) -> None:
@@ -603,7 +449,7 @@ def test_a_log_cut_after_any_record_recovers_the_failure_free_sessions(tmp_path:
     codec = RecordCodec()
 
     def run(operator: SessionAggregate, feed: list[InputTuple], recovery: Any = None) -> list[OutputRecord]:
-        queue = _MemoryQueue()
+        queue = MemoryQueue()
         sink = OutputQueueSink(queue, codec, 3)  # type: ignore[arg-type]
         instance = OperatorInstance(operator, sink, 3)
         if recovery is not None:
@@ -617,7 +463,7 @@ def test_a_log_cut_after_any_record_recovers_the_failure_free_sessions(tmp_path:
 
     def rows(records: list[OutputRecord]) -> list[str]:
         got = [results.decode(r.payload) for r in records if r.kind is Kind.R and r.payload is not None]
-        return _bits_sorted(got)
+        return result_bits(got)
 
     want = run(operator, tuples)
     folds = sum(1 for r in want if r.kind is Kind.R and r.payload is None)
@@ -654,7 +500,7 @@ def test_a_session_whose_slices_sum_past_the_largest_double_is_exact_and_its_fol
         )
 
     operator = build()
-    records = _every_record(operator, tuples, one_by_one=False)
+    records = every_record(operator, tuples, one_by_one=False)
     results = AvroResults(operator)
     (row,) = [
         results(OutputRecord(Kind.R, 0, (), 0, payload=r[4])) for r in records if r[0] is Kind.R and r[4]

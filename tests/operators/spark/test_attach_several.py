@@ -15,11 +15,8 @@ engine), on a real broker and real local Spark:
 from __future__ import annotations
 
 import csv
-import json
 import math
-import os
 import uuid
-import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -27,18 +24,22 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cec.exceptions import ConfigError
-from cec.records import AvroCodec, Kind
+from cec.records import Kind
 from cec.timeparse import parse_time_ms
-from operators.base import DEAD_LETTER_SCHEMA
 from operators.spark.attach import CecAggregateQuery, cec_aggregate, read_results
-from operators.spark.connector import has_kafka_connector
 from operators.spark.kafka_input import PYTHON, SPARK_KAFKA
-from operators.spark.partitioning import KeyGrouper, partition_key
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.helpers.topic_flights import (
+    flight_records,
+    flights_csv,
+    flights_topic,
+    flush_records,
+    logged_dead_letters,
+    need_reader,
+)
 from tests.operators.spark.test_attach import _killed_driver
-from tests.topic_data import create_topic, produce
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -50,67 +51,12 @@ COLUMNS = ["carrier", "origin", "window", "avg_arr_delay", "max_dep_delay", "cou
 WINDOW_MS = 200
 LATENESS = "100ms"
 STATE_PARTITIONS = 2
-FLUSH_TS = 10**9  # far past every real tuple: closes every real window on every state partition
 Row = tuple[Any, ...]
 
 
 def _ordered(rows: Any) -> list[Row]:
     """Rows by (carrier, origin, start, window), which is unique (aggregates may be null: not sortable)."""
     return sorted(rows, key=lambda r: (r[0], r[1], r[6], r[2]))
-
-
-def _flights(partitions: int, count: int, *, spread: bool) -> list[tuple[int, dict[str, Any]]]:
-    """(input partition, record). `spread`: a key's tuples go to every partition (round robin), else each
-    key lives in one. Event times increase within a partition, so no tuple is ever behind a watermark.
-    Averages of sevenths are not exact in binary (the sum's order would show); some values are null or
-    absent (SQL's rule), every 151st arr_delay is not a number and every 173rd record lacks its origin
-    (dead letters)."""
-    out = []
-    for i in range(count):
-        h = (i * 2654435761) % 2**32
-        record: dict[str, Any] = {
-            "carrier": ["AA", "UA", "DL"][h % 3],
-            "origin": ["JFK", "SFO", "ORD"][(h >> 5) % 3],
-        }
-        partition = i % partitions if spread else zlib.crc32(json.dumps(record).encode()) % partitions
-        record["ts"] = i * 3 + partition
-        if h % 11:
-            record["arr_delay"] = (h % 100_000) / 7 - 40
-        if h % 13:
-            record["dep_delay"] = (h >> 8) % 90 - 10
-        elif h % 2:
-            record["dep_delay"] = None
-        if i % 151 == 150:
-            record["arr_delay"] = "late"
-        if i % 173 == 172:
-            del record["origin"]
-        out.append((partition, record))
-    return out
-
-
-def _flush(partitions: int) -> list[tuple[int, dict[str, Any]]]:
-    """Per input partition, one far-future tuple for every state partition (a key that goes there): the
-    watermark of every state partition then passes every real window's end."""
-    grouper = KeyGrouper([STATE_PARTITIONS])
-    origins: dict[int, str] = {}
-    i = 0
-    while len(origins) < STATE_PARTITIONS:
-        origin = f"flush{i}"
-        key = partition_key({"carrier": "ZZ", "origin": origin}, KEY, as_array=True)
-        origins.setdefault(grouper(key)[1][-1], origin)
-        i += 1
-    return [
-        (j, {"carrier": "ZZ", "origin": origin, "ts": FLUSH_TS, "arr_delay": 1.0, "dep_delay": 1})
-        for j in range(partitions)
-        for origin in origins.values()
-    ]
-
-
-def _topic(broker: Broker, records: list[tuple[int, dict[str, Any]]], partitions: int) -> str:
-    topic = f"flights-{uuid.uuid4().hex[:10]}"
-    create_topic(broker.bootstrap, topic, partitions)
-    produce(broker.bootstrap, topic, [(p, None, json.dumps(r).encode()) for p, r in records])
-    return topic
 
 
 def _truth(
@@ -179,18 +125,6 @@ def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row
     return _ordered(tuple(r) for r in frame.collect() if r["carrier"] != "ZZ")
 
 
-def _csv(path: Path, records: list[tuple[int, dict[str, Any]]]) -> Path:
-    """The records in their order as one CSV file (a null or absent field is an empty one)."""
-    columns = ("carrier", "origin", "ts", "arr_delay", "dep_delay")
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(columns)
-        for _, r in records:
-            writer.writerow(["" if r.get(c) is None else repr(r[c]) if isinstance(r[c], float) else r[c]
-                             for c in columns])  # fmt: skip
-    return path
-
-
 def _cec_run(
     broker: Broker, source: str | Path, root: Path, flags: list[str], *, time: bool
 ) -> tuple[list[Row], list[Row]]:
@@ -225,30 +159,6 @@ def _cec_run(
     return _ordered(rows), sorted(dead)
 
 
-def _dead(broker: Broker, root: Path, output: str) -> list[Row]:
-    codec = AvroCodec(DEAD_LETTER_SCHEMA)
-    store = KafkaQueueStore(broker.bootstrap, root / "probe")
-    try:
-        out = []
-        for q in range(store.partitions(output)):
-            for record in log_records(store, output, q):
-                if record.kind is Kind.DEAD and record.payload is not None:
-                    d = codec.decode(record.payload)
-                    out.append((d["partition"], d["offset"], d["reason"]))
-        return sorted(out)
-    finally:
-        store.close()
-
-
-def _need_reader(spark: SparkSession, reader: str) -> None:
-    if reader != SPARK_KAFKA or has_kafka_connector(spark):
-        return
-    why = "Spark's Kafka connector is not on the classpath: run `make spark-kafka-jars`"
-    if os.environ.get("CI") or os.environ.get("CEC_TEST_SPARK_KAFKA") == "required":
-        pytest.fail(why, pytrace=False)
-    pytest.skip(why)
-
-
 WANT_REASONS = {"missing key 'origin'", "value 'arr_delay' is not a number: 'late'"}
 
 
@@ -256,14 +166,14 @@ WANT_REASONS = {"missing key 'origin'", "value 'arr_delay' is not a number: 'lat
 def test_keys_spread_over_partitions_with_watermarks_equal_cec_run_and_the_truth(
     spark: SparkSession, kafka_broker: Broker, tmp_path: Path, reader: str
 ) -> None:
-    _need_reader(spark, reader)
-    records = _flights(3, 1500, spread=True) + _flush(3)
-    topic = _topic(kafka_broker, records, 3)
+    need_reader(spark, reader)
+    records = flight_records(3, 1500, spread=True) + flush_records(3, STATE_PARTITIONS, KEY)
+    topic = flights_topic(kafka_broker, records, 3)
     time_flags = ["--time", "ts", "--window-time", f"{WINDOW_MS}ms", "--allowed-lateness", LATENESS]
     # `cec run` over the topic runs an instance per input partition (a spread key's windows split over
     # them), so its results are taken over the same records in one CSV file (event times increase along
     # it), its dead letters (per tuple) over the topic.
-    flights = _csv(tmp_path / "flights.csv", records)
+    flights = flights_csv(tmp_path / "flights.csv", records)
     want, _ = _cec_run(kafka_broker, flights, tmp_path / "csv", time_flags, time=True)
     _, want_dead = _cec_run(kafka_broker, topic, tmp_path / "topic", time_flags, time=True)
     truth = _truth(records, ("time", WINDOW_MS), by_watermark=True)
@@ -275,7 +185,7 @@ def test_keys_spread_over_partitions_with_watermarks_equal_cec_run_and_the_truth
     query = _run(spark, args)
     assert query.input_reader == reader
     assert _spark_results(spark, kafka_broker, output) == truth
-    dead = _dead(kafka_broker, tmp_path, output)
+    dead = logged_dead_letters(kafka_broker, tmp_path, output)
     assert dead == want_dead and {reason for *_, reason in dead} == WANT_REASONS
     # Some (key, window) has tuples from every input partition: the results do not depend on the order.
     spread = defaultdict(set)
@@ -290,9 +200,9 @@ def test_keys_spread_over_partitions_with_watermarks_equal_cec_run_and_the_truth
 def test_count_and_time_windows_without_watermarks_equal_cec_run_and_the_truth(
     spark: SparkSession, kafka_broker: Broker, tmp_path: Path, window: tuple[str, int], reader: str
 ) -> None:
-    _need_reader(spark, reader)
-    records = _flights(3, 1200, spread=False)
-    topic = _topic(kafka_broker, records, 3)
+    need_reader(spark, reader)
+    records = flight_records(3, 1200, spread=False)
+    topic = flights_topic(kafka_broker, records, 3)
     kind, size = window
     if kind == "count":
         flags, extra = ["--window-count", str(size)], {"window_count": size}
@@ -306,14 +216,14 @@ def test_count_and_time_windows_without_watermarks_equal_cec_run_and_the_truth(
     output = f"several-{kind}-{uuid.uuid4().hex[:8]}"
     _run(spark, _args(kafka_broker, topic, tmp_path, output, input_reader=reader, **extra))
     assert _spark_results(spark, kafka_broker, output) == truth
-    assert _dead(kafka_broker, tmp_path, output) == want_dead
+    assert logged_dead_letters(kafka_broker, tmp_path, output) == want_dead
 
 
 def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills(
     spark: SparkSession, kafka_broker: Broker, tmp_path: Path
 ) -> None:
-    records = _flights(3, 2400, spread=True) + _flush(3)
-    topic = _topic(kafka_broker, records, 3)
+    records = flight_records(3, 2400, spread=True) + flush_records(3, STATE_PARTITIONS, KEY)
+    topic = flights_topic(kafka_broker, records, 3)
     truth = _truth(records, ("time", WINDOW_MS), by_watermark=True)
     reference = f"several-ref-{uuid.uuid4().hex[:8]}"
     extra = {
@@ -334,7 +244,9 @@ def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills
     query = _run(spark, args)
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _spark_results(spark, kafka_broker, output) == truth
-    assert _dead(kafka_broker, tmp_path, output) == _dead(kafka_broker, tmp_path, reference)
+    assert logged_dead_letters(kafka_broker, tmp_path, output) == logged_dead_letters(
+        kafka_broker, tmp_path, reference
+    )
     store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "kinds")
     try:
         kinds = [r.kind for q in range(STATE_PARTITIONS) for r in log_records(store, output, q)]
@@ -393,7 +305,7 @@ def test_bad_several_aggregates_are_one_config_error_before_any_work(
 def test_other_result_columns_on_an_existing_output_topic_are_refused(
     spark: SparkSession, kafka_broker: Broker, tmp_path: Path
 ) -> None:
-    topic = _topic(kafka_broker, _flights(2, 200, spread=False), 2)
+    topic = flights_topic(kafka_broker, flight_records(2, 200, spread=False), 2)
     output = f"several-columns-{uuid.uuid4().hex[:8]}"
     _run(spark, _args(kafka_broker, topic, tmp_path, output, window_count=5))
     with pytest.raises(ConfigError, match="keep key= and agg= as they were"):

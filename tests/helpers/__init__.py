@@ -1,4 +1,8 @@
-"""Shared test helpers: run jobs in real child processes and read what they wrote."""
+"""Shared test helpers: run jobs in real child processes and read what they wrote.
+
+Beside this module, the builders the aggregate tests share: `tests.helpers.engine_runs` (the engine in
+memory, any-value rows), `flight_queues` (flights as a cec queue, results bit for bit), `topic_flights`
+(flights on a Kafka topic), `truth` (plain-Python windows), `crash_plans` (SIGKILL plans of a worker)."""
 
 from __future__ import annotations
 
@@ -22,7 +26,7 @@ from queuestore.base import QueueStore
 from recovery.identity import ATTACHMENT as IDENTITY_ATTACHMENT
 from tests import killpoints
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent.parent
 
 
 def child_env(faults: str | None = None) -> dict[str, str]:
