@@ -246,10 +246,13 @@ class PartitionReader(abc.ABC):
         for records in self.scan_forward_chunks(from_offset, chunk):
             yield from records
 
-    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+    def scan_forward_chunks(
+        self, from_offset: int = 0, chunk: int = 4096, *, stop_before: int | None = None
+    ) -> Iterator[list[StoredRecord]]:
         """`scan_forward` in the lists it reads (up to `chunk` records each): what a checker of whole
-        batches (`cec.verified.LogVerifier.check`, in C when built) takes."""
-        end = self.end_offset()
+        batches (`cec.verified.LogVerifier.check`, in C when built) takes. `stop_before`: the end of the
+        stretch to read, an end the log is known to have reached (default: its end as it is now)."""
+        end = self.end_offset() if stop_before is None else stop_before
         offset = from_offset
         dense = self.dense_offsets
         if offset < end and offset < self.start_offset():
@@ -369,6 +372,10 @@ class QueueStore(abc.ABC):
     def index_path(self, topic: str, partition: int) -> Path:
         """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""
         return self.state_dir / "index" / f"{topic}.{partition}.rocksdb"
+
+    def ec_cache_path(self, topic: str, partition: int) -> Path:
+        """Where the EC cache of a partition lives, beside its index (`queuestore.ec_cache`; derived)."""
+        return self.index_path(topic, partition).with_name(f"{topic}.{partition}.ec.rocksdb")
 
     @abc.abstractmethod
     def close(self) -> None: ...

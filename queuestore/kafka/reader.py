@@ -359,10 +359,12 @@ class KafkaPartitionReader(PartitionReader):
             result = self._read(start, want=max_records, stop_before=None)
         return result.records
 
-    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+    def scan_forward_chunks(
+        self, from_offset: int = 0, chunk: int = 4096, *, stop_before: int | None = None
+    ) -> Iterator[list[StoredRecord]]:
         # Not the base class's record counting: with transaction markers in the way, `chunk` records from
         # `offset` can lie past the end found at the start, and the scan must stop at that end.
-        end = self.end_offset()
+        end = self.end_offset() if stop_before is None else stop_before
         offset = max(0, from_offset)
         while offset < end:
             result = self._read(offset, want=max(1, chunk), stop_before=end)
