@@ -240,7 +240,9 @@ class OperatorRuntime:
 
         output = self.output
         with output.store.reader(output.topic, output.partition) as reader:
-            reader.hint_end(output.index.next_offset)  # the index was just reconciled with the log
+            # The log's end as the index (reconciled, or deferred to catch up with it) knew it at the start: on
+            # Kafka the end is found by consuming from this hint, and 0 would read the whole log again.
+            reader.hint_end(output.log_end)
             manager = RecoveryManager(
                 reader,
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),

@@ -182,6 +182,12 @@ class PartitionReader(abc.ABC):
         `next_offset`), so that finding the end need not read what is known to be there. Only a lower
         bound: the end is still found by reading; a wrong hint costs time, never correctness."""
 
+    def hint_end_from_store(self) -> None:  # noqa: B027 - optional: a backend whose end costs a read overrides
+        """`hint_end` with what the store tells cheaply, for a caller that holds the partition's writer (so
+        nothing is in flight): on Kafka the high watermark, where the end-finder then starts reading instead
+        of at the index's `next_offset`, which a lost index (a fresh host) leaves at the log start. Still
+        only a hint: the end is found by reading."""
+
     @abc.abstractmethod
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
         """Up to `max_records` records with offset >= `from_offset`, oldest first."""

@@ -65,6 +65,7 @@ class OutputQueue:
                 self.reconciled = 0
                 if defer_index_above is not None:
                     reader.hint_end(self.index.next_offset)
+                    reader.hint_end_from_store()  # this queue holds the writer: a lost index gives no hint
                     if reader.end_offset() - self.index.next_offset > defer_index_above:
                         self.index.defer(reader)
                 if not self.index.deferred:

@@ -19,6 +19,7 @@ from operators.runtime import OperatorRuntime
 from queuestore.base import QueueStore
 from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
+from queuestore.kafka import reader as kafka_reader
 from queuestore.kafka.reader import KafkaPartitionReader
 from queuestore.sqlite import SqlitePartitionReader, SqliteQueueStore
 from recovery.timeline import PHASES
@@ -79,6 +80,12 @@ class _ReadCounter:
             counter.records += len(result.records) + len(result.rows)
             return result
 
+        # Finding a Kafka log's end consumes it from a hint to the EOF event: those records count too.
+        find_ends = kafka_reader.find_ends
+
+        def counting_find_ends(consumer: Any, *args: Any, **kwargs: Any) -> Any:
+            return find_ends(_CountingConsumer(consumer, counter), *args, **kwargs)
+
         caught_up: Callable[[OperatorRuntime], None] = OperatorRuntime._caught_up
 
         def at_caught_up(runtime: OperatorRuntime) -> None:
@@ -88,6 +95,30 @@ class _ReadCounter:
         monkeypatch.setattr(SqlitePartitionReader, "_rows", rows)
         monkeypatch.setattr(KafkaPartitionReader, "_read", read)
         monkeypatch.setattr(OperatorRuntime, "_caught_up", at_caught_up)
+        monkeypatch.setattr(kafka_reader, "find_ends", counting_find_ends)
+
+
+class _CountingConsumer:
+    """A consumer whose polled messages (records, not events) count as read."""
+
+    def __init__(self, consumer: Any, counter: _ReadCounter) -> None:
+        self._consumer, self._counter = consumer, counter
+
+    def _count(self, messages: list[Any]) -> None:
+        self._counter.records += sum(1 for m in messages if m is not None and m.error() is None)
+
+    def poll(self, *args: Any, **kwargs: Any) -> Any:
+        message = self._consumer.poll(*args, **kwargs)
+        self._count([message])
+        return message
+
+    def consume(self, *args: Any, **kwargs: Any) -> Any:
+        messages = self._consumer.consume(*args, **kwargs)
+        self._count(messages)
+        return messages
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._consumer, name)
 
 
 def _fresh_host_restart(
