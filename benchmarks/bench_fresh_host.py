@@ -57,12 +57,31 @@ def _env(tree: Path, probe: Path, kill_at: int | None) -> dict[str, str]:
     return env
 
 
-def _caught_up_at(probe: Path) -> float:
+def _probe(probe: Path, spawned: float) -> dict[str, float]:
+    """The restart's boundaries the probe saw, in seconds after the spawn (first event of each name), and
+    the same split for every variant: the index reconcile (none where the index was deferred), the
+    recover call (EC build and load), the restore, the replay (first tuple applied to caught up)."""
+    at: dict[str, float] = {}
     for line in probe.read_text().splitlines():
         event = json.loads(line)
-        if event["ev"] == "caught_up:enter":
-            return float(event["t"])
-    raise RuntimeError(f"{probe}: no caught_up event (the restart did not recover?)")
+        at.setdefault(event["ev"], float(event["t"]) - spawned)
+    if "caught_up:enter" not in at:
+        raise RuntimeError(f"{probe}: no caught_up event (the restart did not recover?)")
+
+    def span(name: str) -> float:
+        return at.get(f"{name}:exit", 0.0) - at.get(f"{name}:enter", 0.0)
+
+    return {
+        "interpreter_s": at["interpreter"],
+        "to_store_open_s": at.get("open_store:enter", 0.0),
+        "output_queue_s": span("output_queue"),
+        "index_reconcile_s": span("index_reconcile"),
+        "to_run_s": at.get("run:enter", 0.0),
+        "recover_call_s": span("recover"),
+        "restore_s": span("restore"),
+        "replay_s": at["caught_up:enter"] - at.get("first_apply", at["caught_up:enter"]),
+        "caught_up_s": at["caught_up:enter"],
+    }
 
 
 def cec_restart(
@@ -85,8 +104,10 @@ def cec_restart(
         raise RuntimeError(f"{tag}: restart failed ({proc.returncode}): {proc.stderr[-2000:]}")
     stats = bench_quix._cec_stats(second, out_topic)
     rec = stats["recovery"]
+    probed = _probe(probe2, spawned)
     return {
-        "restart_to_caught_up_s": _caught_up_at(probe2) - spawned,
+        "restart_to_caught_up_s": probed["caught_up_s"],
+        "probe": probed,
         "recovery_s": rec["recovery_seconds"],
         "phases": rec.get("phases"),
         "index_deferred": rec.get("index_deferred"),
@@ -154,7 +175,8 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"[{rep}] {name:9} restart to caught up {row['restart_to_caught_up_s']:7.2f} s  "
                           + (f"recovery time {row['recovery_s']:.2f} s (target {'met' if row['target_met'] else 'MISSED'}), "
                              f"phases {row['phases']}, index deferred {row['index_deferred']}, "
-                             f"EC records read {row['records_read']:,}, directory {row['directory_records_read']}"
+                             f"EC records read {row['records_read']:,}, directory {row['directory_records_read']}; "
+                             f"probe {dict((k, round(v, 2)) for k, v in row['probe'].items())}"
                              if tree is not None else f"(from assignment {row['from_assignment_s']:.2f} s)")
                           + f"  loadavg {os.getloadavg()[0]:.1f}", flush=True)  # fmt: skip
     finally:
