@@ -174,6 +174,7 @@ def quix_worker(args: argparse.Namespace) -> int:
     last = args.count - 1
     marks: dict[str, float] = {}
     started = time.perf_counter()
+    started_epoch = time.time()  # the same moment on the wall clock: a parent can time from the spawn
 
     def observe(value: Any) -> None:
         offset = message_context().offset
@@ -203,6 +204,7 @@ def quix_worker(args: argparse.Namespace) -> int:
     sdf.to_topic(sink)
     app.run()
     result = {k: v - started for k, v in marks.items()}
+    result["started_epoch"] = started_epoch
     Path(args.result).write_text(json.dumps(result))
     return 0
 

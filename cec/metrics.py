@@ -21,7 +21,8 @@ than exporting zeros (its `cec_recovery_phase` stays `idle`: it plans recovery b
 | `cec_input_rate` / `cec_append_rate` | gauge | the same per second, over the last interval of >= 1 s |
 | `cec_trimmed_offsets_total` | counter | offsets trimmed from the head of the output partition |
 | `cec_recovery_phase` | enum | `idle`, `ec_build`, `ec_load` or `replay`, as recovery goes through them |
-| `cec_recovery_phase_seconds` | gauge | how long each phase of the last recovery took (label `phase`) |
+| `cec_recovery_phase_seconds` | gauge | how long each phase of the last recovery took (label `phase`): the phases above, and at caught up those of the whole restart (`recovery.timeline`: `process_start`, `store_open`, `index`, `ec_build`, `ec_load`, `restore`, `replay`) |
+| `cec_recovery_seconds` | gauge | the last recovery's time, from the start of the restart to caught up (the report's `recovery time`) |
 """
 
 from __future__ import annotations
@@ -71,6 +72,13 @@ _phase_seconds = Gauge(
     "cec_recovery_phase_seconds",
     "duration of each phase of the last recovery",
     (*_LABELS, "phase"),
+    registry=REGISTRY,
+)
+
+_recovery_seconds = Gauge(
+    "cec_recovery_seconds",
+    "the last recovery's time, from the start of the restart to caught up",
+    _LABELS,
     registry=REGISTRY,
 )
 
@@ -207,6 +215,13 @@ class OperatorMetrics:
             self._phase_seconds[previous].set(now - started)
         self._current = None if name == "idle" else (name, now)
         self._phase.state(name)
+
+    def restart(self, phases: dict[str, float], recovery_seconds: float) -> None:
+        """A recovery caught up: how long each phase of its whole restart took (`recovery.timeline`), and
+        its recovery time."""
+        for name, seconds in phases.items():
+            _phase_seconds.labels(**self.labels, phase=name).set(seconds)
+        self._child(_recovery_seconds).set(recovery_seconds)
 
     def trimmed(self, offsets: int) -> None:
         """`offsets` more offsets were deleted from the head of the output partition."""

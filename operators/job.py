@@ -33,6 +33,7 @@ from queuestore.exceptions import PartitionLockedError, WriterResetError
 from queuestore.factory import open_store
 from queuestore.output import OutputQueue
 from recovery.identity import bind_log, check_log, record_source
+from recovery.timeline import RestartTimeline
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -52,6 +53,10 @@ __all__ = [
 ]
 
 _LOCK_POLL_S = 0.05
+# An output index further behind its log than this many records (a fresh host: the state directory lost)
+# is not rebuilt before recovery: it catches up while the operator runs (`queuestore.output`), so that a
+# restart reads the log's extent, not its history (issue 26).
+INDEX_DEFER_ABOVE = 8192
 log = logging.getLogger(__name__)
 
 
@@ -80,6 +85,9 @@ class JobSpec:
     # Also publish every result as a plain JSON record to this Kafka topic, in the output log's
     # transactions (`cec run --results-topic`, `operators.sinks.ResultsTopicOutput`); None: no such topic.
     results_topic: str | None = None
+    # Keep the EC cache beside the stream index (design S0, `queuestore.ec_cache`): a restart that finds it
+    # reads only the log's tail instead of the extent.
+    ec_cache: bool = False
 
     def __post_init__(self) -> None:
         self.operator = OperatorSpec.from_dict(self.operator)
@@ -270,6 +278,9 @@ def open_output(
     *,
     lock_wait_s: float = 0.0,
     results: tuple[str, dict[str, Any]] | None = None,
+    defer_index_above: int | None = None,
+    on_index: Callable[[], None] | None = None,
+    ec_cache: bool = False,
 ) -> OutputQueue:
     """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
 
@@ -277,7 +288,8 @@ def open_output(
     while its predecessor is still shutting down (a cancelled Spark job, a driver that takes its executors
     down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
     `results` (results topic, result schema): also publish every result there as plain JSON, in the
-    output log's transactions (`operators.sinks.ResultsTopicOutput`).
+    output log's transactions (`operators.sinks.ResultsTopicOutput`). `defer_index_above`, `on_index`,
+    `ec_cache`: see `OutputQueue`.
     """
     deadline = time.monotonic() + lock_wait_s
     while True:
@@ -286,9 +298,23 @@ def open_output(
                 from operators.sinks import ResultsTopicOutput
 
                 return ResultsTopicOutput(
-                    store, topic, partition, results_topic=results[0], result_schema=results[1]
+                    store,
+                    topic,
+                    partition,
+                    results_topic=results[0],
+                    result_schema=results[1],
+                    defer_index_above=defer_index_above,
+                    on_index=on_index,
+                    ec_cache=ec_cache,
                 )
-            return OutputQueue(store, topic, partition)
+            return OutputQueue(
+                store,
+                topic,
+                partition,
+                defer_index_above=defer_index_above,
+                on_index=on_index,
+                ec_cache=ec_cache,
+            )
         except PartitionLockedError:
             if time.monotonic() >= deadline:
                 raise
@@ -350,13 +376,16 @@ def run_job(
     max_inputs: int | None = None,
     lock_wait_s: float = 0.0,
     crash_after: int | None = None,
+    started: float | None = None,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
     `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
     is refused (`recovery.identity.bind_log`: `InputMismatchError`) before anything is read or written.
     A writer failure that a new producer resolves is recovered from here, from the log (`IN_DOUBT_LIMIT`).
     `crash_after`: SIGKILL this process once that many input tuples were applied (`--crash-after`,
-    `operators.crash_after`)."""
+    `operators.crash_after`). `started`: when this start began, on `time.perf_counter`'s scale: a recovery's
+    time counts from there (`recovery.timeline`; a process that starts to run this job passes
+    `recovery.timeline.process_started()`); default: now."""
     in_doubt = 0
     while True:
         attempt = _Attempt()
@@ -368,12 +397,14 @@ def run_job(
                 max_inputs=max_inputs,
                 lock_wait_s=lock_wait_s,
                 crash_after=crash_after,
+                timeline=RestartTimeline(started=started),
             )
         except WriterResetError as exc:
             in_doubt = 1 if attempt.commits else in_doubt + 1
             if in_doubt >= IN_DOUBT_LIMIT or (stop is not None and stop()):
                 raise
             log.warning("%s: recovering in this process", exc)
+            started = None  # the next attempt's recovery starts now
 
 
 def _run_once(
@@ -384,7 +415,9 @@ def _run_once(
     max_inputs: int | None,
     lock_wait_s: float,
     crash_after: int | None,
+    timeline: RestartTimeline,
 ) -> RunStats:
+    timeline.mark("store_open")
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, spec.output_partitions)
@@ -400,6 +433,9 @@ def _run_once(
                 spec.output_partition,
                 lock_wait_s=lock_wait_s,
                 results=(spec.results_topic, operator.result_schema) if spec.results_topic else None,
+                defer_index_above=INDEX_DEFER_ABOVE,
+                on_index=lambda: timeline.mark("index"),
+                ec_cache=spec.ec_cache,
             )
         except BaseException:
             source.close()
@@ -410,7 +446,7 @@ def _run_once(
                 store,
                 spec.output_topic,
                 spec.output_partition,
-                log_end=output.index.next_offset,
+                log_end=output.log_end,
                 input_identity=source.identity(),
                 operator=spec.operator.to_dict(),
                 pinned=source.pinned_fields,
@@ -420,7 +456,7 @@ def _run_once(
                     store,
                     spec.output_topic,
                     spec.output_partition,
-                    log_end=output.index.next_offset,
+                    log_end=output.log_end,
                     source_spec=source_spec,
                 )
             source.pin(recorded)
@@ -436,6 +472,7 @@ def _run_once(
                 trim_every=spec.trim_every,
                 trim_pace=spec.trim_pace,
                 metrics=_metrics(spec),
+                timeline=timeline,
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 from cec.exceptions import ConfigError
@@ -33,8 +34,18 @@ class ResultsTopicOutput(OutputQueue):
         *,
         results_topic: str,
         result_schema: dict[str, Any],
+        defer_index_above: int | None = None,
+        on_index: Callable[[], None] | None = None,
+        ec_cache: bool = False,
     ) -> None:
-        super().__init__(store, topic, partition)
+        super().__init__(
+            store,
+            topic,
+            partition,
+            defer_index_above=defer_index_above,
+            on_index=on_index,
+            ec_cache=ec_cache,
+        )
         append_side = getattr(self.writer, "append_side", None)
         if append_side is None:
             self.close()

@@ -37,8 +37,10 @@ from operators.local_trim import LogTrimmer
 from operators.sources import InputSource
 from queuestore.base import PartitionReader
 from queuestore.output import OutputQueue
+from recovery.closed_directory import ClosedWindowDirectory
 from recovery.cut_tuple import results_at_end
 from recovery.manager import RecoveryManager
+from recovery.timeline import RestartTimeline
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
 
@@ -84,6 +86,8 @@ class OperatorRuntime:
         metrics: OperatorMetrics | None = None,
         gcheck_batch: int = 256,
         trim_pace: TrimPace | None = None,
+        timeline: RestartTimeline | None = None,
+        index_catch_up: int = 4096,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -98,11 +102,18 @@ class OperatorRuntime:
 
         `gcheck_batch`: at most this many G-checks are produced in one go (their states and records
         encoded in one call each, appended in one store call: the same records as one at a time, for a
-        fraction of the per-G-check cost); 1 produces them one at a time."""
+        fraction of the per-G-check cost); 1 produces them one at a time.
+
+        `timeline`: the restart's phases so far (`recovery.timeline`: the host marks process start, store
+        open and index; the runtime marks the rest), on its own clock; default: one that starts at `run`.
+        `index_catch_up`: records of a deferred index rebuild (`queuestore.output`) indexed after each batch
+        once recovery is over; the rest of it is done at the end of the input."""
         if check_every < 1:
             raise ConfigError(f"check_every must be >= 1, got {check_every}")
         if gcheck_batch < 1:
             raise ConfigError(f"gcheck_batch must be >= 1, got {gcheck_batch}")
+        if index_catch_up < 1:
+            raise ConfigError(f"index_catch_up must be >= 1, got {index_catch_up}")
         if clock is None:
             clock = schedule.clock if schedule is not None else time.monotonic
         self.clock = clock
@@ -125,7 +136,7 @@ class OperatorRuntime:
             self.sink,
             source.partitions,
             footprints=footprints,
-            closed_seq=output.index.last_closed_seq,
+            closed_seq=self._last_closed_seq,
             # Dead letters name the stream's own partition, not the instance's local index of it.
             global_partitions=tuple(getattr(source, "global_partitions", range(source.partitions))),
             stats=self.stats,
@@ -159,6 +170,10 @@ class OperatorRuntime:
         self._stop: Callable[[], bool] | None = None  # run()'s: a paced trim stops waiting when it says so
         self._replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         self._started = time.perf_counter()
+        self._timeline = timeline
+        self.index_catch_up = index_catch_up
+        # A fresh host's closed-window directory while its index catches up (`recovery.closed_directory`).
+        self._directory: ClosedWindowDirectory | None = None
 
     @property
     def policy(self) -> CheckpointPolicy:
@@ -181,7 +196,26 @@ class OperatorRuntime:
         """The instance's open windows (read by `cec.state_as_of` after a run)."""
         return self.instance.registry
 
+    @property
+    def timeline(self) -> RestartTimeline:
+        if self._timeline is None:
+            self._timeline = RestartTimeline()
+        return self._timeline
+
     # -- recovery --------------------------------------------------------------------------------------
+    def _last_closed_seq(self, key: str) -> int | None:
+        """The instance's `closed_seq`: the directory recovery read back while the index catches up, else
+        the index."""
+        if self._directory is not None:
+            return self._directory.last_closed_seq(key)
+        return self.output.index.last_closed_seq(key)
+
+    def _phase(self, name: str) -> None:
+        """A phase of recovery begins: the timeline's mark and the metrics' phase."""
+        self.timeline.mark(name)
+        if self.metrics is not None:
+            self.metrics.phase(name)
+
     def _results_at_end(self, reader: PartitionReader, crash_pos: Sequence[int]) -> list[dict[str, Any]]:
         """The results of the records at the log's end that carry the crash point's `pos` (the records of the
         tuple the crash cut, if any, are among them), for an operator with `unique_results`; else none."""
@@ -204,21 +238,39 @@ class OperatorRuntime:
 
         output = self.output
         with output.store.reader(output.topic, output.partition) as reader:
-            reader.hint_end(output.index.next_offset)  # the index was just reconciled with the log
+            # The log's end as the index (reconciled, or deferred to catch up with it) knew it at the start: on
+            # Kafka the end is found by consuming from this hint, and 0 would read the whole log again.
+            reader.hint_end(output.log_end)
             manager = RecoveryManager(
                 reader,
                 self.operator.decode_state if self.operator.stateful else (lambda b: None),
                 codec=self.codec,
                 progress=scanned,
-                on_phase=None if self.metrics is None else self.metrics.phase,
+                on_phase=self._phase,
             )
             try:
-                recovery = manager.recover(self.source.partitions)
+                recovery = manager.recover(self.source.partitions, cache=output.ec_cache)
             finally:
                 if scan is not None:
                     scan.close()
             crash_pos = recovery.checkpoint.crash_pos
             logged = [] if crash_pos is None else self._results_at_end(reader, crash_pos)
+        self.timeline.mark("restore")
+        if output.ec_cache is not None and recovery.forward is not None and not recovery.complete:
+            forward = recovery.forward  # the cache goes on from the checkpoint recovery decided on
+            output.ec_cache.adopt(
+                forward.parts, forward.last, forward.next_offset, stored=recovery.forward_stored
+            )
+        if output.index.deferred and recovery.needed:
+            ec = recovery.checkpoint
+            recovery.report.index_deferred = output.log_end - output.index.next_offset
+            self._directory = ClosedWindowDirectory(
+                lambda: output.store.reader(output.topic, output.partition),
+                output.index,
+                scanned_from=ec.scanned_from,
+                closed=ec.closed,
+                codec=self.codec,
+            )
         if self.metrics is not None:
             self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
         if not recovery.needed:
@@ -242,6 +294,7 @@ class OperatorRuntime:
         if recovery.complete:
             return False
         self.source.seek(plan.start)
+        self.timeline.mark("replay")
         return True
 
     def _caught_up(self) -> None:
@@ -250,10 +303,18 @@ class OperatorRuntime:
             self.metrics.phase("idle")
         report = self.stats.recovery
         if report is not None:
-            report.recovery_seconds = time.perf_counter() - self._started
-            report.catch_up_seconds = (
-                report.recovery_seconds - report.ec_build_seconds - report.ec_load_seconds
-            )
+            timeline = self.timeline
+            now = timeline.clock()
+            report.phases = timeline.durations(now)
+            report.recovery_seconds = now - timeline.started
+            report.startup_seconds = timeline.startup_seconds(now)
+            report.catch_up_seconds = report.phases.get("restore", 0.0) + report.phases.get("replay", 0.0)
+            if self._directory is not None:
+                report.directory_records_read = self._directory.records_read
+            # What the next restart pays before its EC work: the recovery-time policy plans with it.
+            self.rates.observe_restart(report.startup_seconds)
+            if self.metrics is not None:
+                self.metrics.restart(report.phases, report.recovery_seconds)
             self.progress(
                 f"caught up with the crash point: {report.tuples_replayed:,} tuples replayed, "
                 f"{report.tuples_skipped:,} skipped",
@@ -309,6 +370,7 @@ class OperatorRuntime:
     def _recover_and_run(self, stop: Callable[[], bool] | None, max_inputs: int | None) -> RunStats:
         self._started = time.perf_counter()
         self._stop = stop
+        self.timeline.mark("ec_build")  # a host that marked nothing: its timeline starts here
         if not self._recover():
             if self._trimmer is not None:  # a log complete already: trimmed to what recovery needs, too
                 self._trimmer.at_rest()
@@ -331,6 +393,7 @@ class OperatorRuntime:
             inputs.close()
             if self._replay_task is not None:
                 self._replay_task.close()
+            self._close_directory()
 
     def _run(
         self,
@@ -348,12 +411,15 @@ class OperatorRuntime:
             if not batch:  # live end of the input: serve completions while waiting
                 self.output.poll(self.idle_wait_s)
                 self._background(idle=True)
+                self._catch_up_index(self.index_catch_up)
                 continue
             k = self.check_every
             for first in range(0, len(batch), k):  # the checkpoint budget is looked at inside batches too
                 instance.apply_run(batch[first : first + k])
                 self._background()
             self.output.poll()
+            if self.output.index.deferred:
+                self._catch_up_index(self.index_catch_up)
             if self._trimmer is not None:
                 self._trimmer.after_batch()
             extent = instance.registry.extent_size(instance.out_count)
@@ -417,8 +483,24 @@ class OperatorRuntime:
             duty=self.schedule.real_duty(),
         )
 
+    def _catch_up_index(self, max_records: int | None) -> None:
+        """A deferred index rebuild (`queuestore.output`), a slice at a time once recovery is over (not
+        while restoring: the replay is what a recovery target bounds). Once the index holds the whole log
+        it answers for the closed-window directory again."""
+        if self.instance.phase is Phase.RESTORING or not self.output.index.deferred:
+            return
+        if self.output.catch_up_index(max_records):
+            self._close_directory()
+
+    def _close_directory(self) -> None:
+        directory, self._directory = self._directory, None
+        if directory is not None:
+            directory.close()
+
     def _finish(self, *, complete: bool) -> None:
         self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
+        if complete:
+            self._catch_up_index(None)  # the input ended: the index takes the rest of the log now
         if self._trimmer is not None:
             self._trimmer.at_rest()
         if self.metrics is not None:

@@ -15,6 +15,7 @@ from cec import progress
 from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
 from queuestore.kafka_config import quiet_librdkafka
+from recovery.timeline import process_started
 
 __all__ = ["REPORTED_ERROR_EXIT", "USER_ERRORS", "main"]
 
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         if spec.progress:
             logging.getLogger("cec.progress").setLevel(logging.INFO)
             progress.set_reporter(progress.LogReporter())
-        run_job(spec, crash_after=crash_after)
+        run_job(spec, crash_after=crash_after, started=process_started())
     except USER_ERRORS as exc:
         # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,
         # and an exit code the parent (the CLI) recognises as already reported.

@@ -182,6 +182,12 @@ class PartitionReader(abc.ABC):
         `next_offset`), so that finding the end need not read what is known to be there. Only a lower
         bound: the end is still found by reading; a wrong hint costs time, never correctness."""
 
+    def hint_end_from_store(self) -> None:  # noqa: B027 - optional: a backend whose end costs a read overrides
+        """`hint_end` with what the store tells cheaply, for a caller that holds the partition's writer (so
+        nothing is in flight): on Kafka the high watermark, where the end-finder then starts reading instead
+        of at the index's `next_offset`, which a lost index (a fresh host) leaves at the log start. Still
+        only a hint: the end is found by reading."""
+
     @abc.abstractmethod
     def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
         """Up to `max_records` records with offset >= `from_offset`, oldest first."""
@@ -246,10 +252,13 @@ class PartitionReader(abc.ABC):
         for records in self.scan_forward_chunks(from_offset, chunk):
             yield from records
 
-    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+    def scan_forward_chunks(
+        self, from_offset: int = 0, chunk: int = 4096, *, stop_before: int | None = None
+    ) -> Iterator[list[StoredRecord]]:
         """`scan_forward` in the lists it reads (up to `chunk` records each): what a checker of whole
-        batches (`cec.verified.LogVerifier.check`, in C when built) takes."""
-        end = self.end_offset()
+        batches (`cec.verified.LogVerifier.check`, in C when built) takes. `stop_before`: the end of the
+        stretch to read, an end the log is known to have reached (default: its end as it is now)."""
+        end = self.end_offset() if stop_before is None else stop_before
         offset = from_offset
         dense = self.dense_offsets
         if offset < end and offset < self.start_offset():
@@ -369,6 +378,10 @@ class QueueStore(abc.ABC):
     def index_path(self, topic: str, partition: int) -> Path:
         """Where the stream index of a partition lives (local, derived state: can be rebuilt)."""
         return self.state_dir / "index" / f"{topic}.{partition}.rocksdb"
+
+    def ec_cache_path(self, topic: str, partition: int) -> Path:
+        """Where the EC cache of a partition lives, beside its index (`queuestore.ec_cache`; derived)."""
+        return self.index_path(topic, partition).with_name(f"{topic}.{partition}.ec.rocksdb")
 
     @abc.abstractmethod
     def close(self) -> None: ...

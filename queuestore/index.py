@@ -24,6 +24,13 @@ with one warning. A writer's index (`log` given, as `OutputQueue` does) rebuilds
 a run too; one opened without a log is rebuilt by its next `reconcile`. A read-only index (another
 process's) is never dropped: it raises `IndexError_`, and its readers fall back to the log. Only a lock
 held by another live process is an error for a writer too: that process may be using the index.
+
+A writer that finds its index far behind the log (a fresh host: the state directory was lost) need not
+read the whole log before it starts (issue 26: recovery must grow with the extent, not the history):
+`defer` notes the log's end instead, `catch_up` then indexes the missing stretch a slice at a time while
+the operator runs, and the records that become durable meanwhile are held in memory and indexed once the
+stretch is done. The index stays the index of an exact prefix of the log throughout, so a crash during the
+catch-up leaves an index the next start reconciles (or defers) from where it got to.
 """
 
 from __future__ import annotations
@@ -99,6 +106,11 @@ class StreamIndex:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._batch = WriteBatch(raw_mode=True)
         self._db: Rdict | None = None
+        # While deferred (`defer`): the log's end when the catch-up began, the durable records noted since
+        # (indexed once the catch-up reaches that end) and the catch-up's position in the log.
+        self._deferred_end: int | None = None
+        self._held: list[tuple[int, str, int, list[str] | str | None, list[int] | int]] | None = None
+        self._catching: Iterator[tuple[int, RecordMeta | None]] | None = None
         try:
             try:
                 self._db = self._connect()
@@ -231,6 +243,7 @@ class StreamIndex:
                 self._db.close()
             self._db = None
         self._discard()
+        self._catching = None  # a deferred catch-up starts over from the (new, empty) index's start
         try:
             self._db = self._connect()
             self._load()
@@ -246,7 +259,7 @@ class StreamIndex:
             return
         try:
             with self._log() as reader:
-                self._reconcile(reader, None)
+                self._reconciled(reader, None)
         except _Unusable as again:
             raise IndexError_(f"cannot rebuild the stream index at {self.path}: {again}") from None
 
@@ -274,6 +287,12 @@ class StreamIndex:
     # -- writing ---------------------------------------------------------------------------------------
     def add(self, offset: int, meta: RecordMeta) -> None:
         """Note a durable record. Records must be added in offset order; `commit` makes them visible."""
+        if self._held is not None:  # deferred: indexed once the catch-up reaches the log's end
+            self._held.append((offset, meta.kind, meta.time, meta.key, meta.seq))
+            return
+        self._add(offset, meta)
+
+    def _add(self, offset: int, meta: RecordMeta) -> None:
         if offset < self._batch_next:
             return  # already indexed (reconcile after a restart may offer records twice)
         if offset - self._last_entry_offset >= self.stride:
@@ -287,13 +306,19 @@ class StreamIndex:
     def add_run(self, first: int, kind: str, time: int, keys: list[str], seqs: list[int]) -> None:
         """`add(first + i, RecordMeta(kind, time, keys[i], seqs[i]))` for each record of a run with
         consecutive offsets (the batched G-check): the same entries, without a call per record."""
+        if self._held is not None:  # deferred (see `add`)
+            self._held.append((first, kind, time, list(keys), list(seqs)))
+            return
+        self._add_run(first, kind, time, keys, seqs)
+
+    def _add_run(self, first: int, kind: str, time: int, keys: list[str], seqs: list[int]) -> None:
         end = first + len(keys)
         start = max(first, self._batch_next)
         if start >= end:
             return
         if kind == "R":  # results name their window in the closed-window directory: one by one
             for i in range(start - first, len(keys)):
-                self.add(first + i, RecordMeta(kind, time, keys[i], seqs[i]))
+                self._add(first + i, RecordMeta(kind, time, keys[i], seqs[i]))
             return
         entry = max(start, self._last_entry_offset + self.stride)  # add() makes one every stride offsets
         while entry < end:
@@ -326,15 +351,22 @@ class StreamIndex:
         and so is one that turns out damaged on the way.
         """
         try:
-            return self._reconcile(reader, progress)
+            return self._reconciled(reader, progress)
         except _Unusable as damage:
             if self._read_only:
                 raise self._error(damage) from None
             self._reset(damage)
         try:
-            return self._reconcile(reader, progress)
+            return self._reconciled(reader, progress)
         except _Unusable as damage:
             raise IndexError_(f"cannot rebuild the stream index at {self.path}: {damage}") from None
+
+    def _reconciled(self, reader: PartitionReader, progress: Callable[[int, int], None] | None) -> int:
+        """`_reconcile`, which also completes a deferred catch-up: it reads the log to its real end."""
+        done = self._reconcile(reader, progress)
+        if self._deferred_end is not None:
+            self._end_deferral()
+        return done
 
     def _reconcile(self, reader: PartitionReader, progress: Callable[[int, int], None] | None) -> int:
         reader.hint_end(self._next_offset)
@@ -352,6 +384,96 @@ class StreamIndex:
         # `end - start` offsets: an upper bound of the records on a store whose offsets have gaps.
         return self._index_records(_intact(reader, start, self.passed_over), end - start, progress)
 
+    # -- a deferred catch-up (module doc) ----------------------------------------------------------------
+    @property
+    def deferred(self) -> bool:
+        """The index is catching up with the log's end noted by `defer` (`catch_up` has work left)."""
+        return self._deferred_end is not None
+
+    @property
+    def deferred_end(self) -> int | None:
+        """The log's end noted by `defer` while the catch-up is under way, else None."""
+        return self._deferred_end
+
+    def defer(self, reader: PartitionReader) -> int:
+        """Note the log's real end instead of indexing up to it now (module doc); returns how many offsets
+        are left to index (0: the index was up to date, nothing is deferred). Like `reconcile`, an index
+        that claims more than the log holds, or turns out damaged, starts over empty (and then defers)."""
+        try:
+            return self._defer(reader)
+        except _Unusable as damage:
+            self._reset(damage)
+        try:
+            return self._defer(reader)
+        except _Unusable as damage:
+            raise IndexError_(f"cannot rebuild the stream index at {self.path}: {damage}") from None
+
+    def _defer(self, reader: PartitionReader) -> int:
+        reader.hint_end(self._next_offset)
+        end = reader.end_offset()
+        if self._next_offset > end:
+            log.info("the stream index at %s claims more than its log holds: rebuilding it", self.path)
+            self._reset(None)
+        log_start = reader.start_offset()
+        if self._next_offset < log_start:  # as in `_reconcile`
+            self._batch_next = self._next_offset = log_start
+        self._prune(log_start)
+        if end <= self._next_offset:
+            return 0
+        self._deferred_end, self._held, self._catching = end, [], None
+        return end - self._next_offset
+
+    def catch_up(self, reader: PartitionReader, max_records: int | None = None) -> bool:
+        """Index up to `max_records` more records (None: all) of the stretch `defer` left, with the same
+        checks as `reconcile`; once the stretch is done, index the records held meanwhile. True when the
+        index is caught up (or nothing was deferred). An index found damaged starts over from the log start,
+        keeping the records held."""
+        if self._deferred_end is None:
+            return True
+        try:
+            return self._catch_up(reader, max_records)
+        except _Unusable as damage:
+            self._reset(damage)
+            return False
+
+    def _catch_up(self, reader: PartitionReader, max_records: int | None) -> bool:
+        end = self._deferred_end
+        assert end is not None
+        if self._catching is None:
+            log_start = reader.start_offset()
+            if self._next_offset < log_start:  # trimmed meanwhile (an index reset restarts at 0)
+                self._batch_next = self._next_offset = log_start
+            self._catching = _intact(reader, self._next_offset, self.passed_over, stop_before=end)
+        for done, (offset, meta) in enumerate(self._catching, 1):
+            if meta is not None:
+                self._add(offset, meta)
+            elif offset >= self._batch_next:  # a damaged footprint: no entry, but indexed past
+                self._batch_next = offset + 1
+                self._batch_size += 1
+            if self._batch_size >= 50_000:
+                self._commit()
+            if max_records is not None and done >= max_records:
+                self._commit()
+                return False
+        self._commit()
+        self._end_deferral()
+        return True
+
+    def _end_deferral(self) -> None:
+        """The deferred stretch is indexed: index the records held meanwhile (those already indexed, by a
+        rebuild that read the log past the stretch, are passed over by `_add`) and go back to indexing
+        durable records as they come."""
+        held = self._held or []
+        self._deferred_end, self._held, self._catching = None, None, None
+        for offset, kind, time, key, seq in held:
+            if isinstance(key, list):
+                assert isinstance(seq, list)
+                self._add_run(offset, kind, time, key, seq)
+            else:
+                assert isinstance(seq, int)
+                self._add(offset, RecordMeta(kind, time, key, seq))
+        self._commit()
+
     def _index_records(
         self,
         records: Iterable[tuple[int, RecordMeta | None]],
@@ -361,7 +483,7 @@ class StreamIndex:
         done = 0
         for offset, meta in records:
             if meta is not None:
-                self.add(offset, meta)
+                self._add(offset, meta)
             elif offset >= self._batch_next:  # a damaged footprint: no entry, but indexed past
                 self._batch_next = offset + 1
                 self._batch_size += 1
@@ -456,12 +578,13 @@ def _offset_of(time_key: bytes) -> int:
 
 
 def _intact(
-    reader: PartitionReader, start: int, passed_over: list[int]
+    reader: PartitionReader, start: int, passed_over: list[int], *, stop_before: int | None = None
 ) -> Iterator[tuple[int, RecordMeta | None]]:
     """(offset, meta) of each record from `start` on that passes its checksum, in log order, and
     (offset, None) of each damaged footprint (noted in `passed_over`, with a warning): the index takes
     nothing from a damaged record, but recovery may still fall back past it (DESIGN-NOTES section 2).
-    Any other damage is `DamagedLogError`. (A chunked value's parts come as its manifest.)"""
+    Any other damage is `DamagedLogError`. (A chunked value's parts come as its manifest.) `stop_before`:
+    the end of the stretch to read (default: the log's end as it is now)."""
     # cec imports queuestore (its records carry a RecordMeta): imported here, not at module level.
     from cec.verified import LogVerifier
 
@@ -469,7 +592,9 @@ def _intact(
     verifier = LogVerifier(reader, passable=_FOOTPRINT_KINDS, passed_over=damaged)
     verifier.seek(start)
     seen = 0
-    for records in reader.scan_forward_chunks(start):  # whole lists: checked in one C call when plain
+    for records in reader.scan_forward_chunks(
+        start, stop_before=stop_before
+    ):  # whole lists: checked in one C call when plain
         for record in verifier.check(records):
             while seen < len(damaged):
                 yield damaged[seen], None

@@ -8,14 +8,20 @@ Fail-stop, on every backend (the writers implement it, see `queuestore.base`): t
 makes `append`, `poll` and `flush` raise `WriterFailedError` at once, and nothing after the failed record
 is ever written, so the log stays a gapless prefix of what the operator produced and a restart recovers
 from it exactly. The operator must stop; it never goes on past a hole.
+
+A fresh host (the state directory lost) finds its index empty beside a long log. With `defer_index_above`,
+an index more than that many records behind is not rebuilt before the operator starts: the gap is noted
+(`StreamIndex.defer`), recovery reads the log back from its end as far as it needs
+(`recovery.closed_directory`), and the host calls `catch_up_index` while it runs to index the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from queuestore.base import PartitionWriter, QueueStore, RecordMeta
+from queuestore.base import PartitionReader, PartitionWriter, QueueStore, RecordMeta
 from queuestore.chunks import split
+from queuestore.ec_cache import ECCache
 from queuestore.index import StreamIndex
 
 __all__ = ["OutputQueue"]
@@ -29,11 +35,21 @@ class OutputQueue:
         partition: int,
         *,
         index_progress: Callable[[int, int], None] | None = None,
+        defer_index_above: int | None = None,
+        on_index: Callable[[], None] | None = None,
+        ec_cache: bool = False,
     ) -> None:
+        """`defer_index_above`: defer the index's rebuild when it is more than this many records behind
+        the log (module doc); None: always bring it up to the log's end here. `on_index` is told when the
+        writer is open and the index is about to be (a host's restart timeline, `recovery.timeline`).
+        `ec_cache`: keep the EC cache beside the index (`queuestore.ec_cache`: written once the host's
+        recovery adopted a checkpoint)."""
         self.store = store
         self.topic = topic
         self.partition = partition
         self.writer: PartitionWriter = store.writer(topic, partition)
+        if on_index is not None:
+            on_index()
         try:
             # Given the log: an index found damaged in the middle of the run is rebuilt from it there.
             self.index = StreamIndex(
@@ -46,22 +62,62 @@ class OutputQueue:
             raise
         try:
             with store.reader(topic, partition) as reader:
-                # Paper appendix, recovery step (1): reconcile the index with the log's real length.
-                self.reconciled = self.index.reconcile(reader, index_progress)
+                self.reconciled = 0
+                if defer_index_above is not None:
+                    reader.hint_end(self.index.next_offset)
+                    reader.hint_end_from_store()  # this queue holds the writer: a lost index gives no hint
+                    if reader.end_offset() - self.index.next_offset > defer_index_above:
+                        self.index.defer(reader)
+                if not self.index.deferred:
+                    # Paper appendix, recovery step (1): reconcile the index with the log's real length.
+                    self.reconciled = self.index.reconcile(reader, index_progress)
         except BaseException:
             self.index.close()
             self.writer.close()
             raise
+        self.ec_cache: ECCache | None = None
+        if ec_cache:
+            self.ec_cache = ECCache(store.ec_cache_path(topic, partition), identity=f"{topic}/{partition}")
         self.durable_count = 0
         self.appended = 0  # records handed to the writer (parts count one each): durable_count catches up
         self.failures: list[Exception] = []  # failed appends whose callbacks were served
+        self._catch_up_reader: PartitionReader | None = None
 
-    def _on_durable(self, meta: RecordMeta) -> Callable[[int | None, Exception | None], None]:
+    @property
+    def log_end(self) -> int:
+        """The log's end as far as this queue knows before it appends: the index's `next_offset`, or the
+        end a deferred index is catching up with."""
+        deferred = self.index.deferred_end
+        return self.index.next_offset if deferred is None else max(deferred, self.index.next_offset)
+
+    def catch_up_index(self, max_records: int | None = None) -> bool:
+        """Index up to `max_records` more records of a deferred rebuild (None: all that is left); True once
+        the index is caught up with the log (at once when nothing was deferred)."""
+        if not self.index.deferred:
+            return True
+        if self._catch_up_reader is None:
+            self._catch_up_reader = self.store.reader(self.topic, self.partition)
+        done = self.index.catch_up(self._catch_up_reader, max_records)
+        if done:
+            self._close_catch_up()
+        return done
+
+    def _close_catch_up(self) -> None:
+        reader, self._catch_up_reader = self._catch_up_reader, None
+        if reader is not None:
+            reader.close()
+
+    def _on_durable(self, meta: RecordMeta, value: bytes) -> Callable[[int | None, Exception | None], None]:
+        """`value`: the record's whole value (a chunked value's, for its manifest), for the EC cache."""
+        cache = self.ec_cache
+
         def done(offset: int | None, error: Exception | None) -> None:
             if error is not None or offset is None:
                 self.failures.append(error or RuntimeError("no offset"))
                 return
             self.index.add(offset, meta)
+            if cache is not None:
+                cache.apply((offset, meta.kind, meta.time, meta.key, meta.seq, value))
             self.durable_count += 1
 
         return done
@@ -71,21 +127,28 @@ class OutputQueue:
         (`queuestore.chunks`), all-or-nothing for readers."""
         limit = self.store.value_limit(meta)
         if len(value) <= limit:
-            self.writer.append(value, meta, self._on_durable(meta))
+            self.writer.append(value, meta, self._on_durable(meta, value))
             self.appended += 1
             return
         for part_value, part_meta in split(value, meta, limit):
-            self.writer.append(part_value, part_meta, self._on_durable(part_meta))
+            whole = value if part_meta is meta else part_value  # the manifest stands for the whole value
+            self.writer.append(part_value, part_meta, self._on_durable(part_meta, whole))
             self.appended += 1
 
     def _on_durable_run(
-        self, kind: str, time: int, keys: list[str], seqs: list[int]
+        self, kind: str, time: int, keys: list[str], seqs: list[int], values: list[bytes]
     ) -> Callable[[int | None, Exception | None], None]:
+        cache = self.ec_cache
+
         def done(last: int | None, error: Exception | None) -> None:
             if error is not None or last is None:
                 self.failures.append(error or RuntimeError("no offset"))
                 return
-            self.index.add_run(last - len(keys) + 1, kind, time, keys, seqs)
+            first = last - len(keys) + 1
+            self.index.add_run(first, kind, time, keys, seqs)
+            if cache is not None:
+                for i, (key, seq, value) in enumerate(zip(keys, seqs, values, strict=True)):
+                    cache.apply((first + i, kind, time, key, seq, value))
             self.durable_count += len(keys)
 
         return done
@@ -103,7 +166,9 @@ class OutputQueue:
             longest_key = max(map(len, keys))
             limit = self.store.value_limit(RecordMeta(kind, time, "x" * (4 * longest_key), 0))
             if max(map(len, values)) <= limit:
-                append_run(kind, time, keys, seqs, values, self._on_durable_run(kind, time, keys, seqs))
+                append_run(
+                    kind, time, keys, seqs, values, self._on_durable_run(kind, time, keys, seqs, values)
+                )
                 self.appended += len(values)
                 return
         for key, seq, value in zip(keys, seqs, values, strict=True):
@@ -115,11 +180,15 @@ class OutputQueue:
         # writer reaps a pipelined commit that is through there), and the index must learn them now, not
         # at the final flush. A no-op when the index learnt nothing.
         self.index.commit()
+        if self.ec_cache is not None:
+            self.ec_cache.commit()
         return served
 
     def flush(self) -> None:
         self.writer.flush()
         self.index.commit()
+        if self.ec_cache is not None:
+            self.ec_cache.commit()
 
     @property
     def outstanding(self) -> int:
@@ -130,4 +199,10 @@ class OutputQueue:
             self.writer.close()
             self.index.commit()
         finally:
-            self.index.close()
+            try:
+                self._close_catch_up()  # a catch-up not finished: the next start takes it up again
+                if self.ec_cache is not None:
+                    self.ec_cache.commit()
+                    self.ec_cache.close()
+            finally:
+                self.index.close()

@@ -75,6 +75,11 @@ class ECFootprint:
         self._record = record
 
     @property
+    def row(self) -> Row:
+        """The footprint as stored (offset, kind, time, key, seq, whole value): what the EC cache keeps."""
+        return self._row
+
+    @property
     def record(self) -> OutputRecord:
         if self._record is None:
             # The builder keeps only values that passed their checksum: no need to compute it again.
@@ -107,6 +112,11 @@ class EventualCheckpoint:
     build_seconds: float = 0.0
     fallbacks: list[int] = field(default_factory=list)  # offsets of damaged footprints passed over
     marks: tuple[int, ...] = ()  # the crash record's event-time maxima per input partition (watermarks)
+    # The windows whose R the scan met, and the lowest offset it read: the closed-window directory of the
+    # log from there to its end (`recovery.closed_directory`), without reading the log again.
+    closed: set[tuple[str, int]] = field(default_factory=set)
+    scanned_from: int = 0
+    crash_row: Row | None = None  # the crash point's record as stored (whole value): what the EC cache keeps
 
     @property
     def extent_size(self) -> int:
@@ -166,6 +176,7 @@ class EventualCheckpointBuilder:
         # 1. The crash point: the newest intact record.
         newest: OutputRecord | None = None
         newest_offset = -1
+        crash_row: Row | None = None
         while newest is None and chunks.next(self.chunk):
             rows, failed = chunks.rows, chunks.failed
             for index in range(chunks.at, len(rows)):
@@ -177,6 +188,7 @@ class EventualCheckpointBuilder:
                 whole = self._whole(stored) if index in failed else stored
                 if whole is not None:
                     newest, newest_offset = codec.decode(whole.value, whole.meta, verified=True), offset
+                    crash_row = (offset, *whole.meta, whole.value)
                     chunks.at = index + 1
                     break
                 self._damaged(stored, corrupt, "at the end of the log, so the crash point is unknown")
@@ -188,9 +200,11 @@ class EventualCheckpointBuilder:
                     f"{self.reader.log_name}: no intact record in the log; {self.reader.way_out}"
                 )
             return EventualCheckpoint(
-                {}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started
-            )
+                {}, None, 0, 0, end, end, records_read, 0, False, time.perf_counter() - started,
+                scanned_from=chunks.upper,
+            )  # fmt: skip
 
+        assert crash_row is not None
         n = newest.n
         windows: dict[str, ECFootprint] = {}
         closed: set[tuple[str, int]] = set()
@@ -199,8 +213,7 @@ class EventualCheckpointBuilder:
             if newest.kind is Kind.R:
                 closed.add((newest.key, newest.seq))
             elif newest.kind in FOOTPRINT_KINDS:
-                row = (newest_offset, *newest.meta(), b"")
-                windows[newest.key] = ECFootprint(newest_offset, newest.key, row, codec, newest)
+                windows[newest.key] = ECFootprint(newest_offset, newest.key, crash_row, codec, newest)
                 extent_start = newest_offset
 
         # 2. Read back until N windows are found. Each chunk's checksums are checked at once (C when
@@ -253,6 +266,9 @@ class EventualCheckpointBuilder:
             build_seconds=time.perf_counter() - started,
             fallbacks=corrupt,
             marks=newest.marks,
+            closed=closed,
+            scanned_from=min(extent_start, newest_offset),
+            crash_row=crash_row,
         )
 
 

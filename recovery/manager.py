@@ -11,12 +11,14 @@ import dataclasses
 import operator
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from cec.native import native
 from cec.records import RecordCodec
 from queuestore.base import PartitionReader
+from queuestore.ec_cache import ECCache
+from recovery.cached import checkpoint_from_cache
 from recovery.contract import ReplayContract
 from recovery.eventual import (
     ECFootprint,
@@ -25,6 +27,7 @@ from recovery.eventual import (
     footprint_records,
     gc_paused,
 )
+from recovery.forward import ForwardCheckpoint
 
 __all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
 
@@ -51,8 +54,20 @@ class RecoveryReport:
     replay_span: int = 0
     tuples_replayed: int = 0  # filled in by the runtime as replay proceeds
     tuples_skipped: int = 0
-    catch_up_seconds: float = 0.0
+    catch_up_seconds: float = 0.0  # restore + replay
+    # From the start of the restart (the process's, where the host knows it) to caught up: every phase of
+    # `recovery.timeline`, each in `phases`; `startup_seconds` is the part before any EC work.
     recovery_seconds: float = 0.0
+    startup_seconds: float = 0.0
+    phases: dict[str, float] = field(default_factory=dict)
+    # A fresh host: log records the index had yet to take in at the start (its rebuild deferred), and the
+    # records read back on demand for the closed-window directory (`recovery.closed_directory`).
+    index_deferred: int = 0
+    directory_records_read: int = 0
+    # Where the eventual checkpoint came from: "log" (read back) or "cache" (the EC cache and the log's
+    # tail, `recovery.cached`); with a cache that was not used, why not.
+    ec_source: str = "log"
+    ec_cache_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -64,6 +79,10 @@ class Recovery:
     windows: list[LoadedWindow]  # oldest footprint first
     plan: ReplayContract
     report: RecoveryReport
+    # The checkpoint as the EC cache goes on from it (`queuestore.ec_cache`), and whether the cache holds
+    # it already (loaded from it with no tail); None without a cache.
+    forward: ForwardCheckpoint | None = None
+    forward_stored: bool = False
 
     @property
     def needed(self) -> bool:
@@ -108,10 +127,29 @@ class RecoveryManager:
         self.progress = progress
         self.on_phase = on_phase or (lambda phase: None)
 
-    def recover(self, input_partitions: int) -> Recovery:
+    def recover(self, input_partitions: int, cache: ECCache | None = None) -> Recovery:
+        """`cache`: the partition's EC cache (`recovery.cached`): used when it checks out against the log,
+        else the log is read back and the cache is cleared, to be written again from the checkpoint."""
         started = time.perf_counter()
         self.on_phase("ec_build")
-        ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
+        source, note = "log", ""
+        forward: ForwardCheckpoint | None = None
+        forward_stored = False
+        ec: EventualCheckpoint | None = None
+        if cache is not None:
+            cached = checkpoint_from_cache(self.reader, cache, self.codec)
+            if isinstance(cached, str):
+                note = cached
+                cache.clear()
+            else:
+                ec, forward = cached
+                source, forward_stored = "cache", ec.records_read == 0
+                ec.build_seconds = time.perf_counter() - started
+        if ec is None:
+            ec = EventualCheckpointBuilder(self.reader, self.codec, progress=self.progress).build()
+            if cache is not None:
+                parts = {fp.key: fp.row for fp in ec.windows.values()}
+                forward = ForwardCheckpoint(parts, ec.crash_row, ec.end_offset)
         self.on_phase("ec_load")
         load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
         decode_state = self.decode_state
@@ -140,5 +178,7 @@ class RecoveryManager:
             crash_pos=plan.crash_pos,
             replay_span=plan.replay_span,
             recovery_seconds=time.perf_counter() - started,
+            ec_source=source,
+            ec_cache_note=note,
         )
-        return Recovery(ec, windows, plan, report)
+        return Recovery(ec, windows, plan, report, forward, forward_stored)

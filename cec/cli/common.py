@@ -235,8 +235,32 @@ def recovery_lines(rec: dict[str, Any] | None) -> list[str]:
         f"  replay:                from {rec['replay_start']} to crash point {rec['crash_pos']}: "
         f"{rec['tuples_replayed']:,} tuples replayed, {rec['tuples_skipped']:,} skipped",
         f"  damaged footprints:    {rec['corrupt_footprints']}",
-        f"  recovery time:         {rec['recovery_seconds'] * 1000:.1f} ms (EC build + load + replay to the crash point)",
+        f"  recovery time:         {rec['recovery_seconds'] * 1000:.1f} ms (from the restart's start to caught up with the crash point)",
+        *restart_phase_lines(rec),
     ]
+
+
+# How the report names the phases of a restart (`recovery.timeline.PHASES`).
+_PHASE_NAMES = {
+    "process_start": "process start",
+    "store_open": "store open",
+    "index": "index",
+    "ec_build": "EC build",
+    "ec_load": "EC load",
+    "restore": "restore",
+    "replay": "replay",
+}
+
+
+def restart_phase_lines(rec: dict[str, Any]) -> list[str]:
+    """The phases the recovery time is made of (stats of a run before the phases were recorded: none)."""
+    phases = rec.get("phases") or {}
+    if not phases:
+        return []
+    parts = ", ".join(
+        f"{_PHASE_NAMES.get(name, name)} {seconds * 1000:,.1f} ms" for name, seconds in phases.items()
+    )
+    return [f"  restart phases:        {parts}"]
 
 
 def checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> list[str]:

@@ -42,6 +42,7 @@ from operators.sinks import IncrementalOutputs
 from operators.sources import CsvSource
 from operators.specs import OperatorSpec, SourceSpec
 from queuestore.factory import StoreSpec, open_store, store_spec
+from recovery.timeline import process_started
 
 __all__ = ["add_parser", "cmd_run"]
 
@@ -112,7 +113,7 @@ def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopReque
     """Run the job (in this process until its input ends or `stop` is set, or with --crash-after in a worker
     SIGKILLed after K rows and a second one that recovers); its stats."""
     if crash_after is None:
-        return run_job(spec, stop=stop).as_dict()
+        return run_job(spec, stop=stop, started=process_started()).as_dict()
     rc = wait(start_worker(spec, root / "run.json", crash_after=crash_after), "operator")
     if rc == -signal.SIGKILL:
         say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")

@@ -50,6 +50,7 @@ from operators.sinks import (
 from operators.specs import OperatorSpec, SourceSpec
 from operators.topic_source import pin_bounds, topic_partition_count
 from queuestore.factory import StoreSpec, open_store, store_spec
+from recovery.timeline import process_started
 
 __all__ = ["add_topic_arguments", "cmd_run_topic", "results_topic_of"]
 
@@ -352,7 +353,7 @@ def _run_instances(
 
     def run(i: int) -> None:
         try:
-            stats[i] = run_job(specs[i], stop=stop)
+            stats[i] = run_job(specs[i], stop=stop, started=process_started())
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
             stop.set()

@@ -293,6 +293,19 @@ class KafkaPartitionReader(PartitionReader):
         # starting that read at a known lower bound spares reading the whole partition.
         self._note_end(offset)
 
+    def hint_end_from_store(self) -> None:
+        # With the partition's writer initialised its transactions are settled, so the high watermark is
+        # the end, or below it where a broker understates it (Tansu, DESIGN-NOTES 4): a start for the
+        # end-finder, which still reads to the EOF event. Without an answer, no hint: a slower find only.
+        consumer = self._live_consumer()
+        try:
+            _, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, self.partition), timeout=self._stall_timeout
+            )
+        except KafkaException:
+            return
+        self._note_end(max(0, int(high)))
+
     def start_offset(self) -> int:
         """The log start: the low watermark (Apache Kafka moves it on `delete_records`; Tansu reports 0)."""
         consumer = self._live_consumer()
@@ -359,10 +372,12 @@ class KafkaPartitionReader(PartitionReader):
             result = self._read(start, want=max_records, stop_before=None)
         return result.records
 
-    def scan_forward_chunks(self, from_offset: int = 0, chunk: int = 4096) -> Iterator[list[StoredRecord]]:
+    def scan_forward_chunks(
+        self, from_offset: int = 0, chunk: int = 4096, *, stop_before: int | None = None
+    ) -> Iterator[list[StoredRecord]]:
         # Not the base class's record counting: with transaction markers in the way, `chunk` records from
         # `offset` can lie past the end found at the start, and the scan must stop at that end.
-        end = self.end_offset()
+        end = self.end_offset() if stop_before is None else stop_before
         offset = max(0, from_offset)
         while offset < end:
             result = self._read(offset, want=max(1, chunk), stop_before=end)

@@ -1,0 +1,91 @@
+"""A restart with the EC cache (design S0): the eventual checkpoint the cache holds as of offset X, checked
+against the log, then brought to the log's end by reading only the tail [X, end) forward
+(`recovery.forward`). Anything that does not check out is a reason (a string) instead of a checkpoint:
+the caller reads the log back, as without a cache (DESIGN-NOTES section 2), and writes the cache again.
+
+The checks, all before anything is trusted:
+- the cache is of this partition and readable whole (`queuestore.ec_cache.ECCache.load`);
+- it is not ahead of the log (a log replaced, or trimmed past it);
+- every value it holds passes the record's own checksum (a damaged cache byte is found here);
+- its newest record is the log's record at that offset (another log of the same name differs there);
+- every record of the tail passes its checksum (a damaged one: the log is read back, where the rules for
+  damaged records live);
+- the windows add up to the crash point's N (`ForwardCheckpoint.checkpoint`).
+"""
+
+from __future__ import annotations
+
+from cec.exceptions import CodecError
+from cec.records import RecordCodec
+from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
+from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
+from queuestore.ec_cache import ECCache
+from queuestore.exceptions import TornRecordError
+from recovery.eventual import EventualCheckpoint
+from recovery.forward import ForwardCheckpoint
+
+__all__ = ["checkpoint_from_cache"]
+
+TAIL_CHUNK = 8192
+
+
+def _stored(row: Row) -> StoredRecord:
+    offset, kind, t, key, seq, value = row
+    return StoredRecord(offset, value, RecordMeta(kind, t, key, seq))
+
+
+def checkpoint_from_cache(
+    reader: PartitionReader, cache: ECCache, codec: RecordCodec
+) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
+    """The eventual checkpoint at the log's end from the cache and the tail, with the forward checkpoint it
+    came from (the cache goes on from it); or why the cache was not used."""
+    loaded = cache.load()
+    if loaded is None:
+        return "no EC cache"
+    parts, last, next_offset = loaded
+    end = reader.end_offset()
+    if next_offset > end:
+        return f"the EC cache is ahead of the log (offset {next_offset:,}, log end {end:,})"
+    if next_offset < reader.start_offset():
+        return "the EC cache is behind the log's start (trimmed past it)"
+    rows = [*parts.values(), *([] if last is None else [last])]
+    if rows and codec.failing_rows(rows):
+        return "the EC cache holds a damaged value"
+    if last is not None:
+        at_log = reader.read_range_rows(last[0], last[0] + 1)
+        if (
+            not at_log
+            or at_log[0][:5] != last[:5]
+            or (at_log[0][5] != last[5] and not is_manifest(_stored(at_log[0])))
+        ):
+            return f"the EC cache's newest record is not the log's record at offset {last[0]:,}"
+    forward = ForwardCheckpoint(dict(parts), last, next_offset)
+    read = 0
+    offset = next_offset
+    try:
+        while offset < end:
+            chunk = reader.read_range_rows(offset, min(end, offset + TAIL_CHUNK))
+            if not chunk:
+                break
+            read += len(chunk)
+            failed = set(codec.failing_rows(chunk))
+            for index, row in enumerate(chunk):
+                if index in failed:
+                    stored = _stored(row)
+                    if row[1] == PART_KIND and is_part(stored):
+                        forward.apply(row)
+                        continue
+                    if not is_manifest(stored):
+                        return f"a damaged record in the log's tail (offset {row[0]:,})"
+                    whole = reassemble(reader, stored)
+                    row = (*row[:5], whole)
+                    codec.verify(whole, stored.meta)
+                forward.apply(row)
+            offset = chunk[-1][0] + 1
+    except (TornRecordError, CodecError) as exc:  # a torn chunked value, a damaged one: read back instead
+        return f"the log's tail could not be applied ({exc})"
+    ec = forward.checkpoint(codec, end)
+    if ec is None:
+        return "the EC cache does not add up to the crash point's open windows"
+    ec.records_read = read
+    return ec, forward
