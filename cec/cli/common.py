@@ -224,6 +224,8 @@ def wait(proc: subprocess.Popen[bytes], what: str, stop: StopRequest | None = No
                 proc.kill()
                 break
     rc = proc.wait()
+    if stop is not None and stop():
+        return rc  # whatever it died of then (Ctrl-C reaches it too): the caller reports the stop
     if rc == REPORTED_ERROR_EXIT:
         raise AlreadyReported(what)
     if rc not in (0, -signal.SIGKILL):
