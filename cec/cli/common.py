@@ -24,6 +24,7 @@ from typing import Any
 
 from cec.config import POLICIES, Checkpointing
 from cec.exceptions import CecError, ConfigError
+from cec.stopping import StopRequest
 from cec.validation import check_output_file, prepare_store_dir
 from operators.aggregate_flags import result_layout
 from operators.base import DEAD_LETTER_SCHEMA
@@ -208,9 +209,23 @@ class AlreadyReported(CecError):
     """A child process already printed the one-line error; the CLI only exits with its code."""
 
 
-def wait(proc: subprocess.Popen[bytes], what: str) -> int:
-    """The worker's exit code: 0, or -SIGKILL (killed on purpose); anything else is an error."""
+# How often a parent waiting on its worker looks at its stop request (a check of a flag, not a deadline).
+_STOP_POLL_S = 0.1
+
+
+def wait(proc: subprocess.Popen[bytes], what: str, stop: StopRequest | None = None) -> int:
+    """The worker's exit code: 0, or -SIGKILL (killed on purpose); anything else is an error. `stop`: once
+    it is set (a stop signal, or the results writer died) the worker is SIGKILLed instead of awaited: it
+    polls no request of this process, and one that paces its trimming on a dead writer would wait for it
+    for ever; its log is then what a crash leaves, which the next run recovers. The caller checks `stop`."""
+    if stop is not None:
+        while proc.poll() is None:
+            if stop.wait(_STOP_POLL_S):
+                proc.kill()
+                break
     rc = proc.wait()
+    if stop is not None and stop():
+        return rc  # whatever it died of then (Ctrl-C reaches it too): the caller reports the stop
     if rc == REPORTED_ERROR_EXIT:
         raise AlreadyReported(what)
     if rc not in (0, -signal.SIGKILL):

@@ -114,12 +114,14 @@ def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopReque
     SIGKILLed after K rows and a second one that recovers); its stats."""
     if crash_after is None:
         return run_job(spec, stop=stop, started=process_started()).as_dict()
-    rc = wait(start_worker(spec, root / "run.json", crash_after=crash_after), "operator")
-    if rc == -signal.SIGKILL:
-        say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
+    rc = wait(start_worker(spec, root / "run.json", crash_after=crash_after), "operator", stop)
     if stop():
         return {"completed": False}
-    wait(start_worker(spec, root / "run.json"), "operator")
+    if rc == -signal.SIGKILL:
+        say(f"operator process SIGKILLed after {crash_after:,} input rows; recovering")
+    wait(start_worker(spec, root / "run.json"), "operator", stop)
+    if stop():
+        return {"completed": False}
     return load_stats(Path(spec.stats_path or ""))
 
 

@@ -264,14 +264,16 @@ def _execute(
         if stop():
             break
         spec_path = root / f"run-{p}.json"
-        rc = wait(start_worker(spec, spec_path, crash_after=args.crash_after), "operator")
+        rc = wait(start_worker(spec, spec_path, crash_after=args.crash_after), "operator", stop)
+        if stop():
+            break
         if rc == -signal.SIGKILL:
             say(
                 f"partition {p}: operator process SIGKILLed after {args.crash_after:,} input records; recovering"
             )
+        wait(start_worker(spec, spec_path), "operator", stop)
         if stop():
             break
-        wait(start_worker(spec, spec_path), "operator")
         stats = load_stats(Path(spec.stats_path or ""))
         run.recoveries.append(stats.get("recovery"))
         run.completed[p] = bool(stats.get("completed"))

@@ -98,6 +98,10 @@ class KafkaQueueStore(QueueStore):
         self._admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._children: list[KafkaPartitionWriter | KafkaPartitionReader] = []
+        # The acknowledgements read so far, per companion topic (`acknowledged`); its own lock: a reader's
+        # close takes `_lock`.
+        self._acks: dict[str, _Acknowledgements] = {}
+        self._acks_lock = threading.Lock()
         self._closed = False
 
     def __repr__(self) -> str:
@@ -207,8 +211,9 @@ class KafkaQueueStore(QueueStore):
     def attachment_topic(self, topic: str) -> str:
         """The companion topic that holds `topic`'s attachments: in Kafka itself, so that any host with
         any state_dir finds them. One partition; records keyed by (output partition, name), newest wins.
-        Written only when a log starts (a handful of records per topic), so it needs no compaction and
-        keeps the store's default configs (nothing in it is ever deleted)."""
+        Written when a log starts (a handful of records per topic) and at each acknowledgement of a
+        registered consumer (one per commit of `cec run`'s results writer); it keeps the store's default
+        configs (nothing in it is ever deleted), and `acknowledged` reads it on from where it last ended."""
         return ATTACHMENT_TOPIC_PREFIX + topic
 
     @staticmethod
@@ -258,18 +263,19 @@ class KafkaQueueStore(QueueStore):
         self.write_attachment(topic, partition, _ACK_PREFIX + consumer, b"")
 
     def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
+        """One reader of the companion topic kept for the store's life, which reads only what was appended
+        since the last call: an operator asks at every due point and while it waits for a consumer, and a
+        long run writes an acknowledgement at every one of its writer's commits (the companion only grows),
+        so a scan from its start at each call would grow with the run."""
         self._check_partition(topic, partition)
         companion = self.attachment_topic(topic)
-        if self._topic_partitions(companion) is None:
-            return {}
-        prefix = f"{partition}/{_ACK_PREFIX}"
-        acks: dict[str, bytes] = {}
-        with self.reader(companion, 0) as reader:
-            for record in reader.scan_forward(0):
-                key = record.meta.key
-                if record.meta.kind == _ATTACHMENT_KIND and key is not None and key.startswith(prefix):
-                    acks[key[len(prefix) :]] = record.value  # newest wins
-        return {name: int(value) for name, value in acks.items() if value}
+        with self._acks_lock:
+            acks = self._acks.get(companion)
+            if acks is None:
+                if self._topic_partitions(companion) is None:
+                    return {}
+                acks = self._acks[companion] = _Acknowledgements(self.reader(companion, 0))
+            return acks.of(partition)
 
     def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
         with self._lock, contextlib.suppress(ValueError):
@@ -278,6 +284,8 @@ class KafkaQueueStore(QueueStore):
     def close(self) -> None:
         if self._closed:
             return
+        with self._acks_lock:
+            self._acks.clear()  # their readers are children: closed below
         with self._lock:
             children = list(self._children)
         for child in children:
@@ -287,3 +295,27 @@ class KafkaQueueStore(QueueStore):
                 log.exception("closing %r failed", child)
         self._closed = True
         self._admin = None
+
+
+class _Acknowledgements:
+    """The newest acknowledgement of every (output partition, consumer) in a companion topic, kept up to
+    date by reading on from where the last read ended (newest wins; an empty value: forgotten)."""
+
+    def __init__(self, reader: KafkaPartitionReader) -> None:
+        self.reader = reader
+        self.next_offset = 0
+        self.values: dict[int, dict[str, bytes]] = {}
+
+    def _catch_up(self) -> None:
+        for record in self.reader.scan_forward(self.next_offset):
+            self.next_offset = record.offset + 1
+            key = record.meta.key
+            if record.meta.kind != _ATTACHMENT_KIND or key is None:
+                continue
+            partition, _, name = key.partition("/")
+            if name.startswith(_ACK_PREFIX) and partition.isdigit():
+                self.values.setdefault(int(partition), {})[name[len(_ACK_PREFIX) :]] = record.value
+
+    def of(self, partition: int) -> dict[str, int]:
+        self._catch_up()
+        return {name: int(value) for name, value in self.values.get(partition, {}).items() if value}

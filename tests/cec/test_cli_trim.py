@@ -5,7 +5,9 @@ too, and the run ends with the log at what recovery needs (docs/long-runs.md, "T
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -155,6 +157,59 @@ def test_crash_after_with_trimming_is_exact(tmp_path: Path, plain: tuple[Path, b
     _assert_same(results, plain)
 
 
+def _writer_committed(store: Path) -> bool:
+    """The results writer has acknowledged a part of the log (the operator may trim up to it)."""
+    for progress in store.glob(".*.results-writer.json"):
+        try:
+            return bool(json.loads(progress.read_text())["offsets"][0] > 0)
+        except (FileNotFoundError, ValueError):
+            return False
+    return False
+
+
+def test_a_dead_results_writer_stops_a_crash_after_run_with_one_line(
+    tmp_path: Path, plain: tuple[Path, bytes, bytes]
+) -> None:
+    """The results writer (a thread of `cec run`) dies mid-run on a real fault: the CLI process's files may
+    no longer grow (RLIMIT_FSIZE set on it once the writer committed; the worker it started keeps its own
+    limit). The run ends with one line and a non-zero exit, its worker too; run again without the fault,
+    the files equal the plain run's. Failed before: with --crash-after the worker ran in a process of its
+    own that waited for the dead writer's acknowledgements for ever (and the CLI for the worker)."""
+    import resource
+
+    store = tmp_path / "store"
+    results = tmp_path / "dead-writer.csv"
+    # K past the end of the input: the first worker runs the whole input, pacing its trims on the writer.
+    args = _args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store),
+                 "--crash-after", str(10 * ROWS))  # fmt: skip
+    script = Path(sys.executable).parent / "cec"
+    proc = subprocess.Popen(
+        [str(script), *args],
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its group: the CLI and its worker, which shares its pipes
+    )
+    try:
+        wait_for(lambda: proc.poll() is not None or _writer_committed(store), timeout=120)
+        assert proc.poll() is None, "the run ended before its writer could be broken"
+        resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (1, resource.RLIM_INFINITY))
+        # A condition with a generous bound: before the fix the run never ended.
+        stdout, stderr = proc.communicate(timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)  # nothing left once the run ended (a hung one: both)
+        proc.communicate()
+    assert proc.returncode == 2, stdout + stderr
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr, stderr
+    assert stderr.strip().splitlines() == ["cec: error: File too large"], stderr
+    assert not results.exists()  # no complete results: the rows so far are under the `.partial` name
+    again = cec(*_args(plain[0], results, "--trim-every", TRIM_EVERY, "--store-dir", str(store)))
+    assert again.returncode == 0, again.stderr
+    _assert_same(results, plain)
+
+
 def test_sigkill_of_a_trimming_run_then_restart_is_exact(
     tmp_path: Path, plain: tuple[Path, bytes, bytes]
 ) -> None:
@@ -168,17 +223,8 @@ def test_sigkill_of_a_trimming_run_then_restart_is_exact(
         [str(script), *args], env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
 
-    def committed() -> bool:
-        """The results writer has acknowledged a part of the log (the operator may trim up to it)."""
-        for progress in store.glob(".*.results-writer.json"):
-            try:
-                return json.loads(progress.read_text())["offsets"][0] > 0
-            except (FileNotFoundError, ValueError):
-                return False
-        return False
-
     try:
-        wait_for(lambda: proc.poll() is not None or committed(), timeout=120)
+        wait_for(lambda: proc.poll() is not None or _writer_committed(store), timeout=120)
     finally:
         proc.kill()
         proc.communicate()

@@ -1200,3 +1200,41 @@ def test_sigkill_inside_a_commit_leaves_only_committed_records(
     # Apache Kafka hides the aborted 250 records; Tansu 0.6 delivers them (docs/kafka.md): a prefix either way.
     assert len(log) == (850 if kafka_broker.hides_aborted_records else 1_100)
     _check_sequence(log)
+
+
+def test_reading_acknowledgements_does_not_grow_with_the_acknowledgements_written(
+    store: KafkaQueueStore, topic: str, kafka_broker: Broker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator reads the acknowledgements at every due point of a run that writes one at each of its
+    writer's commits: each read takes only what was written since the last (records counted as the
+    companion's readers deliver them), whatever was written before; the answer is the newest of each
+    consumer, forgotten consumers left out, as a fresh store reads it. Failed before: every read scanned
+    the companion topic from its start (reads grew with the acknowledgements written)."""
+    companion = store.attachment_topic(topic)
+    delivered: list[int] = []
+    scan = KafkaPartitionReader.scan_forward_chunks
+
+    def counting(self: KafkaPartitionReader, from_offset: int = 0, chunk: int = 4096) -> Iterator[Any]:
+        for records in scan(self, from_offset, chunk):
+            if self.topic == companion:
+                delivered.append(len(records))
+            yield records
+
+    monkeypatch.setattr(KafkaPartitionReader, "scan_forward_chunks", counting)
+    store.acknowledge(topic, 1, "other", 7)  # another partition's consumer: never in partition 0's answer
+    reads = []
+    for n in range(1, 61):
+        store.acknowledge(topic, 0, "writer", 100 * n)
+        delivered.clear()
+        assert store.acknowledged(topic, 0) == {"writer": 100 * n}
+        reads.append(sum(delivered))
+    assert reads[0] <= 2 and max(reads[1:]) == 1, reads  # the first read: both records written so far
+    store.acknowledge(topic, 0, "late", 5)
+    store.forget_consumer(topic, 0, "writer")
+    assert store.acknowledged(topic, 0) == {"late": 5}
+    fresh = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "fresh")
+    try:
+        assert fresh.acknowledged(topic, 0) == {"late": 5}
+        assert fresh.acknowledged(topic, 1) == {"other": 7}
+    finally:
+        fresh.close()
