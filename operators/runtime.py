@@ -410,6 +410,7 @@ class OperatorRuntime:
             gopens=stats.gopens,
             gchecks=stats.gchecks,
             duty=self.schedule.real_duty(),
+            dead_letters=stats.dead_letters,
         )
 
     def _finish(self, *, complete: bool) -> None:

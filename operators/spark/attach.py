@@ -189,7 +189,8 @@ def cec_aggregate(
       wants them, within the task's budget, planning with the partition's own measured rates and the EC
       build rate of this start's recovery planning (`operators.spark.checkpointing`). What a policy
       cannot meet is logged once per state partition, and `CecAggregateQuery.checkpoint_controls()`
-      reads back what each partition planned, measured and said;
+      reads back what each partition planned, measured and said. None (the default) is
+      `Checkpointing.default()`, U = 100,000 (`cec.config`); `Checkpointing.gopen_only()` for none;
     - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
       `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
       each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in
@@ -219,7 +220,7 @@ def cec_aggregate(
 
     started_wall = wall_time()  # a restart's fixed cost is measured from here (PlannedRecovery)
     if checkpointing is None:
-        checkpointing = Checkpointing()
+        checkpointing = Checkpointing.default()  # bounded recovery unless told otherwise (cec.config)
     elif isinstance(checkpointing, Mapping):
         checkpointing = Checkpointing.from_dict(dict(checkpointing))
     elif not isinstance(checkpointing, Checkpointing):
@@ -363,6 +364,7 @@ def cec_aggregate(
         metrics_port=served_port,
         checkpoint=checkpoint,
         input_reader=reader_kind,
+        bounded=available_now,
     )
 
 

@@ -273,7 +273,8 @@ def test_handle_answers_like_a_streaming_query_with_cec_figures(json_topic: Json
     cec = last["cec"]
     kinds = _kinds(json_topic, json_run.root, json_run.output)
     assert cec["records"] == {k: kinds[k] for k in ("R", "GOPEN", "GCHECK", "DEAD")}
-    assert cec["gopens"] == kinds["GOPEN"] and cec["gchecks"] == 0  # no U given: G-open only
+    # No checkpointing given: the default U (100,000) is far above this input, so no G-check was due.
+    assert cec["gopens"] == kinds["GOPEN"] and cec["gchecks"] == 0
     assert sum(p["cec"]["batch_records"]["R"] for p in recent) == kinds["R"]
     # Open windows = keys whose valid tuple count is not a multiple of the window; the extent reaches back
     # to the rare keys' first tuples, near the start of the input.
@@ -329,6 +330,7 @@ def test_driver_serves_cec_metrics_after_the_input_is_processed(
     assert mine["cec_gopens_total"] == cec["gopens"] > 0
     assert mine["cec_gchecks_total"] == cec["gchecks"] > 0
     assert mine["cec_appended_records_total"] == sum(cec["records"].values()) > 0
+    assert mine["cec_dead_letters_total"] == cec["records"]["DEAD"] == len(json_topic.bad)
     # What the driver cannot know is left unset, not reported as zero.
     assert not {"cec_checkpoint_duty_ratio", "cec_input_tuples_total", "cec_extent_records"} & mine.keys()
 
