@@ -190,7 +190,8 @@ def cec_aggregate(
       build rate of this start's recovery planning (`operators.spark.checkpointing`). What a policy
       cannot meet is logged once per state partition, and `CecAggregateQuery.checkpoint_controls()`
       reads back what each partition planned, measured and said. None (the default) is
-      `Checkpointing.default()`, U = 100,000 (`cec.config`); `Checkpointing.gopen_only()` for none;
+      `Checkpointing.default()`, U = 100,000 (`cec.config`), looked at right after each micro-batch's input
+      instead of by a timer (`GCheckSpec.in_batch`); `Checkpointing.gopen_only()` for none;
     - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
       `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
       each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
-from operators.spark.checkpointing import PartitionControl, read_controls
+from operators.spark.checkpointing import PartitionControl, read_controls, uses_timers
 from operators.spark.generations import Generation
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import STATE_NAME
@@ -90,7 +90,9 @@ class CecAggregateQuery:
         self._replay_s: float | None = None if recovery.resumed else 0.0
         self._watcher: threading.Thread | None = None
         self._done = threading.Event()
-        if stop_when_drained:
+        # G-check timers (`operators.spark.checkpointing.uses_timers`; not the default's in-batch G-checks).
+        self._timers = uses_timers(self.checkpointing)
+        if stop_when_drained and self._timers:
             # Under timeMode "ProcessingTime" Spark plans another (no-data) micro-batch after every batch
             # (TransformWithStateExec.shouldRunAnotherBatch), so a Trigger.AvailableNow query with G-check
             # timers never ends by itself: stop it after the first micro-batch that read no input (the
@@ -132,11 +134,12 @@ class CecAggregateQuery:
         return [self._with_cec(p) for p in self.query.recentProgress]
 
     def processAllAvailable(self) -> None:
-        """As StreamingQuery.processAllAvailable. With G-check timers (any checkpointing but G-open only,
-        the default included) Spark plans a no-data micro-batch after every batch (see `_stop_when_drained`),
-        so its own call would never return: this one waits for a micro-batch planned after the call (two
-        batch ids on: the one in flight may have been planned before it) that found no new input."""
-        if not self.checkpointing.checkpoints:
+        """As StreamingQuery.processAllAvailable. With G-check timers (an explicit checkpointing policy; not
+        G-open only, not the default, whose G-checks are made in the data's own micro-batches) Spark plans a
+        no-data micro-batch after every batch (see `_stop_when_drained`), so its own call would never
+        return: this one waits for a micro-batch planned after the call (two batch ids on: the one in
+        flight may have been planned before it) that found no new input."""
+        if not self._timers:
             self.query.processAllAvailable()
             return
         last = self.query.lastProgress
