@@ -71,6 +71,7 @@ from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
 from operators.spark.kafka_input import AUTO, choose_input_reader
+from operators.spark.keywords import CEC_AGGREGATE_KEYWORDS, checked_keywords
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
@@ -118,6 +119,7 @@ def _open_outputs(store: KafkaQueueStore, gen: Generation) -> list[OutputQueue]:
     return outputs
 
 
+@checked_keywords("cec_aggregate", CEC_AGGREGATE_KEYWORDS)  # a wrong type is one line, before any work
 def cec_aggregate(
     spark: SparkSession,
     *,

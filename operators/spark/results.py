@@ -15,6 +15,7 @@ from operators.aggregate import RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.spark.datasource import FORMAT, register
 from operators.spark.generations import Generation, list_generations
+from operators.spark.keywords import READ_KEYWORDS, checked_keywords
 from operators.spark.topic_reader import register_topic_source
 
 if TYPE_CHECKING:
@@ -83,6 +84,7 @@ def register_all(spark: SparkSession) -> None:
     register_topic_source(spark)
 
 
+@checked_keywords("read_results", READ_KEYWORDS)
 def read_results(
     spark: SparkSession,
     output_topic: str,
@@ -104,6 +106,7 @@ def read_results(
     return _union(frames)
 
 
+@checked_keywords("read_dead_letters", READ_KEYWORDS)
 def read_dead_letters(
     spark: SparkSession,
     output_topic: str,
