@@ -4,7 +4,8 @@ Tansu fallback, which has neither, DESIGN-NOTES section 4):
 - records of a transaction that a SIGKILLed `cec run` left open are aborted by the restarted run and never
   reach a read_committed reader, of the output log or of `--results-topic`;
 - `--trim-every` deletes the head of the output log with `delete_records` (the broker's log start moves),
-  and `cec inspect`, `cec state --as-of` and recovery work on the trimmed log, results exact;
+  and `cec inspect`, `cec state --as-of` and recovery work on the trimmed log, results exact (following
+  runs, so that the trim is waited for, never raced against the run's end);
 - an input topic whose retention dropped records a recovery must replay is refused when the run starts
   again, with one line, never read with a gap.
 
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
 
 from operators.job import aggregate_operator
@@ -163,6 +164,23 @@ def _inspect(broker: Broker, output: str, store: Path) -> dict[str, Any]:
     return doc
 
 
+def _caught_up(bootstrap: str, group: str, topic: str) -> bool:
+    """Whether a following run (its monitoring consumer group `group`) has been delivered every record the
+    input `topic` holds: it applies a delivered batch before it looks at a stop request, so a SIGTERM then
+    stops it with all of them applied (operators.topic_source, "Lag")."""
+    ends = _offsets(bootstrap, topic, OffsetSpec.latest())
+    monitor = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        committed = monitor.committed([TopicPartition(topic, p) for p in range(len(ends))], timeout=30)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].retriable():
+            return False  # e.g. NOT_COORDINATOR while the group's coordinator moves: says nothing yet
+        raise
+    finally:
+        monitor.close()
+    return [tp.offset for tp in committed] == ends
+
+
 def test_trimming_deletes_the_head_and_the_trimmed_log_inspects_answers_and_recovers(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
@@ -172,36 +190,65 @@ def test_trimming_deletes_the_head_and_the_trimmed_log_inspects_answers_and_reco
     a run stopped there, and the restarted run recovers from it with results equal to the reference.
     Failed before on Kafka: the stream index was written only at the end of a run, so the log was never
     trimmed while it ran; and a backward read reaching below the log start came back empty, so the
-    trimmed log looked empty to `cec inspect` and to recovery."""
-    # Long enough that every partition is trimmed well before the input ends, on a loaded machine too (with
-    # 240,000 tuples a clean-clone CI run ended before its last partition was trimmed).
-    purchases = make_purchases(480_000, keys=40, partitions=PARTITIONS, seed=11)
+    trimmed log looked empty to `cec inspect` and to recovery.
+
+    No race with the run's end: both runs follow the topic (`--follow`), so neither ends by itself. The
+    log is trimmed up to what the results writer acknowledged (a commit every 10,000 log records, from
+    its own thread), which a run may reach only after its input: each time the run has been delivered
+    the whole topic and its log is not trimmed yet, the test produces another chunk of input (a clean-clone
+    CI run once ended a bounded run of 480,000 tuples before its last partition was trimmed). The
+    restart is stopped (SIGTERM) once it has been delivered the whole topic."""
+    bootstrap = kafka_broker.bootstrap
     topic = _new_topic(kafka_broker, "purchases-trim")
-    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    purchases: list[tuple[int, dict[str, Any]]] = []
+
+    def feed() -> None:
+        chunk = make_purchases(60_000, keys=40, partitions=PARTITIONS, seed=11 + len(purchases))
+        produce(bootstrap, topic, encoded(chunk, as_json))
+        purchases.extend(chunk)
+
+    feed()
     output, store = _output_topic(), tmp_path / "store"
-    args = ("--output-topic", output, "--store-dir", str(store), "--trim-every", "100", "--U", "40")
+    group = f"cec-{output}"  # the runs' monitoring group (cec/cli/run_topic.py)
+    args = (
+        "--output-topic",
+        output,
+        "--store-dir",
+        str(store),
+        "--trim-every",
+        "100",
+        "--U",
+        "40",
+        "--follow",
+    )
     run = [
         str(Path(sys.executable).parent / "cec"), "run", "--input-topic", topic, "--bootstrap-servers",
-        kafka_broker.bootstrap, "--key", "item", "--value", "price", *WINDOW, "--agg", "avg",
+        bootstrap, "--key", "item", "--value", "price", *WINDOW, "--agg", "avg",
         "--results", str(tmp_path / "out.csv"), *args,
     ]  # fmt: skip
     proc = subprocess.Popen(run, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
     def trimmed() -> bool:
-        starts = _offsets(kafka_broker.bootstrap, output, OffsetSpec.earliest())
+        starts = _offsets(bootstrap, output, OffsetSpec.earliest()) if _has_topic(bootstrap, output) else []
         return len(starts) == PARTITIONS and min(starts) > 0
 
     try:
-        # The log is trimmed up to what the results writer acknowledged (every 10,000 log records).
-        wait_for(lambda: proc.poll() is not None or trimmed(), timeout=240, interval=0.2)
+        for _ in range(20):  # chunks of input; a handful at most on a loaded machine
+            wait_for(
+                lambda: proc.poll() is not None or trimmed() or _caught_up(bootstrap, group, topic),
+                timeout=240,
+                interval=0.2,
+            )
+            if proc.poll() is not None or trimmed():
+                break
+            feed()  # delivered everything, not trimmed yet: more input
     finally:
         proc.send_signal(signal.SIGKILL)
         _, err = proc.communicate(timeout=_DEADLINE_S)
-    assert proc.returncode == -signal.SIGKILL, (
-        f"the run ended before its log was trimmed: {err.decode()[-2000:]}"
-    )
+    assert proc.returncode == -signal.SIGKILL, f"the run ended by itself: {err.decode()[-2000:]}"
+    assert trimmed(), f"not trimmed after {len(purchases):,} tuples"
 
-    log_starts = _offsets(kafka_broker.bootstrap, output, OffsetSpec.earliest())
+    log_starts = _offsets(bootstrap, output, OffsetSpec.earliest())
     doc = _inspect(kafka_broker, output, store)
     for part, log_start in zip(doc["partitions"], log_starts, strict=True):
         # The first record kept (a transaction marker may stand at the log start itself).
@@ -213,7 +260,7 @@ def test_trimming_deletes_the_head_and_the_trimmed_log_inspects_answers_and_reco
     rows = [r for r in purchases if r[0] == 0]  # the state of partition 0's windows is checked
     want_state = _stopped_run_state(tmp_path, write_csv(tmp_path / "p0.csv", rows), spec, k)
     got = cec(
-        "state", output, "--as-of", f"pos:{k}", "--bootstrap-servers", kafka_broker.bootstrap,
+        "state", output, "--as-of", f"pos:{k}", "--bootstrap-servers", bootstrap,
         "--store-dir", str(store),
     )  # fmt: skip
     assert got.returncode == 0, got.stderr
@@ -221,11 +268,33 @@ def test_trimming_deletes_the_head_and_the_trimmed_log_inspects_answers_and_reco
     assert {(w["key"], w["window"]): w["state"] for w in windows if w["partition"] == 0} == want_state
     assert want_state
 
-    again = topic_run(kafka_broker, topic, tmp_path / "out.csv", *args)
-    assert again.returncode == 0, again.stdout + again.stderr
+    # The killed run's monitoring commits may already stand at the end: the restart's own must be waited for.
+    _forget_group(bootstrap, group)
+    again = subprocess.Popen(run, env=child_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: again.poll() is not None or _caught_up(bootstrap, group, topic), timeout=240)
+    finally:
+        again.send_signal(signal.SIGTERM)  # a stop request: the run stops at its next batch, results written
+        out, err = again.communicate(timeout=240)
+    assert again.returncode == 0, out + err
     assert per_key(tmp_path / "out.csv") == csv_reference(tmp_path, purchases)
-    after = _offsets(kafka_broker.bootstrap, output, OffsetSpec.earliest())
+    after = _offsets(bootstrap, output, OffsetSpec.earliest())
     assert all(a >= b for a, b in zip(after, log_starts, strict=True)), (after, log_starts)
+
+
+def _forget_group(bootstrap: str, group: str) -> None:
+    """Delete a consumer group's committed offsets (it has no members: the runs assign their partitions)."""
+    admin = AdminClient({"bootstrap.servers": bootstrap})  # kept: a collected client's future never ends
+    futures = admin.delete_consumer_groups([group], request_timeout=30)
+    try:
+        futures[group].result(_DEADLINE_S)
+    except KafkaException as exc:
+        if not (exc.args and exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND):
+            raise
+
+
+def _has_topic(bootstrap: str, topic: str) -> bool:
+    return topic in AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=30).topics
 
 
 def test_input_retention_shorter_than_the_replay_is_refused_when_the_run_starts_again(
