@@ -18,6 +18,7 @@ empty store behind), nothing is written, no writer lock is taken.
 
 from __future__ import annotations
 
+import json
 import shutil
 import tempfile
 from collections import Counter
@@ -30,16 +31,23 @@ from typing import Any
 from cec.exceptions import ConfigError
 from cec.records import Kind, RecordCodec
 from cec.verified import verified_records
+from cec.wire import MAGIC
 from queuestore.base import PartitionReader, QueueStore
+from queuestore.exceptions import DamagedLogError
 from queuestore.factory import open_store, store_spec
 from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
 
+# Where `cec run` remembers the output topic of each (operator, input file) in its store dir.
+RUN_TOPICS = "cec-run-topics.json"
+
 __all__ = [
     "KIND_NAMES",
+    "RUN_TOPICS",
     "PartitionSummary",
     "existing_store",
     "inspect_topic",
     "list_topics",
+    "no_embedded_log",
     "start_offset",
 ]
 
@@ -78,6 +86,24 @@ def existing_store(store_dir: str | None, bootstrap_servers: str | None) -> Iter
 def list_topics(store: QueueStore) -> list[tuple[str, int]]:
     """(topic, partitions) of every topic in the store, by name."""
     return [(topic, store.partitions(topic)) for topic in store.topics()]
+
+
+def no_embedded_log(store_dir: str) -> str:
+    """Why a store dir opened as the embedded store holds no topic: what is missing to read it (one line).
+    A `cec run` on Kafka keeps only its stream indexes there, and names its topics in `cec-run-topics.json`."""
+    try:
+        named = sorted(set(json.loads((Path(store_dir) / RUN_TOPICS).read_text(encoding="utf-8")).values()))
+    except (OSError, ValueError, AttributeError):
+        named = []
+    if named:
+        return (
+            f"store dir {store_dir} holds no embedded log: it kept the stream indexes of a run on Kafka "
+            f"({', '.join(named)}); give --bootstrap-servers (or set CEC_BOOTSTRAP_SERVERS) to read it"
+        )
+    return (
+        f"store dir {store_dir} holds no cec log: give the --store-dir of a run, or --bootstrap-servers (or "
+        "CEC_BOOTSTRAP_SERVERS) for a store on Kafka"
+    )
 
 
 def start_offset(reader: PartitionReader) -> int:
@@ -132,9 +158,35 @@ def summarize_partition(store: QueueStore, topic: str, partition: int) -> Partit
     )
 
 
-def inspect_topic(store: QueueStore, topic: str) -> list[PartitionSummary]:
-    """One summary per partition of `topic` (`UnknownTopicError` if there is none)."""
-    return [summarize_partition(store, topic, p) for p in range(store.partitions(topic))]
+def inspect_topic(store: QueueStore, topic: str, *, shared: bool = False) -> list[PartitionSummary]:
+    """One summary per partition of `topic` (`UnknownTopicError` if there is none). In a `shared` store
+    (Kafka: it holds other programs' topics too), a topic none of whose partitions starts with a cec
+    record (an input topic) is a `ConfigError` saying so, not damage; the embedded store holds only what
+    cec wrote, so there it is damage."""
+    try:
+        return [summarize_partition(store, topic, p) for p in range(store.partitions(topic))]
+    except DamagedLogError:
+        if not shared or _written_by_cec(store, topic):
+            raise
+        raise ConfigError(
+            f"{topic} is not a cec log: its records were not written by cec (an input topic?); cec inspect "
+            "reads the output log of a run (cec inspect --list names them)"
+        ) from None
+
+
+def _written_by_cec(store: QueueStore, topic: str) -> bool:
+    """Whether any of the first records of a partition of `topic` begins as every cec record does (its
+    magic byte): a damaged cec log keeps that in its other records, a topic of someone else's in none."""
+    magic = bytes([MAGIC])
+    for p in range(store.partitions(topic)):
+        with store.reader(topic, p) as reader:
+            first = reader.read_forward(reader.start_offset(), _PROBE_RECORDS)
+        if any(stored.value[:1] == magic for stored in first):
+            return True
+    return False
+
+
+_PROBE_RECORDS = 16
 
 
 def topic_json(topic: str, summaries: list[PartitionSummary]) -> dict[str, Any]:

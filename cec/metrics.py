@@ -19,6 +19,7 @@ than exporting zeros (its `cec_recovery_phase` stays `idle`: it plans recovery b
 | `cec_checkpoint_duty_ratio` | gauge | share of operator time really spent producing G-checks |
 | `cec_input_tuples_total` / `cec_appended_records_total` | counter | input tuples read / records appended |
 | `cec_input_rate` / `cec_append_rate` | gauge | the same per second, over the last interval of >= 1 s |
+| `cec_dead_letters_total` | counter | input tuples dead-lettered (DEAD records written) |
 | `cec_trimmed_offsets_total` | counter | offsets trimmed from the head of the output partition |
 | `cec_recovery_phase` | enum | `idle`, `ec_build`, `ec_load` or `replay`, as recovery goes through them |
 | `cec_recovery_phase_seconds` | gauge | how long each phase of the last recovery took (label `phase`): the phases above, and at caught up those of the whole restart (`recovery.timeline`: `process_start`, `store_open`, `index`, `ec_build`, `ec_load`, `restore`, `replay`) |
@@ -62,6 +63,7 @@ _inputs = Counter(
 _appended = Counter("cec_appended_records", "records appended to the output log", _LABELS, registry=REGISTRY)
 _input_rate = Gauge("cec_input_rate", "input tuples per second", _LABELS, registry=REGISTRY)
 _append_rate = Gauge("cec_append_rate", "records appended per second", _LABELS, registry=REGISTRY)
+_dead = Counter("cec_dead_letters", "input tuples dead-lettered", _LABELS, registry=REGISTRY)
 _trimmed = Counter(
     "cec_trimmed_offsets", "offsets trimmed from the head of the output partition", _LABELS, registry=REGISTRY
 )
@@ -126,7 +128,7 @@ class OperatorMetrics:
         self._phase_seconds = {p: _phase_seconds.labels(**labels, phase=p) for p in PHASES[1:]}
         self._phase.state("idle")
         self._current: tuple[str, float] | None = None
-        self._seen = {"inputs": 0, "outputs": 0, "gopens": 0, "gchecks": 0}
+        self._seen = {"inputs": 0, "outputs": 0, "gopens": 0, "gchecks": 0, "dead_letters": 0}
         self._rate_marks: dict[str, tuple[float, int]] = {}
 
     def sample(
@@ -140,9 +142,12 @@ class OperatorMetrics:
         gopens: int,
         gchecks: int,
         duty: float,
+        dead_letters: int = 0,
     ) -> None:
-        """The instance's figures now; `inputs`..`gchecks` are its running totals since it started."""
+        """The instance's figures now; `inputs`..`gchecks` and `dead_letters` are its running totals since
+        it started."""
         self.update(
+            dead_letters=dead_letters,
             open_windows=open_windows,
             extent=extent,
             replay=replay,
@@ -164,6 +169,7 @@ class OperatorMetrics:
         gopens: int | None = None,
         gchecks: int | None = None,
         duty: float | None = None,
+        dead_letters: int | None = None,
     ) -> None:
         """`sample` for a host that knows only some of the figures (the Spark driver): those not given
         are left as they are (a gauge never set is not exported with a made-up value)."""
@@ -180,6 +186,7 @@ class OperatorMetrics:
             ("outputs", _appended, outputs),
             ("gopens", _gopens, gopens),
             ("gchecks", _gchecks, gchecks),
+            ("dead_letters", _dead, dead_letters),
         ):
             if total is not None:
                 child = self._child(counter)

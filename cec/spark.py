@@ -1,6 +1,6 @@
 """cec for PySpark users: attach CEC to an aggregation over a Kafka topic and read its results.
 
-    from cec.spark import cec_aggregate, read_results, register
+    from cec.spark import cec_aggregate, read_dead_letters, read_results, register
 
 Importing this module imports neither PySpark nor the Spark host: each name is resolved on first use, so
 `import cec.spark` is cheap and works where PySpark is not installed (a name used there raises one
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
         list_generations,
         read_results,
     )
+    from operators.spark.results import read_dead_letters
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -36,6 +37,7 @@ __all__ = [
     "Generation",
     "cec_aggregate",
     "list_generations",
+    "read_dead_letters",
     "read_results",
     "register",
 ]
@@ -48,6 +50,7 @@ _LAZY = {
     "cec_aggregate": "operators.spark.attach",
     "list_generations": "operators.spark.attach",
     "read_results": "operators.spark.attach",
+    "read_dead_letters": "operators.spark.results",
 }
 
 

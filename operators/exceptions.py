@@ -5,6 +5,7 @@ from __future__ import annotations
 from cec.exceptions import CecError
 
 __all__ = [
+    "DeadLetteredInputError",
     "DecodeError",
     "EngineStateError",
     "OutputConflictError",
@@ -47,6 +48,11 @@ class OutputConflictError(CecError):
     """An output partition's writer found records in its log that it did not produce (a second writer, or
     a retried micro-batch that differs from its killed attempt): it writes nothing, and the query must be
     restarted, which recovers from the log."""
+
+
+class DeadLetteredInputError(CecError):
+    """A bounded run whose every input tuple was dead-lettered (most often a wrong field name or format):
+    its empty answer is refused, with the first reason, rather than returned as a result."""
 
 
 class EngineStateError(CecError):

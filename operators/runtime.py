@@ -481,6 +481,7 @@ class OperatorRuntime:
             gopens=stats.gopens,
             gchecks=stats.gchecks,
             duty=self.schedule.real_duty(),
+            dead_letters=stats.dead_letters,
         )
 
     def _catch_up_index(self, max_records: int | None) -> None:

@@ -41,6 +41,7 @@ __all__ = [
     "checkpoint_lines",
     "checkpointing_of",
     "digest",
+    "interrupted_line",
     "load_stats",
     "output_lines",
     "policy_args",
@@ -50,6 +51,7 @@ __all__ = [
     "recovery_lines",
     "results_paths",
     "results_writer",
+    "resumed_elsewhere_line",
     "say",
     "say_report",
     "start_worker",
@@ -130,6 +132,12 @@ def policy_args(p: argparse.ArgumentParser, q: int | None, u: int | None) -> Non
         help="mean time between failures the cost-benefit policy plans for, e.g. 10 minutes, 1h (default 1h): "
         "the shorter, the more G-checks are worth their cost",
     )
+    p.add_argument(
+        "--gopen-only",
+        action="store_true",
+        help="write no G-checks (the paper's minimum overhead): a restart replays from the oldest open "
+        "window, however old; not with --Q/--U/--recovery-target/--policy cost-benefit",
+    )
     _store_args(
         p,
         "where queues and indexes live (default: a temporary directory)",
@@ -161,8 +169,17 @@ def _store_args(p: argparse.ArgumentParser, store_dir_help: str, servers_help: s
 def checkpointing_of(args: argparse.Namespace) -> Checkpointing:
     """The checkpoint configuration from --Q/--U/--ci-ms/--cp-ms/--recovery-target/--policy/--mtbf.
 
-    A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000) apply only without a recovery
-    target: with one, the operator picks them, and a Q or U given beside it bounds what it picks."""
+    A command's default Q and U (`cec demo`: the paper's 20,000 / 100,000; `cec run`: U = 100,000, the
+    default of `cec.config.Checkpointing.default`) apply only without a recovery target: with one, the
+    operator picks them, and a Q or U given beside it bounds what it picks. --gopen-only: no G-checks."""
+    if args.gopen_only:
+        if args.Q is not None or args.U is not None or args.recovery_target is not None:
+            raise ConfigError(
+                "--gopen-only writes no G-checks: give it without --Q, --U and --recovery-target"
+            )
+        if args.policy != "targets":
+            raise ConfigError("--gopen-only writes no G-checks: give it without --policy cost-benefit")
+        return Checkpointing(ci_ms=args.ci_ms, cp_ms=args.cp_ms)
     q, u = args.Q, args.U
     if args.recovery_target is None:
         q = args.default_q if q is None else q
@@ -217,13 +234,20 @@ def wait(proc: subprocess.Popen[bytes], what: str, stop: StopRequest | None = No
     """The worker's exit code: 0, or -SIGKILL (killed on purpose); anything else is an error. `stop`: once
     it is set (a stop signal, or the results writer died) the worker is SIGKILLed instead of awaited: it
     polls no request of this process, and one that paces its trimming on a dead writer would wait for it
-    for ever; its log is then what a crash leaves, which the next run recovers. The caller checks `stop`."""
-    if stop is not None:
-        while proc.poll() is None:
-            if stop.wait(_STOP_POLL_S):
-                proc.kill()
-                break
-    rc = proc.wait()
+    for ever; its log is then what a crash leaves, which the next run recovers. The caller checks `stop`.
+    Interrupted (a second Ctrl-C), the worker is SIGKILLed before the interrupt goes on: a crash, the log
+    intact."""
+    try:
+        if stop is not None:
+            while proc.poll() is None:
+                if stop.wait(_STOP_POLL_S):
+                    proc.kill()
+                    break
+        rc = proc.wait()
+    except KeyboardInterrupt:
+        proc.kill()
+        proc.wait()
+        raise
     if stop is not None and stop():
         return rc  # whatever it died of then (Ctrl-C reaches it too): the caller reports the stop
     if rc == REPORTED_ERROR_EXIT:
@@ -236,6 +260,49 @@ def wait(proc: subprocess.Popen[bytes], what: str, stop: StopRequest | None = No
 def load_stats(path: Path) -> dict[str, Any]:
     """The stats a worker left at its job's `stats_path` (empty if it left none)."""
     return json.loads(path.read_text()) if path.exists() else {}
+
+
+def resumed_elsewhere_line(store_cfg: dict[str, Any], topic: str, how_afresh: str) -> str | None:
+    """On Kafka a new --store-dir does not start a run afresh: its output log is named after the operator
+    and the input, and topics outlive store dirs. For a run whose store dir did not know its job, the line
+    that says which existing log it resumes and how to start afresh (`how_afresh`); None when the log is
+    new or empty, or the store is the embedded one (its logs live in the store dir)."""
+    if store_cfg.get("type") != "kafka":
+        return None
+    store = open_store(store_cfg)
+    try:
+        if not store.topic_exists(topic):
+            return None
+        records = 0
+        for p in range(store.partitions(topic)):
+            with store.reader(topic, p) as reader:
+                records += reader.end_offset() - reader.start_offset()
+    finally:
+        store.close()
+    if records <= 0:
+        return None
+    return (
+        f"resuming the output log {topic} on Kafka ({records:,} offsets), which an earlier run of this "
+        f"operator over the same input wrote from another store dir (Kafka topics outlive store dirs); to "
+        f"start afresh, {how_afresh}"
+    )
+
+
+def interrupted_line(args: argparse.Namespace) -> str:
+    """The one line of a command interrupted at once (Ctrl-C outside a stop request, or a second one):
+    whether its log survives and how to go on (exit 130)."""
+    if args.command != "run":  # the others only read, or (`cec demo`) start afresh every time
+        return "interrupted by Ctrl-C"
+    if getattr(args, "store_dir", None) or getattr(args, "bootstrap_servers", None):
+        where = f" in {args.store_dir}" if getattr(args, "store_dir", None) else " on Kafka"
+        return (
+            f"interrupted by Ctrl-C: the output log{where} is intact (as after a crash) and no results file "
+            "was written; run the same command again to resume from its log"
+        )
+    return (
+        "interrupted by Ctrl-C: no results file was written and the log was in a temporary directory; give "
+        "--store-dir DIR to make a run resumable"
+    )
 
 
 # -- report lines -----------------------------------------------------------------------------------------
@@ -283,16 +350,18 @@ def checkpoint_lines(stats: dict[str, Any], checkpointing: Checkpointing) -> lis
     recovery met it. From the stats of the operator's last run (after recovery, when it crashed)."""
     if not stats or not checkpointing.checkpoints:
         return []
+    rec = stats.get("recovery")
+    # The stats are the last run's: after a recovery they count only what it made since.
+    since = " after recovery" if rec else ""
     lines = [
         f"  checkpoint duty:       {stats.get('checkpoint_duty', 0.0):.1%} of operator time producing G-checks "
         f"(budget {stats.get('checkpoint_budget', 0.0):.1%}; {stats.get('checkpoint_seconds', 0.0) * 1000:,.0f} ms "
-        f"in {stats.get('gchecks', 0):,} G-checks after recovery)",
+        f"in {stats.get('gchecks', 0):,} G-checks{since})",
         f"  duty while wanted:     {stats.get('checkpoint_duty_wanted', 0.0):.1%} of the time the policy wanted "
         f"G-checks (budget {stats.get('checkpoint_budget', 0.0):.1%})",
         f"  targets in force:      Q={stats.get('q_target')} U={stats.get('u_target')} "
         f"(max u {stats.get('max_replay', 0):,}, max q {stats.get('max_extent', 0):,}); {stats.get('checkpoint_policy', '')}",
     ]
-    rec = stats.get("recovery")
     if checkpointing.recovery_target is not None and rec:
         took = rec["recovery_seconds"]
         verdict = "met" if took <= checkpointing.recovery_target else "MISSED"

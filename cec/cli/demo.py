@@ -25,6 +25,7 @@ from cec.cli.common import (
     store_dir,
     wait,
 )
+from cec.example_data import write_example_data
 from cec.exceptions import CecError, ConfigError
 from cec.records import Kind, RecordCodec
 from cec.validation import require_spark
@@ -85,6 +86,12 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         help="Spark attempts per task, F in local[N,F] (default 4)",
     )
     demo.add_argument("--timeout", type=float, default=600.0)
+    demo.add_argument(
+        "--make-data",
+        metavar="DIR",
+        help="only write the README's example inputs (purchases.csv, events.csv, flights.csv, big.csv) into "
+        "DIR and exit",
+    )
     policy_args(demo, q=20_000, u=100_000)
     demo.set_defaults(func=cmd_demo)
 
@@ -210,28 +217,29 @@ def _run_pipeline_local(
     filter_spec: JobSpec,
     agg_spec: JobSpec,
     crash_at: int,
-) -> tuple[bool, dict[str, Any] | None]:
-    """Filter and aggregate in their own processes; the aggregate SIGKILLed from outside and restarted."""
+) -> tuple[int | None, dict[str, Any] | None]:
+    """Filter and aggregate in their own processes; the aggregate SIGKILLed from outside and restarted.
+    Returns the input position at which it was killed (None: the run ended first) and its stats."""
     stats_path = Path(agg_spec.stats_path or "")
     filter_proc = start_worker(filter_spec, root / "filter.json")
     agg_proc = start_worker(agg_spec, root / "aggregate.json")
     progress = _LogProgress(store_cfg, agg_spec.output_topic)
+    killed_at: int | None = None
     try:
-        crashed = _wait_until(lambda: progress() >= crash_at, agg_proc, args.timeout)
-        if crashed:
+        if _wait_until(lambda: progress() >= crash_at, agg_proc, args.timeout):
             agg_proc.send_signal(signal.SIGKILL)
             wait(agg_proc, "aggregate")
             killed_at = progress()
     finally:
         progress.close()
-    if crashed:
+    if killed_at is not None:
         say(
             f"  SIGKILLed the aggregate process (pid {agg_proc.pid}) at input position ~{killed_at:,}; recovering"
         )
         agg_proc = start_worker(agg_spec, root / "aggregate.json")
     wait(agg_proc, "aggregate")
     wait(filter_proc, "filter")
-    return crashed, load_stats(stats_path)
+    return killed_at, load_stats(stats_path)
 
 
 def _run_pipeline_spark(
@@ -241,7 +249,7 @@ def _run_pipeline_spark(
     filter_spec: JobSpec,
     agg_spec: JobSpec,
     crash_at: int,
-) -> tuple[bool, dict[str, Any] | None]:
+) -> tuple[int | None, dict[str, Any] | None]:
     """Both stages as long-running Spark tasks (one chain per partition). Partition 0's Python worker, which
     runs that partition's filter and aggregate, is SIGKILLed midway: Spark relaunches the task and both
     instances recover from their own logs (the cascading case: upstream and downstream die together)."""
@@ -293,10 +301,14 @@ def _run_pipeline_spark(
             f"position ~{at:,}; Spark relaunched the task and both recovered from their logs"
         )
     report = result.instance(1, 0)
-    return bool(killed), report.stats
+    return (killed[0][1] if killed else None), report.stats
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
+    if args.make_data is not None:
+        for path in write_example_data(Path(args.make_data)):
+            say(f"wrote {path}")
+        return 0
     if args.partitions is None:
         args.partitions = 2 if args.engine == "spark" else 1
     if args.engine == "local" and args.partitions != 1:
@@ -324,6 +336,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
             policy_line += f" recovery target={checkpointing.recovery_target:g} s"
         if checkpointing.policy != "targets":
             policy_line += f" ({checkpointing.policy})"
+        # What the policy buys (README, "Bounded recovery by default").
+        if not checkpointing.checkpoints:
+            policy_line += " (G-open only: a restart replays from the oldest open window)"
+        elif checkpointing.u_target is not None:
+            policy_line += (
+                f" (a restart replays at most ~{checkpointing.u_target:,} input tuples per instance)"
+            )
         say(policy_line)
 
         # 1. Failure-free reference, in this process, instance by instance.
@@ -344,7 +363,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         finally:
             store.close()
         run = _run_pipeline_spark if args.engine == "spark" else _run_pipeline_local
-        crashed, agg_stats = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
+        killed_at, agg_stats = run(args, root, store_cfg, filter_spec, agg_spec, crash_at)
         recovery = agg_stats.get("recovery") if agg_stats else None
 
         # 3. Compare: the results a consumer sees (control tuples dropped) must equal the failure-free run.
@@ -368,7 +387,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
         say(f"  input tuples:          {args.input:,} ({filtered:,} passed the filter)")
         say(f"  results (R):           {kinds.get('R', 0):,} (failure-free run: {len(want):,})")
         say(f"  G-open / G-check:      {kinds.get('GOPEN', 0):,} / {kinds.get('GCHECK', 0):,}")
-        crash_line = f"SIGKILL at input ~{crash_at:,}" if crashed else "none: the run ended first"
+        # The position the kill line above gave (where the log stood when the process died), not the aim.
+        where = " of partition 0" if args.engine == "spark" else ""
+        crash_line = (
+            "none: the run ended first"
+            if killed_at is None
+            else f"SIGKILL at input position ~{killed_at:,}{where}"
+        )
         say(f"  crash:                 {crash_line}")
         for line in recovery_lines(recovery):
             say(line)

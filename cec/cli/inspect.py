@@ -26,10 +26,13 @@ def cmd_inspect(args: argparse.Namespace) -> int:
         raise ConfigError("give a TOPIC to inspect, or --list to list the topics")
     with inspection.existing_store(args.store_dir, args.bootstrap_servers) as store:
         if args.list:
-            for topic, partitions in inspection.list_topics(store):
+            topics = inspection.list_topics(store)
+            if not topics and not args.bootstrap_servers:
+                raise ConfigError(inspection.no_embedded_log(args.store_dir))
+            for topic, partitions in topics:
                 say(f"{topic}\t{partitions} partition(s)")
             return 0
-        summaries = inspection.inspect_topic(store, args.topic)
+        summaries = inspection.inspect_topic(store, args.topic, shared=bool(args.bootstrap_servers))
     say_report(
         args.json, inspection.topic_json(args.topic, summaries), (s.lines(args.topic) for s in summaries)
     )

@@ -19,7 +19,7 @@ from typing import Any, NoReturn
 
 from cec import progress as progress_tasks
 from cec.cli import demo, inspect, recover, run, state
-from cec.cli.common import AlreadyReported
+from cec.cli.common import AlreadyReported, interrupted_line
 from cec.exceptions import CecError, RunStoppedError
 from operators.worker import REPORTED_ERROR_EXIT
 from queuestore.kafka_config import ENV as KAFKA_CONFIG_ENV
@@ -156,6 +156,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"cec: error: {exc.strerror or exc}{where}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
+        reporter.stop()
+        print(f"cec: {interrupted_line(args)}", file=sys.stderr)
         return 130
     finally:
         reporter.stop()

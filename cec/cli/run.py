@@ -24,6 +24,7 @@ from cec.cli.common import (
     recovery_lines,
     results_paths,
     results_writer,
+    resumed_elsewhere_line,
     say,
     start_worker,
     store_dir,
@@ -32,6 +33,7 @@ from cec.cli.common import (
 )
 from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
 from cec.cli.trimming import add_trim_argument, trim_settings
+from cec.config import DEFAULT_U_TARGET
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
 from cec.validation import check_csv_input
@@ -69,7 +71,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         type=port,
         help="serve Prometheus metrics (cec_*) on this port while the run goes on (instance p: PORT + p)",
     )
-    policy_args(run, q=None, u=None)
+    policy_args(run, q=None, u=DEFAULT_U_TARGET)  # bounded recovery by default (cec.config)
     run_topic.add_topic_arguments(run)
     run.set_defaults(func=cmd_run)
 
@@ -77,8 +79,11 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
 _RUN_TOPICS = "cec-run-topics.json"
 
 
-def _output_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str:
-    """The output topic of `cec run` over `input_path` with `operator`, in the store at `root`.
+def _output_topic(
+    root: Path, operator: dict[str, Any], input_path: Path, given: str | None = None
+) -> tuple[str, bool]:
+    """The output topic of `cec run` over `input_path` with `operator`, in the store at `root` (`given`:
+    --output-topic), and whether this store dir already knew it (False: a first run from this store dir).
 
     Named after the operator and the input's *content*, so that different inputs never share a topic
     (on Kafka topics outlive any store dir). A store dir remembers which topic it used for an operator
@@ -99,14 +104,15 @@ def _output_topic(root: Path, operator: dict[str, Any], input_path: Path) -> str
         known = {}
     except ValueError:
         raise ConfigError(f"{memory} is damaged; use a new --store-dir") from None
-    topic = known.get(job)
-    if topic is None:
-        topic = f"run-{digest([operator, content])}"
+    remembered = known.get(job)
+    knew = remembered is not None and given in (None, remembered)
+    topic = remembered if knew and remembered is not None else given or f"run-{digest([operator, content])}"
+    if not knew:
         known[job] = topic
         tmp = memory.with_name(f".{memory.name}.{os.getpid()}.tmp")
         tmp.write_text(json.dumps(known, sort_keys=True))
         tmp.replace(memory)
-    return topic
+    return topic, knew
 
 
 def _execute(spec: JobSpec, root: Path, crash_after: int | None, stop: StopRequest) -> dict[str, Any]:
@@ -146,7 +152,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     trim_every, trim_pace = trim_settings(args)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
-        topic = _output_topic(root, operator, input_path)
+        topic, knew = _output_topic(root, operator, input_path, args.output_topic)
+        resumed = (
+            None
+            if knew
+            else resumed_elsewhere_line(
+                store_cfg, topic, f"delete topic {topic} or give --output-topic NEW-NAME"
+            )
+        )
+        if resumed is not None:
+            say(resumed)
         spec = JobSpec(
             operator=OperatorSpec.from_dict(operator),
             source=SourceSpec(type="csv", path=str(input_path.resolve())),

@@ -28,6 +28,7 @@ from cec.cli.common import (
     recovery_lines,
     results_paths,
     results_writer,
+    resumed_elsewhere_line,
     say,
     start_worker,
     store_dir,
@@ -131,13 +132,17 @@ def results_topic_of(args: argparse.Namespace) -> str | None:
     return str(args.results_topic)
 
 
+def _pinned_marker(root: Path, operator: dict[str, Any], source: dict[str, Any]) -> Path:
+    """Where a store dir keeps a topic run's output topic and pinned source (`_pinned_source`)."""
+    return root / f".topic-run-{digest({'operator': operator, 'source': source})}.json"
+
+
 def _pinned_source(
     root: Path, args: argparse.Namespace, operator: dict[str, Any], source: dict[str, Any]
 ) -> tuple[str, dict[str, Any]]:
     """(output topic, source spec with pinned bounds): from the store dir when this job ran there
     before, else resolved now and kept there."""
-    job = {"operator": operator, "source": source}
-    marker = root / f".topic-run-{digest(job)}.json"
+    marker = _pinned_marker(root, operator, source)
     if marker.exists():
         kept = json.loads(marker.read_text())
         return kept["output_topic"], kept["source"]
@@ -168,7 +173,17 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = store_spec(root, args.bootstrap_servers)
+        first_here = not _pinned_marker(root, operator, source).exists()
         output_topic, pinned = _pinned_source(root, args, operator, source)
+        resumed = (
+            None
+            if not first_here
+            else resumed_elsewhere_line(
+                store_cfg, output_topic, "give --output-topic NEW-NAME (or delete that topic)"
+            )
+        )
+        if resumed is not None:
+            say(resumed)
         check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
             operator=OperatorSpec.from_dict(operator),

@@ -71,6 +71,7 @@ from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
 from operators.spark.kafka_input import AUTO, choose_input_reader
+from operators.spark.keywords import CEC_AGGREGATE_KEYWORDS, checked_keywords
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
@@ -118,6 +119,7 @@ def _open_outputs(store: KafkaQueueStore, gen: Generation) -> list[OutputQueue]:
     return outputs
 
 
+@checked_keywords("cec_aggregate", CEC_AGGREGATE_KEYWORDS)  # a wrong type is one line, before any work
 def cec_aggregate(
     spark: SparkSession,
     *,
@@ -195,7 +197,9 @@ def cec_aggregate(
       wants them, within the task's budget, planning with the partition's own measured rates and the EC
       build rate of this start's recovery planning (`operators.spark.checkpointing`). What a policy
       cannot meet is logged once per state partition, and `CecAggregateQuery.checkpoint_controls()`
-      reads back what each partition planned, measured and said;
+      reads back what each partition planned, measured and said. None (the default) is
+      `Checkpointing.default()`, U = 100,000 (`cec.config`), looked at right after each micro-batch's input
+      instead of by a timer (`GCheckSpec.in_batch`); `Checkpointing.gopen_only()` for none;
     - `metrics_port`: serve `cec.metrics` over HTTP from the driver on this port (0: any free port, see
       `CecAggregateQuery.metrics_port`), labelled with `output_topic` and partition `all`, updated after
       each micro-batch from the sink's figures: `cec_open_windows`, `cec_replay_tuples` (the extent in
@@ -225,7 +229,7 @@ def cec_aggregate(
 
     started_wall = wall_time()  # a restart's fixed cost is measured from here (PlannedRecovery)
     if checkpointing is None:
-        checkpointing = Checkpointing()
+        checkpointing = Checkpointing.default()  # bounded recovery unless told otherwise (cec.config)
     elif isinstance(checkpointing, Mapping):
         checkpointing = Checkpointing.from_dict(dict(checkpointing))
     elif not isinstance(checkpointing, Checkpointing):
@@ -376,6 +380,7 @@ def cec_aggregate(
         metrics_port=served_port,
         checkpoint=checkpoint,
         input_reader=reader_kind,
+        bounded=available_now,
     )
 
 

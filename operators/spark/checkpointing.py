@@ -57,6 +57,7 @@ __all__ = [
     "WindowMark",
     "choose_gchecks",
     "read_controls",
+    "uses_timers",
 ]
 
 
@@ -77,11 +78,15 @@ class PlannedRecovery:
 @dataclass(frozen=True)
 class GCheckSpec:
     """The attached operator's checkpointing: the user's `Checkpointing`, how often a partition's timer
-    looks (CP), and the planning's figures (`PlannedRecovery`); picklable (shipped inside the processor)."""
+    looks (CP), and the planning's figures (`PlannedRecovery`); picklable (shipped inside the processor).
+
+    `in_batch`: the partition looks right after a micro-batch's input rows, in the same call, instead of
+    from a processing-time timer (`uses_timers`)."""
 
     checkpointing: Checkpointing
     interval_ms: int
     planned: PlannedRecovery = field(default_factory=PlannedRecovery)
+    in_batch: bool = False
 
     @classmethod
     def from_checkpointing(
@@ -90,7 +95,13 @@ class GCheckSpec:
         """None when nothing asks for G-checks (G-open only: no timers at all)."""
         if not checkpointing.checkpoints:
             return None
-        return cls(checkpointing, max(1, int(checkpointing.cp_ms)), planned or PlannedRecovery())
+        interval = max(1, int(checkpointing.cp_ms))
+        return cls(checkpointing, interval, planned or PlannedRecovery(), in_batch=_in_batch(checkpointing))
+
+    @property
+    def timers(self) -> bool:
+        """Whether the query runs under timeMode "ProcessingTime" (`uses_timers`)."""
+        return not self.in_batch
 
     def policy(self, rates: MeasuredRates) -> CheckpointPolicy:
         return make_policy(self.checkpointing, rates)
@@ -98,6 +109,31 @@ class GCheckSpec:
     def schedule(self, clock: Callable[[], float]) -> CheckpointSchedule:
         c = self.checkpointing
         return CheckpointSchedule(c.ci_ms, c.cp_ms, clock=clock)
+
+
+def _in_batch(checkpointing: Checkpointing) -> bool:
+    """Whether the G-checks of `checkpointing` are made in the micro-batch whose input makes them due
+    rather than from a processing-time timer: so for the default a host applies when given none
+    (`Checkpointing.default()`, a U in tuples; an equal checkpointing given explicitly is the same).
+
+    Why: a processing-time timer makes Spark plan a no-data micro-batch after every micro-batch
+    (TransformWithStateExec.shouldRunAnotherBatch): with the default's timers on every attached query
+    its throughput measured 0.36-0.95x of the tree without them (benchmarks/RESULTS.md, the no-data
+    batches a likely cause), and a bounded run ended on a no-data batch of its own. A count target only becomes
+    due through input (u and q grow with tuples and records, never with time), so the call that applied
+    the tuples is the first moment a G-check can be due, and the earliest one to make it: its footprint
+    is one micro-batch fresher than a timer's, and nothing is planned besides the data. The allowance is
+    still the budget's share of the run time since the partition's previous look (`choose_gchecks`).
+    Explicit policies keep their timers (what their tests and measurements were made with); G-open only
+    (`Checkpointing.gopen_only()`) has neither."""
+    return checkpointing == Checkpointing.default()
+
+
+def uses_timers(checkpointing: Checkpointing) -> bool:
+    """Whether an attached query with `checkpointing` has G-check timers, and so a no-data micro-batch
+    after every micro-batch (`_in_batch`): what `CecAggregateQuery` waits and stops around."""
+    spec = GCheckSpec.from_checkpointing(checkpointing)
+    return spec is not None and spec.timers
 
 
 @dataclass

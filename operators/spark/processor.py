@@ -28,7 +28,8 @@ cec-topic source (`AggregateSpec.json_values`: value and time as JSON text, and 
 record could not be read; the value column then holds the record as read, the dead letter's `raw`).
 
 G-checks (`operators.spark.checkpointing`: the engine's controller fed with the partition's own rates;
-timeMode "ProcessingTime"):
+timeMode "ProcessingTime", except for the default checkpointing, `GCheckSpec.in_batch`: there the controller
+looks right after a micro-batch's input rows, in the same call, and no timer is armed):
 - each task measures the input with `seen`: per input partition, the next offset after the rows it got
   in this micro-batch (timers fire after a micro-batch's input rows, in the same task and processor);
 - a window records `fp_clock`, the pos its latest footprint carries in the log (`pos_w` for a window
@@ -505,10 +506,14 @@ class CecAggregateProcessor(StatefulProcessor):
         part.control.observe_batch(
             now=self.wall(), task_seconds=self.clock() - self.task_started, seen=seen, emitted=len(out)
         )
-        if self.gcheck is not None and part.timer < 0 and part.live_windows():
-            self._arm_timer(part, timerValues)
-        self.state.update(part.dump())
         out.append(_figures(part, self.generation, 0, n))
+        if self.gcheck is not None:
+            live = part.live_windows() if self.gcheck.in_batch or part.timer < 0 else []
+            if self.gcheck.in_batch:  # due through this input: made now, no timer (GCheckSpec.in_batch)
+                out.extend(self._look(part, live))
+            elif live:
+                self._arm_timer(part, timerValues)
+        self.state.update(part.dump())
         yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
     def _part_ids(self, tuples: Sequence[InputTuple]) -> list[str | None]:
@@ -573,20 +578,30 @@ class CecAggregateProcessor(StatefulProcessor):
         part = self._partition(key[0])
         part.timer = -1
         live = part.live_windows()
-        rows: list[tuple[Any, ...]] = []
+        rows = self._look(part, live)
         if live:
-            call = self._call(part)
-            if call.instance.phase is Phase.RUNNING:
-                rows = self._gcheck(part, call, live)
             self._arm_timer(part, timerValues)
-            if rows:  # G-checks moved footprints: the partition's figures after them
-                rows.append(_figures(part, self.generation, 1))
-            report = part.control.report(part.q)
-            if report is not None:
-                rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None, None))
         self.state.update(part.dump())
         if rows:
             yield pd.DataFrame(rows, columns=EMIT_COLUMNS)
+
+    def _look(self, part: PartitionState, live: list[str | None]) -> list[tuple[Any, ...]]:
+        """One look of the checkpoint controller at the partition's `live` windows, from its timer or
+        right after a micro-batch's input (`GCheckSpec.in_batch`): the G-checks it makes once the partition
+        is RUNNING (`operators.engine.phase`), the partition's figures after them, and its controls when
+        they changed."""
+        rows: list[tuple[Any, ...]] = []
+        if not live:
+            return rows
+        call = self._call(part)
+        if call.instance.phase is Phase.RUNNING:
+            rows = self._gcheck(part, call, live)
+        if rows:  # G-checks moved footprints: the partition's figures after them
+            rows.append(_figures(part, self.generation, 1))
+        report = part.control.report(part.q)
+        if report is not None:
+            rows.append((part.q, -1, -1, 0, CONTROL_KIND, None, -1, None, report, -1, 0, None, None))
+        return rows
 
     def _gcheck(
         self, part: PartitionState, call: PartitionCall, live: list[str | None]

@@ -13,6 +13,11 @@ underlying query, `query.query`) and adds CEC's figures:
     input partition);
   - `records`: output records written since this start, by kind (R, GOPEN, GCHECK, DEAD); `gopens`,
     `gchecks`: the same two counts; `batch_records` (per-batch figures only): written in that batch;
+  - `dead_letters`: input tuples and dead letters (DEAD records) of that micro-batch (`batch_tuples`,
+    `batch_dead`) and of this run (`tuples`, `dead`, `share`), the run's `first_reason` and
+    `all_dead_batches`; a micro-batch that dead-lettered every tuple is also logged as a warning, and a
+    bounded run (`available_now=True`) that dead-lettered every tuple fails in `awaitTermination()` with
+    `DeadLetteredInputError` (`operators.spark.dead_letters`); `query.dead_letters` has the figures now;
   - `checkpointing`: per state partition (a list, by `partition`), its checkpoint controller as last
     reported: `q_target`, `u_target` and `budget` (duty) in force, `gchecks` and `gcheck_seconds` made in
     this run, and `messages`: what it said once (a target it cannot meet and why, a budget above the
@@ -39,7 +44,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
-from operators.spark.checkpointing import PartitionControl, read_controls
+from operators.spark.checkpointing import PartitionControl, read_controls, uses_timers
 from operators.spark.generations import Generation
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import STATE_NAME
@@ -69,9 +74,11 @@ class CecAggregateQuery:
         metrics_port: int | None = None,
         checkpoint: Path | None = None,
         input_reader: str = "python",
+        bounded: bool = False,
     ):
         self.query = query
         self.input_reader = input_reader
+        self.bounded = bounded  # available_now: a run whose every tuple was dead-lettered fails at its end
         self.recovery = recovery
         self.checkpointing = checkpointing or Checkpointing()
         self._sink = sink
@@ -83,7 +90,9 @@ class CecAggregateQuery:
         self._replay_s: float | None = None if recovery.resumed else 0.0
         self._watcher: threading.Thread | None = None
         self._done = threading.Event()
-        if stop_when_drained:
+        # G-check timers (`operators.spark.checkpointing.uses_timers`; not the default's in-batch G-checks).
+        self._timers = uses_timers(self.checkpointing)
+        if stop_when_drained and self._timers:
             # Under timeMode "ProcessingTime" Spark plans another (no-data) micro-batch after every batch
             # (TransformWithStateExec.shouldRunAnotherBatch), so a Trigger.AvailableNow query with G-check
             # timers never ends by itself: stop it after the first micro-batch that read no input (the
@@ -125,7 +134,26 @@ class CecAggregateQuery:
         return [self._with_cec(p) for p in self.query.recentProgress]
 
     def processAllAvailable(self) -> None:
-        self.query.processAllAvailable()
+        """As StreamingQuery.processAllAvailable. With G-check timers (an explicit checkpointing policy; not
+        G-open only, not the default, whose G-checks are made in the data's own micro-batches) Spark plans a
+        no-data micro-batch after every batch (see `_stop_when_drained`), so its own call would never
+        return: this one waits for a micro-batch planned after the call (two batch ids on: the one in
+        flight may have been planned before it) that found no new input."""
+        if not self._timers:
+            self.query.processAllAvailable()
+            return
+        last = self.query.lastProgress
+        after = (-1 if last is None else int(last.batchId)) + 2
+        while True:
+            progress = self.query.lastProgress
+            if progress is not None and int(progress.batchId) >= after and _drained(progress):
+                return
+            if not self.query.isActive:
+                error = self.query.exception()
+                if error is not None:
+                    raise error
+                return
+            self._done.wait(0.05)
 
     def explain(self, extended: bool = False) -> None:
         self.query.explain(extended)
@@ -143,6 +171,9 @@ class CecAggregateQuery:
                 self.query.awaitTermination()
             finally:
                 self.close()  # the latch was released: the thread ended, failed or not
+            if self.bounded:
+                # Never a silent empty answer (`operators.spark.dead_letters`): as `cec run` refuses it.
+                self._sink.dead_letters.check()
             return None
         try:
             if not self.query.awaitTermination(timeout):
@@ -187,6 +218,11 @@ class CecAggregateQuery:
         figures = self._sink.figures()
         figures["recovery"] = self._recovery_figures()
         return figures
+
+    @property
+    def dead_letters(self) -> dict[str, Any]:
+        """This run's dead-letter figures (`operators.spark.dead_letters.DeadLetterWatch.figures`)."""
+        return self._sink.dead_letters.figures()
 
     def checkpoint_controls(self, spark: SparkSession) -> dict[int, PartitionControl]:
         """What each state partition planned, measured and said about checkpointing, as of the last
@@ -240,10 +276,7 @@ class CecAggregateQuery:
             if not self.query.isActive:
                 return
             progress = self.query.lastProgress
-            if progress is None or not progress.sources:
-                continue
-            source = progress.sources[0]
-            if progress.numInputRows == 0 and source.startOffset == source.endOffset:
+            if progress is not None and _drained(progress):
                 self.query.stop()
                 return
 
@@ -274,6 +307,14 @@ class CecAggregateQuery:
     def __exit__(self, *exc: object) -> None:
         # stop() also when inactive: Spark's stop waits for a batch still in flight (see awaitTermination).
         self.stop()
+
+
+def _drained(progress: Any) -> bool:
+    """A micro-batch that read no input: its source had nothing beyond what was processed when it was planned."""
+    if not progress.sources:
+        return False
+    source = progress.sources[0]
+    return bool(progress.numInputRows == 0 and source.startOffset == source.endOffset)
 
 
 def _partition_offsets(text: str) -> dict[str, Any]:

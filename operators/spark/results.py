@@ -1,28 +1,41 @@
-"""Reading an attached query's results back (`read_results`: every generation's R records as one
-DataFrame), and the data sources its reads use (`register_all`)."""
+"""Reading an attached query's output back: `read_results` (every generation's R records as one DataFrame),
+`read_dead_letters` (every generation's dead letters: partition, offset, reason, raw), and the data
+sources those reads use (`register_all`)."""
 
 from __future__ import annotations
 
 import json
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from cec.exceptions import ConfigError
 from operators.aggregate import RESULT_SCHEMA
+from operators.base import DEAD_LETTER_SCHEMA
 from operators.spark.datasource import FORMAT, register
 from operators.spark.generations import Generation, list_generations
+from operators.spark.keywords import READ_KEYWORDS, checked_keywords
 from operators.spark.topic_reader import register_topic_source
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import DataFrame, SparkSession
 
     from queuestore.kafka import KafkaQueueStore
 
-__all__ = ["RESULTS_ATTACHMENT", "RESULT_COLUMNS", "bind_result_schema", "read_results", "register_all"]
+__all__ = [
+    "DEAD_LETTER_COLUMNS",
+    "RESULTS_ATTACHMENT",
+    "RESULT_COLUMNS",
+    "bind_result_schema",
+    "read_dead_letters",
+    "read_results",
+    "register_all",
+]
 
 RESULT_COLUMNS = [f["name"] for f in RESULT_SCHEMA["fields"]]
+DEAD_LETTER_COLUMNS = [f["name"] for f in DEAD_LETTER_SCHEMA["fields"]]
 # The attachment of an output topic (partition 0) that holds its results' Avro schema when they are not
 # KeyedAggregate's (several aggregates, a composite key): `read_results` decodes them by it.
 RESULTS_ATTACHMENT = "results"
@@ -71,6 +84,7 @@ def register_all(spark: SparkSession) -> None:
     register_topic_source(spark)
 
 
+@checked_keywords("read_results", READ_KEYWORDS)
 def read_results(
     spark: SparkSession,
     output_topic: str,
@@ -83,8 +97,87 @@ def read_results(
     columns, or for several aggregates or a composite key `cec run`'s (`MultiAggregate.result_schema`,
     recorded with the topic: one column per key field, `value` or one `FUNC_COLUMN` per aggregate), plus
     the cec_ metadata columns and `cec_generation` when `with_meta`."""
-    from functools import reduce
+    frames = [
+        df if with_meta else df.select(*columns)
+        for df, columns in _generation_frames(
+            spark, output_topic, bootstrap_servers, kafka_config, control=False
+        )
+    ]
+    return _union(frames)
 
+
+@checked_keywords("read_dead_letters", READ_KEYWORDS)
+def read_dead_letters(
+    spark: SparkSession,
+    output_topic: str,
+    bootstrap_servers: str,
+    *,
+    kafka_config: Mapping[str, str] | None = None,
+    with_meta: bool = False,
+) -> DataFrame:
+    """The dead letters (DEAD records) of every generation of `output_topic` as one DataFrame with the
+    columns every host gives them (`operators.engine.records`): `partition` and `offset` of the input
+    tuple, `reason`, and `raw` (the record as read, or the tuple's fields as JSON); plus `cec_partition`,
+    `cec_offset` (where the dead letter is in the output log) and `cec_generation` when `with_meta`."""
+    from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+
+    types = {"long": LongType(), "string": StringType()}
+    fields = [StructField(f["name"], types[f["type"]], False) for f in DEAD_LETTER_SCHEMA["fields"]]
+    meta = [
+        StructField("cec_partition", IntegerType(), False),
+        StructField("cec_offset", LongType(), False),
+        StructField("cec_generation", IntegerType(), False),
+    ]
+    schema = StructType([*fields, *meta])
+    frames = []
+    for df, _ in _generation_frames(spark, output_topic, bootstrap_servers, kafka_config, control=True):
+        dead = df.where(df.cec_kind == "DEAD").select(
+            "cec_payload", "cec_partition", "cec_offset", "cec_generation"
+        )
+        decoded = dead.mapInArrow(_decode_dead_letters, schema)
+        frames.append(decoded if with_meta else decoded.select(*DEAD_LETTER_COLUMNS))
+    return _union(frames)
+
+
+def _decode_dead_letters(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """mapInArrow: DEAD records' payloads -> the dead letter's columns (records whose checksum passed)."""
+    import pyarrow as pa
+
+    from cec.records import AvroCodec
+
+    codec = AvroCodec(DEAD_LETTER_SCHEMA)
+    for batch in batches:
+        letters = [codec.decode(payload) for payload in batch.column("cec_payload").to_pylist()]
+        columns = {name: [letter[name] for letter in letters] for name in DEAD_LETTER_COLUMNS}
+        for name in ("cec_partition", "cec_offset", "cec_generation"):
+            columns[name] = batch.column(name).to_pylist()
+        yield pa.RecordBatch.from_pydict(
+            columns,
+            schema=pa.schema(
+                [
+                    pa.field("partition", pa.int64(), False),
+                    pa.field("offset", pa.int64(), False),
+                    pa.field("reason", pa.string(), False),
+                    pa.field("raw", pa.string(), False),
+                    pa.field("cec_partition", pa.int32(), False),
+                    pa.field("cec_offset", pa.int64(), False),
+                    pa.field("cec_generation", pa.int32(), False),
+                ]
+            ),
+        )
+
+
+def _generation_frames(
+    spark: SparkSession,
+    output_topic: str,
+    bootstrap_servers: str,
+    kafka_config: Mapping[str, str] | None,
+    *,
+    control: bool,
+) -> list[tuple[DataFrame, list[str]]]:
+    """One `cec-kafka` read per generation of `output_topic` (with `cec_generation`), with the result
+    columns of that generation: results decoded by the schema recorded with it (`bind_result_schema`), or
+    (`control`) every record with its raw payload."""
     from pyspark.sql import functions as F
 
     from queuestore.kafka import KafkaQueueStore
@@ -106,11 +199,19 @@ def read_results(
             spark.read.format(FORMAT)
             .option("topic", gen.topic)
             .option("bootstrap.servers", bootstrap_servers)
-            .option("schema", "aggregate" if schema is None else json.dumps(schema))
         )
+        if control:
+            reader = reader.option("includeControl", "true")
+        else:
+            reader = reader.option("schema", "aggregate" if schema is None else json.dumps(schema))
         columns = RESULT_COLUMNS if schema is None else [f["name"] for f in schema["fields"]]
         for name, setting in (kafka_config or {}).items():
             reader = reader.option(f"kafka.{name}", setting)
-        df = reader.load().withColumn("cec_generation", F.lit(gen.index))
-        frames.append(df if with_meta else df.select(*columns))
+        frames.append((reader.load().withColumn("cec_generation", F.lit(gen.index)), columns))
+    return frames
+
+
+def _union(frames: list[DataFrame]) -> DataFrame:
+    from functools import reduce
+
     return reduce(lambda a, b: a.unionByName(b), frames)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, OutputRecord, RecordCodec
+from operators.spark.dead_letters import DeadLetterWatch, dead_reason
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import CONTROL_KIND, EMIT_COLUMNS, FIGURES_ENTRY
 from operators.spark.stamping import log_order, log_time, positions
@@ -131,6 +132,10 @@ class CecSink:
         # what it said): the controller's messages reach the driver with the rows, not by a Spark job.
         self.controls: dict[int, dict[str, Any]] = {}
         self.metrics = metrics
+        # Dead letters per micro-batch and run: a batch or a bounded run that dead-lettered every tuple is
+        # said (`operators.spark.dead_letters`); `_batch_reason` is the first reason of the batch being written.
+        self.dead_letters = DeadLetterWatch(recovery.current.topic)
+        self._batch_reason: str | None = None
         # Trimming (`operators.spark.trim`): each state partition's latest footprint report.
         self.trimmer = None if trim_every is None else OutputTrimmer(self.outputs, trim_every)
         self.trim_reports: dict[int, FootprintReport] = {}
@@ -192,6 +197,9 @@ class CecSink:
         figures["batch"] = batch_id
         figures["batch_records"] = {k: self.kinds[k] - before[k] for k in _KINDS}
         figures["input_tuples"], self._batch_tuples = self._batch_tuples, 0
+        reason, self._batch_reason = self._batch_reason, None
+        self.dead_letters.batch(batch_id, figures["input_tuples"], figures["batch_records"][_DEAD], reason)
+        figures["dead_letters"] = self.dead_letters.figures()
         self.batch_figures[batch_id] = figures
         while len(self.batch_figures) > self._keep:
             self.batch_figures.popitem(last=False)
@@ -208,6 +216,7 @@ class CecSink:
             outputs=self.records,
             gopens=figures["gopens"],
             gchecks=figures["gchecks"],
+            dead_letters=figures["records"][_DEAD],
         )
 
     def _durable_end(self, q: int) -> int:
@@ -221,6 +230,8 @@ class CecSink:
             out.append(self.codec.encode(record), record.meta())
             self.records += 1
             kinds[record.kind.value] += 1
+            if record.kind is Kind.DEAD and self._batch_reason is None:
+                self._batch_reason = dead_reason(record.payload)
 
     def extent(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(replay start T, newest crash point) a recovery would use if the driver died now: the planning
@@ -246,6 +257,7 @@ class CecSink:
             "gchecks": self.kinds[_GCHECK],
             "trimmed_offsets": 0 if self.trimmer is None else self.trimmer.trimmed,
             "checkpointing": [self.controls[q] for q in sorted(self.controls)],
+            "dead_letters": self.dead_letters.figures(),
         }
 
     def figures(self) -> dict[str, Any]:

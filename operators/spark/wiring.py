@@ -131,7 +131,7 @@ def start_query(
         statefulProcessor=processor,
         outputStructType=EMIT_SCHEMA,
         outputMode="Append",
-        timeMode="None" if gcheck is None else "ProcessingTime",
+        timeMode="ProcessingTime" if gcheck is not None and gcheck.timers else "None",
         initialState=initial.groupBy(GROUP_COLUMN) if initial is not None else None,
     )
     writer = transformed.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))

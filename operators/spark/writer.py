@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
+from operators.spark.dead_letters import first_dead_reason
 from operators.spark.live_writers import LiveWriter, discard, keep_live, take_live
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import EMIT_COLUMNS
@@ -114,6 +115,7 @@ class PartitionWrite:
     written: int  # messages this attempt appended
     kinds: Counter[str]
     reused: bool = False  # appended through this worker's kept writer (no init_transactions, no read)
+    dead_reason: str | None = None  # the first dead letter's reason (`operators.spark.dead_letters`)
 
 
 def _result_schema() -> StructType:
@@ -134,6 +136,7 @@ def _result_schema() -> StructType:
             StructField("reused", LongType(), True),  # 1: through the worker's kept writer
             StructField("kinds", ArrayType(LongType(), False), True),  # counts in _KINDS order
             StructField("key", StringType(), True),
+            StructField("dead_reason", StringType(), True),  # end: the first dead letter's reason
         ]
     )
 
@@ -238,7 +241,9 @@ def write_partition(
     else:
         live.next_offset = end.next_offset
         keep_live(key, live)
-    return PartitionWrite(q, end, len(found), len(messages) - len(found), kinds, reused)
+    return PartitionWrite(
+        q, end, len(found), len(messages) - len(found), kinds, reused, first_dead_reason(records)
+    )
 
 
 class BatchWriter:
@@ -289,7 +294,7 @@ class BatchWriter:
             raise RuntimeError(f"a write task got rows of output partitions {sorted(qs)}, expected one")
         q = qs.pop()
         rows, reports = split_controls(rows)
-        controls = [{"q": q, "entry": "ctrl", "key": r.decode()} for r in reports]
+        controls = [{"q": q, "entry": "ctrl", "key": r.decode(), "dead_reason": None} for r in reports]
         if not rows:  # a timer that made no G-check reported its controls: nothing to write
             yield pa.RecordBatch.from_pylist(controls, schema=_arrow_schema())
             return
@@ -319,6 +324,7 @@ class BatchWriter:
                 "reused": int(done.reused),
                 "kinds": [done.kinds[k] for k in _KINDS],
                 "key": None,
+                "dead_reason": done.dead_reason,
             }
         ]
         out.extend(controls)
@@ -342,6 +348,7 @@ def _arrow_schema() -> pa.Schema:
             pa.field("reused", pa.int64()),
             pa.field("kinds", longs),
             pa.field("key", pa.string()),
+            pa.field("dead_reason", pa.string()),
         ]
     )
 
@@ -411,6 +418,8 @@ class ExecutorSink(CecSink):
                 self.found += row["found"]
                 self.reused += row["reused"]
                 self.write_tasks += 1
+                if self._batch_reason is None:
+                    self._batch_reason = row["dead_reason"]
                 for kind, count in zip(_KINDS, row["kinds"], strict=True):
                     self.kinds[kind] += count
                     self.records += count

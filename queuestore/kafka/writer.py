@@ -450,10 +450,16 @@ class KafkaPartitionWriter(PartitionWriter):
         said after the delivery) is not delivered, or if a delivery failed."""
         remaining, waited = self._deliver(producer, flush_timeout)
         if remaining > 0:
-            raise BrokerUnavailableError(
-                self._store.bootstrap_servers,
-                f"{what()} {self.topic}[{self.partition}] not delivered",
-                waited,
+            # Stopped, as a pipelined commit that cannot deliver stops it (`_reap`): otherwise `close()`
+            # waited its own timeout again for the same broker (60 s more on a run's way out) and then
+            # warned about the records the run's one error line already covers.
+            raise self._stop(
+                BrokerUnavailableError(
+                    self._store.bootstrap_servers,
+                    f"{what()} {self.topic}[{self.partition}] not delivered",
+                    waited,
+                ),
+                reset=False,
             )
         if self._failure is not None:
             raise self._stop(self._failure)

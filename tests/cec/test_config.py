@@ -11,7 +11,7 @@ import pytest
 from cec import Checkpointing
 from cec.cli import build_parser, main
 from cec.cli.common import checkpointing_of
-from cec.config import parse_duration_s
+from cec.config import DEFAULT_U_TARGET, parse_duration_s
 from cec.exceptions import ConfigError
 from operators.job import JobSpec
 
@@ -107,12 +107,15 @@ def test_cli_flags_map_onto_checkpointing() -> None:
         u_target=100_000, recovery_target=3.0
     )
     run = ["run", "in.csv", "--key", "k", "--value", "v", "--window-count", "5", "--results", "r.csv"]
-    assert _parsed(*run) == Checkpointing()
+    # Bounded recovery by default (issue 25): U = DEFAULT_U_TARGET unless told otherwise; --gopen-only: none.
+    assert _parsed(*run) == Checkpointing.default() == Checkpointing(u_target=DEFAULT_U_TARGET)
+    assert _parsed(*run, "--gopen-only") == Checkpointing.gopen_only() == Checkpointing()
+    assert _parsed(*run, "--recovery-target", "3s") == Checkpointing(recovery_target=3.0)
     assert _parsed(
         *run, "--Q", "900", "--U", "1000", "--ci-ms", "10", "--cp-ms", "20", "--policy", "cost-benefit"
     ) == Checkpointing(q_target=900, u_target=1000, ci_ms=10, cp_ms=20, policy="cost-benefit")
     assert _parsed(*run, "--policy", "cost-benefit", "--mtbf", "10 minutes") == Checkpointing(
-        policy="cost-benefit", mtbf=600.0
+        u_target=DEFAULT_U_TARGET, policy="cost-benefit", mtbf=600.0
     )
 
 

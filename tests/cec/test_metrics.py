@@ -29,6 +29,7 @@ NAMES = (
     "cec_appended_records_total",
     "cec_input_rate",
     "cec_append_rate",
+    "cec_dead_letters_total",
     "cec_trimmed_offsets_total",
     "cec_recovery_phase",
     "cec_recovery_phase_seconds",

@@ -9,7 +9,9 @@ StreamingQuery handle, and G-checks under `Checkpointing(u_target=...)`, on a re
 4. with a small U the output log holds G-checks, and after the driver is SIGKILLed in the middle of a sink
    write the restart replays at most U/2 + two micro-batches (a G-open-only run of the same input, restarted
    after it ran to the end, replays far more, because a few rare keys keep windows open from the start),
-   and the output is exact either way.
+   and the output is exact either way;
+5. without `checkpointing=` the default bounds a restart's replay the same way (its U scaled down to this
+   input), with its G-checks inside the data's micro-batches: no no-data micro-batch is planned.
 """
 
 from __future__ import annotations
@@ -273,7 +275,8 @@ def test_handle_answers_like_a_streaming_query_with_cec_figures(json_topic: Json
     cec = last["cec"]
     kinds = _kinds(json_topic, json_run.root, json_run.output)
     assert cec["records"] == {k: kinds[k] for k in ("R", "GOPEN", "GCHECK", "DEAD")}
-    assert cec["gopens"] == kinds["GOPEN"] and cec["gchecks"] == 0  # no U given: G-open only
+    # No checkpointing given: the default U (100,000) is far above this input, so no G-check was due.
+    assert cec["gopens"] == kinds["GOPEN"] and cec["gchecks"] == 0
     assert sum(p["cec"]["batch_records"]["R"] for p in recent) == kinds["R"]
     # Open windows = keys whose valid tuple count is not a multiple of the window; the extent reaches back
     # to the rare keys' first tuples, near the start of the input.
@@ -329,6 +332,7 @@ def test_driver_serves_cec_metrics_after_the_input_is_processed(
     assert mine["cec_gopens_total"] == cec["gopens"] > 0
     assert mine["cec_gchecks_total"] == cec["gchecks"] > 0
     assert mine["cec_appended_records_total"] == sum(cec["records"].values()) > 0
+    assert mine["cec_dead_letters_total"] == cec["records"]["DEAD"] == len(json_topic.bad)
     # What the driver cannot know is left unset, not reported as zero.
     assert not {"cec_checkpoint_duty_ratio", "cec_input_tuples_total", "cec_extent_records"} & mine.keys()
 
@@ -365,6 +369,40 @@ def test_gchecks_bound_the_replay_after_a_driver_kill(
     print(f"replay tuples after the kill: {replays}")  # the figure the report quotes (pytest -s)
     # G-open only: the rare keys' windows hold the extent at their first tuples; with U it stays short.
     assert replays["u"] <= BOUND < replays["gopen"], replays
+
+
+def test_the_default_bounds_the_replay_after_a_restart_without_extra_micro_batches(
+    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No `checkpointing=`: the default (`Checkpointing.default()`, its U scaled down to this input) bounds
+    what a restart replays, and its G-checks come inside the data's micro-batches: the query plans no
+    no-data micro-batch, so every micro-batch read input and each has its progress entry. Without
+    G-checks the same input's extent reaches back to the rare keys' first tuples (`json_run`: over 80%
+    of the input; the G-open-only restart of `test_gchecks_bound_the_replay_after_a_driver_kill`)."""
+    monkeypatch.setattr("cec.config.DEFAULT_U_TARGET", U)  # read on the driver, where the default is made
+    output = f"avg-json-default-{uuid.uuid4().hex[:8]}"
+    args = _args(json_topic, tmp_path, output)
+    first = cec_aggregate(spark, available_now=True, **args)
+    assert first.awaitTermination(300) is True and first.exception() is None
+    recent = first.recentProgress
+    assert len(recent) == first.batches >= json_topic.count // TRIGGER_ROWS
+    assert all(p["numInputRows"] > 0 for p in recent), [p["numInputRows"] for p in recent]
+    assert sum(p["numInputRows"] for p in recent) == json_topic.count
+    cec = first.cec_progress
+    assert cec["gchecks"] > 0 and _kinds(json_topic, tmp_path, output)["GCHECK"] == cec["gchecks"]
+    assert [c["u_target"] for c in cec["checkpointing"]] == [U] * PARTITIONS
+    assert (cec["open_windows"], cec["extent_start"]) == _log_extent(json_topic, tmp_path, output)
+    assert cec["extent_tuples"] <= BOUND < json_topic.count * 0.8
+
+    again = cec_aggregate(spark, available_now=True, **args)
+    assert again.awaitTermination(300) is True and again.exception() is None
+    rec = again.lastProgress["cec"]["recovery"]
+    print(f"replay tuples after a restart under the default: {rec['replay_tuples']}")  # pytest -s
+    # The restart replays exactly the extent the first run's figures gave at its end.
+    assert rec["resumed"] and rec["replay_tuples"] == cec["extent_tuples"] <= BOUND
+    assert all(p["numInputRows"] > 0 for p in again.recentProgress)
+    _assert_equal(_results(spark, json_topic, output), _reference(json_topic))
+    assert _dead_letters(json_topic, tmp_path, output).keys() == json_topic.bad.keys()
 
 
 def test_keys_follow_the_one_key_rule_on_the_attached_query(

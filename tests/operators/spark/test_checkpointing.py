@@ -375,3 +375,45 @@ def test_the_first_timers_allowance_covers_the_run_since_the_partitions_first_ta
         assert made == sum(1 for i in range(200) if 199 - i > 10)
     else:
         assert made < 5
+
+
+@pytest.mark.parametrize("default", [True, False])
+def test_the_default_gchecks_in_the_micro_batch_that_makes_them_due_and_arms_no_timer(
+    default: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The default checkpointing (its U scaled down to this input) G-checks inside the call that applied
+    the tuples, after their records, and registers no timer: so Spark plans no micro-batch besides the
+    data's (timeMode "None"). Another checkpointing (here the same U with another budget) keeps the
+    processing-time timer, whose G-checks come in a later micro-batch."""
+    monkeypatch.setattr("cec.config.DEFAULT_U_TARGET", 5)
+    checkpointing = Checkpointing.default() if default else Checkpointing(u_target=5, ci_ms=10, cp_ms=100)
+    gcheck = GCheckSpec.from_checkpointing(checkpointing)
+    assert gcheck is not None and gcheck.in_batch is default and gcheck.timers is not default
+    spec = AggregateSpec("item", "price", "avg", 100, None, None)  # windows of 100: all stay open
+    groups = partition_groups(1)
+    processor = CecAggregateProcessor(spec, [[(0,)]], 0, gcheck, groups)
+    # Each reading of the wall clock is 1 s later: the budget's share of the run so far allows them all.
+    processor.clock, processor.wall = FakeClock(), TickingClock(1.0)
+    handle = _Handle()
+    processor.init(handle)  # type: ignore[arg-type]
+    # k0..k9 open a window each at offsets 0..9 and get a second tuple at 10..19: k_i's u = 19 - i > U.
+    batch = [(0, o, f"k{o % 10}", 1.0) for o in range(20)]
+    (out,) = processor.handleInputRows((groups[0],), iter(packed_frames(batch)), _Timers())  # type: ignore[arg-type]
+    kinds = list(out["cec_kind"])
+    if not default:
+        assert handle.timers and Kind.GCHECK.value not in kinds
+        return
+    assert not handle.timers, "no timer: Spark would plan a no-data micro-batch for it"
+    records = [k for k in kinds if k != CONTROL_KIND]
+    assert records == [Kind.GOPEN.value] * 10 + [Kind.GCHECK.value] * 10  # G-checks after the input's records
+    gchecks = out[out["cec_kind"] == Kind.GCHECK.value]
+    assert list(gchecks["cec_key"]) == [f"k{i}" for i in range(10)]  # oldest footprint first
+    # Each claims its key's last tuple (k_i: offset 10 + i); the figures after them: the oldest footprint
+    # is now k0's G-check (pos 11), where before them it was k0's G-open (pos 1).
+    assert list(gchecks["cec_o"]) == list(range(10, 20))
+    figures = [json.loads(p) for p in out[out["cec_kind"] == CONTROL_KIND]["cec_payload"]]
+    phases = [f for f in figures if f.get("entry") == FIGURES_ENTRY]
+    assert [(f["phase"], f["tuples"], f["footprint_min"]) for f in phases] == [(0, 20, [1]), (1, 0, [11])]
+    assert any(f.get("u_target") == 5 and f.get("gchecks") == 10 for f in figures)
+    part = PartitionState.load(handle.state.value)
+    assert part.timer == -1 and part.control.gchecks == 10

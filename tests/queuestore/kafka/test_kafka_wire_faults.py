@@ -315,6 +315,38 @@ def test_a_flush_without_a_timeout_stops_once_the_broker_answers_nothing_for_the
     assert _payloads(_read(proxied_broker.bootstrap, output)) == [b"rec-0"]
 
 
+def test_a_flush_that_gave_up_stops_the_writer_so_its_close_neither_waits_again_nor_warns(
+    fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A run's last flush that gives up on a broker answering nothing stops the writer (fail-stop, as a
+    pipelined commit that cannot deliver does): the close that follows on the run's way out purges at once.
+    Before, the writer stayed open, so close() waited its own 60 s for the same broker and then warned
+    "closing ... with 1 appends not durable: purging them" beside the run's one error line (a CI run of
+    `cec run --input-topic` with the broker stalled printed both)."""
+    output = f"txn-{uuid.uuid4().hex[:10]}"
+    store = _patient_store(fault_proxy, tmp_path)
+    try:
+        store.create_topic(output, 1)
+        writer = _writer(store, output)
+        writer.append(b"rec-0", _meta(0))
+        writer.flush()
+        fault_proxy.blackhole(client=f"cec-writer-{output}-0")
+        writer.append(b"rec-1", _meta(1))
+        with pytest.raises(BrokerUnavailableError, match=r"\(1 appends to .* not delivered"):
+            writer.flush()
+        assert isinstance(writer.failure, BrokerUnavailableError)  # stopped: nothing more is appended
+        with pytest.raises(QueueStoreError, match="failed earlier"):
+            writer.append(b"rec-2", _meta(2))
+        with caplog.at_level(logging.WARNING, logger="queuestore.kafka.writer"):
+            writer.close()  # the default timeout (60 s): not waited, the writer has stopped
+        assert not [r.getMessage() for r in caplog.records if r.name == "queuestore.kafka.writer"]
+        assert fault_proxy.by_fault()["blackhole"] > 0
+    finally:
+        fault_proxy.heal()
+        store.close()
+    assert _payloads(_read(proxied_broker.bootstrap, output)) == [b"rec-0"]
+
+
 def test_a_lost_produce_answer_is_asked_again_within_the_commit_timeout(
     fault_proxy: FaultProxy, proxied_broker: Broker, tmp_path: Path
 ) -> None:
