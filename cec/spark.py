@@ -69,7 +69,8 @@ def _host(module: str) -> Any:
 
 def register(spark: SparkSession) -> None:
     """Make `spark.read.format("cec-kafka")` (output logs) and `format("cec-topic")` (an ordinary topic,
-    decoded as cec reads it) available in `spark`."""
+    decoded as cec reads it) available in `spark`. Idempotent: a second call registers the same sources
+    again, which changes nothing."""
     _host("operators.spark.attach").register_all(spark)
 
 

@@ -37,6 +37,7 @@ from operators.spark.partitioning import KeyGrouper, partition_key
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
 from tests.topic_data import create_topic, produce
 
@@ -176,7 +177,7 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
     frame = read_results(spark, output, broker.bootstrap)
     assert frame.columns == COLUMNS
-    return _ordered(tuple(r) for r in frame.collect() if r["carrier"] != "ZZ")
+    return _ordered(tuple(epoch_ms(v) for v in r) for r in frame.collect() if r["carrier"] != "ZZ")
 
 
 def _csv(path: Path, records: list[tuple[int, dict[str, Any]]]) -> Path:
