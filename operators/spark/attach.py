@@ -319,18 +319,18 @@ def cec_aggregate(
     )
     check_session(spark, embedded_store=False, what="cec_aggregate")
     reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
-    source = QueryInput(
-        input_topic, bootstrap_servers, source_options, reader_kind, dict(kafka_config or {}),
-        Path(state_dir), max_records_per_trigger, transform, fields_schema(input_schema) if typed_fields else None,
-    )  # fmt: skip
-    if transform is None:
-        check_input(source, spec.key, value, time)
     if transform is not None and reader_kind != SPARK_KAFKA:
         raise ConfigError(
             "transform= reads the input through Spark's Kafka source: put the connector on the classpath "
             "(`make spark-kafka-jars`, or --packages org.apache.spark:spark-sql-kafka-0-10_2.13) and give "
             "no kafka_config"
         )
+    source = QueryInput(
+        input_topic, bootstrap_servers, source_options, reader_kind, dict(kafka_config or {}),
+        Path(state_dir), max_records_per_trigger, transform, fields_schema(input_schema) if typed_fields else None,
+    )  # fmt: skip
+    if transform is None:
+        check_input(source, spec.key, value, time)
     metrics, served_port = None, None
     if metrics_port is not None:  # before any work: a port in use is one ConfigError
         served_port = serve(metrics_port)

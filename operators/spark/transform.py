@@ -126,29 +126,16 @@ def check_transform(transform: object, input_format: str) -> None:
         )
 
 
-def fields_schema(given: object) -> str | StructType | None:
+def fields_schema(given: object) -> StructType | None:
     """`cec_aggregate(input_schema=...)` as the input fields' schema of a transform (json, registry): Spark
-    DDL text, a StructType, or None; one ConfigError for anything else."""
-    from pyspark.sql.types import StructType
-
-    if given is None or isinstance(given, (str, StructType)):
-        return given
-    raise ConfigError(
-        'with transform=, input_schema is a Spark DDL schema ("item STRING, price DOUBLE") or a '
-        f"StructType, got {type(given).__name__}"
-    )
-
-
-def input_struct(spark: SparkSession, opts: TopicOptions, given: str | StructType | None) -> StructType:
-    """The input fields' types: `given` (DDL text such as "item STRING, price DOUBLE" or a StructType), else
-    `sample_schema` of the topic. One ConfigError for a type the decoder cannot fill or a field named like a
-    position column."""
+    DDL text ("item STRING, price DOUBLE") or a StructType, parsed and checked on the driver before any
+    work, or None (inferred at start, `sample_schema`). One ConfigError for anything else, a type the
+    decoder cannot fill, or a field named like a column transform= adds."""
     from pyspark.sql.types import StructType
 
     if given is None:
-        struct = sample_schema(opts)
-        log.info("transform= input schema inferred from the topic's first records: %s", struct.simpleString())
-    elif isinstance(given, StructType):
+        return None
+    if isinstance(given, StructType):
         struct = given
     elif isinstance(given, str):
         try:
@@ -165,6 +152,11 @@ def input_struct(spark: SparkSession, opts: TopicOptions, given: str | StructTyp
             'with transform=, input_schema is a Spark DDL schema ("item STRING, price DOUBLE") or a '
             f"StructType, got {type(given).__name__}"
         )
+    _check_fields(struct)
+    return struct
+
+
+def _check_fields(struct: StructType) -> None:
     for f in struct.fields:
         if f.name in POSITION_COLUMNS or f.name in (ERROR_COLUMN, RAW_COLUMN):
             raise ConfigError(
@@ -173,7 +165,16 @@ def input_struct(spark: SparkSession, opts: TopicOptions, given: str | StructTyp
             )
         _converter(f.name, f.dataType)  # refuses a type it cannot fill
     if not struct.fields:
-        raise ConfigError(f"topic {opts.topic!r}: no input fields for transform= (give input_schema)")
+        raise ConfigError("transform= needs the input's fields: input_schema has none")
+
+
+def input_struct(opts: TopicOptions, given: StructType | None) -> StructType:
+    """The input fields' types: `given` (`fields_schema`), else `sample_schema` of the topic."""
+    if given is not None:
+        return given
+    struct = sample_schema(opts)
+    _check_fields(struct)
+    log.info("transform= input schema inferred from the topic's first records: %s", struct.simpleString())
     return struct
 
 

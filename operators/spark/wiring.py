@@ -56,7 +56,7 @@ class QueryInput:
     state_dir: Path
     max_records_per_trigger: int | None
     transform: Transform | None = None
-    input_schema: str | StructType | None = None
+    input_schema: StructType | None = None
 
 
 @dataclass(frozen=True)
@@ -139,7 +139,7 @@ def start_query(
             rows = transformed_input(
                 spark,
                 opts,
-                input_struct(spark, opts, source.input_schema),
+                input_struct(opts, source.input_schema),
                 source.transform,
                 kafka_rows(spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger),
                 input_types,

@@ -260,3 +260,27 @@ def test_the_input_schema_is_inferred_from_the_first_records(spark_kafka_broker:
     )
     got = sample_schema(opts)
     assert got.simpleString() == "struct<item:string,n:bigint,x:double,ok:boolean,tags:string,extra:string>"
+
+
+def test_what_a_transform_cannot_read_is_one_line_before_any_work(
+    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
+) -> None:
+    args = _transform_args(json_topic, tmp_path, f"avg-tf-no-{uuid.uuid4().hex[:8]}", filter_derive)
+    refused = {
+        "transform must be a function": {"transform": "price > 20"},
+        "transform= reads an ordinary topic": {"input_format": "cec", "input_schema": None},
+        "transform= reads the input through Spark's Kafka source": {"input_reader": "python"},
+        r"input_schema 'item STRNG' is not a Spark DDL schema": {"input_schema": "item STRNG"},
+        r"input_schema field 'when' is date": {"input_schema": "item STRING, price DOUBLE, when DATE"},
+    }
+    for why, change in refused.items():
+        with pytest.raises(ConfigError, match=why) as caught:
+            cec_aggregate(spark, available_now=True, **{**args, **change})
+        assert "\n" not in str(caught.value), why
+    assert not json_topic_has(json_topic, args["output_topic"])  # refused before any topic was made
+
+
+def json_topic_has(data: JsonTopic, topic: str) -> bool:
+    from confluent_kafka.admin import AdminClient
+
+    return topic in AdminClient({"bootstrap.servers": data.bootstrap}).list_topics(timeout=30).topics
