@@ -239,7 +239,8 @@ def cec_aggregate(
       (`operators.results_topic.ResultJson`: key = the window key, value = the result's columns as JSON),
       in the transaction that appends its R record to the output log, so a read_committed consumer that
       knows nothing of cec reads each result exactly once, across driver and task failures. Created with
-      a partition per output partition (output partition q publishes to its partition q);
+      a partition per output partition (output partition q publishes to its partition q); an existing one
+      with another partition count is one ConfigError;
     - `transform`: a function from the input's streaming DataFrame (its fields, plus `partition`, `offset`
       and the Kafka `timestamp`) to the DataFrame the aggregate reads (`key`, `value`, `time` name its
       columns), e.g. `lambda df: df.where("price > 0").withColumn("eur", F.col("price") * 0.9)`. Applied
@@ -457,14 +458,17 @@ def cec_aggregate(
 
 def _create_results_topic(store: KafkaQueueStore, topic: str, partitions: int) -> None:
     """The results topic, with a partition per output partition (results of output partition q go to its
-    partition q), or one ConfigError if an existing one has fewer."""
-    store.create_topic(topic, partitions)
-    have = store.partitions(topic)
-    if have < partitions:
+    partition q), as `cec run --results-topic` makes it; one ConfigError for an existing one with another
+    partition count (a restart with another `partitions` needs a new results topic)."""
+    from queuestore.exceptions import TopicMismatchError
+
+    try:
+        store.create_topic(topic, partitions)
+    except TopicMismatchError as exc:
         raise ConfigError(
-            f"results_topic {topic!r} has {have} partitions, the output has {partitions}: results of output "
-            "partition q go to its partition q (add partitions to it, or use a new results_topic)"
-        )
+            f"results_topic {topic!r}: {exc}; results of output partition q go to its partition q (use a "
+            "results topic with the output's partition count, or a new one)"
+        ) from None
 
 
 def _check_watermarks(recovery: AttachRecovery, input_partitions: int) -> None:

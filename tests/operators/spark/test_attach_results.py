@@ -3,8 +3,9 @@
 1. `results_topic=`: every result as a plain JSON record (the record `cec run --results-topic` writes: key =
    the window key, value = the result's columns), in the output log's transactions: after the driver is
    SIGKILLed in the middle of a write and restarted, a read_committed consumer that knows nothing of cec
-   reads each result exactly once, and they are the results `read_results` gives; the driver's writers
-   (`writers="driver"`) publish the same records;
+   reads each result exactly once, and they are the results `read_results` gives, whether the executors or
+   the driver write the logs; a results topic that is the input or output, or has too few partitions, is
+   one line;
 2. typed results: a time window's `start`/`end` are TimestampType (a count window's stay integer offsets),
    and a `transform=`'s key column keeps its type;
 3. one line per mistake: a misspelled field of a cec queue input (no `input_format`) is one ConfigError
@@ -64,13 +65,21 @@ def _as_published(results: dict[str, list[tuple[Any, ...]]]) -> dict[tuple[str, 
     return {(row[0], row[1]): row for rows in results.values() for row in rows}
 
 
+@pytest.mark.parametrize(
+    ("writers", "hit"),
+    # The executors' writers: the 3rd micro-batch's first write task; the driver's: its sink passes the
+    # site once per output partition (3) and micro-batch, so the 5th pass is in the 2nd micro-batch.
+    [("executors", 3), ("driver", 5)],
+)
 def test_results_topic_exactly_once_across_a_driver_sigkill(
-    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
+    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path, writers: str, hit: int
 ) -> None:
-    output = f"avg-rt-{uuid.uuid4().hex[:8]}"
+    output = f"avg-rt-{writers}-{uuid.uuid4().hex[:8]}"
     results_topic = f"{output}-results"
-    args = _args(json_topic, tmp_path, output, input_reader="spark-kafka", results_topic=results_topic)
-    _killed_driver(args, tmp_path / "driver", hit=3)
+    args = _args(
+        json_topic, tmp_path, output, input_reader="spark-kafka", results_topic=results_topic, writers=writers
+    )
+    _killed_driver(args, tmp_path / "driver", hit=hit)
     partial = _kinds(json_topic, tmp_path, output)
     published = _published(json_topic, results_topic)
     assert 0 < partial["R"] == len(published)  # exactly the results whose R records are in the log
@@ -83,17 +92,18 @@ def test_results_topic_exactly_once_across_a_driver_sigkill(
     assert _published(json_topic, results_topic) == _as_published(results)
 
 
-def test_the_drivers_writers_publish_the_same_records(
-    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
-) -> None:
+def test_a_results_topic_of_its_own(spark: SparkSession, json_topic: JsonTopic, tmp_path: Path) -> None:
     output = f"avg-rtd-{uuid.uuid4().hex[:8]}"
-    results_topic = f"{output}-results"
-    args = _args(json_topic, tmp_path, output, writers="driver", results_topic=results_topic)
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(600) is True and query.exception() is None
-    assert _published(json_topic, results_topic) == _as_published(_results(spark, json_topic, output))
-    with pytest.raises(ConfigError, match="results_topic must be a topic of its own"):
-        cec_aggregate(spark, available_now=True, **{**args, "results_topic": output})
+    args = _args(json_topic, tmp_path, output)
+    for taken in (output, json_topic.topic):
+        with pytest.raises(ConfigError, match="results_topic must be a topic of its own"):
+            cec_aggregate(spark, available_now=True, **{**args, "results_topic": taken})
+    small = f"{output}-small"
+    create_topic(json_topic.bootstrap, small, 1)  # the output has the input's 3 partitions
+    with pytest.raises(
+        ConfigError, match=f"results_topic '{small}': .* exists with 1 partitions, 3 requested"
+    ):
+        cec_aggregate(spark, available_now=True, **{**args, "results_topic": small})
 
 
 def test_time_windows_read_back_as_timestamps_and_keys_with_their_types(
