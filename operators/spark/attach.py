@@ -46,7 +46,9 @@ Responsibilities, one module each:
 - `operators.spark.input_options`: the input data source's options, validated on the driver;
 - `operators.spark.wiring`: the query's wiring (input, processor, initial state, sink, trigger);
 - `operators.spark.trim`: trimming the output logs (`trim_every`);
-- `operators.spark.results`: `read_results`;
+- `operators.spark.results`: `read_results` (typed columns), `read_dead_letters`;
+- `operators.spark.transform`: the user's `transform=` (decoded input, plan check, packing after it);
+- `operators.spark.config_errors`: a CecError raised across Py4J, back as its one line;
 - this module: the entry point `cec_aggregate` (validation, generations, recovery planning, the sink).
 The replay and stamping rules come from `recovery.contract` (tuple_fate, ReplayContract, PositionStamper).
 """
