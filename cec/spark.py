@@ -4,9 +4,10 @@
 
 Importing this module imports neither PySpark nor the Spark host: each name is resolved on first use, so
 `import cec.spark` is cheap and works where PySpark is not installed (a name used there raises one
-ConfigError line saying what to install). `cec_aggregate` and `read_results` register the `cec-kafka` and
-`cec-topic` data sources in the session they are given; `register(spark)` does it for a session that reads
-those formats directly (`spark.read.format("cec-kafka")`).
+ConfigError line saying what to install). Spark registers the `cec-kafka` and `cec-topic` data sources in
+every session by itself (the top-level modules `pyspark_cec_kafka`, `pyspark_cec_topic`), where its lookup
+sees them (not an editable install's, outside the repository root); `cec_aggregate`, `read_results` and
+`read_dead_letters` register them in the session they are given, and `register(spark)` does it explicitly.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ def _host(module: str) -> Any:
 
 def register(spark: SparkSession) -> None:
     """Make `spark.read.format("cec-kafka")` (output logs) and `format("cec-topic")` (an ordinary topic,
-    decoded as cec reads it) available in `spark`."""
+    decoded as cec reads it) available in `spark`. Idempotent: a second call registers the same sources
+    again, which changes nothing."""
     _host("operators.spark.attach").register_all(spark)
 
 

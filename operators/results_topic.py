@@ -11,10 +11,25 @@ from cec.records import AvroCodec, Kind, RecordCodec
 from queuestore.base import QueueStore, RecordMeta
 from queuestore.output import OutputQueue
 
-__all__ = ["RESULTS_TOPIC", "ResultsTopicOutput"]
+__all__ = ["RESULTS_TOPIC", "ResultJson", "ResultsTopicOutput"]
 
 # JobSpec.extra key: the topic that receives every result as a plain JSON record (`ResultsTopicOutput`).
 RESULTS_TOPIC = "results_topic"
+
+
+class ResultJson:
+    """A result's record in a results topic: key = the window key, value = the result's fields as compact
+    JSON (key, window, value, count, start, end for the aggregate). Every host that publishes results
+    (`ResultsTopicOutput`, the Spark executors' writers) makes them here."""
+
+    def __init__(self, result_schema: dict[str, Any]) -> None:
+        self._results = AvroCodec(result_schema)
+
+    def record(self, meta_key: str | None, payload: bytes) -> tuple[bytes | None, bytes]:
+        """(key, value) of the result whose R record has `meta_key` and `payload`."""
+        row = self._results.decode(payload)
+        body = json.dumps(row, separators=(",", ":")).encode()
+        return (None if meta_key is None else meta_key.encode()), body
 
 
 class ResultsTopicOutput(OutputQueue):
@@ -61,13 +76,8 @@ class ResultsTopicOutput(OutputQueue):
         self.results_topic = results_topic
         self._append_side = append_side
         self._records = RecordCodec()
-        self._results = AvroCodec(result_schema)
+        self._side_record = ResultJson(result_schema).record
         self.published = 0
-
-    def _side_record(self, meta_key: str | None, payload: bytes) -> tuple[bytes | None, bytes]:
-        row = self._results.decode(payload)
-        body = json.dumps(row, separators=(",", ":")).encode()
-        return (None if meta_key is None else meta_key.encode()), body
 
     def append(self, value: bytes, meta: RecordMeta) -> None:
         super().append(value, meta)

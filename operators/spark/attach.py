@@ -46,7 +46,9 @@ Responsibilities, one module each:
 - `operators.spark.input_options`: the input data source's options, validated on the driver;
 - `operators.spark.wiring`: the query's wiring (input, processor, initial state, sink, trigger);
 - `operators.spark.trim`: trimming the output logs (`trim_every`);
-- `operators.spark.results`: `read_results`;
+- `operators.spark.results`: `read_results` (typed columns), `read_dead_letters`;
+- `operators.spark.transform`: the user's `transform=` (decoded input, plan check, packing after it);
+- `operators.spark.config_errors`: a CecError raised across Py4J, back as its one line;
 - this module: the entry point `cec_aggregate` (validation, generations, recovery planning, the sink).
 The replay and stamping rules come from `recovery.contract` (tuple_fate, ReplayContract, PositionStamper).
 """
@@ -66,25 +68,35 @@ from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from operators.aggregate import parse_lateness_ms
 from operators.formats import FORMATS
+from operators.results_topic import ResultsTopicOutput
 from operators.spark.aggregate_form import aggregate_form, window_form
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
+from operators.spark.config_errors import cec_errors
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
-from operators.spark.kafka_input import AUTO, choose_input_reader
+from operators.spark.kafka_input import AUTO, SPARK_KAFKA, choose_input_reader
 from operators.spark.keywords import CEC_AGGREGATE_KEYWORDS, checked_keywords
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
-from operators.spark.results import RESULT_COLUMNS, bind_result_schema, read_results, register_all
+from operators.spark.results import (
+    RESULT_COLUMNS,
+    bind_result_schema,
+    bind_result_types,
+    read_results,
+    register_all,
+)
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
+from operators.spark.transform import Transform, check_transform, fields_schema
 from operators.spark.trim import check_trim_every, check_trimmed_indexes
-from operators.spark.wiring import QueryInput, QueryTrigger, start_query
+from operators.spark.wiring import QueryInput, QueryTrigger, check_input, start_query
 from operators.spark.writer import ExecutorSink
 from queuestore.output import OutputQueue
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
+    from pyspark.sql.types import StructType
 
     from queuestore.kafka import KafkaQueueStore
 
@@ -107,11 +119,23 @@ log = logging.getLogger(__name__)
 WRITERS = ("executors", "driver")  # cec_aggregate(writers=...): who writes the output logs
 
 
-def _open_outputs(store: KafkaQueueStore, gen: Generation) -> list[OutputQueue]:
+def _open_outputs(
+    store: KafkaQueueStore, gen: Generation, results: tuple[str, dict[str, Any]] | None = None
+) -> list[OutputQueue]:
+    """The current generation's output partitions (their writer locks); with `results` (results topic,
+    result schema), ones that publish each result there too, as `cec run --results-topic` does (the
+    driver's writers, `writers="driver"`)."""
     outputs: list[OutputQueue] = []
     try:
         for q in range(gen.partitions):
-            outputs.append(OutputQueue(store, gen.topic, q))
+            if results is None:
+                outputs.append(OutputQueue(store, gen.topic, q))
+            else:
+                outputs.append(
+                    ResultsTopicOutput(
+                        store, gen.topic, q, results_topic=results[0], result_schema=results[1]
+                    )
+                )
     except BaseException:
         for out in outputs:
             out.close()
@@ -134,7 +158,7 @@ def cec_aggregate(
     window_count: int | None = None,
     window_time: str | int | None = None,
     time: str | None = None,
-    input_schema: str | Mapping[str, Any] | Sequence[str] | None = None,
+    input_schema: str | Mapping[str, Any] | Sequence[str] | StructType | None = None,
     input_format: str = "cec",
     schema_registry_url: str | None = None,
     partitions: int | None = None,
@@ -151,6 +175,8 @@ def cec_aggregate(
     trim_every: int | None = None,
     slide: str | int | None = None,
     session_gap: str | int | None = None,
+    transform: Transform | None = None,
+    results_topic: str | None = None,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` (or several aggregates) per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -219,7 +245,21 @@ def cec_aggregate(
       task writes its own output partition through a transactional writer fenced by its
       `transactional.id`, and the driver only learns cursors and counts (`operators.spark.writer`);
       `"driver"`: every record is collected to the driver, which writes all partitions
-      (`operators.spark.sink.CecSink`; the earlier path, kept as a fallback).
+      (`operators.spark.sink.CecSink`; the earlier path, kept as a fallback);
+    - `results_topic`: also publish every result to this plain topic, as `cec run --results-topic` does
+      (`operators.results_topic.ResultJson`: key = the window key, value = the result's columns as JSON),
+      in the transaction that appends its R record to the output log, so a read_committed consumer that
+      knows nothing of cec reads each result exactly once, across driver and task failures. Created with
+      a partition per output partition (output partition q publishes to its partition q); an existing one
+      with another partition count is one ConfigError;
+    - `transform`: a function from the input's streaming DataFrame (its fields, plus `partition`, `offset`
+      and the Kafka `timestamp`) to the DataFrame the aggregate reads (`key`, `value`, `time` name its
+      columns), e.g. `lambda df: df.where("price > 0").withColumn("eur", F.col("price") * 0.9)`. Applied
+      at every start, so a replay re-reads through it; only row-wise, deterministic steps (select,
+      withColumn, where...) with `partition` and `offset` unchanged, anything else is one ConfigError
+      (`operators.spark.transform`). An ordinary topic read by Spark's Kafka source only; for json and
+      registry, `input_schema` may type the fields (Spark DDL, "item STRING, price DOUBLE"), else they are
+      inferred from the topic's first records.
 
     Refused (one clear `ConfigError`): `spark.speculation=true`. The session's shuffle partitions (= P) and
     state store provider (RocksDB, which transformWithState needs) are set for this query only.
@@ -238,6 +278,12 @@ def cec_aggregate(
         raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
     if input_format not in FORMATS:
         raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
+    if transform is not None:
+        check_transform(transform, input_format)
+    if results_topic is not None and (not isinstance(results_topic, str) or not results_topic):
+        raise ConfigError(f"results_topic must be a topic name, got {results_topic!r}")
+    if results_topic is not None and results_topic in (input_topic, output_topic):
+        raise ConfigError("results_topic must be a topic of its own, not the input or output topic")
     windows = window_form(
         window_count=window_count,
         window_time=window_time,
@@ -270,9 +316,18 @@ def cec_aggregate(
     if max_records_per_trigger is not None and max_records_per_trigger < 1:
         raise ConfigError("max_records_per_trigger must be >= 1")
     check_trim_every(trim_every)
+    # With transform=, a json or registry input's input_schema types its fields (Spark DDL): the data
+    # source's own options have no schema then.
+    typed_fields = transform is not None and input_format in ("json", "registry")
+    format_schema = None if typed_fields else input_schema
+    if format_schema is not None and not isinstance(format_schema, (str, Mapping, Sequence)):
+        raise ConfigError(
+            f"input_schema of a {input_format} input is not a {type(format_schema).__name__} (a Spark "
+            "schema types the fields of a json or registry input under transform=)"
+        )
     source_options = select_source_options(
         input_format,
-        input_schema,
+        format_schema,
         schema_registry_url,
         spec.key,
         value,
@@ -283,6 +338,18 @@ def cec_aggregate(
     )
     check_session(spark, embedded_store=False, what="cec_aggregate")
     reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
+    if transform is not None and reader_kind != SPARK_KAFKA:
+        raise ConfigError(
+            "transform= reads the input through Spark's Kafka source: put the connector on the classpath "
+            "(`make spark-kafka-jars`, or --packages org.apache.spark:spark-sql-kafka-0-10_2.13) and give "
+            "no kafka_config"
+        )
+    source = QueryInput(
+        input_topic, bootstrap_servers, source_options, reader_kind, dict(kafka_config or {}),
+        Path(state_dir), max_records_per_trigger, transform, fields_schema(input_schema) if typed_fields else None,
+    )  # fmt: skip
+    if transform is None:
+        check_input(source, spec.key, value, time)
     metrics, served_port = None, None
     if metrics_port is not None:  # before any work: a port in use is one ConfigError
         served_port = serve(metrics_port)
@@ -309,7 +376,12 @@ def cec_aggregate(
             generations.append(Generation(len(generations), topic, wanted))
         current = generations[-1]
         check_trimmed_indexes(store, current)
-        outputs = _open_outputs(store, current)  # takes the partitions' writer locks before reading the logs
+        results = None
+        if results_topic is not None:
+            results = (results_topic, spec.build().result_schema)
+            _create_results_topic(store, results_topic, current.partitions)
+        # Takes the partitions' writer locks before reading the logs.
+        outputs = _open_outputs(store, current, results)
         try:
             recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
             try:
@@ -339,6 +411,7 @@ def cec_aggregate(
             client=client,
             metrics=metrics,
             trim_every=trim_every,
+            results=results,
         )
     else:
         sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics, trim_every=trim_every)
@@ -350,20 +423,37 @@ def cec_aggregate(
     )
     gcheck = GCheckSpec.from_checkpointing(checkpointing, planned)
     checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"
+    input_types: dict[str, str] = {}
     try:
-        query = start_query(
-            spark,
-            spec=spec,
-            gcheck=gcheck,
-            recovery=recovery,
-            sink=sink,
-            source=QueryInput(
-                input_topic, bootstrap_servers, source_options, reader_kind, client, Path(state_dir),
-                max_records_per_trigger,
-            ),
-            trigger=QueryTrigger(available_now, processing_time, query_name),
-            checkpoint=checkpoint,
-        )  # fmt: skip
+        with cec_errors():  # a CecError raised in a Python worker through Py4J: its one line
+            query = start_query(
+                spark,
+                spec=spec,
+                gcheck=gcheck,
+                recovery=recovery,
+                sink=sink,
+                source=source,
+                trigger=QueryTrigger(available_now, processing_time, query_name),
+                checkpoint=checkpoint,
+                input_types=input_types,
+            )
+        # How read_results types the columns: time windows' bounds as timestamps, keys as their input types.
+        key_fields = (spec.key_fields or (spec.key,)) if spec.several else (spec.key,)
+        key_columns = key_fields if spec.several else ("key",)
+        try:
+            bind_result_types(
+                store,
+                current.topic,
+                time_windows=windows.window_ms is not None or windows.session_gap_ms is not None,
+                key_types={
+                    column: input_types[name]
+                    for column, name in zip(key_columns, key_fields, strict=True)
+                    if name in input_types
+                },
+            )
+        except BaseException:
+            query.stop()
+            raise
     except BaseException:
         try:
             sink.close()
@@ -382,6 +472,21 @@ def cec_aggregate(
         input_reader=reader_kind,
         bounded=available_now,
     )
+
+
+def _create_results_topic(store: KafkaQueueStore, topic: str, partitions: int) -> None:
+    """The results topic, with a partition per output partition (results of output partition q go to its
+    partition q), as `cec run --results-topic` makes it; one ConfigError for an existing one with another
+    partition count (a restart with another `partitions` needs a new results topic)."""
+    from queuestore.exceptions import TopicMismatchError
+
+    try:
+        store.create_topic(topic, partitions)
+    except TopicMismatchError as exc:
+        raise ConfigError(
+            f"results_topic {topic!r}: {exc}; results of output partition q go to its partition q (use a "
+            "results topic with the output's partition count, or a new one)"
+        ) from None
 
 
 def _check_watermarks(recovery: AttachRecovery, input_partitions: int) -> None:

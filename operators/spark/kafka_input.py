@@ -52,6 +52,7 @@ __all__ = [
     "KafkaRowPacker",
     "check_retention",
     "choose_input_reader",
+    "kafka_rows",
     "spark_kafka_input",
 ]
 
@@ -117,6 +118,20 @@ def spark_kafka_input(
     `start` (per partition; None: every log start)."""
     if opts.pack is None:
         raise ValueError("spark_kafka_input builds the attached query's packed rows: opts.pack is needed")
+    packer = KafkaRowPacker(opts)
+    rows = kafka_rows(spark, opts, start=start, max_records_per_trigger=max_records_per_trigger)
+    return rows.select(*packer.columns).mapInArrow(packer, opts.read_schema())
+
+
+def kafka_rows(
+    spark: SparkSession,
+    opts: TopicOptions,
+    *,
+    start: Sequence[int] | None,
+    max_records_per_trigger: int | None,
+) -> DataFrame:
+    """Spark's Kafka source over `opts.topic` (its own rows: key, value, topic, partition, offset,
+    timestamp...), read_committed, from `start` (per partition; None: every log start)."""
     client = dict(opts.client_config)
     client.setdefault("isolation.level", "read_committed")
     starting = (
@@ -135,9 +150,7 @@ def spark_kafka_input(
         reader = reader.option(f"kafka.{name}", setting)
     if max_records_per_trigger is not None:
         reader = reader.option("maxOffsetsPerTrigger", str(max_records_per_trigger))
-    packer = KafkaRowPacker(opts)
-    rows = reader.load().select(*packer.columns)
-    return rows.mapInArrow(packer, opts.read_schema())
+    return reader.load()
 
 
 class KafkaRowPacker:

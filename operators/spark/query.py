@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
 from operators.spark.checkpointing import PartitionControl, read_controls, uses_timers
+from operators.spark.config_errors import cec_errors
 from operators.spark.generations import Generation
 from operators.spark.planning import AttachRecovery
 from operators.spark.processor import STATE_NAME
@@ -168,7 +169,8 @@ class CecAggregateQuery:
         then waits for the thread itself, at most the rest of that batch."""
         if timeout is None:
             try:
-                self.query.awaitTermination()
+                with cec_errors():  # a CecError raised in a Python worker: its one line, not Py4J's
+                    self.query.awaitTermination()
             finally:
                 self.close()  # the latch was released: the thread ended, failed or not
             if self.bounded:
@@ -176,8 +178,9 @@ class CecAggregateQuery:
                 self._sink.dead_letters.check()
             return None
         try:
-            if not self.query.awaitTermination(timeout):
-                return False
+            with cec_errors():
+                if not self.query.awaitTermination(timeout):
+                    return False
         except Exception:
             # The query's own failure: raised only once the thread has ended. Anything else (a bad timeout,
             # a broken gateway) says nothing about the batch in flight: the logs stay open.

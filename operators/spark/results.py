@@ -28,7 +28,9 @@ __all__ = [
     "DEAD_LETTER_COLUMNS",
     "RESULTS_ATTACHMENT",
     "RESULT_COLUMNS",
+    "RESULT_TYPES_ATTACHMENT",
     "bind_result_schema",
+    "bind_result_types",
     "read_dead_letters",
     "read_results",
     "register_all",
@@ -39,6 +41,11 @@ DEAD_LETTER_COLUMNS = [f["name"] for f in DEAD_LETTER_SCHEMA["fields"]]
 # The attachment of an output topic (partition 0) that holds its results' Avro schema when they are not
 # KeyedAggregate's (several aggregates, a composite key): `read_results` decodes them by it.
 RESULTS_ATTACHMENT = "results"
+# The attachment (partition 0) that says how `read_results` types an output topic's columns: whether its
+# windows are time windows (`start`/`end` as TimestampType; count windows keep input positions, integers),
+# and the key columns' input types where the query knew them (a transform's result, `bind_result_types`).
+# A topic without it (written before typed results) reads as before: epoch-ms longs, text keys.
+RESULT_TYPES_ATTACHMENT = "result-types"
 
 
 def _recorded_schema(store: KafkaQueueStore, topic: str) -> dict[str, Any] | None:
@@ -77,6 +84,36 @@ def bind_result_schema(
         )
 
 
+def bind_result_types(
+    store: KafkaQueueStore, topic: str, *, time_windows: bool, key_types: Mapping[str, str]
+) -> None:
+    """Record how `read_results` types `topic`'s columns (`RESULT_TYPES_ATTACHMENT`; `key_types`: result
+    column -> Spark type name)."""
+    wanted = {"time_windows": time_windows, "keys": dict(key_types)}
+    found = store.read_attachment(topic, 0, RESULT_TYPES_ATTACHMENT)
+    if found is None or json.loads(found) != wanted:
+        store.write_attachment(topic, 0, RESULT_TYPES_ATTACHMENT, json.dumps(wanted).encode())
+
+
+def _recorded_types(store: KafkaQueueStore, topic: str) -> dict[str, Any] | None:
+    found = store.read_attachment(topic, 0, RESULT_TYPES_ATTACHMENT)
+    return json.loads(found) if found else None
+
+
+def _typed(df: DataFrame, types: Mapping[str, Any] | None) -> DataFrame:
+    """The result columns as `types` (`bind_result_types`) says: time windows' bounds as timestamps, keys
+    cast from their canonical text back to their input types."""
+    from pyspark.sql import functions as F
+
+    if not types:
+        return df
+    if types.get("time_windows"):
+        df = df.withColumn("start", F.timestamp_millis("start")).withColumn("end", F.timestamp_millis("end"))
+    for column, type_name in types.get("keys", {}).items():
+        df = df.withColumn(column, F.col(f"`{column}`").cast(type_name))
+    return df
+
+
 def register_all(spark: SparkSession) -> None:
     """Make `format("cec-kafka")` and `format("cec-topic")` available in `spark` (done for the active
     session when this module is imported, and by `cec_aggregate` and `read_results`)."""
@@ -96,7 +133,9 @@ def read_results(
     """The results (R records) of every generation of `output_topic` as one DataFrame with KeyedAggregate's
     columns, or for several aggregates or a composite key `cec run`'s (`MultiAggregate.result_schema`,
     recorded with the topic: one column per key field, `value` or one `FUNC_COLUMN` per aggregate), plus
-    the cec_ metadata columns and `cec_generation` when `with_meta`."""
+    the cec_ metadata columns and `cec_generation` when `with_meta`. Typed: a time window's `start` and
+    `end` are TimestampType (a count window's stay the input positions, integers), and the key columns
+    have their input types where the query knew them (`transform=`: its result's types), else text."""
     frames = [
         df if with_meta else df.select(*columns)
         for df, columns in _generation_frames(
@@ -188,13 +227,14 @@ def _generation_frames(
     try:
         generations = list_generations(store, output_topic)
         schemas = [_recorded_schema(store, gen.topic) for gen in generations]
+        typings = [None if control else _recorded_types(store, gen.topic) for gen in generations]
     finally:
         store.close()
     if not generations:
         raise ConfigError(f"output topic {output_topic!r} does not exist")
     register_all(spark)
     frames = []
-    for gen, schema in zip(generations, schemas, strict=True):
+    for gen, schema, typing in zip(generations, schemas, typings, strict=True):
         reader = (
             spark.read.format(FORMAT)
             .option("topic", gen.topic)
@@ -207,7 +247,8 @@ def _generation_frames(
         columns = RESULT_COLUMNS if schema is None else [f["name"] for f in schema["fields"]]
         for name, setting in (kafka_config or {}).items():
             reader = reader.option(f"kafka.{name}", setting)
-        frames.append((reader.load().withColumn("cec_generation", F.lit(gen.index)), columns))
+        loaded = _typed(reader.load(), typing)
+        frames.append((loaded.withColumn("cec_generation", F.lit(gen.index)), columns))
     return frames
 
 

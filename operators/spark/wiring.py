@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from cec.exceptions import ConfigError
 from operators.spark.checkpointing import GCheckSpec
 from operators.spark.datasource import FORMAT
-from operators.spark.kafka_input import SPARK_KAFKA, check_retention, spark_kafka_input
+from operators.spark.kafka_input import SPARK_KAFKA, check_retention, kafka_rows, spark_kafka_input
 from operators.spark.packing import PACK_OPTION, PackSpec
 from operators.spark.partitioning import part_partition_key
 from operators.spark.planning import AttachRecovery
@@ -28,12 +29,14 @@ from operators.spark.processor import (
 from operators.spark.results import register_all
 from operators.spark.sink import CecSink
 from operators.spark.topic_reader import TopicOptions
+from operators.spark.transform import Transform, input_struct, transformed_input
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.types import StructType
 
-__all__ = ["QueryInput", "QueryTrigger", "start_query"]
+__all__ = ["QueryInput", "QueryTrigger", "check_input", "start_query"]
 
 _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBStateStoreProvider"
 
@@ -42,7 +45,8 @@ _ROCKSDB_PROVIDER = "org.apache.spark.sql.execution.streaming.state.RocksDBState
 class QueryInput:
     """What the query reads, as `cec_aggregate` validated it: the topic, its data source's options
     (`operators.spark.input_options`, the format under "format_name"), which reader reads it, the Kafka
-    client settings, where the cec-kafka source keeps its state, and the micro-batch bound."""
+    client settings, where the cec-kafka source keeps its state, the micro-batch bound, and the user's
+    `transform` (`operators.spark.transform`) with the input fields' schema (`input_schema`) it reads."""
 
     topic: str
     bootstrap_servers: str
@@ -51,6 +55,8 @@ class QueryInput:
     client: Mapping[str, str]
     state_dir: Path
     max_records_per_trigger: int | None
+    transform: Transform | None = None
+    input_schema: StructType | None = None
 
 
 @dataclass(frozen=True)
@@ -63,6 +69,33 @@ class QueryTrigger:
     query_name: str | None
 
 
+def check_input(source: QueryInput, key: str, value: str | None, time: str | None) -> None:
+    """The input data source's own checks (its options, the fields it reads), run here on the driver before
+    anything starts: the same ConfigError, one line, not a Python worker's traceback through Py4J. A cec
+    queue that lacks the fields also says how to read a topic of one's own."""
+    from pyspark.sql.datasource import CaseInsensitiveDict
+
+    from operators.spark.datasource import CecKafkaDataSource
+    from operators.spark.topic_reader import CecTopicDataSource
+
+    options = dict(source.options)
+    fmt = options.pop("format_name")
+    pack = PackSpec((1,), key, value, time)
+    given = CaseInsensitiveDict(
+        {**options, "topic": source.topic, "bootstrap.servers": source.bootstrap_servers,
+         PACK_OPTION: pack.to_option()}
+    )  # fmt: skip
+    try:
+        (CecKafkaDataSource if fmt == FORMAT else CecTopicDataSource)(given).schema()
+    except ConfigError as exc:
+        if fmt != FORMAT or "not in the payload schema" not in str(exc):
+            raise
+        raise ConfigError(
+            f"{exc} (input_format='cec', the default, reads a cec queue: for a topic of your own give "
+            "input_format='json', 'avro', 'registry' or 'csv')"
+        ) from None
+
+
 def start_query(
     spark: SparkSession,
     *,
@@ -73,8 +106,10 @@ def start_query(
     source: QueryInput,
     trigger: QueryTrigger,
     checkpoint: Path,
+    input_types: dict[str, str] | None = None,
 ) -> StreamingQuery:
-    """Wire the query (module doc) and start it."""
+    """Wire the query (module doc) and start it. `input_types`, if given, receives the types of the columns
+    the aggregate reads where the input has them (a `transform`'s result), by name."""
     from pyspark.sql import functions as F
 
     register_all(spark)
@@ -99,12 +134,20 @@ def start_query(
         )
         if recovery.resumed:  # a replay from T: below a log start now is the retention error, here
             check_retention(opts, recovery.start)
-        rows = spark_kafka_input(
-            spark,
-            opts,
-            start=list(recovery.start) if recovery.resumed else None,
-            max_records_per_trigger=source.max_records_per_trigger,
-        )
+        start = list(recovery.start) if recovery.resumed else None
+        if source.transform is not None:  # applied at every start: a replay re-reads through it
+            rows = transformed_input(
+                spark,
+                opts,
+                input_struct(opts, source.input_schema),
+                source.transform,
+                kafka_rows(spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger),
+                input_types,
+            )
+        else:
+            rows = spark_kafka_input(
+                spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger
+            )
     else:
         rows = _python_input(spark, fmt, options, source, recovery, pack)
     # One group per output partition q of the current generation (the processor keeps a partition's keys

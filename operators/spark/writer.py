@@ -61,6 +61,7 @@ from typing import TYPE_CHECKING, Any
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
+from operators.results_topic import ResultJson
 from operators.spark.dead_letters import first_dead_reason
 from operators.spark.live_writers import LiveWriter, discard, keep_live, take_live
 from operators.spark.planning import AttachRecovery
@@ -86,6 +87,7 @@ __all__ = [
     "ExecutorSink",
     "PartitionCursor",
     "PartitionWrite",
+    "PublishedResults",
     "write_partition",
 ]
 
@@ -147,8 +149,11 @@ def _append_all(
     first: int,
     last_offset: int,
     where: str,
+    published: PublishedResults | None = None,
 ) -> int:
-    """Append messages[first:] and commit; the offset of the last message in the log."""
+    """Append messages[first:] and commit; the offset of the last message in the log. With `published`,
+    each result also goes to the results topic in the same transaction, after its R record's last message
+    (messages[:first] were committed by a killed attempt with theirs)."""
     offsets: list[int] = []
     errors: list[Exception] = []
 
@@ -162,12 +167,26 @@ def _append_all(
         value, meta = messages[i]
         # Only the last message's offset matters (offsets grow along a partition): one callback per batch.
         writer.append(value, meta, durable if i == len(messages) - 1 else None)
+        side = None if published is None else published.sides.get(i)
+        if side is not None and published is not None:
+            writer.append_side(published.topic, published.partition, *side)
     writer.flush()
     if errors:
         raise QueueStoreError(f"{len(errors)} appends to {where} failed: {errors[0]!r}")
     if offsets:
         last_offset = max(last_offset, *offsets)
     return last_offset
+
+
+@dataclass
+class PublishedResults:
+    """A partition's results for `cec_aggregate(results_topic=...)`: the results topic, its partition (the
+    output partition's number) and, by message index, the (key, JSON) record of the R record that message
+    ends (`operators.results_topic.ResultJson`, the record `cec run --results-topic` writes)."""
+
+    topic: str
+    partition: int
+    sides: dict[int, tuple[bytes | None, bytes]]
 
 
 def write_partition(
@@ -181,6 +200,7 @@ def write_partition(
     *,
     session: str | None = None,
     attempt: int = 0,
+    results: tuple[str, dict[str, Any]] | None = None,
 ) -> PartitionWrite:
     """Write one partition's batch (module doc, steps 1-4); `rows` in EMIT_COLUMNS order, any order.
     `session` (one per run of the query) keeps the partition's writer alive in this process for the next
@@ -199,16 +219,20 @@ def write_partition(
     try:
         messages: list[tuple[bytes, RecordMeta]] = []
         value_limit = live.store.value_limit
+        published = None if results is None else PublishedResults(results[0], q, {})
+        as_json = None if results is None else ResultJson(results[1]).record
         for record in records:
             value, meta = codec.encode(record), record.meta()
             limit = value_limit(meta)
             messages.extend([(value, meta)] if len(value) <= limit else split(value, meta, limit))
+            if published is not None and as_json is not None and record.kind is Kind.R and record.payload:
+                published.sides[len(messages) - 1] = as_json(meta.key, record.payload)
         found: list[StoredRecord] = []
         last_offset = -1
         if reused:
             assert live.writer is not None
             try:
-                last_offset = _append_all(live.writer, messages, 0, cursor.next_offset - 1, where)
+                last_offset = _append_all(live.writer, messages, 0, cursor.next_offset - 1, where, published)
             except QueueStoreError as exc:
                 # Fenced (a writer elsewhere took the partition over since this one's last commit) or
                 # failed: decide from the log, as a first attempt would, with a new writer.
@@ -231,7 +255,7 @@ def write_partition(
                         "start it again, which recovers from the log"
                     )
             last_offset = found[-1].offset if found else cursor.next_offset - 1
-            last_offset = _append_all(writer, messages, len(found), last_offset, where)
+            last_offset = _append_all(writer, messages, len(found), last_offset, where, published)
     except BaseException:
         discard(live)
         raise
@@ -258,7 +282,9 @@ class BatchWriter:
         has_time: bool,
         batch_number: int,
         session: str | None = None,
+        results: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
+        self.results = results  # (results topic, result schema): cec_aggregate(results_topic=...)
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
         self.topic = topic
@@ -309,6 +335,7 @@ class BatchWriter:
             self.has_time,
             session=self.session,
             attempt=attempt,
+            results=self.results,
         )
         c = done.cursor
         out: list[dict[str, Any]] = [
@@ -369,10 +396,12 @@ class ExecutorSink(CecSink):
         keep_batches: int = 200,
         metrics: OperatorMetrics | None = None,
         trim_every: int | None = None,
+        results: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
         super().__init__(
             outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics, trim_every=trim_every
         )
+        self.results = results  # (results topic, result schema): cec_aggregate(results_topic=...)
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
         self.topic = recovery.current.topic
@@ -404,6 +433,7 @@ class ExecutorSink(CecSink):
             self.has_time,
             batches + 1,
             session=self.session,
+            results=self.results,
         )
         table = batch_df.mapInArrow(writer, _result_schema()).toArrow()
         rows = table.to_pylist()

@@ -448,7 +448,7 @@ def _executor_writes(plan: dict[str, int]) -> None:
             return int(_TASK.attempt)
 
         def append_all_(
-            writer: Any, messages: Sequence[Any], first: int, last_offset: int, where: str
+            writer: Any, messages: Sequence[Any], first: int, last_offset: int, where: str, *extra: Any
         ) -> int:
             batch, attempt = getattr(_TASK, "batch", None), getattr(_TASK, "attempt", None)
             half = len(messages) // 2
@@ -458,8 +458,9 @@ def _executor_writes(plan: dict[str, int]) -> None:
             elif kill_task is not None and batch == kill_task and attempt == 0:
                 stop = kill
             if stop is None or not half or first > half:
-                return int(append_all(writer, messages, first, last_offset, where))
-            append_all(writer, messages[:half], first, last_offset, where)  # appended and committed
+                return int(append_all(writer, messages, first, last_offset, where, *extra))
+            # Appended and committed (with the results of its R records, `extra`: results_topic=).
+            append_all(writer, messages[:half], first, last_offset, where, *extra)
             stop()
             raise AssertionError("unreachable")
 

@@ -3,7 +3,8 @@ attach kill tests SIGKILL (a kill plan `attach.sink.mid_batch:n` in its environm
 whose write tasks are killed (`attach.writer.kill_task:n`).
 
 `python -m tests.operators.spark.attach_driver ARGS.json`; ARGS holds the keyword arguments of `cec_aggregate` that
-are plain data, plus `done`: a file written (atomically) with the run's summary once the query finished.
+are plain data, plus `done`: a file written (atomically) with the run's summary once the query finished,
+and `transform` names one of tests/operators/spark/transforms.py's functions.
 """
 
 from __future__ import annotations
@@ -14,11 +15,14 @@ from pathlib import Path
 
 from operators.spark.attach import cec_aggregate
 from operators.spark.session import local_session
+from tests.operators.spark.transforms import TRANSFORMS
 
 
 def main(argv: list[str]) -> int:
     args = json.loads(Path(argv[0]).read_text())
     done = Path(args.pop("done"))
+    if "transform" in args:
+        args["transform"] = TRANSFORMS[args["transform"]]
     spark = local_session("local[2,3]", app_name="cec-attach-driver")
     query = cec_aggregate(spark, available_now=True, **args)
     query.awaitTermination()

@@ -42,6 +42,7 @@ from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import child_env, log_records, process_group_gone, wait_for
 from tests.killpoints import SINK_MID_BATCH, WRITER_KILL_TASK
+from tests.operators.spark.result_rows import epoch_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -126,7 +127,7 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
 def _per_key(rows: list[Any]) -> PerKey:
     out: PerKey = {}
     for row in rows:
-        out.setdefault(str(row["key"]), []).append(tuple(row[c] for c in RESULT_COLUMNS))
+        out.setdefault(str(row["key"]), []).append(tuple(epoch_ms(row[c]) for c in RESULT_COLUMNS))
     for values in out.values():
         values.sort(key=lambda r: r[1])
     return out

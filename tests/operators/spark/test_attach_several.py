@@ -39,6 +39,7 @@ from tests.helpers.topic_flights import (
     logged_dead_letters,
     need_reader,
 )
+from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
 
 if TYPE_CHECKING:
@@ -122,7 +123,7 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
     frame = read_results(spark, output, broker.bootstrap)
     assert frame.columns == COLUMNS
-    return _ordered(tuple(r) for r in frame.collect() if r["carrier"] != "ZZ")
+    return _ordered(tuple(epoch_ms(v) for v in r) for r in frame.collect() if r["carrier"] != "ZZ")
 
 
 def _cec_run(

@@ -29,6 +29,7 @@ from operators.spark.attach import RESULT_COLUMNS, CecAggregateQuery, cec_aggreg
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
 from tests.topic_data import as_json, create_topic, encoded, produce
 
@@ -90,7 +91,7 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
 
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> Rows:
     rows = read_results(spark, output, broker.bootstrap).collect()
-    return sorted(tuple(r[c] for c in RESULT_COLUMNS) for r in rows)  # type: ignore[misc]
+    return sorted(tuple(epoch_ms(r[c]) for c in RESULT_COLUMNS) for r in rows)  # type: ignore[misc]
 
 
 def _dead(broker: Broker, root: Path, output: str) -> list[tuple[int, int, str]]:

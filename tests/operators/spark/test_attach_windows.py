@@ -38,6 +38,7 @@ from tests.helpers.topic_flights import (
     need_reader,
 )
 from tests.helpers.truth import csv_form, csv_results, hopping_truth, session_truth
+from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
 
 if TYPE_CHECKING:
@@ -112,7 +113,11 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
     frame = read_results(spark, output, broker.bootstrap)
     assert frame.columns == COLUMNS
-    return _sorted(csv_form(r.asDict()) for r in frame.collect() if r["carrier"] != "ZZ")
+    return _sorted(
+        csv_form({k: epoch_ms(v) for k, v in r.asDict().items()})
+        for r in frame.collect()
+        if r["carrier"] != "ZZ"
+    )
 
 
 def _cec_run(broker: Broker, source: str | Path, root: Path, flags: list[str]) -> tuple[list[Row], list[Any]]:

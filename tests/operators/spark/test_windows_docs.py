@@ -21,6 +21,7 @@ from cec.spark import cec_aggregate, read_results
 from tests.brokers import Broker
 from tests.helpers.topic_flights import FLUSH_TS, Record, flights_topic, flush_records
 from tests.helpers.truth import csv_form, hopping_truth, session_truth
+from tests.operators.spark.result_rows import epoch_ms
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -92,7 +93,9 @@ def test_the_hopping_and_session_snippets_run_as_written_and_give_the_truth(
 
     rows = [r for _, r in real]
     hourly = read_results(spark, outputs["hourly-delays"], kafka_broker.bootstrap).collect()
-    got = _sorted(csv_form(r.asDict()) for r in hourly if r["carrier"] != "ZZ")
+    got = _sorted(
+        csv_form({k: epoch_ms(v) for k, v in r.asDict().items()}) for r in hourly if r["carrier"] != "ZZ"
+    )
     aggs = [("avg", "arr_delay"), ("max", "dep_delay"), ("count", "*")]
     in_time = sorted(rows, key=lambda r: r["ts"])  # the truth's watermark: the largest time so far
     want = hopping_truth(
@@ -101,6 +104,8 @@ def test_the_hopping_and_session_snippets_run_as_written_and_give_the_truth(
     assert len(want) > 100 and got == want
 
     sessions = read_results(spark, outputs["delay-sessions"], kafka_broker.bootstrap).collect()
-    got = _sorted(csv_form(r.asDict()) for r in sessions if r["key"] != "ZZ")
+    got = _sorted(
+        csv_form({k: epoch_ms(v) for k, v in r.asDict().items()}) for r in sessions if r["key"] != "ZZ"
+    )
     want = _sorted(csv_form(r) for r in session_truth(rows, 30 * MINUTE, [("avg", "arr_delay")], ["carrier"]))
     assert len(want) > 20 and got == want
