@@ -54,8 +54,11 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[s
     return per_key(results(SqliteQueueStore(root), "agg"))
 
 
-def _kill(spec: JobSpec, tmp_path: Path, at: int) -> None:
-    proc = start_worker(spec, tmp_path / f"spec-{at}.json", faults=f"runtime.after_input:{at}")
+def _kill(spec: JobSpec, tmp_path: Path, durable: int) -> None:
+    """SIGKILL a run once `durable` of its records are durable and its host learnt them (the EC cache
+    committed): a kill after n tuples may find nothing durable yet, the writer's I/O thread lagging the
+    operator by up to its outstanding limit."""
+    proc = start_worker(spec, tmp_path / f"spec-{durable}.json", faults=f"output.after_durable:{durable}")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
 
@@ -74,7 +77,7 @@ def test_a_restart_with_the_cache_reads_only_the_tail_and_is_exact(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 12_000)  # the cache lags the log by what the killed run's last poll left
+    _kill(spec, tmp_path, 4_500)  # the cache holds what the killed run's last poll learnt
     end = _log_end(root)
     stats = run_job(spec, max_inputs=8_000)
     rec = stats.recovery
@@ -82,7 +85,7 @@ def test_a_restart_with_the_cache_reads_only_the_tail_and_is_exact(
     assert rec.ec_source == "cache", rec.ec_cache_note
     assert rec.records_read < rec.extent_records  # the tail forward, not the extent back
     assert rec.log_end == end
-    _kill(spec, tmp_path, 9_000)  # and again, from the cache this restart went on writing
+    _kill(spec, tmp_path, 3_500)  # and again, from the cache this restart went on writing
     stats = run_job(spec)
     rec = stats.recovery
     assert rec is not None and stats.completed
@@ -111,7 +114,7 @@ def test_a_damaged_cache_value_is_detected_and_the_log_read_back(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 15_000)
+    _kill(spec, tmp_path, 5_500)
     run_job(spec, max_inputs=3_000)  # writes the cache (from the log)
     _flip_one_cached_value(_cache_path(root))
     stats = run_job(spec, max_inputs=3_000)
@@ -128,7 +131,7 @@ def test_damaged_cache_files_are_never_an_error(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 15_000)
+    _kill(spec, tmp_path, 5_500)
     run_job(spec, max_inputs=3_000)
     for file in _cache_path(root).iterdir():
         if file.suffix == ".sst" or file.name.startswith("MANIFEST"):
@@ -152,7 +155,9 @@ def test_a_cache_behind_the_log_reads_the_tail_and_one_ahead_of_it_is_refused(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 10_000)
+    _kill(spec, tmp_path, 4_000)
+    older = tmp_path / "older"
+    shutil.copytree(root, older)  # the store as the kill left it
     run_job(spec, max_inputs=2_000)
     behind = tmp_path / "behind"
     shutil.copytree(_cache_path(root), behind)  # the cache as of now
@@ -165,9 +170,9 @@ def test_a_cache_behind_the_log_reads_the_tail_and_one_ahead_of_it_is_refused(
     assert rec.records_read > 1_000  # the whole tail the older cache had not seen, read forward
     ahead = tmp_path / "ahead"
     shutil.copytree(_cache_path(root), ahead)
-    # The log cut back (a store restored from an older copy): a cache ahead of it is refused.
+    # The log cut back (the store restored from its older copy): a cache ahead of it is refused.
     shutil.rmtree(root)
-    _kill(spec, tmp_path, 6_000)
+    shutil.copytree(older, root)
     shutil.rmtree(_cache_path(root), ignore_errors=True)
     shutil.copytree(ahead, _cache_path(root))
     stats = run_job(spec)
@@ -185,7 +190,7 @@ def test_a_cache_from_another_log_is_refused(
     run_job(other, max_inputs=8_000)  # a shorter log of another input, same topic name
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 20_000)
+    _kill(spec, tmp_path, _log_end(other_root) + 2_000)  # a longer log: a record at the cache's offset
     shutil.rmtree(_cache_path(root), ignore_errors=True)
     shutil.copytree(_cache_path(other_root), _cache_path(root))
     stats = run_job(spec)
