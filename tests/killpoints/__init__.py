@@ -14,10 +14,6 @@ Sites (n counts passes in the process):
   tuples is cut there, so the fast paths run up to the kill), including replayed ones;
 - `runtime.before_process:n`: before the n-th tuple is applied;
 - `runtime.replaying:n`: before the n-th tuple below its partition's crash point is replayed;
-- `output.after_durable:n`: once n records appended in the process are durable and the host learnt it (an
-  `OutputQueue.poll`/`flush` returned: the stream index and the EC cache committed them); unlike a count
-  of tuples, a point where the log is known to hold something (the writer's I/O thread may lag the
-  operator by up to its outstanding limit, so a kill after n tuples may find nothing durable yet);
 - `runtime.before_append:n` / `runtime.after_append:n`: around the n-th record appended to an output queue
   (`OutputQueue.append`, `append_run`: a G-check run is cut there);
 - `chunks.between_parts:n`: after the n-th part of a value written in parts (`queuestore.chunks.split`);
@@ -63,7 +59,6 @@ SITES = frozenset(
         "runtime.after_input",
         "runtime.before_process",
         "runtime.replaying",
-        "output.after_durable",
         "runtime.before_append",
         "runtime.after_append",
         "chunks.between_parts",
@@ -251,27 +246,6 @@ def _appends(n: int, *, before: bool) -> None:
             kill()
 
         cls.append, cls.append_run = append_, append_run_
-
-    on_import("queuestore.output", patch)
-
-
-def _after_durable(n: int) -> None:
-    def patch(module: ModuleType) -> None:
-        cls = module.OutputQueue
-        poll, flush = cls.poll, cls.flush
-
-        def poll_(self: Any, timeout: float = 0.0) -> int:
-            served = int(poll(self, timeout))
-            if self.durable_count >= n:
-                kill()
-            return served
-
-        def flush_(self: Any) -> None:
-            flush(self)
-            if self.durable_count >= n:
-                kill()
-
-        cls.poll, cls.flush = poll_, flush_
 
     on_import("queuestore.output", patch)
 
@@ -506,8 +480,6 @@ def install(spec: str) -> None:
             _tuples(n - 1)
         elif site == "runtime.replaying":
             _replaying(n)
-        elif site == "output.after_durable":
-            _after_durable(n)
         elif site in ("runtime.before_append", "runtime.after_append"):
             _appends(n, before=site == "runtime.before_append")
         elif site == "chunks.between_parts":

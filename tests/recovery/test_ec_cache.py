@@ -39,7 +39,10 @@ def _spec(root: Path, *, seed: int = 7, ec_cache: bool = True) -> JobSpec:
             "invalid_every": 41,
             "interleave": 13,
         },
-        store={"type": "sqlite", "root": str(root)},
+        # A kill after n tuples loses at most this many appended records (the writer's back-pressure): the
+        # killed log holds what about n tuples produced, and the EC cache followed it (the default, 32,768,
+        # is twice this whole log: a kill could find nothing durable yet).
+        store={"type": "sqlite", "root": str(root), "max_outstanding": 512},
         output_topic="agg",
         checkpointing={"u_target": 2000, "ci_ms": 20, "cp_ms": 40},
         batch_size=64,
@@ -54,11 +57,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[s
     return per_key(results(SqliteQueueStore(root), "agg"))
 
 
-def _kill(spec: JobSpec, tmp_path: Path, durable: int) -> None:
-    """SIGKILL a run once `durable` of its records are durable and its host learnt them (the EC cache
-    committed): a kill after n tuples may find nothing durable yet, the writer's I/O thread lagging the
-    operator by up to its outstanding limit."""
-    proc = start_worker(spec, tmp_path / f"spec-{durable}.json", faults=f"output.after_durable:{durable}")
+def _kill(spec: JobSpec, tmp_path: Path, at: int) -> None:
+    proc = start_worker(spec, tmp_path / f"spec-{at}.json", faults=f"runtime.after_input:{at}")
     _, err = proc.communicate(timeout=180)
     assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
 
@@ -77,7 +77,7 @@ def test_a_restart_with_the_cache_reads_only_the_tail_and_is_exact(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 4_500)  # the cache holds what the killed run's last poll learnt
+    _kill(spec, tmp_path, 12_000)  # the cache lags the log by what the killed run's last poll left
     end = _log_end(root)
     stats = run_job(spec, max_inputs=8_000)
     rec = stats.recovery
@@ -85,7 +85,7 @@ def test_a_restart_with_the_cache_reads_only_the_tail_and_is_exact(
     assert rec.ec_source == "cache", rec.ec_cache_note
     assert rec.records_read < rec.extent_records  # the tail forward, not the extent back
     assert rec.log_end == end
-    _kill(spec, tmp_path, 3_500)  # and again, from the cache this restart went on writing
+    _kill(spec, tmp_path, 9_000)  # and again, from the cache this restart went on writing
     stats = run_job(spec)
     rec = stats.recovery
     assert rec is not None and stats.completed
@@ -114,7 +114,7 @@ def test_a_damaged_cache_value_is_detected_and_the_log_read_back(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 5_500)
+    _kill(spec, tmp_path, 15_000)
     run_job(spec, max_inputs=3_000)  # writes the cache (from the log)
     _flip_one_cached_value(_cache_path(root))
     stats = run_job(spec, max_inputs=3_000)
@@ -131,7 +131,7 @@ def test_damaged_cache_files_are_never_an_error(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 5_500)
+    _kill(spec, tmp_path, 15_000)
     run_job(spec, max_inputs=3_000)
     for file in _cache_path(root).iterdir():
         if file.suffix == ".sst" or file.name.startswith("MANIFEST"):
@@ -155,9 +155,7 @@ def test_a_cache_behind_the_log_reads_the_tail_and_one_ahead_of_it_is_refused(
 ) -> None:
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, 4_000)
-    older = tmp_path / "older"
-    shutil.copytree(root, older)  # the store as the kill left it
+    _kill(spec, tmp_path, 10_000)
     run_job(spec, max_inputs=2_000)
     behind = tmp_path / "behind"
     shutil.copytree(_cache_path(root), behind)  # the cache as of now
@@ -170,9 +168,9 @@ def test_a_cache_behind_the_log_reads_the_tail_and_one_ahead_of_it_is_refused(
     assert rec.records_read > 1_000  # the whole tail the older cache had not seen, read forward
     ahead = tmp_path / "ahead"
     shutil.copytree(_cache_path(root), ahead)
-    # The log cut back (the store restored from its older copy): a cache ahead of it is refused.
+    # The log cut back (a store restored from an older copy): a cache ahead of it is refused.
     shutil.rmtree(root)
-    shutil.copytree(older, root)
+    _kill(spec, tmp_path, 6_000)
     shutil.rmtree(_cache_path(root), ignore_errors=True)
     shutil.copytree(ahead, _cache_path(root))
     stats = run_job(spec)
@@ -190,7 +188,7 @@ def test_a_cache_from_another_log_is_refused(
     run_job(other, max_inputs=8_000)  # a shorter log of another input, same topic name
     root = tmp_path / "store"
     spec = _spec(root)
-    _kill(spec, tmp_path, _log_end(other_root) + 2_000)  # a longer log: a record at the cache's offset
+    _kill(spec, tmp_path, 20_000)
     shutil.rmtree(_cache_path(root), ignore_errors=True)
     shutil.copytree(_cache_path(other_root), _cache_path(root))
     stats = run_job(spec)
