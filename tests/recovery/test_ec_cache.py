@@ -39,7 +39,10 @@ def _spec(root: Path, *, seed: int = 7, ec_cache: bool = True) -> JobSpec:
             "invalid_every": 41,
             "interleave": 13,
         },
-        store={"type": "sqlite", "root": str(root)},
+        # A kill after n tuples loses at most this many appended records (the writer's back-pressure): the
+        # killed log holds what about n tuples produced, and the EC cache followed it (the default, 32,768,
+        # is twice this whole log: a kill could find nothing durable yet).
+        store={"type": "sqlite", "root": str(root), "max_outstanding": 512},
         output_topic="agg",
         checkpointing={"u_target": 2000, "ci_ms": 20, "cp_ms": 40},
         batch_size=64,

@@ -34,7 +34,13 @@ KILL_AT = 100_000
 SLACK = 3 * 8192 + 1024
 
 
+# A kill after KILL_AT tuples loses at most this many appended records (the writer's back-pressure): the
+# killed log is long whatever the machine's load (the default bound, 32,768 on SQLite, is a third of it).
+MAX_OUTSTANDING = 4096
+
+
 def _spec(store: dict[str, object], topic: str) -> JobSpec:
+    store = {**store, "max_outstanding": MAX_OUTSTANDING}
     return JobSpec(
         operator={
             "type": "aggregate",
