@@ -55,9 +55,14 @@ def test_seconds_parser_is_the_same_one_with_seconds_for_bare_numbers() -> None:
 
 
 def test_spark_attach_reads_durations_with_the_same_parser() -> None:
-    import operators.spark.attach as attach
+    # cec_aggregate's window keywords are read by operators.spark.aggregate_form.window_form.
+    import operators.spark.aggregate_form as aggregate_form
 
-    assert attach.parse_duration_ms is parse_duration_ms
+    assert aggregate_form.parse_duration_ms is parse_duration_ms
+    form = aggregate_form.window_form(
+        window_count=None, window_time="1 hour", slide="15m", session_gap=None, time="ts", input_format="json"
+    )
+    assert (form.window_ms, form.slide_ms) == (parse_duration_ms("1 hour"), parse_duration_ms("15m"))
 
 
 @pytest.mark.parametrize(
