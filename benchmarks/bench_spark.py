@@ -156,6 +156,9 @@ class Workload:
     repeats: int = 1  # failure-free runs per system (best taken) and kill runs of the CEC host
     attached_writers: str = "executors"  # cec_aggregate(writers=...): who writes the attached output logs
     recovery_target: str | None = None  # cec_aggregate(checkpointing=Checkpointing(recovery_target=...))
+    # cec_aggregate(checkpointing=Checkpointing.gopen_only()) where the tree has it (a tree from before the
+    # default checkpointing writes G-opens only anyway): both trees of --before-tree do the same work.
+    gopen_only: bool = False
     offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
     tws_baseline: bool = False  # --focus attached: also Spark native under transformWithStateInPandas
     # Spark native's input and output: "kafka" (Spark's Kafka source over the JSON twin of the input, a Kafka
@@ -743,6 +746,11 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         from cec.config import Checkpointing
 
         kwargs["checkpointing"] = Checkpointing(recovery_target=spec["recovery_target"])
+    elif spec.get("gopen_only"):
+        from cec.config import Checkpointing
+
+        if hasattr(Checkpointing, "gopen_only"):
+            kwargs["checkpointing"] = Checkpointing.gopen_only()
     if spec["batch_rows"]:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
     return cec_aggregate(spark, **kwargs)
@@ -1038,6 +1046,7 @@ def _attached_spec(
         "state_dir": str(w.work / f"attached-{output}"),
         "writers": w.attached_writers,
         "recovery_target": w.recovery_target,
+        "gopen_only": w.gopen_only,
     }
     if reader is not None:
         spec.update(
@@ -1744,6 +1753,12 @@ def main(argv: list[str] | None = None) -> int:
         "'2s'; output files get a -rto-<target> suffix",
     )
     parser.add_argument(
+        "--gopen-only",
+        action="store_true",
+        help="with --focus attached: cec_aggregate(checkpointing=Checkpointing.gopen_only()) in every tree that "
+        "has it (with --before-tree: the same checkpointing work in both trees)",
+    )
+    parser.add_argument(
         "--tws-baseline",
         action="store_true",
         help="with --focus attached: a second Spark native baseline, the same aggregate under "
@@ -1823,6 +1838,7 @@ def main(argv: list[str] | None = None) -> int:
             native_io=args.native_io,
             attached_readers=tuple(r.strip() for r in (args.attached_readers or "").split(",") if r.strip()),
             before_tree=args.before_tree.resolve() if args.before_tree else None,
+            gopen_only=args.gopen_only,
         )
         result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
