@@ -22,13 +22,12 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cec.exceptions import ConfigError
-from cec.records import AvroCodec, Kind
 from cec.timeparse import parse_time_ms
-from operators.base import DEAD_LETTER_SCHEMA
 from operators.spark.attach import RESULT_COLUMNS, CecAggregateQuery, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.helpers.topic_flights import logged_dead_letters
 from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
 from tests.topic_data import as_json, create_topic, encoded, produce
@@ -94,21 +93,6 @@ def _spark_results(spark: SparkSession, broker: Broker, output: str) -> Rows:
     return sorted(tuple(epoch_ms(r[c]) for c in RESULT_COLUMNS) for r in rows)  # type: ignore[misc]
 
 
-def _dead(broker: Broker, root: Path, output: str) -> list[tuple[int, int, str]]:
-    codec = AvroCodec(DEAD_LETTER_SCHEMA)
-    store = KafkaQueueStore(broker.bootstrap, root / "probe")
-    try:
-        out = []
-        for q in range(store.partitions(output)):
-            for record in log_records(store, output, q):
-                if record.kind is Kind.DEAD and record.payload is not None:
-                    d = codec.decode(record.payload)
-                    out.append((d["partition"], d["offset"], d["reason"]))
-        return sorted(out)
-    finally:
-        store.close()
-
-
 def _lateness(reason: str) -> str:
     """A dead letter's reason with a late tuple's wording folded into "late" (see its use)."""
     return "late" if reason.startswith(("late:", "late tuple:")) else reason
@@ -136,7 +120,7 @@ def test_allowed_lateness_closes_idle_windows_as_cec_run_does(
     got = _spark_results(spark, kafka_broker, output)
     assert got == want
     assert {key for key, *_ in got if key.startswith("idle")} == {f"idle0-{i}" for i in range(3)}
-    dead = _dead(kafka_broker, tmp_path, output)
+    dead = logged_dead_letters(kafka_broker, tmp_path, output)
     assert dead == want_dead and dead and all(reason.startswith("late:") for _, _, reason in dead)
 
     # Without the watermark the idle keys' last windows never close.
@@ -178,7 +162,10 @@ def test_allowed_lateness_recovers_identically_after_driver_sigkills(
     # micro-batch's tuples in (j, o) order, and a restart's micro-batches start at other offsets than the
     # failure-free run's. Results cannot depend on it (an on-time tuple is never behind W); the reason's
     # wording can.
-    got_dead, want_dead = _dead(kafka_broker, tmp_path, output), _dead(kafka_broker, tmp_path, reference)
+    got_dead, want_dead = (
+        logged_dead_letters(kafka_broker, tmp_path, output),
+        logged_dead_letters(kafka_broker, tmp_path, reference),
+    )
     assert [(j, o, _lateness(reason)) for j, o, reason in got_dead] == [
         (j, o, _lateness(reason)) for j, o, reason in want_dead
     ]
