@@ -37,6 +37,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from cec.exceptions import ConfigError
+from cec.spec_form import check_known, json_object
 from cec.timeparse import parse_duration_s
 
 __all__ = ["DEFAULT_U_TARGET", "POLICIES", "Checkpointing", "parse_duration_s"]
@@ -143,10 +144,7 @@ class Checkpointing:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Checkpointing:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise ConfigError(f"unknown checkpointing field(s): {', '.join(unknown)}")
+        check_known(data, (f.name for f in fields(cls)), "checkpointing")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -154,10 +152,4 @@ class Checkpointing:
 
     @classmethod
     def from_json(cls, text: str) -> Checkpointing:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"checkpointing is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError("checkpointing JSON must be an object")
-        return cls.from_dict(data)
+        return cls.from_dict(json_object(text, "checkpointing"))

@@ -5,13 +5,32 @@ source; `queuestore.factory.StoreSpec`): frozen dataclasses, validated on constr
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import json
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar
 
 from cec.exceptions import ConfigError
 
-__all__ = ["SpecForm", "check_count", "check_needs", "check_text"]
+__all__ = ["SpecForm", "check_count", "check_known", "check_needs", "check_text", "json_object"]
+
+
+def check_known(data: Iterable[Any], known: Iterable[str], kind: str) -> None:
+    """Every key of a dict form is a field: an unknown one is a `ConfigError` naming them all, sorted."""
+    unknown = sorted(str(k) for k in set(data) - set(known))
+    if unknown:
+        raise ConfigError(f"unknown {kind} field(s): {', '.join(unknown)}")
+
+
+def json_object(text: str, what: str) -> dict[str, Any]:
+    """The JSON object `text` holds, or one `ConfigError` line saying what (`what`: e.g. "a job spec") is wrong."""
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{what} is not valid JSON: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{what}'s JSON must be an object")
+    return data
 
 
 def check_text(value: Any, name: str, *, optional: bool = False) -> None:
@@ -64,10 +83,7 @@ class SpecForm:
         dict form does not spell as keyword arguments of `cls` (an operator's `type`)."""
         if not isinstance(data, Mapping):
             raise ConfigError(f"a {cls.kind_name} spec must be a mapping, got {data!r}")
-        known = set(cls._names()) | set(fixed)
-        unknown = sorted(str(k) for k in data if k not in known)
-        if unknown:
-            raise ConfigError(f"unknown {cls.kind_name} field(s): {', '.join(unknown)}")
+        check_known(data, {*cls._names(), *fixed}, cls.kind_name)
         given = {k: v for k, v in data.items() if k not in fixed}
         return cls(**given, _given=tuple(data))
 

@@ -20,6 +20,7 @@ from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
+from cec.spec_form import check_known, json_object
 from operators.aggregate import parse_duration_ms, parse_lateness_ms
 from operators.base import Operator
 from operators.crash_after import CrashAfter
@@ -116,9 +117,7 @@ class JobSpec:
             raise ConfigError(f"unknown job extra field(s): {extra!r}")
         if extra.get(RESULTS_TOPIC) is not None:
             data.setdefault("results_topic", extra[RESULTS_TOPIC])
-        unknown = sorted(set(data) - {f.name for f in fields(cls)})
-        if unknown:
-            raise ConfigError(f"unknown job field(s): {', '.join(unknown)}")
+        check_known(data, (f.name for f in fields(cls)), "job")
         return cls(**data)
 
     def to_json(self) -> str:
@@ -126,13 +125,7 @@ class JobSpec:
 
     @classmethod
     def from_json(cls, text: str) -> JobSpec:
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"a job spec is not valid JSON: {exc}") from None
-        if not isinstance(data, dict):
-            raise ConfigError("a job spec's JSON must be an object")
-        return cls.from_dict(data)
+        return cls.from_dict(json_object(text, "a job spec"))
 
 
 def purchase_filter() -> FilterSpec:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from cec.exceptions import ConfigError
+from cec.spec_form import check_known
 
 __all__ = ["TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped"]
 
@@ -122,7 +123,5 @@ class TrimPace:
     def from_dict(cls, data: TrimPace | Mapping[str, Any] | None) -> TrimPace | None:
         if data is None or isinstance(data, TrimPace):
             return data
-        unknown = sorted(set(data) - {"consumer", "lag"})
-        if unknown:
-            raise ConfigError(f"unknown trim pace field(s): {', '.join(unknown)}")
+        check_known(data, ("consumer", "lag"), "trim pace")
         return cls(str(data.get("consumer", "")), data.get("lag", 0))
