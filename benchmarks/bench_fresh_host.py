@@ -7,7 +7,7 @@ The setup of bench_quix.py's recovery phase: the paper's purchases (`--keys` ite
 on the broker tests/brokers.py starts (Apache Kafka from `make kafka-jars`), count windows of 10.
 - cec: `cec run --recovery-target T` SIGKILLed once it applied N/2 tuples (tests/killpoints), its
   `--store-dir` deleted, the same command started again with a fresh one; "restart to caught up" is from
-  the restart's spawn to the runtime's `_caught_up` (a timestamp from benchmarks/restart_probe.py,
+  the restart's spawn to the restore path's `caught_up` (a timestamp from benchmarks/restart_probe.py,
   wrapped from outside the product), beside the run's own report (recovery time and its phases, where
   the variant reports them; the records its index had left to take in at the start);
 - Quix ALO: SIGKILLed when it processes offset N/2, its `state_dir` deleted, started again; "restart to

@@ -14,17 +14,15 @@ The per-tuple procedure of CEC is the engine's (`operators.engine`); this module
 
 from __future__ import annotations
 
-import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Callable
 
 from cec import progress as progress_tasks
 from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly
 from cec.rates import MeasuredRates
-from cec.records import AvroCodec, RecordCodec
+from cec.records import RecordCodec
 from cec.registry import WindowRegistry
 from cec.schedule import CheckpointSchedule
 from operators.base import Operator
@@ -32,37 +30,15 @@ from operators.collector import collector_spaced
 from operators.engine import GCheckController, OperatorInstance, Phase, RunStats
 from operators.engine.candidates import InstanceWindows
 from operators.engine.trimming import TrimPace
+from operators.local_restore import LocalRestore
 from operators.local_sink import OutputQueueSink
 from operators.local_trim import LogTrimmer
+from operators.progress_log import Progress
 from operators.sources import InputSource
-from queuestore.base import PartitionReader
 from queuestore.output import OutputQueue
-from recovery.closed_directory import ClosedWindowDirectory
-from recovery.cut_tuple import results_at_end
-from recovery.manager import RecoveryManager
 from recovery.timeline import RestartTimeline
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
-
-log = logging.getLogger(__name__)
-
-
-class Progress:
-    """Rate-limited progress messages for long work (runs, recovery scans, replays), logged at INFO;
-    the live bars (total, rate, ETA) are `cec.progress` tasks, shown by the reporter the CLI installs."""
-
-    def __init__(self, label: str, *, enabled: bool = True, every_s: float = 2.0) -> None:
-        self.label = label
-        self.enabled = enabled
-        self.every_s = every_s
-        self._last = time.monotonic()
-        self._started = self._last
-
-    def __call__(self, message: str, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.enabled and (force or now - self._last >= self.every_s):
-            self._last = now
-            log.info("[%s +%6.1fs] %s", self.label, now - self._started, message)
 
 
 class OperatorRuntime:
@@ -130,22 +106,36 @@ class OperatorRuntime:
         self.idle_wait_s = idle_wait_s
         self.footprints = footprints
         self.stats = RunStats()
+        rates = rates or MeasuredRates()  # one object: the controller plans with it, a restart adds to it
         self.sink = OutputQueueSink(output, self.codec, source.partitions)
         self.instance = OperatorInstance(
             operator,
             self.sink,
             source.partitions,
             footprints=footprints,
-            closed_seq=self._last_closed_seq,
+            closed_seq=lambda key: self.restorer.last_closed_seq(key),
             # Dead letters name the stream's own partition, not the instance's local index of it.
             global_partitions=tuple(getattr(source, "global_partitions", range(source.partitions))),
             stats=self.stats,
         )
-        self.instance.lifecycle.on_running = self._caught_up
+        self.restorer = LocalRestore(
+            operator,
+            source,
+            output,
+            self.instance,
+            self.sink,
+            self.codec,
+            stats=self.stats,
+            rates=rates,
+            metrics=metrics,
+            progress=self.progress,
+            timeline=timeline,
+        )
+        self.instance.lifecycle.on_running = self.restorer.caught_up
         self.controller = GCheckController(
             policy or GOpenOnly(),
             schedule,
-            rates or MeasuredRates(),
+            rates,
             clock=clock,
             label=operator.name,
             run_limit=gcheck_batch if self.sink.batched else 1,
@@ -168,12 +158,8 @@ class OperatorRuntime:
             )
         )
         self._stop: Callable[[], bool] | None = None  # run()'s: a paced trim stops waiting when it says so
-        self._replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         self._started = time.perf_counter()
-        self._timeline = timeline
         self.index_catch_up = index_catch_up
-        # A fresh host's closed-window directory while its index catches up (`recovery.closed_directory`).
-        self._directory: ClosedWindowDirectory | None = None
 
     @property
     def policy(self) -> CheckpointPolicy:
@@ -198,132 +184,7 @@ class OperatorRuntime:
 
     @property
     def timeline(self) -> RestartTimeline:
-        if self._timeline is None:
-            self._timeline = RestartTimeline()
-        return self._timeline
-
-    # -- recovery --------------------------------------------------------------------------------------
-    def _last_closed_seq(self, key: str) -> int | None:
-        """The instance's `closed_seq`: the directory recovery read back while the index catches up, else
-        the index."""
-        if self._directory is not None:
-            return self._directory.last_closed_seq(key)
-        return self.output.index.last_closed_seq(key)
-
-    def _phase(self, name: str) -> None:
-        """A phase of recovery begins: the timeline's mark and the metrics' phase."""
-        self.timeline.mark(name)
-        if self.metrics is not None:
-            self.metrics.phase(name)
-
-    def _results_at_end(self, reader: PartitionReader, crash_pos: Sequence[int]) -> list[dict[str, Any]]:
-        """The results of the records at the log's end that carry the crash point's `pos` (the records of the
-        tuple the crash cut, if any, are among them), for an operator with `unique_results`; else none."""
-        if not self.operator.unique_results:
-            return []
-        results = AvroCodec(self.operator.result_schema)
-        return [results.decode(payload) for payload in results_at_end(reader, self.codec, crash_pos)]
-
-    def _recover(self) -> bool:
-        """Restore the instance from the eventual checkpoint; False if the operator had already finished."""
-        progress = Progress(f"{self.operator.name} recovery", enabled=self.progress.enabled)
-        scan: progress_tasks.Task | None = None
-
-        def scanned(read: int, found: int, n: int) -> None:
-            nonlocal scan
-            progress(f"EC scan: {read:,} records read, {found:,}/{n:,} windows")
-            if scan is None:
-                scan = progress_tasks.task(f"{self.progress.label} EC scan", n, "windows")
-            scan.update(found, total=n)
-
-        output = self.output
-        with output.store.reader(output.topic, output.partition) as reader:
-            # The log's end as the index (reconciled, or deferred to catch up with it) knew it at the start: on
-            # Kafka the end is found by consuming from this hint, and 0 would read the whole log again.
-            reader.hint_end(output.log_end)
-            manager = RecoveryManager(
-                reader,
-                self.operator.decode_state if self.operator.stateful else (lambda b: None),
-                codec=self.codec,
-                progress=scanned,
-                on_phase=self._phase,
-            )
-            try:
-                recovery = manager.recover(self.source.partitions, cache=output.ec_cache)
-            finally:
-                if scan is not None:
-                    scan.close()
-            crash_pos = recovery.checkpoint.crash_pos
-            logged = [] if crash_pos is None else self._results_at_end(reader, crash_pos)
-        self.timeline.mark("restore")
-        if output.ec_cache is not None and recovery.forward is not None and not recovery.complete:
-            forward = recovery.forward  # the cache goes on from the checkpoint recovery decided on
-            output.ec_cache.adopt(
-                forward.parts, forward.last, forward.next_offset, stored=recovery.forward_stored
-            )
-        if output.index.deferred and recovery.needed:
-            ec = recovery.checkpoint
-            recovery.report.index_deferred = output.log_end - output.index.next_offset
-            self._directory = ClosedWindowDirectory(
-                lambda: output.store.reader(output.topic, output.partition),
-                output.index,
-                scanned_from=ec.scanned_from,
-                closed=ec.closed,
-                codec=self.codec,
-            )
-        if self.metrics is not None:
-            self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
-        if not recovery.needed:
-            self.progress("empty log: nothing to recover, starting from the input's start", force=True)
-            self.source.seek(self.instance.positions)
-            return True
-        ec, plan = recovery.checkpoint, recovery.plan
-        assert ec.crash_pos is not None
-        self.sink.floor(ec.crash_pos)  # pos continues from the crash point (recovery.contract)
-        if not recovery.complete and plan.replay_span > 0:
-            self._replay_task = progress_tasks.task(
-                f"{self.progress.label} replay", plan.replay_span, "tuples"
-            )
-        self.instance.restore(recovery, where=f"{output.topic}[{output.partition}]", logged_results=logged)
-        self.progress(
-            f"recovered: extent {ec.extent_size:,} records, {len(recovery.windows):,} windows "
-            f"(EC build {ec.build_seconds * 1000:.1f} ms, load {recovery.report.ec_load_seconds * 1000:.1f} ms), "
-            f"replay from {list(plan.start)} to crash point {list(ec.crash_pos)}",
-            force=True,
-        )
-        if recovery.complete:
-            return False
-        self.source.seek(plan.start)
-        self.timeline.mark("replay")
-        return True
-
-    def _caught_up(self) -> None:
-        """Told by the instance when recovery is over (`operators.engine.phase`)."""
-        if self.metrics is not None:
-            self.metrics.phase("idle")
-        report = self.stats.recovery
-        if report is not None:
-            timeline = self.timeline
-            now = timeline.clock()
-            report.phases = timeline.durations(now)
-            report.recovery_seconds = now - timeline.started
-            report.startup_seconds = timeline.startup_seconds(now)
-            report.catch_up_seconds = report.phases.get("restore", 0.0) + report.phases.get("replay", 0.0)
-            if self._directory is not None:
-                report.directory_records_read = self._directory.records_read
-            # What the next restart pays before its EC work: the recovery-time policy plans with it.
-            self.rates.observe_restart(report.startup_seconds)
-            if self.metrics is not None:
-                self.metrics.restart(report.phases, report.recovery_seconds)
-            self.progress(
-                f"caught up with the crash point: {report.tuples_replayed:,} tuples replayed, "
-                f"{report.tuples_skipped:,} skipped",
-                force=True,
-            )
-        if self._replay_task is not None:
-            self._replay_task.update(self._replay_task.total or 0)
-            self._replay_task.close()
-            self._replay_task = None
+        return self.restorer.timeline
 
     # -- background: G-checks ---------------------------------------------------------------------------
     def _counts(self) -> tuple[int, int, int, int, int, int, int, int]:
@@ -371,7 +232,7 @@ class OperatorRuntime:
         self._started = time.perf_counter()
         self._stop = stop
         self.timeline.mark("ec_build")  # a host that marked nothing: its timeline starts here
-        if not self._recover():
+        if not self.restorer.restore():
             if self._trimmer is not None:  # a log complete already: trimmed to what recovery needs, too
                 self._trimmer.at_rest()
             self.stats.completed = True
@@ -391,9 +252,8 @@ class OperatorRuntime:
             return self._run(stop, max_inputs, bounds, inputs)
         finally:
             inputs.close()
-            if self._replay_task is not None:
-                self._replay_task.close()
-            self._close_directory()
+            self.restorer.close_replay_task()
+            self.restorer.close_directory()
 
     def _run(
         self,
@@ -411,7 +271,7 @@ class OperatorRuntime:
             if not batch:  # live end of the input: serve completions while waiting
                 self.output.poll(self.idle_wait_s)
                 self._background(idle=True)
-                self._catch_up_index(self.index_catch_up)
+                self.restorer.catch_up_index(self.index_catch_up)
                 continue
             k = self.check_every
             for first in range(0, len(batch), k):  # the checkpoint budget is looked at inside batches too
@@ -419,7 +279,7 @@ class OperatorRuntime:
                 self._background()
             self.output.poll()
             if self.output.index.deferred:
-                self._catch_up_index(self.index_catch_up)
+                self.restorer.catch_up_index(self.index_catch_up)
             if self._trimmer is not None:
                 self._trimmer.after_batch()
             extent = instance.registry.extent_size(instance.out_count)
@@ -440,9 +300,7 @@ class OperatorRuntime:
                 inputs.update(stats.inputs)
             else:
                 inputs.update(sum(max(0, min(p, e) - s) for p, s, e in zip(pos, *bounds, strict=True)))
-            contract = instance.contract
-            if self._replay_task is not None and contract is not None:
-                self._replay_task.update(sum(pos) - sum(contract.start))
+            self.restorer.replayed(pos)
         else:
             self._finish(complete=False)
             return stats
@@ -484,24 +342,10 @@ class OperatorRuntime:
             dead_letters=stats.dead_letters,
         )
 
-    def _catch_up_index(self, max_records: int | None) -> None:
-        """A deferred index rebuild (`queuestore.output`), a slice at a time once recovery is over (not
-        while restoring: the replay is what a recovery target bounds). Once the index holds the whole log
-        it answers for the closed-window directory again."""
-        if self.instance.phase is Phase.RESTORING or not self.output.index.deferred:
-            return
-        if self.output.catch_up_index(max_records):
-            self._close_directory()
-
-    def _close_directory(self) -> None:
-        directory, self._directory = self._directory, None
-        if directory is not None:
-            directory.close()
-
     def _finish(self, *, complete: bool) -> None:
         self.output.flush()  # fail-stop: raises WriterFailedError if any append failed
         if complete:
-            self._catch_up_index(None)  # the input ended: the index takes the rest of the log now
+            self.restorer.catch_up_index(None)  # the input ended: the index takes the rest of the log now
         if self._trimmer is not None:
             self._trimmer.at_rest()
         if self.metrics is not None:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from operators.job import JobSpec, run_job
-from operators.runtime import OperatorRuntime
+from operators.local_restore import LocalRestore
 from queuestore.base import QueueStore
 from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
@@ -92,15 +92,15 @@ class _ReadCounter:
         def counting_find_ends(consumer: Any, *args: Any, **kwargs: Any) -> Any:
             return find_ends(_CountingConsumer(consumer, counter), *args, **kwargs)
 
-        caught_up: Callable[[OperatorRuntime], None] = OperatorRuntime._caught_up
+        caught_up: Callable[[LocalRestore], None] = LocalRestore.caught_up
 
-        def at_caught_up(runtime: OperatorRuntime) -> None:
+        def at_caught_up(restorer: LocalRestore) -> None:
             counter.at_caught_up = counter.records
-            caught_up(runtime)
+            caught_up(restorer)
 
         monkeypatch.setattr(SqlitePartitionReader, "_rows", rows)
         monkeypatch.setattr(KafkaPartitionReader, "_read", read)
-        monkeypatch.setattr(OperatorRuntime, "_caught_up", at_caught_up)
+        monkeypatch.setattr(LocalRestore, "caught_up", at_caught_up)
         monkeypatch.setattr(kafka_reader, "find_ends", counting_find_ends)
 
 
