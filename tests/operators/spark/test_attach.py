@@ -31,7 +31,6 @@ from operators.sinks import count_kinds
 from operators.sources import PurchaseGenerator
 from operators.spark.attach import (
     RESULT_COLUMNS,
-    CecAggregateQuery,
     cec_aggregate,
     list_generations,
     read_results,
@@ -41,6 +40,7 @@ from operators.spark.writer import ExecutorSink
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import child_env, log_records, process_group_gone, wait_for
+from tests.helpers.attached import run_to_end
 from tests.killpoints import SINK_MID_BATCH, WRITER_KILL_TASK
 from tests.operators.spark.result_rows import epoch_ms
 
@@ -116,14 +116,6 @@ def _args(purchases: Purchases, root: Path, output: str, **extra: Any) -> dict[s
     }
 
 
-def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
-    """Run to the end of the input (Trigger.AvailableNow), in this process."""
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(180) is True, "the query did not finish"
-    assert query.exception() is None
-    return query
-
-
 def _per_key(rows: list[Any]) -> PerKey:
     out: PerKey = {}
     for row in rows:
@@ -168,7 +160,7 @@ def reference(
     """The failure-free CEC run over count windows (test 1 checks it against Spark's own aggregation)."""
     root = tmp_path_factory.mktemp("attach-ref")
     output = f"avg-ref-{uuid.uuid4().hex[:8]}"
-    query = _run(spark, _args(purchases, root, output))
+    query = run_to_end(spark, _args(purchases, root, output))
     assert not query.recovery.resumed and query.batches >= COUNT // TRIGGER_ROWS
     return Reference(output, _results(spark, purchases, output), root / "state", query._sink)
 
@@ -256,7 +248,7 @@ def time_reference(
     log holds R + G-open pairs produced by one input tuple."""
     root = tmp_path_factory.mktemp("attach-time-ref")
     output = f"avg-time-{uuid.uuid4().hex[:8]}"
-    _run(spark, _time_args(purchases, root, output))
+    run_to_end(spark, _time_args(purchases, root, output))
     return Reference(output, _results(spark, purchases, output), root / "state")
 
 
@@ -324,7 +316,7 @@ def test_exact_after_a_log_cut_between_two_records_of_one_tuple(
                     writer.append(stored.value, stored.meta)
     finally:
         store.close()
-    query = _run(spark, _time_args(purchases, tmp_path, output))
+    query = run_to_end(spark, _time_args(purchases, tmp_path, output))
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _results(spark, purchases, output) == time_reference.results
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead
@@ -392,7 +384,7 @@ def test_exact_after_driver_sigkill_mid_sink_write(
     total = sum(len(v) for v in reference.results.values())
     assert 0 < partial["R"] < total, (partial, total)
 
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     rec = query.recovery
     assert rec.resumed and rec.ec_windows > 0 and rec.closed_keys > 0
     assert 0 < sum(rec.start) < COUNT  # replay starts inside the input, not from its beginning
@@ -412,7 +404,7 @@ def test_exact_after_a_driver_sigkill_during_recovery(
     first = sum(_kinds(purchases, tmp_path, output)[0].values())
     _killed_driver(args, tmp_path / "recovering", hit=1)
     assert sum(_kinds(purchases, tmp_path, output)[0].values()) > first  # it died writing, not before
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _results(spark, purchases, output) == reference.results
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead
@@ -454,7 +446,7 @@ def test_exact_after_restarts_with_other_partition_counts(
     assert plan.driver_rows <= sum(len(c) for c in plan.crash_points) + 3  # a summary per log, a row per q
     lows = [low for _, low in plan.partition_windows if low is not None]
     assert all(min(low[j] for low in lows) >= plan.start[j] for j in range(len(plan.start)))
-    query = _run(spark, _args(purchases, tmp_path, output, partitions=2))  # and back to 2: a third one
+    query = run_to_end(spark, _args(purchases, tmp_path, output, partitions=2))  # and back to 2: a third one
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert [g.partitions for g in query.recovery.generations] == [2, 3, 2]
     kinds = _kinds(purchases, tmp_path, output)

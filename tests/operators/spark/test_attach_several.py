@@ -26,11 +26,12 @@ import pytest
 from cec.exceptions import ConfigError
 from cec.records import Kind
 from cec.timeparse import parse_time_ms
-from operators.spark.attach import CecAggregateQuery, cec_aggregate, read_results
+from operators.spark.attach import cec_aggregate, read_results
 from operators.spark.kafka_input import PYTHON, SPARK_KAFKA
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.helpers.attached import run_to_end
 from tests.helpers.topic_flights import (
     flight_records,
     flights_csv,
@@ -113,13 +114,6 @@ def _args(broker: Broker, topic: str, root: Path, output: str, **extra: Any) -> 
     }
 
 
-def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(600) is True, "the query did not finish"
-    assert query.exception() is None
-    return query
-
-
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
     frame = read_results(spark, output, broker.bootstrap)
     assert frame.columns == COLUMNS
@@ -183,7 +177,7 @@ def test_keys_spread_over_partitions_with_watermarks_equal_cec_run_and_the_truth
     output = f"several-wm-{uuid.uuid4().hex[:8]}"
     args = _args(kafka_broker, topic, tmp_path, output, time="ts", window_time=f"{WINDOW_MS}ms",
                  allowed_lateness=LATENESS, input_reader=reader)  # fmt: skip
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.input_reader == reader
     assert _spark_results(spark, kafka_broker, output) == truth
     dead = logged_dead_letters(kafka_broker, tmp_path, output)
@@ -215,7 +209,7 @@ def test_count_and_time_windows_without_watermarks_equal_cec_run_and_the_truth(
     assert want == truth
 
     output = f"several-{kind}-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path, output, input_reader=reader, **extra))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path, output, input_reader=reader, **extra))
     assert _spark_results(spark, kafka_broker, output) == truth
     assert logged_dead_letters(kafka_broker, tmp_path, output) == want_dead
 
@@ -235,14 +229,14 @@ def test_several_aggregates_over_a_composite_key_are_exact_after_driver_sigkills
         # G-checks too: a footprint's pos must cover every tuple its state holds, from every input partition.
         "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
     }
-    _run(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, **extra))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, **extra))
     assert _spark_results(spark, kafka_broker, reference) == truth
 
     output = f"several-kill-{uuid.uuid4().hex[:8]}"
     args = _args(kafka_broker, topic, tmp_path, output, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)  # killed again in the micro-batch recovery ends in
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _spark_results(spark, kafka_broker, output) == truth
     assert logged_dead_letters(kafka_broker, tmp_path, output) == logged_dead_letters(
@@ -308,7 +302,7 @@ def test_other_result_columns_on_an_existing_output_topic_are_refused(
 ) -> None:
     topic = flights_topic(kafka_broker, flight_records(2, 200, spread=False), 2)
     output = f"several-columns-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path, output, window_count=5))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path, output, window_count=5))
     with pytest.raises(ConfigError, match="keep key= and agg= as they were"):
         cec_aggregate(
             spark, **_args(kafka_broker, topic, tmp_path, output, window_count=5, agg=[("sum", "arr_delay")])

@@ -23,7 +23,7 @@ import json
 import os
 import uuid
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 from confluent_kafka import Producer, TopicPartition
@@ -31,11 +31,11 @@ from confluent_kafka.admin import AdminClient
 
 from cec.exceptions import ConfigError
 from operators.exceptions import RetentionError
-from operators.spark.attach import cec_aggregate
 from operators.spark.connector import has_kafka_connector
 from operators.spark.kafka_input import PYTHON, SPARK_KAFKA, check_retention, choose_input_reader
 from operators.spark.topic_reader import TopicOptions
 from tests.brokers import Broker
+from tests.helpers.attached import run_to_end
 from tests.operators.spark.test_attach import _killed_driver
 from tests.operators.spark.test_attach_topic import (
     JsonTopic,
@@ -67,19 +67,13 @@ def _connector(spark: SparkSession) -> None:
     pytest.skip(why)
 
 
-def _run(spark: SparkSession, args: dict[str, Any]) -> Any:
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(600) is True and query.exception() is None
-    return query
-
-
 def test_json_topic_through_sparks_kafka_source_equals_the_python_source(
     spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
 ) -> None:
     outputs = {}
     for reader in (SPARK_KAFKA, PYTHON):
         output = f"avg-{reader}-{uuid.uuid4().hex[:8]}"
-        query = _run(spark, _args(json_topic, tmp_path / reader, output, input_reader=reader))
+        query = run_to_end(spark, _args(json_topic, tmp_path / reader, output, input_reader=reader))
         assert query.input_reader == reader
         # Spark's progress counts Kafka rows on that path; the handle reports input tuples either way.
         assert sum(p["numInputRows"] for p in query.recentProgress) == json_topic.count
@@ -125,7 +119,7 @@ def test_aborted_transactions_are_never_input(
     }
     for reader in (SPARK_KAFKA, PYTHON):
         output = f"avg-txn-{reader}-{uuid.uuid4().hex[:8]}"
-        _run(
+        run_to_end(
             spark,
             {
                 "input_topic": topic,
@@ -158,7 +152,7 @@ def test_exact_after_driver_sigkill_through_sparks_kafka_source(
     total = sum(len(v) for v in _reference(json_topic).values())
     assert 0 < partial["R"] < total, (partial, total)
 
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.input_reader == SPARK_KAFKA
     rec = query.recovery
     assert rec.resumed and rec.ec_windows > 0

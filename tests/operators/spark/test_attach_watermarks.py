@@ -23,10 +23,11 @@ import pytest
 
 from cec.exceptions import ConfigError
 from cec.timeparse import parse_time_ms
-from operators.spark.attach import RESULT_COLUMNS, CecAggregateQuery, cec_aggregate, read_results
+from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.helpers.attached import run_to_end
 from tests.helpers.topic_flights import logged_dead_letters
 from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
@@ -81,13 +82,6 @@ def _args(broker: Broker, topic: str, root: Path, output: str, **extra: Any) -> 
     }
 
 
-def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(300) is True, "the query did not finish"
-    assert query.exception() is None
-    return query
-
-
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> Rows:
     rows = read_results(spark, output, broker.bootstrap).collect()
     return sorted(tuple(epoch_ms(r[c]) for c in RESULT_COLUMNS) for r in rows)  # type: ignore[misc]
@@ -116,7 +110,7 @@ def test_allowed_lateness_closes_idle_windows_as_cec_run_does(
         want_dead = sorted((int(r["partition"]), int(r["offset"]), r["reason"]) for r in csv.DictReader(f))
 
     output = f"wm-one-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path, output, partitions=1, allowed_lateness=LATENESS))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path, output, partitions=1, allowed_lateness=LATENESS))
     got = _spark_results(spark, kafka_broker, output)
     assert got == want
     assert {key for key, *_ in got if key.startswith("idle")} == {f"idle0-{i}" for i in range(3)}
@@ -125,7 +119,7 @@ def test_allowed_lateness_closes_idle_windows_as_cec_run_does(
 
     # Without the watermark the idle keys' last windows never close.
     plain = f"wm-plain-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path / "plain", plain, partitions=1))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path / "plain", plain, partitions=1))
     closed = Counter(key for key, *_ in _spark_results(spark, kafka_broker, plain))
     assert sum(n for key, n in closed.items() if key.startswith("idle")) < sum(
         1 for key, *_ in got if key.startswith("idle")
@@ -138,7 +132,7 @@ def test_allowed_lateness_recovers_identically_after_driver_sigkills(
     records = _records(2, count=4000)
     topic = _topic(kafka_broker, records, 2)
     reference = f"wm-ref-{uuid.uuid4().hex[:8]}"
-    _run(
+    run_to_end(
         spark,
         _args(kafka_broker, topic, tmp_path / "ref", reference, partitions=2, allowed_lateness=LATENESS),
     )
@@ -153,7 +147,7 @@ def test_allowed_lateness_recovers_identically_after_driver_sigkills(
     # writes nothing; the second is the one in which recovery ends, the tuples held back are applied and
     # the restart's first records are written, and the kill lands half way through them.
     _killed_driver(args, tmp_path / "recovering", hit=2)
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _spark_results(spark, kafka_broker, output) == want
     # The same tuples are dead letters, for the same reasons. Which of the aggregate's two lateness checks
@@ -183,7 +177,7 @@ def test_allowed_lateness_refuses_what_it_cannot_resume(
 ) -> None:
     topic = _topic(kafka_broker, _records(2, count=400), 2)
     output = f"wm-refuse-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path, output, partitions=2))  # no watermarks: no marks
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path, output, partitions=2))  # no watermarks: no marks
     with pytest.raises(ConfigError, match="another allowed_lateness setting"):
         cec_aggregate(
             spark, **_args(kafka_broker, topic, tmp_path, output, partitions=2, allowed_lateness="0")

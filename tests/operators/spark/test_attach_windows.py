@@ -22,11 +22,12 @@ import pytest
 
 from cec.exceptions import ConfigError
 from cec.records import Kind
-from operators.spark.attach import CecAggregateQuery, cec_aggregate, read_results
+from operators.spark.attach import cec_aggregate, read_results
 from operators.spark.kafka_input import PYTHON, SPARK_KAFKA
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers import cec, log_records
+from tests.helpers.attached import run_to_end
 from tests.helpers.topic_flights import (
     FLUSH_TS,
     Record,
@@ -103,13 +104,6 @@ def _args(broker: Broker, topic: str, root: Path, output: str, window: str, **ex
     }
 
 
-def _run(spark: SparkSession, args: dict[str, Any]) -> CecAggregateQuery:
-    query = cec_aggregate(spark, available_now=True, **args)
-    assert query.awaitTermination(600) is True, "the query did not finish"
-    assert query.exception() is None
-    return query
-
-
 def _spark_results(spark: SparkSession, broker: Broker, output: str) -> list[Row]:
     frame = read_results(spark, output, broker.bootstrap)
     assert frame.columns == COLUMNS
@@ -175,7 +169,7 @@ def test_hopping_and_session_windows_equal_cec_run_and_the_truth(
     extra: dict[str, Any] = {"input_reader": reader}
     if watermarks:
         extra["allowed_lateness"] = f"{LATENESS_MS}ms"
-    query = _run(spark, _args(kafka_broker, topic, tmp_path, output, window, **extra))
+    query = run_to_end(spark, _args(kafka_broker, topic, tmp_path, output, window, **extra))
     assert query.input_reader == reader
     assert _spark_results(spark, kafka_broker, output) == truth
     dead = logged_dead_letters(kafka_broker, tmp_path, output)
@@ -196,14 +190,14 @@ def test_hopping_and_session_windows_are_exact_after_driver_sigkills(
         "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
     }
     reference = f"{window}-ref-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, window, **extra))
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, window, **extra))
     assert _spark_results(spark, kafka_broker, reference) == truth
 
     output = f"{window}-kill-{uuid.uuid4().hex[:8]}"
     args = _args(kafka_broker, topic, tmp_path, output, window, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)  # killed again in the micro-batch recovery ends in
-    query = _run(spark, args)
+    query = run_to_end(spark, args)
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert _spark_results(spark, kafka_broker, output) == truth
     want_dead = logged_dead_letters(kafka_broker, tmp_path, reference)
