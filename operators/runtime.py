@@ -40,6 +40,7 @@ from queuestore.output import OutputQueue
 from recovery.closed_directory import ClosedWindowDirectory
 from recovery.cut_tuple import results_at_end
 from recovery.manager import RecoveryManager
+from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
@@ -88,6 +89,7 @@ class OperatorRuntime:
         trim_pace: TrimPace | None = None,
         timeline: RestartTimeline | None = None,
         index_catch_up: int = 4096,
+        followed: LogFollower | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -107,7 +109,8 @@ class OperatorRuntime:
         `timeline`: the restart's phases so far (`recovery.timeline`: the host marks process start, store
         open and index; the runtime marks the rest), on its own clock; default: one that starts at `run`.
         `index_catch_up`: records of a deferred index rebuild (`queuestore.output`) indexed after each batch
-        once recovery is over; the rest of it is done at the end of the input."""
+        once recovery is over; the rest of it is done at the end of the input. `followed`: what a standby
+        followed of the output log before it took over (`recovery.standby`): recovery starts from it."""
         if check_every < 1:
             raise ConfigError(f"check_every must be >= 1, got {check_every}")
         if gcheck_batch < 1:
@@ -172,6 +175,7 @@ class OperatorRuntime:
         self._started = time.perf_counter()
         self._timeline = timeline
         self.index_catch_up = index_catch_up
+        self._followed = followed
         # A fresh host's closed-window directory while its index catches up (`recovery.closed_directory`).
         self._directory: ClosedWindowDirectory | None = None
 
@@ -249,7 +253,9 @@ class OperatorRuntime:
                 on_phase=self._phase,
             )
             try:
-                recovery = manager.recover(self.source.partitions, cache=output.ec_cache)
+                recovery = manager.recover(
+                    self.source.partitions, cache=output.ec_cache, followed=self._followed
+                )
             finally:
                 if scan is not None:
                     scan.close()
