@@ -81,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         action="store_true",
         help="run as the standby of the same command running as the primary (same arguments and "
         "--store-dir): follow its output log, and when it dies take over exactly where it stopped and go on "
-        "(docs/long-runs.md)",
+        "(docs/recovery.md)",
     )
     run.add_argument(
         "--ec-cache",
