@@ -13,7 +13,10 @@ empty store behind), nothing is written, no writer lock is taken.
   past the last; `counts`: this partition's records of each kind, every one checked first;
 - `n`: the open windows at the newest record, `extent`: records from the oldest footprint of the eventual
   checkpoint to the end (what a recovery reads back), `crash_pos`: the newest record's `pos` (null for
-  an empty log).
+  an empty log);
+- `standby` (only where a standby of the partition wrote its status, `cec run --standby`): `state`
+  ("following" or "took over"), `applied` (every record below it applied), `log_end` (the log's end then),
+  `lag_records`, `pid`, `updated_unix` (when it measured them); the text report's `standby:` line.
 """
 
 from __future__ import annotations
@@ -21,10 +24,11 @@ from __future__ import annotations
 import json
 import shutil
 import tempfile
+import time
 from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,7 @@ from cec.exceptions import ConfigError
 from cec.records import Kind, RecordCodec
 from cec.verified import verified_records
 from cec.wire import MAGIC
+from operators.standby import StandbyStatus, read_status
 from queuestore.base import PartitionReader, QueueStore
 from queuestore.exceptions import DamagedLogError
 from queuestore.factory import open_store, store_spec
@@ -120,10 +125,11 @@ class PartitionSummary:
     end_offset: int
     counts: dict[str, int]
     checkpoint: EventualCheckpoint
+    standby: StandbyStatus | None = None  # what a standby of the partition last said (`operators.standby`)
 
     def as_json(self) -> dict[str, Any]:
         ec = self.checkpoint
-        return {
+        out: dict[str, Any] = {
             "partition": self.partition,
             "start_offset": self.start_offset,
             "end_offset": self.end_offset,
@@ -132,6 +138,22 @@ class PartitionSummary:
             "extent": ec.extent_size,
             "crash_pos": None if ec.crash_pos is None else list(ec.crash_pos),
         }
+        if self.standby is not None:
+            out["standby"] = {**asdict(self.standby), "lag_records": self.standby.lag_records}
+        return out
+
+    def standby_line(self, now_unix: float) -> str | None:
+        """The standby's lag as it last measured it, `now_unix` - its measurement's age; None: no standby."""
+        s = self.standby
+        if s is None:
+            return None
+        age = max(0.0, now_unix - s.updated_unix)
+        if s.state == "took over":
+            return f"  standby: pid {s.pid} took over after following the log to offset {s.applied:,}"
+        return (
+            f"  standby: pid {s.pid} following, applied up to offset {s.applied:,} of {s.log_end:,}: lag "
+            f"{s.lag_records:,} records ({age:.1f} s ago)"
+        )
 
     def lines(self, topic: str) -> list[str]:
         ec = self.checkpoint
@@ -142,6 +164,7 @@ class PartitionSummary:
             f"N={ec.n}, {'finished (EOS)' if ec.complete else 'not finished'}",
             f"  eventual checkpoint: {len(ec.windows):,} windows, extent {ec.extent_size:,} records "
             f"(from offset {ec.extent_start:,}), rebuilt in {ec.build_seconds * 1000:.1f} ms",
+            *filter(None, [self.standby_line(time.time())]),
         ]
 
 
@@ -154,7 +177,12 @@ def summarize_partition(store: QueueStore, topic: str, partition: int) -> Partit
         counts.update(v.meta.kind for v in verified_records(reader, start, codec=codec))
         ec = EventualCheckpointBuilder(reader, codec).build()
     return PartitionSummary(
-        partition, start, ec.end_offset, {kind: counts.get(kind, 0) for kind in KIND_NAMES}, ec
+        partition,
+        start,
+        ec.end_offset,
+        {kind: counts.get(kind, 0) for kind in KIND_NAMES},
+        ec,
+        read_status(store, topic, partition),
     )
 
 

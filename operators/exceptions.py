@@ -14,6 +14,7 @@ __all__ = [
     "RetentionError",
     "SourceError",
     "StageFailedError",
+    "StandbyStoppedError",
     "TopicDeletedError",
     "TopicSourceError",
 ]
@@ -70,3 +71,8 @@ class PipelineFailedError(PipelineError):
 
 class StageFailedError(PipelineError):
     """One stage of a group run in one task failed, which stopped the others (Spark retries the task)."""
+
+
+class StandbyStoppedError(CecError):
+    """A standby (`operators.standby`) was stopped while its primary still held the partition: it never
+    took over, and wrote nothing."""

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
@@ -35,6 +35,9 @@ from queuestore.factory import open_store
 from queuestore.output import OutputQueue
 from recovery.identity import bind_log, check_log, record_source
 from recovery.timeline import RestartTimeline
+
+if TYPE_CHECKING:
+    from operators.standby import Standby
 
 __all__ = [
     "INPUT_PARTITIONS",
@@ -87,7 +90,8 @@ class JobSpec:
     # transactions (`cec run --results-topic`, `operators.sinks.ResultsTopicOutput`); None: no such topic.
     results_topic: str | None = None
     # Keep the EC cache beside the stream index (design S0, `queuestore.ec_cache`): a restart that finds it
-    # reads only the log's tail instead of the extent.
+    # reads only the log's tail instead of the extent. Off by default (`cec run --ec-cache on`: with it): at
+    # 100,000 keys a restart with it was measured 1.4-1.7x slower than reading the extent back (docs/recovery.md).
     ec_cache: bool = False
 
     def __post_init__(self) -> None:
@@ -274,6 +278,7 @@ def open_output(
     defer_index_above: int | None = None,
     on_index: Callable[[], None] | None = None,
     ec_cache: bool = False,
+    while_locked: Callable[[], None] | None = None,
 ) -> OutputQueue:
     """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
 
@@ -282,7 +287,9 @@ def open_output(
     down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
     `results` (results topic, result schema): also publish every result there as plain JSON, in the
     output log's transactions (`operators.sinks.ResultsTopicOutput`). `defer_index_above`, `on_index`,
-    `ec_cache`: see `OutputQueue`.
+    `ec_cache`: see `OutputQueue`. `while_locked`: called each time another writer still holds the
+    partition, instead of waiting up to `lock_wait_s` (a standby follows the log there until the
+    primary's lock is released, `operators.standby`); it raises to give up.
     """
     deadline = time.monotonic() + lock_wait_s
     while True:
@@ -309,6 +316,9 @@ def open_output(
                 ec_cache=ec_cache,
             )
         except PartitionLockedError:
+            if while_locked is not None:
+                while_locked()
+                continue
             if time.monotonic() >= deadline:
                 raise
             time.sleep(_LOCK_POLL_S)
@@ -370,6 +380,7 @@ def run_job(
     lock_wait_s: float = 0.0,
     crash_after: int | None = None,
     started: float | None = None,
+    standby: Standby | None = None,
 ) -> RunStats:
     """Run one operator instance, recovering from its log first, to the end of its input (or until
     `stop()` / `max_inputs`, see `OperatorRuntime.run`). A log built from another input than the spec's
@@ -378,7 +389,9 @@ def run_job(
     `crash_after`: SIGKILL this process once that many input tuples were applied (`--crash-after`,
     `operators.crash_after`). `started`: when this start began, on `time.perf_counter`'s scale: a recovery's
     time counts from there (`recovery.timeline`; a process that starts to run this job passes
-    `recovery.timeline.process_started()`); default: now."""
+    `recovery.timeline.process_started()`); default: now. `standby`: run as the standby of the
+    partition's writer (`operators.standby`): follow its log until the writer's lock is released, then
+    take over (recovering from what was followed) and go on as the writer."""
     in_doubt = 0
     while True:
         attempt = _Attempt()
@@ -391,6 +404,7 @@ def run_job(
                 lock_wait_s=lock_wait_s,
                 crash_after=crash_after,
                 timeline=RestartTimeline(started=started),
+                standby=standby,
             )
         except WriterResetError as exc:
             in_doubt = 1 if attempt.commits else in_doubt + 1
@@ -398,6 +412,13 @@ def run_job(
                 raise
             log.warning("%s: recovering in this process", exc)
             started = None  # the next attempt's recovery starts now
+
+
+def _on_index(timeline: RestartTimeline, standby: Standby | None) -> None:
+    """The writer is open (`OutputQueue`): a standby's restart starts now, at its takeover."""
+    if standby is not None:
+        timeline.begin_takeover()
+    timeline.mark("index")
 
 
 def _run_once(
@@ -409,6 +430,7 @@ def _run_once(
     lock_wait_s: float,
     crash_after: int | None,
     timeline: RestartTimeline,
+    standby: Standby | None = None,
 ) -> RunStats:
     timeline.mark("store_open")
     store = open_store(spec.store)
@@ -427,8 +449,11 @@ def _run_once(
                 lock_wait_s=lock_wait_s,
                 results=(spec.results_topic, operator.result_schema) if spec.results_topic else None,
                 defer_index_above=INDEX_DEFER_ABOVE,
-                on_index=lambda: timeline.mark("index"),
+                on_index=lambda: _on_index(timeline, standby),
                 ec_cache=spec.ec_cache,
+                while_locked=None
+                if standby is None
+                else lambda: standby.while_locked(store, spec.output_topic, spec.output_partition),
             )
         except BaseException:
             source.close()
@@ -466,6 +491,7 @@ def _run_once(
                 trim_pace=spec.trim_pace,
                 metrics=_metrics(spec),
                 timeline=timeline,
+                followed=None if standby is None else standby.took_over(),
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:

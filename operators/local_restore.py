@@ -31,6 +31,7 @@ from queuestore.output import OutputQueue
 from recovery.closed_directory import ClosedWindowDirectory
 from recovery.cut_tuple import results_at_end
 from recovery.manager import RecoveryManager
+from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
 
 __all__ = ["LocalRestore"]
@@ -53,7 +54,10 @@ class LocalRestore:
         metrics: OperatorMetrics | None,
         progress: Progress,
         timeline: RestartTimeline | None,
+        followed: LogFollower | None = None,
     ) -> None:
+        """`followed`: what a standby followed of the output log before it took over (`recovery.standby`):
+        recovery starts from it."""
         self.operator = operator
         self.source = source
         self.output = output
@@ -65,6 +69,7 @@ class LocalRestore:
         self.metrics = metrics
         self.progress = progress
         self._timeline = timeline
+        self._followed = followed
         self.replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         # A fresh host's closed-window directory while its index catches up (`recovery.closed_directory`).
         self._directory: ClosedWindowDirectory | None = None
@@ -123,7 +128,9 @@ class LocalRestore:
                 on_phase=self._phase,
             )
             try:
-                recovery = manager.recover(self.source.partitions, cache=output.ec_cache)
+                recovery = manager.recover(
+                    self.source.partitions, cache=output.ec_cache, followed=self._followed
+                )
             finally:
                 if scan is not None:
                     scan.close()

@@ -36,6 +36,7 @@ from operators.local_trim import LogTrimmer
 from operators.progress_log import Progress
 from operators.sources import InputSource
 from queuestore.output import OutputQueue
+from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
@@ -64,6 +65,7 @@ class OperatorRuntime:
         trim_pace: TrimPace | None = None,
         timeline: RestartTimeline | None = None,
         index_catch_up: int = 4096,
+        followed: LogFollower | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -83,7 +85,8 @@ class OperatorRuntime:
         `timeline`: the restart's phases so far (`recovery.timeline`: the host marks process start, store
         open and index; the runtime marks the rest), on its own clock; default: one that starts at `run`.
         `index_catch_up`: records of a deferred index rebuild (`queuestore.output`) indexed after each batch
-        once recovery is over; the rest of it is done at the end of the input."""
+        once recovery is over; the rest of it is done at the end of the input. `followed`: what a standby
+        followed of the output log before it took over (`recovery.standby`): recovery starts from it."""
         if check_every < 1:
             raise ConfigError(f"check_every must be >= 1, got {check_every}")
         if gcheck_batch < 1:
@@ -130,6 +133,7 @@ class OperatorRuntime:
             metrics=metrics,
             progress=self.progress,
             timeline=timeline,
+            followed=followed,
         )
         self.instance.lifecycle.on_running = self.restorer.caught_up
         self.controller = GCheckController(

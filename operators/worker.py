@@ -1,5 +1,6 @@
-"""`python -m operators.worker SPEC.json [--crash-after K]`: run one job in its own process (the unit that gets
-killed; `--crash-after`: `operators.crash_after`).
+"""`python -m operators.worker SPEC.json [--crash-after K | --standby]`: run one job in its own process (the
+unit that gets killed; `--crash-after`: `operators.crash_after`; `--standby`: as the standby of the job's
+writer, `operators.standby`).
 
 An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
 process with one line on stderr and exit code 2, never a traceback."""
@@ -14,6 +15,7 @@ from pathlib import Path
 from cec import progress
 from cec.exceptions import CecError
 from operators.job import JobSpec, run_job
+from operators.standby import Standby
 from queuestore.kafka_config import quiet_librdkafka
 from recovery.timeline import process_started
 
@@ -38,11 +40,15 @@ def _environment_errors() -> tuple[type[BaseException], ...]:
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     crash_after = None
+    standby = False
     if len(args) == 3 and args[1] == "--crash-after" and args[2].isdigit():
         crash_after = int(args[2])
         args = args[:1]
+    elif len(args) == 2 and args[1] == "--standby":
+        standby = True
+        args = args[:1]
     if len(args) != 1:
-        print("usage: python -m operators.worker SPEC.json [--crash-after K]", file=sys.stderr)
+        print("usage: python -m operators.worker SPEC.json [--crash-after K | --standby]", file=sys.stderr)
         return 2
     try:
         spec = JobSpec.from_json(Path(args[0]).read_text())
@@ -58,7 +64,12 @@ def main(argv: list[str] | None = None) -> int:
         if spec.progress:
             logging.getLogger("cec.progress").setLevel(logging.INFO)
             progress.set_reporter(progress.LogReporter())
-        run_job(spec, crash_after=crash_after, started=process_started())
+        run_job(
+            spec,
+            crash_after=crash_after,
+            started=process_started(),
+            standby=Standby() if standby else None,
+        )
     except USER_ERRORS as exc:
         # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,
         # and an exit code the parent (the CLI) recognises as already reported.

@@ -24,7 +24,7 @@ from queuestore.exceptions import TornRecordError
 from recovery.eventual import EventualCheckpoint
 from recovery.forward import ForwardCheckpoint
 
-__all__ = ["checkpoint_from_cache"]
+__all__ = ["apply_tail", "checkpoint_from_cache", "matches_log"]
 
 TAIL_CHUNK = 8192
 
@@ -51,20 +51,33 @@ def checkpoint_from_cache(
     rows = [*parts.values(), *([] if last is None else [last])]
     if rows and codec.failing_rows(rows):
         return "the EC cache holds a damaged value"
-    if last is not None:
-        at_log = reader.read_range_rows(last[0], last[0] + 1)
-        if (
-            not at_log
-            or at_log[0][:5] != last[:5]
-            or (at_log[0][5] != last[5] and not is_manifest(_stored(at_log[0])))
-        ):
-            return f"the EC cache's newest record is not the log's record at offset {last[0]:,}"
+    if last is not None and not matches_log(reader, last):
+        return f"the EC cache's newest record is not the log's record at offset {last[0]:,}"
     forward = ForwardCheckpoint(dict(parts), last, next_offset)
+    applied = apply_tail(reader, forward, codec, end)
+    if isinstance(applied, str):
+        return applied
+    ec = forward.checkpoint(codec, end)
+    if ec is None:
+        return "the EC cache does not add up to the crash point's open windows"
+    ec.records_read = applied
+    return ec, forward
+
+
+def apply_tail(
+    reader: PartitionReader, forward: ForwardCheckpoint, codec: RecordCodec, end: int | None = None
+) -> int | str:
+    """Apply the log's records from `forward.next_offset` to `end` (None: to the end the reader finds as
+    it reads, for a log still being written) to `forward`, each checked by checksum first; the records
+    read, or why the tail could not be applied (a damaged record, a torn chunked value: the caller reads
+    the log back instead, where the rules for damaged records live). A chunked value's manifest is applied
+    with the whole value its parts make."""
     read = 0
-    offset = next_offset
+    offset = forward.next_offset
     try:
-        while offset < end:
-            chunk = reader.read_range_rows(offset, min(end, offset + TAIL_CHUNK))
+        while end is None or offset < end:
+            stop_before = offset + TAIL_CHUNK if end is None else min(end, offset + TAIL_CHUNK)
+            chunk = reader.read_range_rows(offset, stop_before)
             if not chunk:
                 break
             read += len(chunk)
@@ -84,8 +97,17 @@ def checkpoint_from_cache(
             offset = chunk[-1][0] + 1
     except (TornRecordError, CodecError) as exc:  # a torn chunked value, a damaged one: read back instead
         return f"the log's tail could not be applied ({exc})"
-    ec = forward.checkpoint(codec, end)
-    if ec is None:
-        return "the EC cache does not add up to the crash point's open windows"
-    ec.records_read = read
-    return ec, forward
+    return read
+
+
+def matches_log(reader: PartitionReader, last: Row | None) -> bool:
+    """Whether `last` (the newest record a forward checkpoint applied) is the log's record at its offset
+    (another log of the same name, or one replaced since, differs there)."""
+    if last is None:
+        return True
+    at_log = reader.read_range_rows(last[0], last[0] + 1)
+    return (
+        bool(at_log)
+        and at_log[0][:5] == last[:5]
+        and (at_log[0][5] == last[5] or is_manifest(_stored(at_log[0])))
+    )

@@ -28,6 +28,7 @@ from recovery.eventual import (
     gc_paused,
 )
 from recovery.forward import ForwardCheckpoint
+from recovery.standby import LogFollower, checkpoint_from_followed
 
 __all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
 
@@ -64,8 +65,9 @@ class RecoveryReport:
     # records read back on demand for the closed-window directory (`recovery.closed_directory`).
     index_deferred: int = 0
     directory_records_read: int = 0
-    # Where the eventual checkpoint came from: "log" (read back) or "cache" (the EC cache and the log's
-    # tail, `recovery.cached`); with a cache that was not used, why not.
+    # Where the eventual checkpoint came from: "log" (read back), "cache" (the EC cache and the log's
+    # tail, `recovery.cached`) or "standby" (what a standby followed and the tail, `recovery.standby`);
+    # with a cache or a standby's checkpoint that was not used, why not.
     ec_source: str = "log"
     ec_cache_note: str = ""
 
@@ -127,19 +129,33 @@ class RecoveryManager:
         self.progress = progress
         self.on_phase = on_phase or (lambda phase: None)
 
-    def recover(self, input_partitions: int, cache: ECCache | None = None) -> Recovery:
+    def recover(
+        self, input_partitions: int, cache: ECCache | None = None, followed: LogFollower | None = None
+    ) -> Recovery:
         """`cache`: the partition's EC cache (`recovery.cached`): used when it checks out against the log,
-        else the log is read back and the cache is cleared, to be written again from the checkpoint."""
+        else the log is read back and the cache is cleared, to be written again from the checkpoint.
+        `followed`: what a standby followed of this log before it took over (`recovery.standby`): used
+        first, when it checks out; the cache is then written again from it."""
         started = time.perf_counter()
         self.on_phase("ec_build")
         source, note = "log", ""
         forward: ForwardCheckpoint | None = None
         forward_stored = False
         ec: EventualCheckpoint | None = None
-        if cache is not None:
+        if followed is not None:
+            taken = checkpoint_from_followed(self.reader, followed)
+            if isinstance(taken, str):
+                note = taken
+            else:
+                ec, forward = taken
+                source = "standby"
+                ec.build_seconds = time.perf_counter() - started
+                if cache is not None:
+                    cache.clear()  # written again whole from the standby's checkpoint (`adopt`)
+        if ec is None and cache is not None:
             cached = checkpoint_from_cache(self.reader, cache, self.codec)
             if isinstance(cached, str):
-                note = cached
+                note = f"{note}; {cached}" if note else cached
                 cache.clear()
             else:
                 ec, forward = cached

@@ -61,6 +61,13 @@ class RestartTimeline:
             return
         self._marks.append((phase, self.clock()))
 
+    def begin_takeover(self) -> None:
+        """A standby took over its partition's writer now (`operators.standby`): its restart starts here,
+        not at its process's start (it followed the log long before the primary died); what is marked next
+        (the index) ends `store_open`."""
+        self.started = self.clock()
+        self._marks = [("store_open", self.started)]
+
     def elapsed(self) -> float:
         """From the start to now."""
         return self.clock() - self.started

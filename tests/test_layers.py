@@ -53,6 +53,7 @@ def test_the_cli_commands_stand_on_one_shared_module_without_a_circle() -> None:
     assert commands["common"] == set()  # the bottom: every command may import it
     assert commands["trimming"] == set()  # `cec run`'s trimming flag, beside the bottom
     assert commands["run_operator"] <= {"common"}
-    assert commands["run_topic"] <= {"common", "run_operator", "trimming"}
+    assert commands["standby"] == set()  # `cec run --standby`'s checks, beside the bottom
+    assert commands["run_topic"] <= {"common", "run_operator", "trimming", "standby"}
     for name in ("demo", "run", "inspect", "recover", "state"):
         assert "main" not in commands[name], name  # the parser imports the commands, never the reverse

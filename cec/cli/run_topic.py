@@ -36,9 +36,11 @@ from cec.cli.common import (
     write_results,
 )
 from cec.cli.run_operator import check_operator_flags, operator_spec
+from cec.cli.standby import check_standby_flags
 from cec.cli.trimming import trim_settings
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
+from cec.target_cost import say_target_cost
 from cec.validation import check_topic_input
 from operators.aggregate_flags import aggregate_flags
 from operators.formats import FORMATS, load_avro_schema
@@ -49,6 +51,7 @@ from operators.sinks import (
     IncrementalOutputs,
 )
 from operators.specs import OperatorSpec, SourceSpec
+from operators.standby import Standby
 from operators.topic_source import pin_bounds, topic_partition_count
 from queuestore.factory import StoreSpec, open_store, store_spec
 from recovery.timeline import process_started
@@ -162,6 +165,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     if not args.bootstrap_servers:
         raise ConfigError("--input-topic needs --bootstrap-servers HOST:PORT (or CEC_BOOTSTRAP_SERVERS)")
     check_operator_flags(args, "FIELD (a value field, or @timestamp for the record timestamp)")
+    check_standby_flags(args)
     if args.crash_after is not None and args.crash_after < 1:
         raise ConfigError("--crash-after needs K >= 1")
     if args.crash_after is not None and args.follow:
@@ -197,6 +201,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
             metrics_port=args.metrics_port,
             trim_every=trim_every,
             trim_pace=trim_pace,
+            ec_cache=args.ec_cache == "on",
         )
         store = open_store(store_cfg)
         try:
@@ -206,9 +211,14 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
         finally:
             store.close()
         specs = specs_of(template, root, output_topic, partitions)
+        say_target_cost(template.checkpointing, [Path(s.stats_path or "") for s in specs])
         progress_path = root / f".{output_topic}.results-writer.json"
         with StopRequest().on_signals() as stop:
             if trim_every is not None or IncrementalOutputs.resumable(progress_path):
+                if args.standby:
+                    raise ConfigError(
+                        "--standby does not take a run that trims its log yet: give --trim-every 0"
+                    )
                 run, (n_results, n_dead, kinds) = _run_trimmed(
                     args,
                     specs,
@@ -273,7 +283,7 @@ def _execute(
     """Every instance: in this process, or with --crash-after each in a worker SIGKILLed after K records
     and one that recovers (a stop request is then seen between workers); each instance's recovery."""
     if args.crash_after is None:
-        return _run_instances(specs, args.follow, refresh, stop)
+        return _run_instances(specs, args.follow, refresh, stop, args.standby)
     run = InstancesRun([], [False] * len(specs))
     for p, spec in enumerate(specs):
         if stop():
@@ -359,7 +369,11 @@ def _report_recoveries(args: argparse.Namespace, recoveries: list[dict[str, Any]
 
 
 def _run_instances(
-    specs: list[JobSpec], follow: bool, refresh: Callable[[], object], stop: StopRequest
+    specs: list[JobSpec],
+    follow: bool,
+    refresh: Callable[[], object],
+    stop: StopRequest,
+    standby: bool = False,
 ) -> InstancesRun:
     """Every partition's instance in this process, side by side (one thread each, so partitions advance
     together as a multi-partition input does), until their input ends or `stop` is set (SIGTERM, Ctrl-C:
@@ -370,7 +384,12 @@ def _run_instances(
 
     def run(i: int) -> None:
         try:
-            stats[i] = run_job(specs[i], stop=stop, started=process_started())
+            stats[i] = run_job(
+                specs[i],
+                stop=stop,
+                started=process_started(),
+                standby=Standby(stop=stop) if standby else None,  # `cec run --standby`
+            )
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)
             stop.set()

@@ -21,7 +21,10 @@ Sites (n counts passes in the process):
   I/O thread, its rows inserted, before COMMIT;
 - `store.io_error:n`: that commit fails with a disk I/O error instead (the process lives on);
 - `kafka.before_commit:n` / `kafka.after_commit:n`: around the n-th Kafka transaction commit of a writer;
-- `recovery.after_ec_build:n`: after the n-th eventual checkpoint built (during recovery itself);
+- `recovery.after_ec_build:n`: after the n-th eventual checkpoint built (during recovery itself): read back
+  from the log, or from the EC cache or a standby's followed log and the log's tail;
+- `standby.took_over:n`: a standby (`operators.standby`) holds the partition's writer (the old one fenced)
+  and hands what it followed to recovery, the n-th time, before the log's tail is read;
 - `trim.before_prune:n`: inside the n-th trim, the log's head deleted (SQLite's range delete committed,
   Kafka's `delete_records` answered), the stream index not yet pruned (`StreamIndex.prune`);
 - `results.before_ack:n`: inside the n-th commit of `cec run`'s results writer (`IncrementalOutputs`; its
@@ -67,6 +70,7 @@ SITES = frozenset(
         "kafka.before_commit",
         "kafka.after_commit",
         "recovery.after_ec_build",
+        "standby.took_over",
         "trim.before_prune",
         "results.before_ack",
         SINK_MID_BATCH,
@@ -324,6 +328,25 @@ def _kafka_commit(n: int, *, before: bool) -> None:
     on_import("queuestore.kafka", patch)
 
 
+def _standby_took_over(n: int) -> None:
+    counter = _Counter()
+
+    def patch(module: ModuleType) -> None:
+        cls = module.Standby
+        took_over = cls.took_over
+
+        def took_over_(self: Any) -> Any:
+            followed = took_over(self)
+            counter.seen += 1
+            if counter.seen == n:
+                kill()
+            return followed
+
+        cls.took_over = took_over_
+
+    on_import("operators.standby", patch)
+
+
 def _after_ec_build(n: int) -> None:
     counter = _Counter()
 
@@ -340,7 +363,24 @@ def _after_ec_build(n: int) -> None:
 
         cls.build = build_
 
+    def patch_manager(module: ModuleType) -> None:
+        # An eventual checkpoint from the EC cache or from what a standby followed is built too (the log's
+        # tail applied to it): the same point of a recovery, on the paths that do not read the log back.
+        for name in ("checkpoint_from_cache", "checkpoint_from_followed"):
+            original = getattr(module, name)
+
+            def built_(*args: Any, _original: Any = original) -> Any:
+                got = _original(*args)
+                if not isinstance(got, str):
+                    counter.seen += 1
+                    if counter.seen == n:
+                        kill()
+                return got
+
+            setattr(module, name, built_)
+
     on_import("recovery.eventual", patch)
+    on_import("recovery.manager", patch_manager)
 
 
 def _before_prune(n: int) -> None:
@@ -491,6 +531,8 @@ def install(spec: str) -> None:
             _kafka_commit(n, before=site == "kafka.before_commit")
         elif site == "recovery.after_ec_build":
             _after_ec_build(n)
+        elif site == "standby.took_over":
+            _standby_took_over(n)
         elif site == "trim.before_prune":
             _before_prune(n)
         elif site == "results.before_ack":

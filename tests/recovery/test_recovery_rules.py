@@ -8,6 +8,7 @@ checks EC reconstruction against damaged footprints.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -253,8 +254,10 @@ def test_a_hidden_row_inside_the_extent_stops_recovery_naming_it(tmp_path: Path)
     where = f"{spec.store['root']}/agg/0.sqlite: agg\\[0\\] offset {hidden} is missing"
     with store.reader("agg", 0) as reader, pytest.raises(DamagedLogError, match=where):
         EventualCheckpointBuilder(reader).build()
+    # Read back from the log: a restart with the EC cache (on by default) reads only the log's tail and
+    # never meets a hole inside the extent, whose footprints it holds already (checked by checksum).
     with pytest.raises(DamagedLogError, match=where):
-        _run_until(spec, None)
+        _run_until(replace(spec, ec_cache=False), None)
     with store.reader("agg", 0) as reader:  # the resumed run appended nothing after the hole
         assert len(reader.read_forward(0, len(records) + 10)) == len(records) - 1
 

@@ -1,0 +1,303 @@
+"""Failover to a standby against a cold restart, and the EC cache's restart and steady cost (issue 26).
+
+The workload: the paper's purchases from the generator (`--keys` items, `--tuples` tuples over
+`--partitions` input partitions), sum over count windows of 10, U = `--u` (default 100,000, `cec run`'s
+default) within CI/CP 5/100 ms, the embedded store (SQLite), each run a real `python -m operators.worker` process.
+
+Per repeat, interleaved (the order rotates):
+- `standby`: the primary runs; a standby (`--standby`) starts beside it once its log holds records and
+  follows it; the primary is SIGKILLed from outside once its log holds `--kill-at` records (t0), and the
+  standby takes over; "kill to caught up" is t0 to the standby's restore path's `caught_up` (a timestamp from
+  benchmarks/restart_probe.py, outside the product);
+- `cold-cache`: the same kill, then the same job started again (its state directory kept: the EC cache
+  on, the default); kill to caught up, the restart's spawn included;
+- `cold-nocache`: the same with `ec_cache=False`: the restart reads the extent back (before this issue's
+  default);
+each with its recovery report (phases, records read, tuples replayed), and the final logs' results are
+compared between the three modes (the same results, per key, or the run fails).
+
+`--steady`: the EC cache's steady cost, full runs without a kill, cache on and off interleaved: the
+worker's CPU seconds (user + system, from the kernel) and its throughput on that CPU time, and the bytes
+of the EC cache beside the log's.
+
+    flock /tmp/cec-bench.lock nice -n 5 .venv/bin/python benchmarks/bench_standby.py --repeats 2 --steady
+Writes benchmarks/out/standby.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+sys.path.insert(0, str(ROOT))
+
+from operators.job import JobSpec  # noqa: E402
+from operators.standby import read_status  # noqa: E402
+from queuestore.sqlite import SqliteQueueStore  # noqa: E402
+from tests.helpers import results  # noqa: E402
+
+__all__ = ["main"]
+
+BOOT = HERE / "probe_boot"
+TOPIC = "agg"
+
+
+def _spec(
+    root: Path, args: argparse.Namespace, *, ec_cache: bool = True, stats: Path | None = None
+) -> JobSpec:
+    return JobSpec(
+        operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "sum",
+                  "window_count": 10},
+        source={"type": "generator", "count": args.tuples, "keys": args.keys, "seed": 3,
+                "partitions": args.partitions},
+        store={"type": "sqlite", "root": str(root)},
+        output_topic=TOPIC,
+        checkpointing={"u_target": args.u, "ci_ms": 5, "cp_ms": 100},
+        ec_cache=ec_cache,
+        stats_path=None if stats is None else str(stats),
+    )  # fmt: skip
+
+
+def _env(probe: Path | None) -> dict[str, str]:
+    env = dict(os.environ)
+    for name in ("CEC_TEST_KILL", "CEC_FAULTS", "CEC_BENCH_PROFILE", "CEC_BENCH_PROBE"):
+        env.pop(name, None)
+    paths = [str(ROOT)]
+    if probe is not None:
+        env["CEC_BENCH_PROBE"] = str(probe)
+        paths = [str(BOOT), str(HERE), str(ROOT)]
+    env["PYTHONPATH"] = os.pathsep.join([*paths, env.get("PYTHONPATH", "")])
+    return env
+
+
+def _worker(spec: JobSpec, path: Path, probe: Path | None, *extra: str) -> subprocess.Popen[bytes]:
+    path.write_text(spec.to_json())
+    return subprocess.Popen(
+        [sys.executable, "-m", "operators.worker", str(path), *extra],
+        env=_env(probe),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _log_end(store: SqliteQueueStore) -> int:
+    if not store.topic_exists(TOPIC):
+        return 0
+    with store.reader(TOPIC, 0) as reader:
+        return reader.end_offset()
+
+
+def _wait(condition: Any, what: str, timeout: float = 600.0, interval: float = 0.002) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def _caught_up(probe: Path) -> float:
+    for line in probe.read_text().splitlines():
+        event = json.loads(line)
+        if event["ev"] == "caught_up:enter":
+            return float(event["t"])
+    raise RuntimeError(f"{probe}: no caught_up event (the restart did not recover?)")
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _finish(proc: subprocess.Popen[bytes], what: str) -> None:
+    _, err = proc.communicate(timeout=1800)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{what} failed ({proc.returncode}): {err.decode()[-2000:]}")
+
+
+def _kill_primary_at(primary: subprocess.Popen[bytes], store: SqliteQueueStore, kill_at: int) -> float:
+    _wait(lambda: _log_end(store) >= kill_at or primary.poll() is not None, "the kill point")
+    if primary.poll() is not None:
+        raise RuntimeError(f"the primary ended before its log held {kill_at:,} records")
+    t0 = time.time()
+    os.kill(primary.pid, signal.SIGKILL)
+    primary.wait()
+    return t0
+
+
+def _report(stats: Path) -> dict[str, Any]:
+    rec: dict[str, Any] = json.loads(stats.read_text())["recovery"]
+    return {k: rec.get(k) for k in ("recovery_seconds", "phases", "records_read", "extent_records",
+                                     "ec_windows", "tuples_replayed", "ec_source", "ec_cache_note")}  # fmt: skip
+
+
+def _per_key(store: SqliteQueueStore) -> Counter[str]:
+    return Counter(json.dumps(r, sort_keys=True) for r in results(store, TOPIC))
+
+
+def failover(args: argparse.Namespace, work: Path, tag: str) -> tuple[dict[str, Any], Counter[str]]:
+    root = work / tag
+    store = SqliteQueueStore(root)
+    stats = work / f"{tag}.stats.json"
+    primary = _worker(_spec(root, args), work / f"{tag}-primary.json", None)
+    _wait(lambda: _log_end(store) >= 1, "the primary's first record")
+    probe = work / f"{tag}-standby.jsonl"
+    standby = _worker(_spec(root, args, stats=stats), work / f"{tag}-standby.json", probe, "--standby")
+    _wait(
+        lambda: (
+            primary.poll() is not None
+            or standby.poll() is not None
+            or ((s := read_status(store, TOPIC, 0)) is not None and s.applied > 0)
+        ),
+        "the standby following",
+    )
+    if primary.poll() is not None or standby.poll() is not None:
+        raise RuntimeError("the primary or the standby ended before the standby followed the log")
+    t0 = _kill_primary_at(primary, store, args.kill_at)
+    status = read_status(store, TOPIC, 0)
+    lag = None if status is None else status.lag_records
+    cpu_following = _cpu_seconds(standby.pid)
+    _finish(standby, "the standby")
+    row = {"kill_to_caught_up_s": _caught_up(probe) - t0, "standby_cpu_s_while_following": cpu_following,
+           "standby_lag_records_last_status": lag, "report": _report(stats)}  # fmt: skip
+    return row, _per_key(store)
+
+
+def cold(
+    args: argparse.Namespace, work: Path, tag: str, ec_cache: bool
+) -> tuple[dict[str, Any], Counter[str]]:
+    root = work / tag
+    store = SqliteQueueStore(root)
+    stats = work / f"{tag}.stats.json"
+    primary = _worker(_spec(root, args, ec_cache=ec_cache), work / f"{tag}-primary.json", None)
+    t0 = _kill_primary_at(primary, store, args.kill_at)
+    probe = work / f"{tag}-restart.jsonl"
+    spawned = time.time()
+    restart = _worker(_spec(root, args, ec_cache=ec_cache, stats=stats), work / f"{tag}-restart.json", probe)
+    _finish(restart, "the restart")
+    caught = _caught_up(probe)
+    row = {
+        "kill_to_caught_up_s": caught - t0,
+        "spawn_to_caught_up_s": caught - spawned,
+        "report": _report(stats),
+    }
+    return row, _per_key(store)
+
+
+def steady(args: argparse.Namespace, work: Path, tag: str, ec_cache: bool) -> dict[str, Any]:
+    root = work / tag
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    proc = _worker(_spec(root, args, ec_cache=ec_cache), work / f"{tag}.json", None)
+    _finish(proc, tag)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    store = SqliteQueueStore(root)
+    cache = store.ec_cache_path(TOPIC, 0)
+    cache_bytes = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+    log_bytes = sum(p.stat().st_size for p in (root / TOPIC).rglob("*") if p.is_file())
+    return {"cpu_s": cpu, "tuples_per_cpu_s": args.tuples / cpu, "ec_cache_bytes": cache_bytes,
+            "log_bytes": log_bytes, "log_records": _log_end(store)}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--keys", type=int, default=100_000)
+    p.add_argument("--tuples", type=int, default=500_000)
+    p.add_argument("--partitions", type=int, default=2)
+    p.add_argument("--kill-at", type=int, default=60_000, help="log records when the primary is killed")
+    p.add_argument("--u", type=int, default=100_000, help="U (default: cec run's default, 100,000)")
+    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--steady", action="store_true", help="also the EC cache's steady cost")
+    p.add_argument("--out", type=Path, default=HERE / "out" / "standby.json")
+    args = p.parse_args(argv)
+    load_before = os.getloadavg()
+    runs: dict[str, list[dict[str, Any]]] = {"standby": [], "cold-cache": [], "cold-nocache": []}
+    steady_runs: dict[str, list[dict[str, Any]]] = {"cache-on": [], "cache-off": []}
+    with tempfile.TemporaryDirectory(prefix="cec-standby-") as tmp:
+        work = Path(tmp)
+        for rep in range(args.repeats):
+            modes = list(runs)
+            modes = modes[rep % len(modes) :] + modes[: rep % len(modes)]
+            outputs: dict[str, Counter[str]] = {}
+            for mode in modes:
+                tag = f"{mode}-{rep}"
+                if mode == "standby":
+                    row, outputs[mode] = failover(args, work, tag)
+                else:
+                    row, outputs[mode] = cold(args, work, tag, ec_cache=mode == "cold-cache")
+                row["loadavg"] = os.getloadavg()[0]
+                runs[mode].append(row)
+                rep_ = row["report"]
+                print(f"[{rep}] {mode:12} kill to caught up {row['kill_to_caught_up_s']:6.2f} s  "
+                      f"({rep_['ec_source']}: {rep_['records_read']:,} records read, {rep_['ec_windows']:,} windows, "
+                      f"{rep_['tuples_replayed']:,} replayed; phases "
+                      f"{ {k: round(v, 2) for k, v in (rep_['phases'] or {}).items()} })  "
+                      f"loadavg {row['loadavg']:.1f}", flush=True)  # fmt: skip
+                shutil.rmtree(work / tag, ignore_errors=True)
+            first = outputs[modes[0]]
+            if any(out != first for out in outputs.values()):
+                raise RuntimeError(f"repeat {rep}: the modes' results differ")
+            print(
+                f"[{rep}] the three modes' results are the same ({sum(first.values()):,} results)", flush=True
+            )
+        if args.steady:
+            for rep in range(args.repeats):
+                order = ["cache-on", "cache-off"] if rep % 2 == 0 else ["cache-off", "cache-on"]
+                for mode in order:
+                    row = steady(args, work, f"steady-{mode}-{rep}", ec_cache=mode == "cache-on")
+                    row["loadavg"] = os.getloadavg()[0]
+                    steady_runs[mode].append(row)
+                    print(f"[{rep}] steady {mode:9} {row['cpu_s']:6.2f} CPU s, {row['tuples_per_cpu_s']:,.0f} "
+                          f"tuples/CPU s, EC cache {row['ec_cache_bytes']:,} B beside a log of "
+                          f"{row['log_bytes']:,} B ({row['log_records']:,} records)  loadavg {row['loadavg']:.1f}",
+                          flush=True)  # fmt: skip
+                shutil.rmtree(work / f"steady-cache-on-{rep}", ignore_errors=True)
+                shutil.rmtree(work / f"steady-cache-off-{rep}", ignore_errors=True)
+    summary: dict[str, Any] = {}
+    for mode, rows in runs.items():
+        summary[mode] = statistics.median(r["kill_to_caught_up_s"] for r in rows)
+    ratios = {
+        "standby/cold-cache": [round(s["kill_to_caught_up_s"] / c["kill_to_caught_up_s"], 3)
+                               for s, c in zip(runs["standby"], runs["cold-cache"], strict=True)],
+        "cold-cache/cold-nocache": [round(c["kill_to_caught_up_s"] / n["kill_to_caught_up_s"], 3)
+                                    for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)],
+    }  # fmt: skip
+    for mode, value in summary.items():
+        print(f"{mode:12} kill to caught up, median {value:.2f} s")
+    for name, values in ratios.items():
+        print(f"{name}: per repeat {values}")
+    print(f"standby failover <= 1 s: {'reached' if summary['standby'] <= 1.0 else 'not reached'}; EC cache "
+          f"restart <= 0.5x the restart without it: "
+          f"{'reached' if max(ratios['cold-cache/cold-nocache']) <= 0.5 else 'not reached'}")  # fmt: skip
+    if args.steady:
+        on, off = steady_runs["cache-on"], steady_runs["cache-off"]
+        cpu_ratio = [round(a["cpu_s"] / b["cpu_s"], 3) for a, b in zip(on, off, strict=True)]
+        print(f"steady: CPU seconds cache on / off per repeat {cpu_ratio}; EC cache bytes / log bytes "
+              f"{[round(a['ec_cache_bytes'] / a['log_bytes'], 3) for a in on]}")  # fmt: skip
+        summary["steady_cpu_on_over_off"] = cpu_ratio
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at,
+        "u": args.u,
+        "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "runs": runs, "steady": steady_runs, "ratios": ratios, "summary": summary,
+    }, indent=1))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

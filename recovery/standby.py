@@ -1,0 +1,76 @@
+"""The standby's view of a primary's output log (design S1, `designs/standby.md`): the eventual checkpoint
+kept forward as the primary's records become readable, and at takeover, once the standby holds the
+partition's writer (the old one fenced, so the log's end is final), that checkpoint brought to the end.
+
+Invariant (the model test holds it for every prefix of a real log): after following the log up to X,
+`LogFollower.forward.checkpoint(codec, X)` is what `recovery.eventual.EventualCheckpointBuilder` reads back
+from `log[0..X]`. Every record is checked by checksum before it is applied (`recovery.cached.apply_tail`);
+a damaged one, a log replaced or trimmed past what was followed, or windows that do not add up to the
+crash point's N are reasons (strings), and recovery then reads the log back as a cold restart does:
+what a standby followed is derived data, never trusted blindly.
+"""
+
+from __future__ import annotations
+
+from cec.records import RecordCodec
+from queuestore.base import PartitionReader
+from recovery.cached import apply_tail, matches_log
+from recovery.eventual import EventualCheckpoint
+from recovery.forward import ForwardCheckpoint
+
+__all__ = ["LogFollower", "checkpoint_from_followed"]
+
+
+class LogFollower:
+    """One output partition's log, followed forward from offset 0 (`catch_up` after each wait)."""
+
+    def __init__(self, codec: RecordCodec | None = None) -> None:
+        self.codec = codec or RecordCodec()
+        self.forward = ForwardCheckpoint()
+        self.records_read = 0
+        self.unusable: str | None = None  # why what was followed cannot be used (then: read the log back)
+
+    @property
+    def applied(self) -> int:
+        """Every record below this offset is applied."""
+        return self.forward.next_offset
+
+    def catch_up(self, reader: PartitionReader) -> int:
+        """Apply what the log holds beyond `applied` now; the records read (0 once it is unusable)."""
+        if self.unusable is not None:
+            return 0
+        if self.forward.next_offset < reader.start_offset():
+            self.unusable = "the log was trimmed past what the standby had followed"
+            return 0
+        applied = apply_tail(reader, self.forward, self.codec)
+        if isinstance(applied, str):
+            self.unusable = applied
+            return 0
+        self.records_read += applied
+        return applied
+
+
+def checkpoint_from_followed(
+    reader: PartitionReader, follower: LogFollower
+) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
+    """The eventual checkpoint at the log's end from what `follower` followed and the rest of the log
+    (read now: the caller holds the writer, so the end is final), with the forward checkpoint it came from;
+    or why it cannot be used."""
+    if follower.unusable is not None:
+        return follower.unusable
+    forward, codec = follower.forward, follower.codec
+    end = reader.end_offset()
+    if forward.next_offset > end:
+        return f"the standby followed past the log's end (offset {forward.next_offset:,}, log end {end:,})"
+    if forward.next_offset < reader.start_offset():
+        return "the log was trimmed past what the standby had followed"
+    if not matches_log(reader, forward.last):
+        return "the standby's newest record is not the log's record at its offset"
+    applied = apply_tail(reader, forward, codec, end)
+    if isinstance(applied, str):
+        return applied
+    ec = forward.checkpoint(codec, end)
+    if ec is None:
+        return "what the standby followed does not add up to the crash point's open windows"
+    ec.records_read = applied
+    return ec, forward

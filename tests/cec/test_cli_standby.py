@@ -1,0 +1,91 @@
+"""`cec run --standby` as a user runs it: the same command beside a running primary follows its log and,
+when the primary is SIGKILLed, takes over and writes exactly the results of a failure-free run. The flag's
+mistakes are one line each."""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from operators.standby import read_status
+from queuestore.sqlite import SqliteQueueStore
+from tests.helpers import cec, child_env, wait_for
+
+TOPIC = "standby-cli"
+
+
+def _input(path: Path, rows: int) -> Path:
+    with path.open("w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["k", "v"])
+        w.writerows([f"k{(i * 7919) % 500}", i % 97] for i in range(rows))
+    return path
+
+
+def _args(data: Path, results: Path, store: Path) -> list[str]:
+    return [
+        "run", str(data), "--key", "k", "--value", "v", "--window-count", "5", "--U", "3000",
+        "--results", str(results), "--store-dir", str(store), "--output-topic", TOPIC,
+    ]  # fmt: skip
+
+
+def _popen(*args: str) -> subprocess.Popen[str]:
+    script = Path(sys.executable).parent / "cec"
+    return subprocess.Popen(
+        [str(script), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=child_env()
+    )
+
+
+def _rows(path: Path) -> list[list[str]]:
+    with path.open(newline="") as f:
+        return sorted(csv.reader(f))
+
+
+def test_a_standby_takes_over_a_killed_primary_and_writes_the_failure_free_results(tmp_path: Path) -> None:
+    data = _input(tmp_path / "in.csv", 150_000)
+    reference = cec(*_args(data, tmp_path / "ref.csv", tmp_path / "ref-store"))
+    assert reference.returncode == 0, reference.stderr
+    store_dir = tmp_path / "store"
+    primary = _popen(*_args(data, tmp_path / "primary.csv", store_dir))
+    store = SqliteQueueStore(store_dir)
+    standby: subprocess.Popen[str] | None = None
+    try:
+
+        def logged() -> bool:
+            if not store.topic_exists(TOPIC):
+                return False
+            with store.reader(TOPIC, 0) as reader:
+                return reader.end_offset() >= 3000
+
+        wait_for(logged, timeout=120)
+        os.kill(primary.pid, signal.SIGSTOP)  # it keeps its writer: the standby follows, then waits
+        standby = _popen(*_args(data, tmp_path / "standby.csv", store_dir), "--standby")
+        wait_for(lambda: (s := read_status(store, TOPIC, 0)) is not None and s.applied >= 3000, timeout=120)
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait(timeout=60)
+        assert primary.returncode == -signal.SIGKILL
+        out, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, out + err
+    finally:
+        for proc in (primary, standby):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+    assert "Traceback" not in err
+    assert _rows(tmp_path / "standby.csv") == _rows(tmp_path / "ref.csv")
+    assert not (tmp_path / "primary.csv").exists()
+
+
+def test_standby_flag_mistakes_are_one_line(tmp_path: Path) -> None:
+    data = _input(tmp_path / "in.csv", 10)
+    out = cec("run", str(data), "--key", "k", "--value", "v", "--window-count", "5", "--results",
+              str(tmp_path / "o.csv"), "--standby")  # fmt: skip
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "cec: error: --standby needs the primary's --store-dir (where it follows the output log)"
+    ], out.stderr
+    out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), "--standby", "--crash-after", "3")
+    assert out.returncode == 2 and "--standby stands by a running primary" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1

@@ -1,0 +1,335 @@
+"""The standby (design S1, `operators.standby`): a second process with the same job follows the primary's
+output log; when the primary dies it takes over and the output is exactly the failure-free output. Real
+processes, SIGKILL, three input partitions, SQLite and Apache Kafka:
+- failover: the primary is frozen (SIGSTOP) once its log holds records, the standby follows it up to the
+  log's end (its status says so), then the primary is SIGKILLed: its writer lock goes with it and the
+  standby takes over from what it followed;
+- a standby SIGKILLed during its takeover (after the EC build, during the replay), then a new standby or a
+  plain restart: exact;
+- on Kafka, a standby on another host (another state directory: no shared lock) fences a frozen primary;
+  the primary, let go, stops with one line and never writes (read_committed output exact).
+And the model: what the follower holds after reading the log up to X is the eventual checkpoint the
+builder reads back from log[0..X], for every prefix X of a real run's log, followed in steps of any size.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cec.records import RecordCodec
+from operators.job import JobSpec, run_job
+from operators.standby import read_status
+from queuestore.base import PartitionReader, QueueStore, Row, StoredRecord
+from queuestore.kafka import KafkaQueueStore
+from queuestore.sqlite import SqliteQueueStore
+from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
+from recovery.standby import LogFollower
+from tests.brokers import Broker
+from tests.helpers import cec, child_env, per_key, results, start_worker, wait_for
+
+TUPLES = 150_000
+CODEC = RecordCodec()
+
+
+def _spec(store: dict[str, Any], stats: Path | None = None) -> JobSpec:
+    return JobSpec(
+        operator={
+            "type": "aggregate",
+            "key_field": "item_id",
+            "value_field": "item_price",
+            "agg": "sum",
+            "window_count": 6,
+        },
+        source={
+            "type": "generator",
+            "count": TUPLES,
+            "keys": 300,
+            "seed": 11,
+            "partitions": 3,
+            "invalid_every": 41,
+            "interleave": 13,
+        },
+        store=store,
+        output_topic="agg",
+        checkpointing={"u_target": 2000, "ci_ms": 20, "cp_ms": 40},
+        batch_size=64,
+        stats_path=None if stats is None else str(stats),
+    )
+
+
+def _sqlite(root: Path) -> dict[str, Any]:
+    # A kill loses at most this many appended records (back-pressure), so the frozen log is close to what
+    # the primary produced.
+    return {"type": "sqlite", "root": str(root), "max_outstanding": 512}
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    root = tmp_path_factory.mktemp("ref")
+    run_job(_spec(_sqlite(root)))
+    return per_key(results(SqliteQueueStore(root), "agg"))
+
+
+def _start_standby(spec: JobSpec, path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
+    path.write_text(spec.to_json())
+    return subprocess.Popen(
+        [sys.executable, "-m", "operators.worker", str(path), "--standby"],
+        env=child_env(faults),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+
+
+def _stats(path: Path) -> dict[str, Any]:
+    stats: dict[str, Any] = json.loads(path.read_text())
+    return stats
+
+
+def _log_end(store: QueueStore) -> int:
+    with store.reader("agg", 0) as reader:
+        return reader.end_offset()
+
+
+def _frozen_primary(
+    spec: JobSpec, tmp_path: Path, checker: QueueStore
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The primary started, then frozen (SIGSTOP: it keeps its writer) once its log holds records; it and
+    its log's end then."""
+    primary = start_worker(spec, tmp_path / "primary.json")
+    wait_for(lambda: checker.topic_exists("agg") and _log_end(checker) >= 3000, timeout=120)
+    os.kill(primary.pid, signal.SIGSTOP)
+    return primary, _log_end(checker)
+
+
+def test_failover_to_a_following_standby_is_exact(
+    tmp_path: Path, reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    root = tmp_path / "store"
+    stats = tmp_path / "standby.stats.json"
+    store = SqliteQueueStore(root)
+    primary, end = _frozen_primary(_spec(_sqlite(root)), tmp_path, store)
+    standby = _start_standby(_spec(_sqlite(root), stats), tmp_path / "standby.json")
+    try:
+
+        def followed_to_the_end() -> bool:
+            status = read_status(store, "agg", 0)
+            return status is not None and status.state == "following" and status.applied >= end
+
+        wait_for(followed_to_the_end, timeout=120)
+        assert standby.poll() is None  # still waiting: the frozen primary holds the writer
+        # `cec inspect` shows the standby's lag (none: it has followed the frozen log to its end).
+        shown = cec("inspect", "agg", "--store-dir", str(root), "--json")
+        assert shown.returncode == 0, shown.stderr
+        lag = json.loads(shown.stdout)["partitions"][0]["standby"]
+        assert lag["state"] == "following" and lag["pid"] == standby.pid
+        assert lag["applied"] >= end and lag["lag_records"] == lag["log_end"] - lag["applied"] == 0
+        text = cec("inspect", "agg", "--store-dir", str(root)).stdout
+        assert f"  standby: pid {standby.pid} following, applied up to offset {lag['applied']:,}" in text
+        assert "lag 0 records" in text
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait(timeout=60)
+        assert primary.returncode == -signal.SIGKILL
+        _, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err.decode()[-3000:]
+    finally:
+        for proc in (primary, standby):
+            if proc.poll() is None:
+                proc.kill()
+    assert per_key(results(store, "agg")) == reference
+    report = _stats(stats)["recovery"]
+    assert report["ec_source"] == "standby", report
+    # What the standby read at its takeover is the tail it had not followed: at most what the primary
+    # appended after the freeze (its writer drained what it had outstanding), not the extent.
+    assert report["records_read"] <= _log_end(store) - end
+    status = read_status(store, "agg", 0)
+    assert status is not None and status.state == "took over"
+
+
+@pytest.mark.parametrize(
+    ("faults", "then"),
+    [
+        ("standby.took_over:1", "standby"),
+        ("standby.took_over:1", "restart"),
+        ("runtime.replaying:50", "standby"),
+        ("runtime.replaying:50", "restart"),
+    ],
+)
+def test_a_standby_killed_during_its_takeover_then_a_new_standby_or_a_restart_is_exact(
+    tmp_path: Path, reference: dict[str, list[dict[str, Any]]], faults: str, then: str
+) -> None:
+    root = tmp_path / "store"
+    store = SqliteQueueStore(root)
+    spec = _spec(_sqlite(root))
+    primary, _ = _frozen_primary(spec, tmp_path, store)
+    standby = _start_standby(spec, tmp_path / "standby.json", faults=faults)
+    try:
+        wait_for(lambda: read_status(store, "agg", 0) is not None, timeout=120)
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait(timeout=60)
+        _, err = standby.communicate(timeout=300)
+        assert standby.returncode == -signal.SIGKILL, err.decode()[-3000:]
+    finally:
+        for proc in (primary, standby):
+            if proc.poll() is None:
+                proc.kill()
+    if then == "standby":
+        second = _start_standby(spec, tmp_path / "standby2.json")
+    else:
+        second = start_worker(spec, tmp_path / "restart.json")
+    _, err = second.communicate(timeout=300)
+    assert second.returncode == 0, err.decode()[-3000:]
+    assert per_key(results(store, "agg")) == reference
+
+
+def test_on_kafka_a_standby_fences_the_primary_which_then_stops_and_never_writes(
+    kafka_broker: Broker, tmp_path: Path, reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    topic = f"standby-{tmp_path.name[-20:]}".replace("_", "-")
+
+    def kafka(state: str) -> dict[str, Any]:
+        return {
+            "type": "kafka",
+            "bootstrap_servers": kafka_broker.bootstrap,
+            "state_dir": str(tmp_path / state),
+            "commit_records": 40,
+            "max_outstanding": 512,
+        }
+
+    spec = JobSpec.from_dict({**_spec(kafka("primary")).to_dict(), "output_topic": topic})
+    # Another host: its own state directory, so no lock is shared and only the transactional id fences.
+    other = JobSpec.from_dict(
+        {**_spec(kafka("other-host"), tmp_path / "standby.stats.json").to_dict(), "output_topic": topic}
+    )
+    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
+    primary = start_worker(spec, tmp_path / "primary.json")
+    try:
+
+        def logged() -> bool:
+            if not checker.topic_exists(topic):
+                return False
+            with checker.reader(topic, 0) as reader:
+                return reader.end_offset() >= 3000
+
+        wait_for(logged, timeout=120)
+        os.kill(primary.pid, signal.SIGSTOP)
+        standby = _start_standby(other, tmp_path / "standby.json")
+        _, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err.decode()[-3000:]
+        os.kill(primary.pid, signal.SIGCONT)
+        _, err = primary.communicate(timeout=120)
+    finally:
+        if primary.poll() is None:
+            primary.kill()
+    lines = [line for line in err.decode().splitlines() if line.strip()]
+    assert primary.returncode == 2, lines
+    assert len([line for line in lines if line.startswith("cec: error:")]) == 1, lines
+    assert "fenced" in lines[-1].lower() or "took over" in lines[-1].lower(), lines
+    assert "Traceback" not in err.decode()
+    assert per_key(results(checker, topic)) == reference
+    # No lock is shared with another host and there is no lease yet: the standby took over at its start,
+    # before following anything, and recovered from the log as a cold restart does.
+    assert _stats(tmp_path / "standby.stats.json")["recovery"]["ec_source"] == "log"
+
+
+# -- the model --------------------------------------------------------------------------------------------
+class _Growing(PartitionReader):
+    """A log that holds its first `end` records now (the primary appends, the follower reads on)."""
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.topic, self.partition = "growing", 0
+        self._rows, self.end = rows, 0
+
+    def end_offset(self) -> int:
+        return self.end
+
+    def read_range_rows(self, start: int, stop_before: int) -> list[Row]:
+        return self._rows[start : min(stop_before, self.end)]
+
+    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
+        upper = min(before_offset, self.end)
+        return self._rows[max(0, upper - max_records) : upper][::-1]
+
+    def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
+        raise AssertionError("rows only")
+
+    def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
+        raise AssertionError("rows only")
+
+    def tail(self, from_offset: int, **_: Any) -> Any:
+        raise AssertionError("never tailed")
+
+    def close(self) -> None:
+        pass
+
+
+def _view(ec: EventualCheckpoint) -> tuple[object, ...]:
+    return (
+        {key: fp.offset for key, fp in ec.windows.items()},
+        ec.crash_pos,
+        ec.n,
+        ec.time,
+        ec.extent_start,
+        ec.complete,
+        ec.marks,
+    )
+
+
+@pytest.fixture(scope="module")
+def real_log(tmp_path_factory: pytest.TempPathFactory) -> list[Row]:
+    root = tmp_path_factory.mktemp("model")
+    spec = JobSpec.from_dict(
+        {
+            **_spec(_sqlite(root)).to_dict(),
+            "source": {"type": "generator", "count": 3000, "keys": 40, "seed": 9, "partitions": 3,
+                       "invalid_every": 37, "interleave": 5},
+            "checkpointing": {"u_target": 150, "ci_ms": 50, "cp_ms": 50},
+            "batch_size": 16,
+        }
+    )  # fmt: skip
+    run_job(spec)
+    store = SqliteQueueStore(root)
+    try:
+        with store.reader("agg", 0) as reader:
+            rows = reader.read_range_rows(0, reader.end_offset())
+    finally:
+        store.close()
+    assert len(rows) > 1000 and {"GOPEN", "GCHECK", "R"} <= {row[1] for row in rows}
+    return rows
+
+
+def _follow(rows: list[Row], steps: list[int]) -> None:
+    log = _Growing(rows)
+    follower = LogFollower(CODEC)
+    at = 0
+    for step in [*steps, len(rows)]:
+        log.end = min(len(rows), at + step)
+        follower.catch_up(log)
+        assert follower.unusable is None and follower.applied == log.end
+        kept = follower.forward.checkpoint(CODEC, log.end)
+        read_back = EventualCheckpointBuilder(log, CODEC).build()
+        assert kept is not None and _view(kept) == _view(read_back), log.end
+        at = log.end
+        if at == len(rows):
+            break
+
+
+def test_the_follower_holds_the_builders_checkpoint_at_every_prefix(real_log: list[Row]) -> None:
+    _follow(real_log, [1] * len(real_log))
+
+
+@settings(max_examples=25, deadline=None)
+@given(steps=st.lists(st.integers(min_value=1, max_value=700), min_size=1, max_size=40))
+def test_the_follower_holds_the_builders_checkpoint_whatever_it_reads_at_a_time(
+    real_log: list[Row], steps: list[int]
+) -> None:
+    _follow(real_log, steps)
