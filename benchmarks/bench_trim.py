@@ -6,14 +6,16 @@ and the results writer (`IncrementalOutputs`, registered consumer `cec-run-resul
 CSV as the run goes, the operators pacing on it (`TrimPace`, lag N + its commit interval); after the run,
 the final trim past the writer's last acknowledgement (`trim_after_consumers`). Each configuration (store
 x partitions) runs at the base input and at `--scale` times it, and once more without trimming at the
-base input (the throughput baseline, in this same script).
+base input (the throughput baseline, in this same script). Each run's CPU seconds (this process: every
+operator thread and the writer; a broker's are not counted) and the load average at its end are reported
+beside the wall-clock figures, which a loaded machine distorts.
 
 Reported per run: records produced, the largest number of offsets a partition kept right after any trim
 (`RunStats.trims`), the largest bound stated for it (max(what recovery needed, N + C)), what each partition
 keeps at the end, and the throughput against the untrimmed run.
 
-    flock /tmp/cec-bench.lock nice -n 5 .venv/bin/python benchmarks/bench_trim.py --tuples 200000 \\
-        --scale 10 --partitions 1 3 --plot benchmarks/trim.png [--apache-kafka | --bootstrap-servers HOST:PORT]
+    flock /tmp/cec-bench.lock nice -n 5 .venv/bin/python -u benchmarks/bench_trim.py --tuples 1000000 \\
+        --scale 10 --partitions 1 3 --plot benchmarks/out/trim-10m.png [--apache-kafka | --bootstrap-servers HOST:PORT]
 
 With `--apache-kafka` (a broker started from its jars, as the tests do) or `--bootstrap-servers` (or
 CEC_BOOTSTRAP_SERVERS) the Kafka store runs too (trims are `delete_records`).
@@ -53,6 +55,8 @@ class Outcome:
     tuples: int
     trim_every: int | None
     seconds: float
+    cpu_seconds: float  # this process's CPU time (every operator thread and the writer; not a broker's)
+    load: float  # the 1-minute load average when the run ended
     produced: int  # offsets written over all partitions
     kept_max: int  # most offsets one partition kept right after a trim
     stated_max: int  # the bound stated for that trim: max(what recovery needed, N + C)
@@ -118,7 +122,7 @@ def one_run(
     store = open_store(spec.store)
     try:
         store.create_topic(spec.output_topic, partitions)
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.process_time()
         if every is None:  # as `cec run` without trimming: the job, then the results from the whole log
             stats = run_instances(specs)
             files = (root / "out.csv", RESULT_COLUMNS)
@@ -138,7 +142,7 @@ def one_run(
                         trim_after_consumers(store, spec.output_topic, p, s.trim_bound)
             finally:
                 writer.close()
-        seconds = time.perf_counter() - started
+        seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
         produced, kept_end = log_extent(store, spec.output_topic, partitions)
     finally:
         store.close()
@@ -147,7 +151,7 @@ def one_run(
     worst = max(trims, key=lambda t: t[1], default=(0, 0, 0))
     over = sum(kept > max(needed, lag) for _, kept, needed in trims)
     return Outcome(
-        kind, partitions, tuples, every, seconds, produced, worst[1], max(worst[2], lag), over, kept_end,
+        kind, partitions, tuples, every, seconds, cpu_seconds, os.getloadavg()[0], produced, worst[1], max(worst[2], lag), over, kept_end,
         len(trims), sum(s.trim_waits for s in stats), [(i, k) for i, k, _ in stats[0].trims],
     )  # fmt: skip
 
@@ -188,7 +192,7 @@ def measure(args: argparse.Namespace) -> None:
     outcomes: list[Outcome] = []
     print(f"aggregate avg, count windows of 10, {args.keys:,} keys, U=20,000, trim every {args.trim_every:,}, "
           f"results writer commit every {COMMIT_EVERY:,} offsets")  # fmt: skip
-    header = (f"{'store':>6} {'P':>2} {'tuples':>10} {'trim':>6} {'s':>7} {'tuples/s':>9} {'ratio':>6} "
+    header = (f"{'store':>6} {'P':>2} {'tuples':>10} {'trim':>6} {'s':>7} {'cpu s':>7} {'load':>5} {'tuples/s':>9} {'ratio':>6} {'cpu ratio':>9} "
               f"{'produced':>10} {'kept max':>9} {'bound':>7} {'over':>4} {'trims':>6} {'waits':>6}  kept at the end")  # fmt: skip
     print(header)
     for kind in kinds:
@@ -202,8 +206,11 @@ def measure(args: argparse.Namespace) -> None:
                 outcomes.append(o)
                 rate = o.tuples / o.seconds
                 ratio = rate / (base.tuples / base.seconds)
+                # CPU seconds per tuple of the untrimmed base run over this run's: above 1, this run spent less.
+                cpu_ratio = (base.cpu_seconds / base.tuples) / (o.cpu_seconds / o.tuples)
                 print(f"{kind:>6} {partitions:>2} {tuples:>10,} {'off' if every is None else every:>6} "
-                      f"{o.seconds:>7.1f} {rate:>9,.0f} {ratio:>6.2f} {o.produced:>10,} {o.kept_max:>9,} "
+                      f"{o.seconds:>7.1f} {o.cpu_seconds:>7.1f} {o.load:>5.1f} {rate:>9,.0f} {ratio:>6.2f} "
+                      f"{cpu_ratio:>9.2f} {o.produced:>10,} {o.kept_max:>9,} "
                       f"{o.stated_max:>7,} {o.over:>4} {o.trims:>6,} {o.waits:>6,}  {o.kept_end}", flush=True)  # fmt: skip
     if args.plot:
         plot(outcomes, args.plot)
