@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -158,9 +158,13 @@ class KafkaQueueStore(QueueStore):
         # The window key travels beside the value (message key), the kind in the header and the frame.
         return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode())
 
-    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
+    def create_topic(
+        self, topic: str, partitions: int, *, exist_ok: bool = True, configs: Mapping[str, str] | None = None
+    ) -> None:
+        """`configs` override the store's topic configs for this topic (a companion's compaction)."""
+        settings = {**self._topic_configs, **(configs or {})}
         admin_ops.create_topic(
-            self._admin_client(), self._where(), topic, partitions, self._topic_configs, exist_ok=exist_ok
+            self._admin_client(), self._where(), topic, partitions, settings, exist_ok=exist_ok
         )
 
     def topic_exists(self, topic: str) -> bool:
