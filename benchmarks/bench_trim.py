@@ -31,13 +31,14 @@ process tree's (driver, its JVM and Python workers, from /proc), the broker's ex
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import threading
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from cec.config import Checkpointing
@@ -270,11 +271,15 @@ def measure_attached(args: argparse.Namespace, outcomes: list[Outcome]) -> None:
     for partitions in args.partitions:
         with tempfile.TemporaryDirectory() as tmp:
             root = Path(tmp)
+            small = args.attached_tuples or args.tuples
             inputs = {n: write_attached_input(root / f"in{n}", args.bootstrap_servers, n, partitions, args.keys)
-                      for n in (args.tuples, args.tuples * args.scale)}  # fmt: skip
+                      for n in (small, small * args.scale)}  # fmt: skip
             base: Outcome | None = None
-            for tuples, every in ((args.tuples, None), (args.tuples, args.trim_every),
-                                  (args.tuples * args.scale, args.trim_every)):  # fmt: skip
+            for tuples, every in (
+                (small, None),
+                (small, args.trim_every),
+                (small * args.scale, args.trim_every),
+            ):
                 o = attached_run(root / f"run-{tuples}-{every}", args.bootstrap_servers, inputs[tuples],
                                  tuples, partitions, every)  # fmt: skip
                 base = base or o
@@ -310,6 +315,11 @@ def main() -> None:
     )
     parser.add_argument("--plot", type=Path, default=None, help="write the plot here (PNG)")
     parser.add_argument("--hosts", nargs="+", choices=["local", "attached"], default=["local"])
+    parser.add_argument("--stores", nargs="+", choices=["sqlite", "kafka"], default=["sqlite", "kafka"],
+                        help="the local engine's stores (kafka: only with a broker)")  # fmt: skip
+    parser.add_argument("--attached-tuples", type=int, default=None,
+                        help="the attached query's base input (default: --tuples)")  # fmt: skip
+    parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
     args = parser.parse_args()
     broker = None
     if args.apache_kafka:
@@ -326,7 +336,7 @@ def main() -> None:
 
 
 def measure(args: argparse.Namespace) -> None:
-    kinds = ["sqlite"] + (["kafka"] if args.bootstrap_servers else [])
+    kinds = [k for k in args.stores if k == "sqlite" or args.bootstrap_servers]
     outcomes: list[Outcome] = []
     print(f"aggregate avg, count windows of 10, {args.keys:,} keys, U=20,000, trim every {args.trim_every:,}, "
           f"results writer commit every {COMMIT_EVERY:,} offsets")  # fmt: skip
@@ -347,6 +357,8 @@ def measure(args: argparse.Namespace) -> None:
         if not args.bootstrap_servers:
             raise SystemExit("--hosts attached needs a broker: --apache-kafka or --bootstrap-servers")
         measure_attached(args, outcomes)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
     if args.plot:
         plot(outcomes, args.plot)
 
