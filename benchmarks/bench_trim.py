@@ -25,7 +25,8 @@ trim_every=N)` with Trigger.AvailableNow over an input topic of the same purchas
 local engine's pass-all filter), P input and output partitions, its write tasks trimming on the executors
 (no registered consumer: each trim goes to the extent's start). A sampler thread reads every partition's
 log start and end while the query runs (offsets kept against offsets written); CPU seconds are the whole
-process tree's (driver, its JVM and Python workers, from /proc), the broker's excluded.
+process tree's (driver, its JVM and Python workers, those that exited included, from /proc), the
+broker's excluded.
 """
 
 from __future__ import annotations
@@ -169,7 +170,9 @@ def one_run(
 
 
 def tree_cpu_seconds() -> float:
-    """CPU seconds of this process and every live descendant (the JVM, Spark's Python workers), from /proc."""
+    """CPU seconds of this process and every live descendant (the JVM, Spark's Python workers), from /proc,
+    with the children each of them reaped (utime + stime + cutime + cstime): a Python worker that exits
+    between two readings still counts, in its reaping parent's figure."""
     ticks = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
@@ -183,7 +186,7 @@ def tree_cpu_seconds() -> float:
             continue
         pid, ppid = int(entry), int(fields[1])
         children.setdefault(ppid, []).append(pid)
-        times[pid] = (int(fields[11]) + int(fields[12])) / ticks
+        times[pid] = sum(int(f) for f in fields[11:15]) / ticks
     total, todo = 0.0, [os.getpid()]
     while todo:
         pid = todo.pop()
