@@ -497,6 +497,26 @@ class StreamIndex:
             progress(done, total)
         return done
 
+    def adopt_closed_windows(self, closed: Iterable[tuple[str, int]], log_start: int) -> None:
+        """Take `closed` (key, last closed window sequence) as the closed-window directory of a log trimmed
+        to `log_start` while this index was behind it (its writer trimmed on another host: the directory
+        was carried in Kafka, `operators.spark.closed_windows`), and index the log again from `log_start`.
+
+        `closed` must hold every key's last R below some offset at or above `log_start`: entries from the
+        retained part are then set again by the next `reconcile`, in log order, so each key ends with its
+        last R in the log, or the carried one when the retained part has none."""
+        entries = list(closed)  # a rebuild retries with the same entries
+        self._repairing(lambda: self._adopt(entries, log_start))
+
+    def _adopt(self, closed: list[tuple[str, int]], log_start: int) -> None:
+        batch = WriteBatch(raw_mode=True)
+        for key, seq in closed:
+            batch.put(_KEY + key.encode(), _U64.pack(seq))
+        batch.put(_NEXT, _U64.pack(log_start))
+        self._write(batch)
+        self._load()
+        self._prune(log_start)
+
     def prune(self, before_offset: int) -> int:
         """Drop the time entries below `before_offset` (the log was trimmed there); returns how many.
         Times never decrease along the log, so they are a prefix of the time order."""

@@ -11,6 +11,10 @@ watermark): the rule only, the host does the I/O.
 - When, on the attached query (`TrimSchedule`): a bound is taken each time `every` more records are
   durable and applied once everything appended when it was taken is durable too. Footprints only move
   forward, so a bound stays safe for ever after it was taken.
+- What must be durable first, wherever the host keeps the closed-window directory (key -> last closed
+  seq, which a restart needs for keys without an open window): the directory of every R below the bound
+  (`carry_from`): the stream index on the local host and the attached query's driver; the directory
+  carried in Kafka when the attached query trims on its executors (`operators.spark.closed_windows`).
 - Never while RESTORING (the windows are not consistent yet): the host asks only when RUNNING.
 """
 
@@ -23,7 +27,7 @@ from typing import Any
 from cec.exceptions import ConfigError
 from cec.spec_form import check_known
 
-__all__ = ["TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped"]
+__all__ = ["TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped", "carry_from"]
 
 
 def bound(durable_end: int, oldest_footprint: int | None) -> int:
@@ -39,15 +43,34 @@ def capped(low: int, acknowledged: Iterable[int]) -> int:
     return min(low, *acks) if acks else low
 
 
+def carry_from(covered: int, low: int) -> tuple[int, int] | None:
+    """The stretch of the log [from, to) whose R records must be added to the closed-window directory
+    before the log may be trimmed to `low`, when that directory covers the log below `covered`; None
+    when it already covers it."""
+    return None if low <= covered else (covered, low)
+
+
 class TrimSchedule:
     """When bounds are taken and applied (module doc); one per instance and run."""
 
-    def __init__(self, every: int) -> None:
+    def __init__(self, every: int, looked: int = 0) -> None:
+        """`looked`: the durable end when a bound was last taken (a host whose schedule lives in several
+        processes hands it on: the attached query's write tasks)."""
         if every < 1:
             raise ConfigError(f"trim_every must be >= 1, got {every}")
         self.every = every
         self._pending: tuple[int, int] | None = None  # (bound, records appended when it was taken)
-        self._looked = 0  # durable end when a bound was last taken
+        self._looked = looked  # durable end when a bound was last taken
+
+    @property
+    def pending(self) -> int | None:
+        """The bound taken and not applied yet, if any."""
+        return None if self._pending is None else self._pending[0]
+
+    @property
+    def looked(self) -> int:
+        """The durable end when a bound was last taken."""
+        return self._looked
 
     def ready(self, durable_count: int) -> int | None:
         """The pending bound, once everything appended when it was taken is durable (then it is the host's

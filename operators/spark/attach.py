@@ -236,11 +236,11 @@ def cec_aggregate(
       before the query starts; its figures are in the progress, `cec.recovery`).
 
     - `trim_every`: trim the output logs, as `cec run --trim-every`: each time this many more records of an
-      output partition are durable, the driver drops the records below min(its oldest open window's latest
-      footprint, its last record, every registered consumer's acknowledged offset), never while the
-      partition restores (`operators.spark.trim`). None (the default): never. A trimmed log's closed-window
-      directory lives only in `state_dir`'s stream index: keep `state_dir` (a start that finds a trimmed
-      log without its index is refused);
+      output partition are durable, the records below min(its oldest open window's latest footprint, its
+      last record, every registered consumer's acknowledged offset) are dropped, by the partition's write
+      task on its executor (the driver with `writers="driver"`), never while the partition restores
+      (`operators.spark.trim`). None (the default): never. A trimmed log's closed-window directory is
+      carried in Kafka (a start without `state_dir` takes it from there);
     - `writers`: where the output records are written. `"executors"` (default): each state partition's
       task writes its own output partition through a transactional writer fenced by its
       `transactional.id`, and the driver only learns cursors and counts (`operators.spark.writer`);

@@ -42,6 +42,8 @@ Writing (batch and streaming sink, `operators.spark.kafka_sink`)
   source and the queue store do). `transactionalIdPrefix` namespaces the transactional ids. The producer is
   the queue store's transactional producer (`queuestore.kafka.producer`: fencing, and a commit whose
   outcome is unknown ends in a new epoch before the task fails).
+- Batch reads start at each partition's log start (a trimmed log's records below it are gone) and end at
+  `endingOffsets` (`latest`, or `{"<partition>": offset}`: `read_results(consumer=...)` reads a fixed range).
 - Options common to both Kafka sources (`topic`, `bootstrap.servers`, `kafka.*`, `startingOffsets`,
   `maxRecordsPerTrigger`) and micro-batch planning are `operators.spark.slices`'.
 """
@@ -217,6 +219,7 @@ class _Options:
     extra: dict[str, str] = field(default_factory=dict)
     transactional_id_prefix: str = ""  # sink: prefix of its tasks' transactional.ids
     pack: PackSpec | None = None  # the attached query's packed rows (`operators.spark.packing`)
+    ending_offsets: str = "latest"  # batch reads: where each partition's read ends (as startingOffsets)
 
     @classmethod
     def parse(cls, options: Mapping[str, str]) -> _Options:
@@ -237,6 +240,7 @@ class _Options:
             partitions=int(partitions) if partitions else None,
             transactional_id_prefix=opts.get("transactionalidprefix", ""),
             pack=PackSpec.from_option(opts[PACK_OPTION]) if opts.get(PACK_OPTION) else None,
+            ending_offsets=opts.get("endingoffsets", "latest").strip(),
         )
 
     def store(self) -> KafkaQueueStore:
@@ -402,6 +406,10 @@ class _Ends:
     def ends(self) -> list[int]:
         return [reader.end_offset() for reader in self.readers]
 
+    def starts(self) -> list[int]:
+        """Each partition's log start (above 0 once trimmed: the records below are gone)."""
+        return [reader.start_offset() for reader in self.readers]
+
     def close(self) -> None:
         self.store.close()
 
@@ -414,9 +422,11 @@ class _BatchReader(DataSourceReader):
         finder = _Ends(self.opts)
         try:
             ends = finder.ends()
+            starts = finder.starts()
         finally:
             finder.close()
-        start = starting_positions(self.opts.starting_offsets, [0] * len(ends), ends)
+        ends = starting_positions(self.opts.ending_offsets, ends, ends)
+        start = starting_positions(self.opts.starting_offsets, starts, ends)
         return [KafkaSlice(p, s, e) for p, (s, e) in enumerate(zip(start, ends, strict=True)) if e > s]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -1,11 +1,21 @@
 """Reading an attached query's output back: `read_results` (every generation's R records as one DataFrame),
 `read_dead_letters` (every generation's dead letters: partition, offset, reason, raw), and the data
-sources those reads use (`register_all`)."""
+sources those reads use (`register_all`).
+
+`read_results(consumer=NAME)` reads as a registered consumer of the output logs (`QueueStore.acknowledge`,
+as `cec run`'s results writer is one): trimming (`trim_every`) never drops a record it has not
+acknowledged. Each call returns what was written since the previous call's read (from the consumer's
+acknowledged offsets to the logs' ends at the call; a first call registers at the logs' starts) and, first,
+acknowledges what the previous call in this process returned: calling again says the caller is done with
+it. A process that restarts reads again from the last acknowledgement (what its last call returned comes
+again, never a record less)."""
 
 from __future__ import annotations
 
 import json
+import re
 import tempfile
+import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -15,7 +25,7 @@ from operators.aggregate import RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA
 from operators.spark.datasource import FORMAT, register
 from operators.spark.generations import Generation, list_generations
-from operators.spark.keywords import READ_KEYWORDS, checked_keywords
+from operators.spark.keywords import NONE, READ_KEYWORDS, TEXT, checked_keywords
 from operators.spark.topic_reader import register_topic_source
 
 if TYPE_CHECKING:
@@ -121,7 +131,16 @@ def register_all(spark: SparkSession) -> None:
     register_topic_source(spark)
 
 
-@checked_keywords("read_results", READ_KEYWORDS)
+# Per (bootstrap servers, output topic, consumer): the (generation topic, partition) -> end offset that the
+# last `read_results(consumer=...)` of this process returned, acknowledged at its next call (module doc).
+_RETURNED: dict[tuple[str, str, str], dict[tuple[str, int], int]] = {}
+_RETURNED_LOCK = threading.Lock()
+
+# Registers as `ack-<consumer>` (`queuestore.base.ATTACHMENT_NAME`).
+_CONSUMER = re.compile(r"^[a-z0-9][a-z0-9-]{0,59}$")
+
+
+@checked_keywords("read_results", {**READ_KEYWORDS, "consumer": TEXT | NONE})
 def read_results(
     spark: SparkSession,
     output_topic: str,
@@ -129,17 +148,23 @@ def read_results(
     *,
     kafka_config: Mapping[str, str] | None = None,
     with_meta: bool = False,
+    consumer: str | None = None,
 ) -> DataFrame:
     """The results (R records) of every generation of `output_topic` as one DataFrame with KeyedAggregate's
     columns, or for several aggregates or a composite key `cec run`'s (`MultiAggregate.result_schema`,
     recorded with the topic: one column per key field, `value` or one `FUNC_COLUMN` per aggregate), plus
     the cec_ metadata columns and `cec_generation` when `with_meta`. Typed: a time window's `start` and
     `end` are TimestampType (a count window's stay the input positions, integers), and the key columns
-    have their input types where the query knew them (`transform=`: its result's types), else text."""
+    have their input types where the query knew them (`transform=`: its result's types), else text.
+    `consumer`: read as that registered consumer (module doc): what was written since the previous call."""
+    if consumer is not None and not _CONSUMER.match(consumer):
+        raise ConfigError(
+            f"consumer must be 1-60 lower-case letters, digits and '-' (not first), got {consumer!r}"
+        )
     frames = [
         df if with_meta else df.select(*columns)
         for df, columns in _generation_frames(
-            spark, output_topic, bootstrap_servers, kafka_config, control=False
+            spark, output_topic, bootstrap_servers, kafka_config, control=False, consumer=consumer
         )
     ]
     return _union(frames)
@@ -213,10 +238,11 @@ def _generation_frames(
     kafka_config: Mapping[str, str] | None,
     *,
     control: bool,
+    consumer: str | None = None,
 ) -> list[tuple[DataFrame, list[str]]]:
     """One `cec-kafka` read per generation of `output_topic` (with `cec_generation`), with the result
     columns of that generation: results decoded by the schema recorded with it (`bind_result_schema`), or
-    (`control`) every record with its raw payload."""
+    (`control`) every record with its raw payload; with `consumer`, of the offsets it has not read yet."""
     from pyspark.sql import functions as F
 
     from queuestore.kafka import KafkaQueueStore
@@ -228,6 +254,11 @@ def _generation_frames(
         generations = list_generations(store, output_topic)
         schemas = [_recorded_schema(store, gen.topic) for gen in generations]
         typings = [None if control else _recorded_types(store, gen.topic) for gen in generations]
+        ranges = (
+            {}
+            if consumer is None
+            else _consumer_ranges(store, (bootstrap_servers, output_topic, consumer), generations)
+        )
     finally:
         store.close()
     if not generations:
@@ -240,6 +271,11 @@ def _generation_frames(
             .option("topic", gen.topic)
             .option("bootstrap.servers", bootstrap_servers)
         )
+        if gen.topic in ranges:
+            starts, ends = ranges[gen.topic]
+            reader = reader.option("startingOffsets", json.dumps(starts)).option(
+                "endingOffsets", json.dumps(ends)
+            )
         if control:
             reader = reader.option("includeControl", "true")
         else:
@@ -250,6 +286,39 @@ def _generation_frames(
         loaded = _typed(reader.load(), typing)
         frames.append((loaded.withColumn("cec_generation", F.lit(gen.index)), columns))
     return frames
+
+
+def _consumer_ranges(
+    store: KafkaQueueStore, key: tuple[str, str, str], generations: Sequence[Generation]
+) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    """Per generation topic, the (starts, ends) a consumer's read takes (module doc): what the previous
+    call returned acknowledged first, a partition it never read registered at its start."""
+    consumer = key[2]
+    with _RETURNED_LOCK:
+        for (topic, q), end in _RETURNED.pop(key, {}).items():
+            store.acknowledge(topic, q, consumer, end)
+        returned: dict[tuple[str, int], int] = {}
+        ranges: dict[str, tuple[dict[str, int], dict[str, int]]] = {}
+        for gen in generations:
+            starts: dict[str, int] = {}
+            ends: dict[str, int] = {}
+            for q in range(gen.partitions):
+                with store.reader(gen.topic, q) as reader:
+                    log_start, end = reader.start_offset(), reader.end_offset()
+                acked = store.acknowledged(gen.topic, q).get(consumer)
+                if acked is None:
+                    store.acknowledge(gen.topic, q, consumer, log_start)  # registered: kept from here on
+                    acked = log_start
+                if acked < log_start:
+                    raise ConfigError(
+                        f"{gen.topic}[{q}] was trimmed to offset {log_start} past what consumer "
+                        f"{consumer!r} acknowledged ({acked}): it was not registered when those were trimmed"
+                    )
+                starts[str(q)], ends[str(q)] = acked, max(acked, end)
+                returned[(gen.topic, q)] = max(acked, end)
+            ranges[gen.topic] = (starts, ends)
+        _RETURNED[key] = returned
+    return ranges
 
 
 def _union(frames: list[DataFrame]) -> DataFrame:

@@ -219,6 +219,10 @@ class CecSink:
             dead_letters=figures["records"][_DEAD],
         )
 
+    def _trimmed_offsets(self) -> int:
+        """Offsets trimmed from the heads of the logs in this run."""
+        return 0 if self.trimmer is None else self.trimmer.trimmed
+
     def _durable_end(self, q: int) -> int:
         """The offset after partition q's last durable record (the batch was flushed)."""
         return self.outputs[q].index.next_offset
@@ -255,7 +259,7 @@ class CecSink:
             "records": {k: self.kinds[k] for k in _KINDS},
             "gopens": self.kinds[_GOPEN],
             "gchecks": self.kinds[_GCHECK],
-            "trimmed_offsets": 0 if self.trimmer is None else self.trimmer.trimmed,
+            "trimmed_offsets": self._trimmed_offsets(),
             "checkpointing": [self.controls[q] for q in sorted(self.controls)],
             "dead_letters": self.dead_letters.figures(),
         }

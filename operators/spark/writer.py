@@ -55,9 +55,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from functools import partial
+from typing import TYPE_CHECKING, Any, cast
 
 from cec.records import Kind, RecordCodec
 from operators.exceptions import OutputConflictError
@@ -68,6 +69,7 @@ from operators.spark.planning import AttachRecovery
 from operators.spark.processor import EMIT_COLUMNS
 from operators.spark.sink import CecSink, _Cursor, split_controls, stamped
 from operators.spark.stamping import log_order
+from operators.spark.trim import PartitionTrim, TaskTrim, directory_starts, footprint_report
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
 from queuestore.exceptions import QueueStoreError, StoreClosedError
@@ -80,7 +82,7 @@ if TYPE_CHECKING:
     from pyspark.sql.types import StructType
 
     from cec.metrics import OperatorMetrics
-    from queuestore.kafka import KafkaPartitionWriter
+    from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
 
 __all__ = [
     "BatchWriter",
@@ -118,6 +120,8 @@ class PartitionWrite:
     kinds: Counter[str]
     reused: bool = False  # appended through this worker's kept writer (no init_transactions, no read)
     dead_reason: str | None = None  # the first dead letter's reason (`operators.spark.dead_letters`)
+    trim: PartitionTrim | None = None  # where the partition's trimming stands after this task
+    trimmed: int = 0  # offsets this task trimmed from the head of the log
 
 
 def _result_schema() -> StructType:
@@ -139,6 +143,9 @@ def _result_schema() -> StructType:
             StructField("kinds", ArrayType(LongType(), False), True),  # counts in _KINDS order
             StructField("key", StringType(), True),
             StructField("dead_reason", StringType(), True),  # end: the first dead letter's reason
+            StructField("trim_looked", LongType(), True),  # end, trimming: `PartitionTrim`
+            StructField("trim_covered", LongType(), True),
+            StructField("trimmed", LongType(), True),  # end: offsets the task trimmed
         ]
     )
 
@@ -150,10 +157,12 @@ def _append_all(
     last_offset: int,
     where: str,
     published: PublishedResults | None = None,
+    before_commit: Callable[[KafkaPartitionWriter], None] | None = None,
 ) -> int:
     """Append messages[first:] and commit; the offset of the last message in the log. With `published`,
     each result also goes to the results topic in the same transaction, after its R record's last message
-    (messages[:first] were committed by a killed attempt with theirs)."""
+    (messages[:first] were committed by a killed attempt with theirs). `before_commit(writer)`: adds the
+    last transaction's side records (the trimmed part's closed-window directory, `operators.spark.trim`)."""
     offsets: list[int] = []
     errors: list[Exception] = []
 
@@ -170,6 +179,8 @@ def _append_all(
         side = None if published is None else published.sides.get(i)
         if side is not None and published is not None:
             writer.append_side(published.topic, published.partition, *side)
+    if before_commit is not None:
+        before_commit(writer)
     writer.flush()
     if errors:
         raise QueueStoreError(f"{len(errors)} appends to {where} failed: {errors[0]!r}")
@@ -201,11 +212,14 @@ def write_partition(
     session: str | None = None,
     attempt: int = 0,
     results: tuple[str, dict[str, Any]] | None = None,
+    trim: TaskTrim | None = None,
 ) -> PartitionWrite:
     """Write one partition's batch (module doc, steps 1-4); `rows` in EMIT_COLUMNS order, any order.
     `session` (one per run of the query) keeps the partition's writer alive in this process for the next
     micro-batch, and `attempt` is the task's attempt number (module doc, "Reuse"); without a session the
-    writer is opened and closed here."""
+    writer is opened and closed here. `trim`: the partition's trimming (`operators.spark.trim.TaskTrim`):
+    a bound taken before the batch is appended, its directory carried in the batch's last transaction,
+    the trim after the commit."""
     state = _Cursor(PositionStamper(cursor.pos), cursor.n, cursor.time)
     records = list(stamped(log_order(rows), state, has_time))
     codec = RecordCodec()
@@ -229,10 +243,19 @@ def write_partition(
                 published.sides[len(messages) - 1] = as_json(meta.key, record.payload)
         found: list[StoredRecord] = []
         last_offset = -1
+        before_commit = None
+        if trim is not None:
+            with live.store.reader(topic, q) as reader:
+                trim.plan(
+                    reader, lambda: live.store.acknowledged(topic, q), cursor.next_offset, len(messages)
+                )
+            before_commit = partial(trim.carry, topic=topic, q=q)
         if reused:
             assert live.writer is not None
             try:
-                last_offset = _append_all(live.writer, messages, 0, cursor.next_offset - 1, where, published)
+                last_offset = _append_all(
+                    live.writer, messages, 0, cursor.next_offset - 1, where, published, before_commit
+                )
             except QueueStoreError as exc:
                 # Fenced (a writer elsewhere took the partition over since this one's last commit) or
                 # failed: decide from the log, as a first attempt would, with a new writer.
@@ -255,7 +278,14 @@ def write_partition(
                         "start it again, which recovers from the log"
                     )
             last_offset = found[-1].offset if found else cursor.next_offset - 1
-            last_offset = _append_all(writer, messages, len(found), last_offset, where, published)
+            last_offset = _append_all(
+                writer, messages, len(found), last_offset, where, published, before_commit
+            )
+        trimmed = 0
+        if trim is not None:
+            assert live.writer is not None
+            with live.store.reader(topic, q) as reader:
+                trimmed = trim.apply(live.writer, reader)
     except BaseException:
         discard(live)
         raise
@@ -266,7 +296,15 @@ def write_partition(
         live.next_offset = end.next_offset
         keep_live(key, live)
     return PartitionWrite(
-        q, end, len(found), len(messages) - len(found), kinds, reused, first_dead_reason(records)
+        q,
+        end,
+        len(found),
+        len(messages) - len(found),
+        kinds,
+        reused,
+        first_dead_reason(records),
+        None if trim is None else trim.state,
+        trimmed,
     )
 
 
@@ -283,8 +321,10 @@ class BatchWriter:
         batch_number: int,
         session: str | None = None,
         results: tuple[str, dict[str, Any]] | None = None,
+        trim: tuple[int, Sequence[PartitionTrim]] | None = None,
     ) -> None:
         self.results = results  # (results topic, result schema): cec_aggregate(results_topic=...)
+        self.trim = None if trim is None else (trim[0], list(trim[1]))  # (every, each partition's state)
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
         self.topic = topic
@@ -320,11 +360,16 @@ class BatchWriter:
             raise RuntimeError(f"a write task got rows of output partitions {sorted(qs)}, expected one")
         q = qs.pop()
         rows, reports = split_controls(rows)
-        controls = [{"q": q, "entry": "ctrl", "key": r.decode(), "dead_reason": None} for r in reports]
+        controls: list[dict[str, Any]] = [
+            {"q": q, "entry": "ctrl", "key": r.decode(), "dead_reason": None} for r in reports
+        ]
         if not rows:  # a timer that made no G-check reported its controls: nothing to write
             yield pa.RecordBatch.from_pylist(controls, schema=_arrow_schema())
             return
         attempt = self._attempt()
+        trim = None
+        if self.trim is not None:
+            trim = TaskTrim(self.trim[0], self.trim[1][q], footprint_report(reports))
         done = write_partition(
             self.bootstrap_servers,
             self.client,
@@ -336,8 +381,10 @@ class BatchWriter:
             session=self.session,
             attempt=attempt,
             results=self.results,
+            trim=trim,
         )
         c = done.cursor
+        t = done.trim
         out: list[dict[str, Any]] = [
             {
                 "q": q,
@@ -352,6 +399,9 @@ class BatchWriter:
                 "kinds": [done.kinds[k] for k in _KINDS],
                 "key": None,
                 "dead_reason": done.dead_reason,
+                "trim_looked": None if t is None else t.looked,
+                "trim_covered": None if t is None else t.covered,
+                "trimmed": done.trimmed,
             }
         ]
         out.extend(controls)
@@ -376,6 +426,9 @@ def _arrow_schema() -> pa.Schema:
             pa.field("kinds", longs),
             pa.field("key", pa.string()),
             pa.field("dead_reason", pa.string()),
+            pa.field("trim_looked", pa.int64()),
+            pa.field("trim_covered", pa.int64()),
+            pa.field("trimmed", pa.int64()),
         ]
     )
 
@@ -398,9 +451,15 @@ class ExecutorSink(CecSink):
         trim_every: int | None = None,
         results: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
-        super().__init__(
-            outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics, trim_every=trim_every
-        )
+        # Trimming runs in the write tasks (`operators.spark.trim.TaskTrim`), not in the driver's sink.
+        super().__init__(outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics)
+        self.trim_every = trim_every
+        self.trim_states: list[PartitionTrim] = []
+        if trim_every is not None:
+            store = cast("KafkaQueueStore", self.outputs[0].store) if self.outputs else None
+            covered = [] if store is None else directory_starts(store, self.outputs)
+            self.trim_states = [PartitionTrim(0, c) for c in covered]
+        self.trimmed_total = 0
         self.results = results  # (results topic, result schema): cec_aggregate(results_topic=...)
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)
@@ -415,6 +474,9 @@ class ExecutorSink(CecSink):
 
     def _durable_end(self, q: int) -> int:
         return int(self.next_offsets[q])
+
+    def _trimmed_offsets(self) -> int:
+        return self.trimmed_total
 
     def __call__(self, batch_df: DataFrame, batch_id: int) -> None:
         with self.lock:
@@ -434,6 +496,7 @@ class ExecutorSink(CecSink):
             batches + 1,
             session=self.session,
             results=self.results,
+            trim=None if self.trim_every is None else (self.trim_every, self.trim_states),
         )
         table = batch_df.mapInArrow(writer, _result_schema()).toArrow()
         rows = table.to_pylist()
@@ -453,6 +516,12 @@ class ExecutorSink(CecSink):
                 for kind, count in zip(_KINDS, row["kinds"], strict=True):
                     self.kinds[kind] += count
                     self.records += count
+                if row["trim_looked"] is not None:
+                    self.trim_states[q] = PartitionTrim(row["trim_looked"], row["trim_covered"])
+                if row["trimmed"]:
+                    self.trimmed_total += row["trimmed"]
+                    if self.metrics is not None:
+                        self.metrics.trimmed(row["trimmed"])
             self._take_reports([row["key"] for row in rows if row["entry"] == "ctrl"])
             self.summary_rows += len(rows)
             self._batch_done(batch_id, before)

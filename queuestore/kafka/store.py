@@ -6,7 +6,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -98,9 +98,9 @@ class KafkaQueueStore(QueueStore):
         self._admin: AdminClient | None = None
         self._lock = threading.Lock()
         self._children: list[KafkaPartitionWriter | KafkaPartitionReader] = []
-        # The acknowledgements read so far, per companion topic (`acknowledged`); its own lock: a reader's
-        # close takes `_lock`.
-        self._acks: dict[str, _Acknowledgements] = {}
+        # The attachments read so far, per companion topic (`read_attachment`, `acknowledged`); its own
+        # lock: a reader's close takes `_lock`.
+        self._acks: dict[str, _Attachments] = {}
         self._acks_lock = threading.Lock()
         self._closed = False
 
@@ -158,9 +158,13 @@ class KafkaQueueStore(QueueStore):
         # The window key travels beside the value (message key), the kind in the header and the frame.
         return self.max_record_bytes - _HEADER_OVERHEAD - len((meta.key or "").encode())
 
-    def create_topic(self, topic: str, partitions: int, *, exist_ok: bool = True) -> None:
+    def create_topic(
+        self, topic: str, partitions: int, *, exist_ok: bool = True, configs: Mapping[str, str] | None = None
+    ) -> None:
+        """`configs` override the store's topic configs for this topic (a companion's compaction)."""
+        settings = {**self._topic_configs, **(configs or {})}
         admin_ops.create_topic(
-            self._admin_client(), self._where(), topic, partitions, self._topic_configs, exist_ok=exist_ok
+            self._admin_client(), self._where(), topic, partitions, settings, exist_ok=exist_ok
         )
 
     def topic_exists(self, topic: str) -> bool:
@@ -213,7 +217,8 @@ class KafkaQueueStore(QueueStore):
         any state_dir finds them. One partition; records keyed by (output partition, name), newest wins.
         Written when a log starts (a handful of records per topic) and at each acknowledgement of a
         registered consumer (one per commit of `cec run`'s results writer); it keeps the store's default
-        configs (nothing in it is ever deleted), and `acknowledged` reads it on from where it last ended."""
+        configs (nothing in it is ever deleted), and `read_attachment` and `acknowledged` read it on from
+        where the last read ended."""
         return ATTACHMENT_TOPIC_PREFIX + topic
 
     @staticmethod
@@ -223,17 +228,24 @@ class KafkaQueueStore(QueueStore):
         return RecordMeta(_ATTACHMENT_KIND, 0, f"{partition}/{name}")
 
     def read_attachment(self, topic: str, partition: int, name: str) -> bytes | None:
-        wanted = self._attachment_meta(partition, name)
+        """The newest value of the attachment, from the companion topic as read on from where this store's
+        last read of it ended (`_Attachments`): a long run writes an acknowledgement at every commit of its
+        results writer, so a scan from the companion's start at every call would grow with the run."""
+        self._attachment_meta(partition, name)  # a bad name is refused before any read
         self._check_partition(topic, partition)
-        companion = self.attachment_topic(topic)
-        if self._topic_partitions(companion) is None:
-            return None
-        found: bytes | None = None
-        with self.reader(companion, 0) as reader:
-            for record in reader.scan_forward(0):
-                if record.meta == wanted:
-                    found = record.value
-        return found
+        attachments = self._attachments(self.attachment_topic(topic))
+        return None if attachments is None else attachments.value(partition, name)
+
+    def _attachments(self, companion: str) -> _Attachments | None:
+        """The companion's attachments as read so far, brought up to its end; None if it does not exist."""
+        with self._acks_lock:
+            attachments = self._acks.get(companion)
+            if attachments is None:
+                if self._topic_partitions(companion) is None:
+                    return None
+                attachments = self._acks[companion] = _Attachments(self.reader(companion, 0))
+            attachments.catch_up()
+            return attachments
 
     def write_attachment(self, topic: str, partition: int, name: str, value: bytes) -> None:
         meta = self._attachment_meta(partition, name)
@@ -263,19 +275,12 @@ class KafkaQueueStore(QueueStore):
         self.write_attachment(topic, partition, _ACK_PREFIX + consumer, b"")
 
     def acknowledged(self, topic: str, partition: int) -> dict[str, int]:
-        """One reader of the companion topic kept for the store's life, which reads only what was appended
-        since the last call: an operator asks at every due point and while it waits for a consumer, and a
-        long run writes an acknowledgement at every one of its writer's commits (the companion only grows),
-        so a scan from its start at each call would grow with the run."""
+        """From the attachments as read so far (`_Attachments`, one reader of the companion topic kept for
+        the store's life, which reads only what was appended since the last call): an operator asks at every
+        due point and while it waits for a consumer."""
         self._check_partition(topic, partition)
-        companion = self.attachment_topic(topic)
-        with self._acks_lock:
-            acks = self._acks.get(companion)
-            if acks is None:
-                if self._topic_partitions(companion) is None:
-                    return {}
-                acks = self._acks[companion] = _Acknowledgements(self.reader(companion, 0))
-            return acks.of(partition)
+        attachments = self._attachments(self.attachment_topic(topic))
+        return {} if attachments is None else attachments.acknowledged(partition)
 
     def _forget(self, child: KafkaPartitionWriter | KafkaPartitionReader) -> None:
         with self._lock, contextlib.suppress(ValueError):
@@ -297,25 +302,38 @@ class KafkaQueueStore(QueueStore):
         self._admin = None
 
 
-class _Acknowledgements:
-    """The newest acknowledgement of every (output partition, consumer) in a companion topic, kept up to
-    date by reading on from where the last read ended (newest wins; an empty value: forgotten)."""
+class _Attachments:
+    """The newest value of every (output partition, name) in a companion topic, kept up to date by reading
+    on from where the last read ended (newest wins; an empty acknowledgement: a forgotten consumer). Derived
+    data, checked at every catch-up: a companion that now ends below what was read (deleted and created
+    again) is read again from its start."""
 
     def __init__(self, reader: KafkaPartitionReader) -> None:
         self.reader = reader
         self.next_offset = 0
-        self.values: dict[int, dict[str, bytes]] = {}
+        self.values: dict[tuple[int, str], bytes] = {}
+        self.records_read = 0  # records read from the companion over this cache's life
 
-    def _catch_up(self) -> None:
+    def catch_up(self) -> None:
+        if self.next_offset and self.reader.end_offset() < self.next_offset:
+            log.info("%s ends below what was read of it: reading it again", self.reader.topic)
+            self.next_offset, self.values = 0, {}
         for record in self.reader.scan_forward(self.next_offset):
             self.next_offset = record.offset + 1
+            self.records_read += 1
             key = record.meta.key
             if record.meta.kind != _ATTACHMENT_KIND or key is None:
                 continue
             partition, _, name = key.partition("/")
-            if name.startswith(_ACK_PREFIX) and partition.isdigit():
-                self.values.setdefault(int(partition), {})[name[len(_ACK_PREFIX) :]] = record.value
+            if partition.isdigit():
+                self.values[(int(partition), name)] = record.value
 
-    def of(self, partition: int) -> dict[str, int]:
-        self._catch_up()
-        return {name: int(value) for name, value in self.values.get(partition, {}).items() if value}
+    def value(self, partition: int, name: str) -> bytes | None:
+        return self.values.get((partition, name))
+
+    def acknowledged(self, partition: int) -> dict[str, int]:
+        return {
+            name[len(_ACK_PREFIX) :]: int(value)
+            for (p, name), value in self.values.items()
+            if p == partition and name.startswith(_ACK_PREFIX) and value
+        }

@@ -23,6 +23,8 @@ Sites (n counts passes in the process):
 - `kafka.before_commit:n` / `kafka.after_commit:n`: around the n-th Kafka transaction commit of a writer;
 - `recovery.after_ec_build:n`: after the n-th eventual checkpoint built (during recovery itself): read back
   from the log, or from the EC cache or a standby's followed log and the log's tail;
+- `attach.plan.after_ec_build:n`: the same in an attached query's planning task (a Python worker), which
+  SIGKILLs the driver's whole process group (as `attach.sink.mid_batch`): the driver dies during recovery;
 - `standby.took_over:n`: a standby (`operators.standby`) holds the partition's writer (the old one fenced)
   and hands what it followed to recovery, the n-th time, before the log's tail is read;
 - `trim.before_prune:n`: inside the n-th trim, the log's head deleted (SQLite's range delete committed,
@@ -35,7 +37,10 @@ Sites (n counts passes in the process):
   itself), or the first write task of micro-batch n (writers="executors") SIGKILLs the driver's whole
   process group (in local mode: the driver, its JVM and Python workers) once half its records committed;
 - `attach.writer.kill_task:n`: the first attempt of every write task of micro-batch n SIGKILLs its own
-  Python worker once half its records are committed (Spark retries the task).
+  Python worker once half its records are committed (Spark retries the task);
+- `attach.writer.in_trim:n`: a write task's n-th trim in its Python worker (`operators.spark.trim.TaskTrim`:
+  its batch and the carried directory committed, `DeleteRecords` answered, nothing reported to the driver
+  yet) SIGKILLs the driver's whole process group, as `attach.sink.mid_batch` does.
 """
 
 from __future__ import annotations
@@ -49,12 +54,24 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-__all__ = ["BOOT", "ENV", "SINK_MID_BATCH", "SITES", "WRITER_KILL_TASK", "install", "parse"]
+__all__ = [
+    "BOOT",
+    "ENV",
+    "PLAN_AFTER_EC_BUILD",
+    "SINK_MID_BATCH",
+    "SITES",
+    "WRITER_IN_TRIM",
+    "WRITER_KILL_TASK",
+    "install",
+    "parse",
+]
 
 ENV = "CEC_TEST_KILL"
 BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 SINK_MID_BATCH = "attach.sink.mid_batch"
 WRITER_KILL_TASK = "attach.writer.kill_task"
+WRITER_IN_TRIM = "attach.writer.in_trim"
+PLAN_AFTER_EC_BUILD = "attach.plan.after_ec_build"
 
 
 SITES = frozenset(
@@ -75,6 +92,8 @@ SITES = frozenset(
         "results.before_ack",
         SINK_MID_BATCH,
         WRITER_KILL_TASK,
+        WRITER_IN_TRIM,
+        PLAN_AFTER_EC_BUILD,
     }
 )
 
@@ -347,7 +366,7 @@ def _standby_took_over(n: int) -> None:
     on_import("operators.standby", patch)
 
 
-def _after_ec_build(n: int) -> None:
+def _after_ec_build(n: int, stop: Callable[[], None] | None = None) -> None:
     counter = _Counter()
 
     def patch(module: ModuleType) -> None:
@@ -358,7 +377,7 @@ def _after_ec_build(n: int) -> None:
             ec = build(self)
             counter.seen += 1
             if counter.seen == n:
-                kill()
+                (stop or kill)()
             return ec
 
         cls.build = build_
@@ -374,7 +393,7 @@ def _after_ec_build(n: int) -> None:
                 if not isinstance(got, str):
                     counter.seen += 1
                     if counter.seen == n:
-                        kill()
+                        (stop or kill)()
                 return got
 
             setattr(module, name, built_)
@@ -511,6 +530,28 @@ def _executor_writes(plan: dict[str, int]) -> None:
     on_import("operators.spark.writer", patch)
 
 
+def _task_trim(n: int) -> None:
+    counter = _Counter()
+
+    def patch(module: ModuleType) -> None:
+        cls = module.TaskTrim
+        apply = cls.apply
+
+        def apply_(self: Any, writer: Any, reader: Any) -> int:
+            trimmed = int(apply(self, writer, reader))
+            if trimmed:
+                with counter.lock:
+                    counter.seen += 1
+                    due = counter.seen == n
+                if due:
+                    _kill_driver()
+            return trimmed
+
+        cls.apply = apply_
+
+    on_import("operators.spark.trim", patch)
+
+
 def install(spec: str) -> None:
     """Install the wrappers of every site planned in `spec` (module doc)."""
     plan = parse(spec)
@@ -533,11 +574,15 @@ def install(spec: str) -> None:
             _after_ec_build(n)
         elif site == "standby.took_over":
             _standby_took_over(n)
+        elif site == PLAN_AFTER_EC_BUILD:
+            _after_ec_build(n, _kill_driver)
         elif site == "trim.before_prune":
             _before_prune(n)
         elif site == "results.before_ack":
             _results_before_ack(n)
         elif site == SINK_MID_BATCH:
             _driver_sink_mid_batch(n)
+        elif site == WRITER_IN_TRIM:
+            _task_trim(n)
     if SINK_MID_BATCH in plan or WRITER_KILL_TASK in plan:
         _executor_writes(plan)

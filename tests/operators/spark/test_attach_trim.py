@@ -12,22 +12,34 @@ three runs is exactly the failure-free results, each window once, and the logs' 
 
 from __future__ import annotations
 
+import shutil
+import signal
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from cec.exceptions import ConfigError
-from cec.records import AvroCodec, Kind, RecordCodec
+from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
-from operators.spark.attach import RESULT_COLUMNS, cec_aggregate
+from operators.sources import PurchaseGenerator
+from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
+from tests.brokers import Broker
+from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_IN_TRIM
 from tests.operators.spark.test_attach import (
+    COUNT,
+    INPUT_SCHEMA,
+    KEYS,
+    PerKey,
     Purchases,
     Reference,
     _args,
+    _driver_child,
     _killed_driver,
+    _per_key,
     _run,
     purchases,  # noqa: F401 - the module's fixtures
     reference,  # noqa: F401
@@ -134,3 +146,88 @@ def test_trim_every_is_refused_below_one(
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ConfigError, match="trim_every"):
             cec_aggregate(spark, **_args(purchases, tmp_path, "never-made", trim_every=bad))
+
+
+@pytest.fixture(scope="module")
+def purchases3(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Purchases:
+    """The purchases of `test_attach` over three input partitions."""
+    state_dir = tmp_path_factory.mktemp("attach-trim-input")
+    topic = f"purchases3-{uuid.uuid4().hex[:8]}"
+    gen = PurchaseGenerator(COUNT, KEYS, seed=13, partitions=3, invalid_every=37)
+    codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
+    dead = 0
+    store = KafkaQueueStore(spark_kafka_broker.bootstrap, state_dir)
+    try:
+        store.create_topic(topic, 3)
+        for j in range(3):
+            with store.writer(topic, j) as writer:
+                for o in range(gen.sizes[j]):
+                    value = gen.tuple_at(j, o)
+                    dead += value["item_price"] is None
+                    out = OutputRecord(
+                        Kind.R, int(value["item_time"] or 0), (), 0, payload=payloads.encode(value)
+                    )
+                    writer.append(codec.encode(out), out.meta())
+    finally:
+        store.close()
+    return Purchases(spark_kafka_broker.bootstrap, topic, state_dir, dead)
+
+
+def _read(spark: SparkSession, source: Purchases, output: str, consumer: str) -> list[Any]:
+    return read_results(spark, output, source.bootstrap, consumer=consumer).collect()
+
+
+def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_recovery(
+    spark: SparkSession,
+    purchases3: Purchases,
+    tmp_path: Path,
+) -> None:
+    """Trimming on the executors (the default writers), three input and three output partitions, a
+    reader registered through `read_results(consumer=...)` that reads between the runs:
+    1. the driver is SIGKILLed mid-batch; its reader has acknowledged nothing, so nothing is trimmed;
+    2. the reader reads (and, by reading again, acknowledges) what run 1 wrote; the driver is SIGKILLed by a
+       write task right after its first trim (`DeleteRecords` answered, the driver told nothing): the logs
+       were trimmed, never past what the reader acknowledged (the records it has not read are kept);
+    3. the driver is SIGKILLed during the next start's recovery (its planning task), its `state_dir` then
+       deleted: the closed-window directory of the trimmed part comes from Kafka;
+    4. a run to the end.
+    What the reader got over all its reads equals the failure-free run's results, each window exactly once.
+    """
+    failure_free = f"avg-ref3-{uuid.uuid4().hex[:8]}"
+    _run(spark, _args(purchases3, tmp_path / "ref", failure_free))
+    expected: PerKey = _per_key(read_results(spark, failure_free, purchases3.bootstrap).collect())
+
+    output = f"avg-etrim-{uuid.uuid4().hex[:8]}"
+    reader = "trim-reader"
+    store = KafkaQueueStore(purchases3.bootstrap, tmp_path / "observer")
+    got: list[Any] = []
+    try:
+        store.create_topic(output, 3)  # generation 0, so that the reader registers before any record
+        assert _read(spark, purchases3, output, reader) == []  # registered at offset 0 everywhere
+        args = _args(purchases3, tmp_path, output, partitions=3, trim_every=TRIM_EVERY)
+
+        _killed_driver(args, tmp_path / "first", hit=2)
+        assert _starts(store, output) == [0, 0, 0]  # nothing acknowledged: nothing trimmed
+        got += _read(spark, purchases3, output, reader)
+        got += _read(spark, purchases3, output, reader)  # acknowledges what the first read returned
+        acked = [store.acknowledged(output, q)[reader] for q in range(3)]
+        assert any(acked)
+
+        _driver_child(args, tmp_path / "second", f"{WRITER_IN_TRIM}:1", expect=-signal.SIGKILL)
+        trimmed = _starts(store, output)
+        assert any(trimmed), trimmed  # a write task trimmed before the driver was killed ...
+        assert all(s <= a for s, a in zip(trimmed, acked, strict=True))  # ... never past the reader
+
+        _driver_child(args, tmp_path / "third", f"{PLAN_AFTER_EC_BUILD}:1", expect=-signal.SIGKILL)
+        shutil.rmtree(tmp_path / "state")  # the closed-window directory of the trimmed part: in Kafka only
+
+        query = _run(spark, args)
+        assert query.recovery.resumed
+        got += _read(spark, purchases3, output, reader)
+        got += _read(spark, purchases3, output, reader)
+        assert all(f >= t for f, t in zip(_starts(store, output), trimmed, strict=True))
+    finally:
+        store.close()
+    windows = Counter((r["key"], r["window"]) for r in got)
+    assert windows and max(windows.values()) == 1, [w for w, n in windows.items() if n > 1][:5]
+    assert _per_key(got) == expected

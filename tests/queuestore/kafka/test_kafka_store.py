@@ -1238,3 +1238,52 @@ def test_reading_acknowledgements_does_not_grow_with_the_acknowledgements_writte
         assert fresh.acknowledged(topic, 1) == {"other": 7}
     finally:
         fresh.close()
+
+
+def test_reading_attachments_reads_only_what_was_written_since_the_last_read(
+    store: KafkaQueueStore, topic: str, kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """`read_attachment` (asked by `read_results` and at every start for the schema, the input's identity,
+    ...) reads the companion topic on from where this store's last read ended: the records read per call
+    stay flat while the companion grows with acknowledgements, and each answer is the newest value, as a
+    fresh store reads it. Failed before: every call scanned the companion from its start (read 2n records
+    at the n-th call)."""
+    store.write_attachment(topic, 0, "schema", b"first")
+    store.write_attachment(topic, 1, "schema", b"other partition")
+    per_call = []
+    for n in range(1, 41):
+        store.acknowledge(topic, 0, "writer", 10 * n)  # the companion grows by one record per call
+        if n % 10 == 0:
+            store.write_attachment(topic, 0, "schema", b"v%d" % n)
+        before = store._acks[store.attachment_topic(topic)].records_read if n > 1 else 0
+        expected = b"first" if n < 10 else b"v%d" % (n - n % 10)
+        assert store.read_attachment(topic, 0, "schema") == expected
+        assert store.read_attachment(topic, 1, "schema") == b"other partition"
+        assert store.read_attachment(topic, 0, "absent") is None
+        per_call.append(store._acks[store.attachment_topic(topic)].records_read - before)
+    assert per_call[0] == 3 and max(per_call[1:]) <= 2, per_call  # 1 acknowledgement (+1 schema) per call
+    assert store.acknowledged(topic, 0) == {"writer": 400}
+    fresh = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "fresh")
+    try:
+        assert fresh.read_attachment(topic, 0, "schema") == b"v40"
+        assert fresh.read_attachment(topic, 1, "schema") == b"other partition"
+    finally:
+        fresh.close()
+
+
+def test_a_companion_created_again_is_read_again_from_its_start(
+    store: KafkaQueueStore, topic: str, kafka_broker: Broker
+) -> None:
+    """The cached attachments are derived data: a companion topic deleted and created again (it now ends
+    below what was read of it) is read again, never answered from the old cache."""
+    from confluent_kafka.admin import AdminClient
+
+    for n in range(5):
+        store.write_attachment(topic, 0, "schema", b"old%d" % n)
+    assert store.read_attachment(topic, 0, "schema") == b"old4"
+    companion = store.attachment_topic(topic)
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
+    admin.delete_topics([companion], request_timeout=DEADLINE)[companion].result(DEADLINE)
+    wait_for(lambda: not store.topic_exists(companion), what="the companion deleted")
+    store.write_attachment(topic, 0, "schema", b"new")  # creates it again: it ends at 1, below 5
+    wait_for(lambda: store.read_attachment(topic, 0, "schema") == b"new", what="the new value read")
