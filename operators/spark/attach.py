@@ -74,7 +74,7 @@ from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
 from operators.spark.config_errors import cec_errors
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
-from operators.spark.kafka_input import AUTO, SPARK_KAFKA, choose_input_reader
+from operators.spark.kafka_input import AUTO, choose_input_reader
 from operators.spark.keywords import CEC_AGGREGATE_KEYWORDS, checked_keywords
 from operators.spark.planning import AttachRecovery, plan_recovery
 from operators.spark.processor import AggregateSpec, CecAggregateProcessor
@@ -257,9 +257,9 @@ def cec_aggregate(
       columns), e.g. `lambda df: df.where("price > 0").withColumn("eur", F.col("price") * 0.9)`. Applied
       at every start, so a replay re-reads through it; only row-wise, deterministic steps (select,
       withColumn, where...) with `partition` and `offset` unchanged, anything else is one ConfigError
-      (`operators.spark.transform`). An ordinary topic read by Spark's Kafka source only; for json and
-      registry, `input_schema` may type the fields (Spark DDL, "item STRING, price DOUBLE"), else they are
-      inferred from the topic's first records.
+      (`operators.spark.transform`). An ordinary topic, read by either `input_reader` (the same records,
+      the same decoding); for json and registry, `input_schema` may type the fields (Spark DDL, "item
+      STRING, price DOUBLE"), else they are inferred from the topic's first records.
 
     Refused (one clear `ConfigError`): `spark.speculation=true`. The session's shuffle partitions (= P) and
     state store provider (RocksDB, which transformWithState needs) are set for this query only.
@@ -338,12 +338,6 @@ def cec_aggregate(
     )
     check_session(spark, embedded_store=False, what="cec_aggregate")
     reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
-    if transform is not None and reader_kind != SPARK_KAFKA:
-        raise ConfigError(
-            "transform= reads the input through Spark's Kafka source: put the connector on the classpath "
-            "(`make spark-kafka-jars`, or --packages org.apache.spark:spark-sql-kafka-0-10_2.13) and give "
-            "no kafka_config"
-        )
     source = QueryInput(
         input_topic, bootstrap_servers, source_options, reader_kind, dict(kafka_config or {}),
         Path(state_dir), max_records_per_trigger, transform, fields_schema(input_schema) if typed_fields else None,

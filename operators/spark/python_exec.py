@@ -14,6 +14,15 @@ own copy, nothing else) off `PYTHONPATH` and then runs the interpreter, so every
 imports the installed, byte-compiled pyspark: the same code. It is only used where the launcher's path
 exists for every Python process, i.e. a `local[...]` master; executors on other hosts run whatever
 `PYSPARK_PYTHON` names there.
+
+Why it is the default wherever cec starts Python work, a session the user built included
+(`use_launcher`, called by every cec entry point before it registers or wraps any Python function): Spark
+waits a fixed 10 s (not configurable: `PythonWorkerFactory`, Spark 4.x) for a Python process it started
+to connect back, and a process that spends most of that compiling pyspark on a loaded machine misses it
+("Python worker failed to connect back"). PySpark reads the executable of each Python function when it
+wraps it (`SparkContext.pythonExec`, the UDFs, `mapInArrow`, `transformWithStateInPandas` and the Python
+data sources alike), so pointing that attribute at the launcher in a running session makes every Python
+process started for what is wrapped after it start through the launcher.
 """
 
 from __future__ import annotations
@@ -22,12 +31,17 @@ import hashlib
 import logging
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-__all__ = ["bundled_pyspark_zip", "spark_python"]
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+__all__ = ["bundled_pyspark_zip", "is_launcher", "spark_python", "use_launcher"]
 
 log = logging.getLogger(__name__)
 # Launchers that ran in this process (a temporary directory mounted noexec would make every Spark Python
@@ -73,7 +87,7 @@ def spark_python(interpreter: str | None = None, *, bundled_zip: Path | None = N
         return interpreter
     text = _TEMPLATE.format(interpreter=shlex.quote(interpreter), drop=shlex.quote(str(drop)))
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = Path(tempfile.gettempdir()) / f"cec-python-{os.getuid()}"
+    directory = _launcher_dir()
     directory.mkdir(mode=0o700, exist_ok=True)
     launcher = directory / f"python-{digest}"
     if not launcher.exists() or launcher.read_text() != text:
@@ -91,3 +105,56 @@ def spark_python(interpreter: str | None = None, *, bundled_zip: Path | None = N
             return interpreter
         _CHECKED.add(str(launcher))
     return str(launcher)
+
+
+def _launcher_dir() -> Path:
+    return Path(tempfile.gettempdir()) / f"cec-python-{os.getuid()}"
+
+
+def is_launcher(executable: str) -> bool:
+    """Is `executable` a launcher `spark_python` wrote?"""
+    path = Path(executable)
+    return path.parent == _launcher_dir() and path.name.startswith("python-")
+
+
+def _is_this_interpreter(executable: str) -> bool:
+    """Does `executable` (a path, or a name looked up on PATH, as Spark runs it) run this interpreter: the
+    same path, or the same file under another name in the same directory (a venv's python3 and python)."""
+    found = shutil.which(executable)
+    if found is None:
+        return False
+    this, that = Path(sys.executable).absolute(), Path(found).absolute()
+    return this == that or (this.parent == that.parent and this.resolve() == that.resolve())
+
+
+_WARNED: set[str] = set()
+
+
+def use_launcher(spark: SparkSession) -> bool:
+    """Run the Python processes Spark starts from now on for `spark`'s functions through the launcher
+    (module doc), in a local session whose Python is this interpreter (by `PYSPARK_PYTHON` or PySpark's
+    default, `python3` on PATH). A Python the user chose otherwise is left alone, with one warning per
+    process saying what to set. Idempotent; True when the session's Python runs through the launcher."""
+    from operators.spark.session import is_local_master
+
+    context = spark.sparkContext
+    current = str(getattr(context, "pythonExec", "") or "")
+    if not current or is_launcher(current):
+        return bool(current)
+    if not is_local_master(spark):
+        return False  # executors on other hosts: their PYSPARK_PYTHON (module doc)
+    if not _is_this_interpreter(current):
+        if current not in _WARNED:
+            _WARNED.add(current)
+            log.warning(
+                "Spark's Python workers run %s, not this interpreter: cec leaves it, but on a loaded machine "
+                "they may fail with 'Python worker failed to connect back'; set PYSPARK_PYTHON to "
+                "operators.spark.python_exec.spark_python() before the session starts (docs/spark.md)",
+                current,
+            )
+        return False
+    launcher = spark_python()
+    if launcher == sys.executable:
+        return False  # no zip to drop, or no launcher can run here
+    context.pythonExec = launcher
+    return True

@@ -126,7 +126,12 @@ def _typed(df: DataFrame, types: Mapping[str, Any] | None) -> DataFrame:
 
 def register_all(spark: SparkSession) -> None:
     """Make `format("cec-kafka")` and `format("cec-topic")` available in `spark` (done for the active
-    session when this module is imported, and by `cec_aggregate` and `read_results`)."""
+    session when this module is imported, and by `cec_aggregate` and `read_results`), after pointing the
+    session's Python processes at the launcher (`python_exec.use_launcher`: a data source's Python is the
+    one it was registered with)."""
+    from operators.spark.python_exec import use_launcher
+
+    use_launcher(spark)
     register(spark)
     register_topic_source(spark)
 

@@ -108,6 +108,9 @@ def check_session(spark: SparkSession, *, embedded_store: bool, what: str) -> No
       happened to run, and a relaunched task on another host would find none (use a Kafka store);
     - `spark.speculation=true`: a speculative copy of an operator task would be a second writer of its
       output partition (refused rather than relied on fencing, so the answer never depends on timing).
+
+    Then points the session's Python processes at the launcher (`python_exec.use_launcher`), before the
+    entry point that checks it (cec_aggregate, SparkOperatorHost) wraps any Python function.
     """
     from cec.exceptions import ConfigError
 
@@ -120,3 +123,6 @@ def check_session(spark: SparkSession, *, embedded_store: bool, what: str) -> No
             f"{spark.sparkContext.master!r}; its logs would live on one executor's disk): use a Kafka store "
             "(bootstrap servers) on a cluster"
         )
+    from operators.spark.python_exec import use_launcher
+
+    use_launcher(spark)

@@ -18,6 +18,10 @@ record as read, its dead letter's `raw`).
 
 With the `cec.pack` option (set by `cec_aggregate`) the same tuples come packed for the attached query:
 per chunk one row of arrays per output partition, keys in canonical form (`operators.spark.packing`).
+With the `cec.raw` option (`true`, set by `cec_aggregate(transform=...)` on the Python reader) each record
+comes as it is, in the columns Spark's Kafka source gives it (`RAW_ROW_SCHEMA`: partition, offset,
+timestamp, value): the transform's decoding (`operators.spark.transform`) is then the same whichever
+reader read the record.
 
 Options: `topic`, `bootstrap.servers`, `format` (json | avro | registry | csv), `key`, `value`, `time`
 (optional; `@timestamp` is the Kafka record timestamp), `schema` (avro: JSON text or an .avsc path),
@@ -39,7 +43,15 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
-from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
 
 from cec.exceptions import ConfigError
 from operators.engine.records import raw_text
@@ -57,6 +69,8 @@ if TYPE_CHECKING:
     from operators.topic_source import KafkaTopicSource
 
 __all__ = [
+    "RAW_OPTION",
+    "RAW_ROW_SCHEMA",
     "TOPIC_FORMAT",
     "TOPIC_ROW_SCHEMA",
     "CecTopicDataSource",
@@ -76,6 +90,17 @@ TOPIC_ROW_SCHEMA = StructType(
         StructField("cec_time", StringType(), True),
     ]
 )
+# The raw records' rows (option `cec.raw`): the columns of Spark's Kafka source that a transform reads.
+RAW_OPTION = "cec.raw"
+RAW_ROW_SCHEMA = StructType(
+    [
+        StructField("partition", IntegerType(), False),
+        StructField("offset", LongType(), False),
+        StructField("timestamp", TimestampType(), True),
+        StructField("value", BinaryType(), True),
+    ]
+)
+_RAW_FIELD = "cec_raw_value"  # the one field of a raw record (`_RawValue`)
 _POLL_BATCH = 2000
 
 
@@ -101,6 +126,7 @@ class TopicOptions:
     key_fields: tuple[str, ...] = ()
     value_fields: tuple[str, ...] = ()
     key_array: bool = False
+    raw: bool = False  # option `cec.raw`: the records as read (`RAW_ROW_SCHEMA`), for a transform
 
     @property
     def several(self) -> bool:
@@ -140,10 +166,14 @@ class TopicOptions:
             key_fields=key_fields,
             value_fields=value_fields,
             key_array=opts.get("keyarray", "false").lower() == "true",
+            raw=opts.get(RAW_OPTION, "false").lower() == "true",
         )
 
     def read_schema(self) -> StructType:
-        """`TOPIC_ROW_SCHEMA`, or the packed rows' schema when the attached query asks for them."""
+        """`TOPIC_ROW_SCHEMA`, the packed rows' schema when the attached query asks for them, or
+        `RAW_ROW_SCHEMA` for a transform's raw records."""
+        if self.raw:
+            return RAW_ROW_SCHEMA
         if self.pack is None:
             return TOPIC_ROW_SCHEMA
         time_type = StringType() if self.time else None
@@ -155,7 +185,7 @@ class TopicOptions:
         config = tuple(sorted(self.client_config.items()))
         return (self.bootstrap, self.topic, self.fmt, self.key, self.value, self.time, schema,
                 self.registry_url, self.columns, config, partition, total, self.key_fields,
-                self.value_fields)  # fmt: skip
+                self.value_fields, self.raw)  # fmt: skip
 
     @property
     def required_value(self) -> str | None:
@@ -186,7 +216,7 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
     """One slice, read by a KafkaTopicSource pinned to it (runs on an executor), as Arrow record batches
     of `TOPIC_ROW_SCHEMA` (or packed), one per poll: Spark takes the columns as they are, with no
     conversion per row and field in its worker."""
-    batches = TupleBatches(opts)
+    batches = RawBatches() if opts.raw else TupleBatches(opts)
     p = piece.partition
     starts, ends = [0] * piece.total, [0] * piece.total
     starts[p], ends[p] = piece.start, piece.end
@@ -198,6 +228,38 @@ def read_slice(opts: TopicOptions, piece: TopicSlice) -> Iterator[pa.RecordBatch
         while (batch := source.poll(_POLL_BATCH)) is not None:
             if batch:
                 yield batches.of(p, batch)
+
+
+class _RawValue:
+    """The decoder of a raw read (`cec.raw`): every value is a record of one field, its bytes, so that
+    the source's own reading (pinned slice, read_committed, retention check on the seek, ends past
+    transaction markers) hands them over undecoded; a null value (tombstone) stays a dead letter."""
+
+    def decode(self, raw: bytes) -> Mapping[str, Any]:
+        return {_RAW_FIELD: raw}
+
+
+class RawBatches:
+    """The rows of a raw read (`RAW_ROW_SCHEMA`): each record's partition, offset, Kafka timestamp and
+    value bytes, as Spark's Kafka source gives them (a tombstone's value is null, its timestamp too)."""
+
+    def __init__(self) -> None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        self.schema = to_arrow_schema(RAW_ROW_SCHEMA, timezone="UTC")
+
+    def of(self, p: int, batch: Sequence[InputTuple]) -> pa.RecordBatch:
+        import pyarrow as pa
+
+        from operators.topic_tuples import TIMESTAMP_FIELD
+
+        offsets = [tup.offset for tup in batch]
+        stamps = [None if tup.value is None else tup.value[TIMESTAMP_FIELD] * 1000 for tup in batch]
+        values = [tup.raw if tup.value is None else tup.value[_RAW_FIELD] for tup in batch]
+        columns = [[p] * len(offsets), offsets, stamps, values]
+        return pa.RecordBatch.from_arrays(
+            [pa.array(c, type=f.type) for c, f in zip(columns, self.schema, strict=True)], schema=self.schema
+        )
 
 
 class TupleBatches:
@@ -295,7 +357,22 @@ def _open_source(opts: TopicOptions, partition: int, starts: list[int], ends: li
     """A KafkaTopicSource of one partition, bounded by the slice it opens for (and later by each slice it
     reads, `KafkaTopicSource.pin`)."""
     from operators.topic_source import KafkaTopicSource
+    from operators.topic_tuples import TIMESTAMP_FIELD
 
+    if opts.raw:
+        return KafkaTopicSource(
+            opts.bootstrap,
+            opts.topic,
+            fmt="json",  # not used: the raw decoder reads every value
+            key_field=_RAW_FIELD,
+            value_field=None,
+            time_field=TIMESTAMP_FIELD,
+            decoder=_RawValue(),
+            partitions=[partition],
+            start_offsets=starts,
+            end_offsets=ends,
+            config=opts.client_config,
+        )
     return KafkaTopicSource(
         opts.bootstrap,
         opts.topic,

@@ -1,9 +1,11 @@
 """`cec_aggregate(transform=...)`: the user's own row-wise DataFrame step between the input and the aggregate.
 
-The input topic is read by Spark's Kafka source and each record decoded (`operators.formats`, the decoders
-every reader uses) into a streaming DataFrame of the input's fields, typed by `input_schema` (a Spark DDL
-string or StructType) or, without one, by a sample of the topic's first records (`sample_schema`), plus
-the record's `partition`, `offset` and Kafka `timestamp`. `transform` maps that DataFrame to the one the
+The input topic's records come as Spark's Kafka source gives them (partition, offset, timestamp, value),
+from that source or from the cec-topic Python source's raw read (`topic_reader.RAW_OPTION`, the
+`input_reader="python"` way), and each record is decoded (`operators.formats`, the decoders every reader
+uses) into a streaming DataFrame of the input's fields, typed by `input_schema` (a Spark DDL string or
+StructType) or, without one, by a sample of the topic's first records (`sample_schema`), plus the record's
+`partition`, `offset` and Kafka `timestamp`. `transform` maps that DataFrame to the one the
 aggregate reads; its key, value and time fields are then packed for the processor exactly as an
 untransformed input is (`topic_reader.TupleBatches`, `operators.spark.packing`).
 

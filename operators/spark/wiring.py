@@ -28,7 +28,7 @@ from operators.spark.processor import (
 )
 from operators.spark.results import register_all
 from operators.spark.sink import CecSink
-from operators.spark.topic_reader import TopicOptions
+from operators.spark.topic_reader import RAW_OPTION, TopicOptions
 from operators.spark.transform import Transform, input_struct, transformed_input
 
 if TYPE_CHECKING:
@@ -122,7 +122,7 @@ def start_query(
     options = dict(source.options)
     fmt = options.pop("format_name")
     rows: DataFrame
-    if source.reader == SPARK_KAFKA:
+    if source.reader == SPARK_KAFKA or source.transform is not None:  # an ordinary topic
         opts = TopicOptions.parse(
             {
                 "topic": source.topic,
@@ -135,18 +135,21 @@ def start_query(
         if recovery.resumed:  # a replay from T: below a log start now is the retention error, here
             check_retention(opts, recovery.start)
         start = list(recovery.start) if recovery.resumed else None
-        if source.transform is not None:  # applied at every start: a replay re-reads through it
-            rows = transformed_input(
-                spark,
-                opts,
-                input_struct(opts, source.input_schema),
-                source.transform,
-                kafka_rows(spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger),
-                input_types,
-            )
-        else:
+        if source.transform is None:
             rows = spark_kafka_input(
                 spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger
+            )
+        else:  # applied at every start: a replay re-reads through it
+            # The records as Spark's Kafka source gives them, from it or from the cec-topic source's raw
+            # read: the transform's decoding and plan are then the same whichever reader read them.
+            if source.reader == SPARK_KAFKA:
+                records = kafka_rows(
+                    spark, opts, start=start, max_records_per_trigger=source.max_records_per_trigger
+                )
+            else:
+                records = _python_input(spark, fmt, {**options, RAW_OPTION: "true"}, source, recovery, None)
+            rows = transformed_input(
+                spark, opts, input_struct(opts, source.input_schema), source.transform, records, input_types
             )
     else:
         rows = _python_input(spark, fmt, options, source, recovery, pack)
@@ -207,9 +210,10 @@ def _python_input(
     options: Mapping[str, str],
     source: QueryInput,
     recovery: AttachRecovery,
-    pack: PackSpec,
+    pack: PackSpec | None,
 ) -> DataFrame:
-    """The packed input rows through the project's Python data sources (cec-kafka, cec-topic)."""
+    """The packed input rows through the project's Python data sources (cec-kafka, cec-topic); with no
+    `pack`, the rows the options ask for (a transform's raw records)."""
     reader = (
         spark.readStream.format(fmt)
         .option("topic", source.topic)
@@ -227,4 +231,6 @@ def _python_input(
         reader = reader.option("maxRecordsPerTrigger", str(source.max_records_per_trigger))
     for name, setting in source.client.items():
         reader = reader.option(f"kafka.{name}", setting)
-    return reader.option(PACK_OPTION, pack.to_option()).load()
+    if pack is not None:
+        reader = reader.option(PACK_OPTION, pack.to_option())
+    return reader.load()

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from queuestore.output import OutputQueue
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker
 from tests.conftest import StoreBackend
-from tests.helpers import cec
+from tests.helpers import cec, child_env, wait_for
 from tests.topic_data import as_json, create_topic, encoded, make_purchases, produce, write_csv
 
 State = dict[tuple[str, int], dict[str, Any]]
@@ -210,11 +213,35 @@ def test_generator_input_on_both_stores_through_the_library(
         assert got == want and want, k
 
 
+def _caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
+    """Whether a following run (its monitoring consumer group `group`) has been delivered every record of
+    `topic`: it applies a delivered batch before it looks at a stop request, so a SIGTERM then stops it
+    with all of them applied (operators.topic_source, "Lag")."""
+    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+
+    monitor = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+    try:
+        ends = [
+            monitor.get_watermark_offsets(TopicPartition(topic, p), timeout=30)[1] for p in range(partitions)
+        ]
+        committed = monitor.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].retriable():
+            return False  # e.g. NOT_COORDINATOR while the group's coordinator moves: says nothing yet
+        raise
+    finally:
+        monitor.close()
+    return [tp.offset for tp in committed] == ends
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["bounded-run", "following-run"])
 def test_kafka_topic_input_as_of_a_position_equal_a_run_stopped_there(
-    kafka_broker: Broker, tmp_path: Path
+    kafka_broker: Broker, tmp_path: Path, follow: bool
 ) -> None:
     """A `cec run --input-topic` log over a 2-partition JSON topic is replayed from what the log recorded
-    (no --input): instance p reads input partition p, so pos:K is its first K tuples."""
+    (no --input): instance p reads input partition p, so pos:K is its first K tuples. A `--follow` run's
+    log records no end offsets: `cec state` reads the topic as that run did, bounded by the as-of point
+    (it failed with "end_offsets has 0 entries" before)."""
     purchases = make_purchases(1_200, keys=50, partitions=2, seed=31)
     topic = f"asof-in-{uuid.uuid4().hex[:10]}"
     create_topic(kafka_broker.bootstrap, topic, 2)
@@ -222,12 +249,36 @@ def test_kafka_topic_input_as_of_a_position_equal_a_run_stopped_there(
     output_topic = f"asof-out-{uuid.uuid4().hex[:10]}"
     store_dir = tmp_path / "store"
     kafka = ("--bootstrap-servers", kafka_broker.bootstrap, "--store-dir", str(store_dir))
-    out = cec(
+    run = (
         "run", "--input-topic", topic, *kafka, "--key", "item", "--value", "price", "--window-count", "6",
         "--agg", "avg", "--output-topic", output_topic, "--results", str(tmp_path / "r.csv"),
         "--U", "40", "--ci-ms", "20", "--cp-ms", "40",
     )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    if follow:  # never ends by itself: stopped (SIGTERM) once it has been delivered the whole topic
+        script = Path(sys.executable).parent / "cec"
+        proc = subprocess.Popen(
+            [str(script), *run, "--follow", "--trim-every", "0"],
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            group = f"cec-{output_topic}"  # the run's monitoring group (cec/cli/run_topic.py)
+            wait_for(
+                lambda: proc.poll() is not None or _caught_up(kafka_broker.bootstrap, group, topic, 2),
+                timeout=240,
+                interval=0.2,
+            )
+            assert proc.poll() is None, proc.communicate()[1][-2000:]
+        finally:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=240)
+        assert proc.returncode in (0, 130, 143, -signal.SIGTERM), err[-2000:]
+    else:
+        out = cec(*run)
+        assert out.returncode == 0, out.stderr
     spec = aggregate_operator("item", "price", "avg", window_count=6)
     inputs = [write_csv(tmp_path / f"p{p}.csv", [r for r in purchases if r[0] == p]) for p in (0, 1)]
     assert min(sum(1 for r in purchases if r[0] == p) for p in (0, 1)) > 450

@@ -1,15 +1,16 @@
-"""`cec_aggregate(transform=...)` (operators.spark.transform) on a real broker and local Spark with Spark's Kafka
-connector:
+"""`cec_aggregate(transform=...)` (operators.spark.transform) on a real broker and local Spark, through both input
+readers (Spark's Kafka connector, and the cec-topic Python source's raw records):
 
 1. the plan check: `where`/`withColumn`/`select` (and repartitioning) are accepted; aggregations, joins,
    limits, deduplication, explode, unions, non-deterministic expressions, and a transform that drops or
    changes `partition`/`offset` are refused with one line saying why;
 2. the 3-partition JSON topic of test_attach_topic.py (bad and hostile records among the good ones) through
    a filtering and deriving transform: the results equal pandas' aggregation of the same records through
-   the same filter and derivation; the records that cannot be decoded or do not fit the schema are dead
-   letters, the rows the transform filters out are not;
-3. the driver SIGKILLed in the middle of a sink write, then restarted: the replay re-reads the input
-   through the transform, and the output equals the failure-free results;
+   the same filter and derivation, and the two readers' results and dead letters equal each other; the
+   records that cannot be decoded or do not fit the schema are dead letters, the rows the transform
+   filters out are not;
+3. the driver SIGKILLed in the middle of a sink write, then restarted (each reader): the replay re-reads
+   the input through the transform, and the output equals the failure-free results;
 4. a misspelled field of the transform's result is one ConfigError line before the query starts.
 """
 
@@ -158,7 +159,12 @@ def _truth(data: JsonTopic) -> dict[str, list[tuple[Any, ...]]]:
     return out
 
 
-def _transform_args(data: JsonTopic, root: Path, output: str, transform: Any) -> dict[str, Any]:
+READERS = ("spark-kafka", "python")
+
+
+def _transform_args(
+    data: JsonTopic, root: Path, output: str, transform: Any, reader: str = "spark-kafka"
+) -> dict[str, Any]:
     return _args(
         data,
         root,
@@ -166,7 +172,7 @@ def _transform_args(data: JsonTopic, root: Path, output: str, transform: Any) ->
         value="price_k",
         transform=transform,
         input_schema=SCHEMA,
-        input_reader="spark-kafka",
+        input_reader=reader,
     )
 
 
@@ -192,26 +198,34 @@ def _run(spark: SparkSession, args: dict[str, Any]) -> Any:
     return query
 
 
-def test_filtering_and_deriving_transform_equals_pandas(
+def test_filtering_and_deriving_transform_equals_pandas_through_both_readers(
     spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
 ) -> None:
-    output = f"avg-tf-{uuid.uuid4().hex[:8]}"
-    _run(spark, _transform_args(json_topic, tmp_path, output, filter_derive))
     want = _truth(json_topic)
     assert sum(len(v) for v in want.values()) > 100
-    _assert_equal(_results(spark, json_topic, output), want)
-    letters = _dead_letters(json_topic, tmp_path, output)
-    assert letters.keys() <= json_topic.bad.keys()
-    assert _expected_letters(json_topic) <= letters.keys()
-    lots = [pos for pos, why in json_topic.bad.items() if why == "price not a number"]
-    assert lots and all("does not fit input_schema" in letters[pos] for pos in lots)
+    got, letters = {}, {}
+    for reader in READERS:
+        output = f"avg-tf-{reader}-{uuid.uuid4().hex[:8]}"
+        _run(spark, _transform_args(json_topic, tmp_path / reader, output, filter_derive, reader))
+        got[reader] = _results(spark, json_topic, output)
+        _assert_equal(got[reader], want)
+        letters[reader] = _dead_letters(json_topic, tmp_path / reader, output)
+        assert letters[reader].keys() <= json_topic.bad.keys()
+        assert _expected_letters(json_topic) <= letters[reader].keys()
+        lots = [pos for pos, why in json_topic.bad.items() if why == "price not a number"]
+        assert lots and all("does not fit input_schema" in letters[reader][pos] for pos in lots)
+    assert got["python"] == got["spark-kafka"]
+    assert letters["python"] == letters["spark-kafka"]
 
 
+@pytest.mark.parametrize("reader", READERS)
 def test_exact_after_driver_sigkill_with_a_transform(
-    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
+    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path, reader: str
 ) -> None:
     output = f"avg-tf-kill-{uuid.uuid4().hex[:8]}"
-    args = _transform_args(json_topic, tmp_path, output, "filter_derive")  # named for the driver script
+    args = _transform_args(
+        json_topic, tmp_path, output, "filter_derive", reader
+    )  # named for the driver script
     _killed_driver(args, tmp_path / "driver", hit=3)
     want = _truth(json_topic)
     partial = _kinds(json_topic, tmp_path, output)
@@ -269,7 +283,6 @@ def test_what_a_transform_cannot_read_is_one_line_before_any_work(
     refused = {
         "transform must be a function": {"transform": "price > 20"},
         "transform= reads an ordinary topic": {"input_format": "cec", "input_schema": None},
-        "transform= reads the input through Spark's Kafka source": {"input_reader": "python"},
         r"input_schema 'item STRNG' is not a Spark DDL schema": {"input_schema": "item STRNG"},
         r"input_schema field 'when' is date": {"input_schema": "item STRING, price DOUBLE, when DATE"},
     }
