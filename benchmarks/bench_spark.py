@@ -68,6 +68,10 @@ sink's output per batch id, a batch re-run after the restart counted once).
     # the same throughput before and after a code change, in one interleaved run: each attached system also
     # runs from a second tree (a `git archive` snapshot with the C extension copied in), after / before per repeat
     .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 3 --skip-recovery --before-tree /tmp/before
+    # the same in CPU seconds of each driver's whole process tree (driver, JVM, Spark's Python processes),
+    # with Spark's per-stage task metrics per micro-batch from each driver's event log and the output logs'
+    # volume; --skip-native leaves Spark native out (after / before only)
+    .venv/bin/python benchmarks/bench_spark.py --focus attached --attached-readers spark-kafka,python --keys 100000 --tuples 100000 --repeats 3 --skip-recovery --before-tree /tmp/before --cpu-seconds [--skip-native]
 Writes benchmarks/out/spark.json and benchmarks/spark.png. Progress on stderr.
 """
 
@@ -103,6 +107,9 @@ from operators.job import JobSpec, instance_spec, run_job  # noqa: E402
 from operators.sinks import iter_payloads  # noqa: E402
 from operators.sources import PurchaseGenerator  # noqa: E402
 from queuestore.factory import open_store  # noqa: E402
+
+sys.path.append(str(ROOT / "benchmarks"))  # spark_trace beside this script, behind the tree's packages
+from spark_trace import cpu_delta, event_log_conf, progress_window, stage_summary, tree_cpu  # noqa: E402
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -170,6 +177,10 @@ class Workload:
     # --before-tree: a second source tree whose attached systems run in the same interleaved loop (each
     # attached system once from each tree per repeat), for a before/after of a code change in one run.
     before_tree: Path | None = None
+    # --cpu-seconds: each driver reports its process tree's CPU seconds per query and Spark's per-stage task
+    # metrics (benchmarks/spark_trace.py); --skip-native (with --before-tree): no Spark native runs.
+    cpu_seconds: bool = False
+    skip_native: bool = False
 
     @property
     def master(self) -> str:
@@ -308,6 +319,38 @@ def kafka_sink_digest(bootstrap: str, topic: str) -> dict[str, Any]:
         "rows_written": rows,
         "duplicates": rows - len(seen),
     }
+
+
+def log_volume(bootstrap: str, topic: str) -> dict[str, int]:
+    """An output log's committed messages and their key + value bytes (read_committed), all partitions."""
+    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    partitions = len(admin.list_topics(timeout=30).topics[topic].partitions)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"volume-{uuid.uuid4().hex}",
+            "enable.partition.eof": True,
+            "isolation.level": "read_committed",
+        }
+    )
+    messages = size = 0
+    try:
+        consumer.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        ended: set[int] = set()
+        deadline = time.monotonic() + 300
+        while len(ended) < partitions and time.monotonic() < deadline:
+            for msg in consumer.consume(10_000, 0.5):
+                if msg.error() is not None:
+                    ended.add(msg.partition())
+                    continue
+                messages += 1
+                size += len(msg.value() or b"") + len(msg.key() or b"")
+    finally:
+        consumer.close()
+    return {"log_messages": messages, "log_bytes": size}
 
 
 def input_offsets(w: Workload) -> int:
@@ -571,11 +614,7 @@ def _progress_rows(query: StreamingQuery) -> list[dict[str, Any]]:
     # The progress as the query hands it out: CEC attached's handle counts input tuples (its source packs
     # them into a few rows per state partition, which is what Spark's own JSON counts).
     for p in query.recentProgress:
-        if isinstance(p, dict):
-            d = dict(p)
-        else:
-            raw = p.json() if callable(p.json) else p.json
-            d = json.loads(raw)
+        d = _progress_json(p)
         state = (d.get("stateOperators") or [{}])[0]
         rows.append(
             {
@@ -599,12 +638,18 @@ def native_child(args_path: Path) -> int:
     args = json.loads(args_path.read_text())
     progress, result_path = Path(args["progress"]), Path(args["result"])
     started = time.perf_counter()
+    # --cpu-seconds: the process tree's CPU seconds per query and Spark's event log (benchmarks/spark_trace.py)
+    trace_dir = Path(args["trace"]) if args.get("trace") else None
+    cpu_at_start = tree_cpu() if trace_dir else {}
+    # Spark's recommended state store configuration: RocksDB with changelog checkpointing.
+    conf = {PROVIDER_CONF: ROCKSDB_PROVIDER, CHANGELOG_CONF: "true"}
+    if trace_dir is not None:
+        conf.update(event_log_conf(trace_dir / "events"))
     spark = local_session(
         args["master"],
         app_name="bench-spark-native",
         shuffle_partitions=args["partitions"],  # = state partitions; Spark's default 200 is absurd here
-        # Spark's recommended state store configuration: RocksDB with changelog checkpointing.
-        extra_conf={PROVIDER_CONF: ROCKSDB_PROVIDER, CHANGELOG_CONF: "true"},
+        extra_conf=conf,
     )
     register(spark)
     out: dict[str, Any] = {"session_seconds": time.perf_counter() - started, "queries": []}
@@ -613,9 +658,13 @@ def native_child(args_path: Path) -> int:
     out["worker_code_tree"] = spark.sparkContext.parallelize([0], 1).map(lambda _: _code_tree()).collect()[0]
     sink_profile = _profile_attached_sink() if args.get("profile") else None
     out["conf"] = {key: spark.conf.get(key, None) for key in (PROVIDER_CONF, CHANGELOG_CONF, "spark.jars")}
+    if trace_dir is not None:
+        out["cpu_session_start"] = cpu_delta(cpu_at_start, tree_cpu())
+    windows: dict[str, list[tuple[int, float, float]]] = {}
     for spec in args["queries"]:
         with progress.open("a") as f:
             f.write(json.dumps({"event": "start", "query": spec["name"], "t": time.time()}) + "\n")
+        cpu_before = tree_cpu() if trace_dir is not None else {}
         begin = time.perf_counter()
         extra: dict[str, Any] = {}
         if spec.get("system") == "attached":
@@ -627,6 +676,11 @@ def native_child(args_path: Path) -> int:
             attached, query = None, _native_query(spark, spec, progress)
         query.awaitTermination()
         wall = time.perf_counter() - begin
+        if trace_dir is not None:
+            extra["cpu"] = cpu_delta(cpu_before, tree_cpu())
+            windows[spec["name"]] = [
+                (int(p["batchId"]), *progress_window(p)) for p in map(_progress_json, query.recentProgress)
+            ]
         if query.exception() is not None:
             raise RuntimeError(f"query {spec['name']} failed: {query.exception()}")
         if attached is not None:
@@ -634,6 +688,7 @@ def native_child(args_path: Path) -> int:
                 # What the start replayed and its G-checks (the progress's CEC figures), for the report.
                 extra["cec_recovery"] = attached.cec_progress["recovery"]
                 extra["cec_gchecks"] = attached.cec_progress["gchecks"]
+                extra["cec_records"] = attached.cec_progress["records"]
             sink = getattr(attached, "_sink", None)
             if sink is not None and hasattr(sink, "write_tasks"):
                 # Executor writers: how many write tasks appended through their worker's kept writer.
@@ -652,11 +707,26 @@ def native_child(args_path: Path) -> int:
                 **extra,
             }
         )
-        tmp = result_path.with_name(result_path.name + ".tmp")
-        tmp.write_text(json.dumps(out))
-        tmp.replace(result_path)
+        _write_result(result_path, out)
     spark.stop()
+    if trace_dir is not None:  # the event log is complete once the context stopped
+        out["stages"] = stage_summary(trace_dir / "events", windows)
+        _write_result(result_path, out)
     return 0
+
+
+def _write_result(path: Path, out: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(out))
+    tmp.replace(path)
+
+
+def _progress_json(p: Any) -> dict[str, Any]:
+    """A StreamingQueryProgress as its JSON dict (older PySpark hands out dicts)."""
+    if isinstance(p, dict):
+        return dict(p)
+    raw = p.json() if callable(p.json) else p.json
+    return dict(json.loads(raw))
 
 
 def _code_tree() -> str:
@@ -829,7 +899,9 @@ def _spawn_native(
         "progress": str(d / "progress.jsonl"),
         "result": str(d / "result.json"),
         "profile": profile,
+        "trace": str(d / "trace") if w.cpu_seconds else None,
     }
+    shutil.rmtree(d / "trace", ignore_errors=True)
     (d / "args.json").write_text(json.dumps(args))
     # A name is spawned once per repeat: a fresh progress file, so that events() holds this driver's
     # events only (appended to, the kill's time counted from the first repeat's query start).
@@ -907,6 +979,11 @@ def _native_run_row(w: Workload, q: dict[str, Any], digest: dict[str, Any]) -> d
         "progress": q["progress"],
         **digest,
     }
+
+
+def _median(values: list[float]) -> float:
+    """The median, NaN for no values (no Spark native runs: --skip-native)."""
+    return statistics.median(values) if values else math.nan
 
 
 def _mean(values: list[float]) -> float:
@@ -1124,7 +1201,7 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     readers = {**attached_systems, **{before_of[s]: r for s, r in attached_systems.items() if s in before_of}}
     tree_of = {before: w.before_tree for before in before_of.values()}
     systems = [
-        "native",
+        *([] if w.skip_native else ["native"]),
         *(["native_tws"] if w.tws_baseline else []),
         *(name for system in attached_systems for name in (system, before_of.get(system)) if name),
     ]
@@ -1136,6 +1213,7 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     steady: dict[str, list[float]] = {system: [] for system in readers}
     after_before: dict[str, list[float]] = {system: [] for system in before_of}
     after_before_steady: dict[str, list[float]] = {system: [] for system in before_of}
+    after_before_cpu: dict[str, list[float]] = {system: [] for system in before_of}
     repeats: list[dict[str, Any]] = []  # each repeat's order and the load average after each driver
     tws_pairs: list[float] = []
     tws_steady: list[float] = []
@@ -1155,6 +1233,8 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                 result = child.wait()
                 q = _query(result, spec["name"])
                 row[system] = _native_run_row(w, q, _native_digest(spec, child.events()))
+                if w.cpu_seconds:
+                    row[system]["cpu"] = q.get("cpu")
                 colds[system].append(_query(result, "warmup")["wall_seconds"])
                 conf = result["conf"]
             else:
@@ -1180,15 +1260,28 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                     "recovery_at_start": q.get("recovery"),
                     "write_tasks": q.get("write_tasks"),
                 }
+                if w.cpu_seconds:  # the measured query's process-tree CPU and its stages (spark_trace)
+                    row[system]["cpu"] = q.get("cpu")
+                    row[system]["stages"] = result.get("stages", {}).get(spec["name"])
+                    row[system]["cec_records"] = q.get("cec_records")
+                    row[system].update(log_volume(w.bootstrap, spec["output"]))
                 colds[system].append(_query(result, f"{system}-warmup")["wall_seconds"])
             sessions[system].append(result["session_seconds"])
             tasks = row[system].get("write_tasks")
             row[system]["loadavg_after"] = load = os.getloadavg()[0]
             repeat_loads.append(load)
+            cpu = row[system].get("cpu")
             say(
                 f"  repeat {i}: {system:<8} {row[system]['tuples_per_s']:>9,.0f} tuples/s  wall "
                 f"{row[system]['wall_seconds']:7.2f} s ({row[system]['batches']} batches; load "
                 f"{load:.1f}"
+                + (
+                    f"; CPU {cpu['total']:.2f} s ("
+                    + ", ".join(f"{k} {v:.2f}" for k, v in cpu.items() if k != "total" and v >= 0.05)
+                    + ")"
+                    if cpu
+                    else ""
+                )
                 + (
                     f"; {tasks['reused']} of {tasks['tasks']} write tasks through a kept writer; "
                     f"{tasks.get('summary_rows')} rows collected from them"
@@ -1200,7 +1293,7 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
         for system in order:
             row[system]["steady_tuples_per_s"] = steady_rate(row[system]["progress"])
             rows_of[system].append(row[system])
-        for system in readers:
+        for system in readers if "native" in row else ():
             pairs[system].append(row[system]["tuples_per_s"] / row["native"]["tuples_per_s"])
             steady[system].append(row[system]["steady_tuples_per_s"] / row["native"]["steady_tuples_per_s"])
             say(
@@ -1212,10 +1305,19 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
             after_before_steady[system].append(
                 row[system]["steady_tuples_per_s"] / row[before]["steady_tuples_per_s"]
             )
+            cpus = [row[name].get("cpu") for name in (system, before)]
+            if cpus[0] and cpus[1]:  # CPU seconds of the query: before / after, as a throughput ratio
+                after_before_cpu[system].append(cpus[1]["total"] / cpus[0]["total"])
             say(
                 f"  repeat {i}: {system} after / before {after_before[system][-1]:.2f}, steady state "
-                f"{after_before_steady[system][-1]:.2f} (load after each driver: "
-                f"{', '.join(f'{x:.1f}' for x in repeat_loads)})"
+                f"{after_before_steady[system][-1]:.2f}"
+                + (
+                    f", CPU seconds before / after {after_before_cpu[system][-1]:.2f} "
+                    f"({cpus[1]['total']:.2f} s against {cpus[0]['total']:.2f} s)"
+                    if cpus[0] and cpus[1]
+                    else ""
+                )
+                + f" (load after each driver: {', '.join(f'{x:.1f}' for x in repeat_loads)})"
             )
         if "native_tws" in row:
             tws_pairs.append(row["attached"]["tuples_per_s"] / row["native_tws"]["tuples_per_s"])
@@ -1242,6 +1344,11 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
                     "steady_tuples_per_s",
                     "write_tasks",
                     "loadavg_after",
+                    "cpu",
+                    "stages",
+                    "cec_records",
+                    "log_messages",
+                    "log_bytes",
                 )
             }
             for r in rows
@@ -1256,7 +1363,9 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
     for system in before_of:
         out[system]["after_before_pair_ratios"] = after_before[system]
         out[system]["after_before_steady_pair_ratios"] = after_before_steady[system]
-    native = {"conf": conf, "native_plan": out["native"], "repeats": repeats}
+        if after_before_cpu[system]:
+            out[system]["after_before_cpu_pair_ratios"] = after_before_cpu[system]
+    native = {"conf": conf, "native_plan": out.get("native"), "repeats": repeats}
     if "native_tws" in out:
         native["tws_plan"] = out["native_tws"]
         out["attached"]["tws_pair_ratios"] = tws_pairs
@@ -1790,6 +1899,20 @@ def main(argv: list[str] | None = None) -> int:
         "every repeat (its drivers import that tree first), and the report gives after / before per repeat "
         "and their median; writes benchmarks/out/before-after-spark-attached-<keys>.json",
     )
+    parser.add_argument(
+        "--cpu-seconds",
+        action="store_true",
+        help="with --focus attached --skip-recovery: each driver process reports the CPU seconds (user + "
+        "system) of its whole process tree (driver, JVM, Spark's Python processes) per query, by kind, and "
+        "its Spark event log's per-stage task metrics per micro-batch (benchmarks/spark_trace.py); with "
+        "--before-tree the report gives CPU seconds before / after per repeat (a loaded machine changes "
+        "them far less than wall time)",
+    )
+    parser.add_argument(
+        "--skip-native",
+        action="store_true",
+        help="with --before-tree: no Spark native runs (after / before only; no ratio to native)",
+    )
     parser.add_argument("--native-child", type=Path, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.native_child is not None:
@@ -1804,6 +1927,11 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--before-tree needs --focus attached --skip-recovery (throughput only)")
         if not (args.before_tree / "operators" / "__init__.py").is_file():
             parser.error(f"--before-tree {args.before_tree}: no operators package there")
+
+    if args.cpu_seconds and (args.focus != "attached" or not args.skip_recovery or args.recovery_only):
+        parser.error("--cpu-seconds needs --focus attached --skip-recovery (throughput only)")
+    if args.skip_native and args.before_tree is None:
+        parser.error("--skip-native needs --before-tree (the ratios to native need native)")
 
     from tests.brokers import start_broker
 
@@ -1839,6 +1967,8 @@ def main(argv: list[str] | None = None) -> int:
             attached_readers=tuple(r.strip() for r in (args.attached_readers or "").split(",") if r.strip()),
             before_tree=args.before_tree.resolve() if args.before_tree else None,
             gopen_only=args.gopen_only,
+            cpu_seconds=args.cpu_seconds,
+            skip_native=args.skip_native,
         )
         result["recovery_target"] = args.recovery_target
         result["attached_writers"] = args.attached_writers
@@ -1948,8 +2078,11 @@ def _attached_focus(
             f"micro-batch's execution) {sink['toArrow_cumulative_s']:.2f} s, driver Python "
             f"{sink['driver_python_s']:.2f} s (cProfile adds overhead; see the JSON)"
         )
-    checks = {"spark_native": result["spark_native"]["native_plan"], "cec_attached": attached}
-    for i, run in enumerate(result["spark_native"]["native_plan"]["runs"]):
+    native_plan = result["spark_native"]["native_plan"]  # None with --skip-native
+    checks = {"cec_attached": attached}
+    if native_plan is not None:
+        checks["spark_native"] = native_plan
+    for i, run in enumerate(native_plan["runs"] if native_plan is not None else []):
         checks[f"spark_native.{i}"] = run
     for i, run in enumerate(attached["runs"]):
         checks[f"cec_attached.{i}"] = run
@@ -1991,10 +2124,10 @@ def _attached_focus(
     result["same_results_as_local_engine"] = {k: _same(v, local) for k, v in checks.items()}
     bad = [k for k, ok in result["same_results_as_local_engine"].items() if not ok]
     say("results match CEC's local engine everywhere" if not bad else f"RESULTS DIFFER: {bad}")
-    base = result["spark_native"]["native_plan"]["tuples_per_s"]
+    base = native_plan["tuples_per_s"] if native_plan is not None else math.nan
     result["throughput_ratio_best_attached_to_best_native"] = attached["tuples_per_s"] / base
-    result["throughput_ratio_attached_to_native"] = statistics.median(pairs)
-    result["steady_ratio_attached_to_native"] = statistics.median(attached["steady_pair_ratios"])
+    result["throughput_ratio_attached_to_native"] = _median(pairs)
+    result["steady_ratio_attached_to_native"] = _median(attached["steady_pair_ratios"])
     if attached.get("tws_pair_ratios"):
         result["throughput_ratio_attached_to_native_tws"] = statistics.median(attached["tws_pair_ratios"])
         result["steady_ratio_attached_to_native_tws"] = statistics.median(attached["tws_steady_pair_ratios"])
@@ -2002,8 +2135,8 @@ def _attached_focus(
     result["loadavg_end"] = os.getloadavg()
     OUT_JSON.parent.mkdir(exist_ok=True)
     for name, other in attached.get("others", {}).items():
-        result[f"throughput_ratio_{name}_to_native"] = statistics.median(other["pair_ratios"])
-        result[f"steady_ratio_{name}_to_native"] = statistics.median(other["steady_pair_ratios"])
+        result[f"throughput_ratio_{name}_to_native"] = _median(other["pair_ratios"])
+        result[f"steady_ratio_{name}_to_native"] = _median(other["steady_pair_ratios"])
         say(
             f"{name} / Spark native throughput: {result[f'throughput_ratio_{name}_to_native']:.2f} (median of "
             f"pairs {', '.join(f'{r:.2f}' for r in other['pair_ratios'])}); steady state "
@@ -2069,10 +2202,12 @@ def _before_after_summary(w: Workload, result: dict[str, Any]) -> None:
             "after_to_native_steady": row["steady_pair_ratios"],
             "before_to_native_steady": before["steady_pair_ratios"],
         }
+        if row.get("after_before_cpu_pair_ratios"):
+            figures["after_before_cpu"] = row["after_before_cpu_pair_ratios"]
         summary[name] = {
             "input_reader": row.get("input_reader"),
             **{f"{k}_per_repeat": v for k, v in figures.items()},
-            **{f"{k}_median": statistics.median(v) for k, v in figures.items()},
+            **{f"{k}_median": _median(v) for k, v in figures.items()},
         }
         m = summary[name]
         say(
@@ -2081,6 +2216,12 @@ def _before_after_summary(w: Workload, result: dict[str, Any]) -> None:
             f"{m['after_before_steady_median']:.2f}); attached / native after {m['after_to_native_median']:.2f}, "
             f"before {m['before_to_native_median']:.2f} (steady {m['after_to_native_steady_median']:.2f}, "
             f"{m['before_to_native_steady_median']:.2f})"
+            + (
+                f"; CPU seconds before / after {m['after_before_cpu_median']:.2f} (median of "
+                f"{', '.join(f'{r:.2f}' for r in figures['after_before_cpu'])})"
+                if "after_before_cpu" in figures
+                else ""
+            )
         )
     result["before_after"] = summary
 

@@ -86,6 +86,7 @@ from operators.spark.partitioning import output_partition, partition_groups, spa
 from operators.spark.stamping import log_time, positions
 from operators.spark.state_partition import (
     GCHECK_ORDER,
+    KeyFacts,
     PartitionCall,
     PartitionState,
     flat_state,
@@ -474,7 +475,7 @@ class CecAggregateProcessor(StatefulProcessor):
         # Per key: its last applied tuple (a G-check claims it) and whether a tuple past its crash point
         # was processed (its window becomes live): the fates are the contract's, fixed for the call.
         contract = call.instance.contract
-        processed: set[str | None] = set()
+        processed: dict[str | None, KeyFacts] = {}  # a call's facts of a key stay the same object
         touch = call.touch
         for j, o, k in zip(js, os_, ks, strict=True):
             fate = TupleFate.PROCESS if contract is None else contract.fate(j, o, k)
@@ -483,12 +484,12 @@ class CecAggregateProcessor(StatefulProcessor):
             facts = touch(k)
             facts.last_j, facts.last_o = j, o
             if fate is TupleFate.PROCESS:
-                processed.add(k)
+                processed[k] = facts
         call.instance.apply_run(tuples)
-        windows = call.windows
-        for k in processed:
-            if k is not None and windows.get(k) is not None:
-                touch(k).live = True  # its state now holds every tuple of the key so far
+        open_now = call.windows.open_windows  # every processed key was touched: no saved window to install
+        for k, facts in processed.items():
+            if k is not None and k in open_now:
+                facts.live = True  # its state now holds every tuple of the key so far
         out = call.rows.rows
         # Each new footprint's pos and time, exactly as the sink stamps them (`out` is in log order: the
         # order the instance made them): the window's footprint clock and time.

@@ -60,17 +60,19 @@ def log_order(rows: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
 def positions(rows: Sequence[tuple[Any, ...]], stamper: PositionStamper) -> Iterator[tuple[int, ...]]:
     """The pos of each row (rows in log order), advancing `stamper` as they are made (module doc)."""
     last = len(rows) - 1
+    stamp = stamper.stamp
+    # `_timer_gcheck` inlined: this runs once per record in the processor and in both sinks.
     for idx, row in enumerate(rows):
         j, o = row[1], row[2]
-        if idx == last or _timer_gcheck(row):
+        if idx == last or (row[3] == GCHECK_ORDER and row[4] == _GCHECK):
             claims = True
         else:
             nxt = rows[idx + 1]
-            claims = _timer_gcheck(nxt) or nxt[1] != j or nxt[2] != o
+            claims = (nxt[3] == GCHECK_ORDER and nxt[4] == _GCHECK) or nxt[1] != j or nxt[2] != o
         # The instance's live position (everything of its input below it is applied, as the local host
         # stamps); a row without one (made before rows carried it) stands on its claim alone.
         live = row[12] if len(row) > 12 else None
-        yield stamper.stamp(live, j, o, claims=claims)
+        yield stamp(live, j, o, claims=claims)
 
 
 def log_time(previous: int, event_time: int, pos: Sequence[int], has_time: bool) -> int:

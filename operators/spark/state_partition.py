@@ -236,6 +236,11 @@ class PartitionWindows(WindowRegistry):
         ]
         return keys
 
+    @property
+    def open_windows(self) -> Mapping[str, OpenWindow]:
+        """The open windows of the keys touched in this call, by key (the keys not touched are not here)."""
+        return self._windows
+
     def get(self, key: str) -> OpenWindow | None:
         window = self._windows.get(key)
         if window is None and key not in self._touched:
@@ -244,7 +249,8 @@ class PartitionWindows(WindowRegistry):
         return window
 
     def open(self, window: OpenWindow) -> None:
-        self._touch(window.key)
+        if window.key not in self._touched:  # as a rule `get` touched it just before
+            self._touch(window.key)
         super().open(window)
 
     def close(self, key: str) -> OpenWindow:
