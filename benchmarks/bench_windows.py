@@ -41,6 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,14 +57,20 @@ VARIANTS: dict[str, dict[str, Any]] = {
 }
 
 
-def write_input(path: Path, keys: int, tuples: int, hours: float, seed: int = 11) -> None:
+def input_rows(keys: int, tuples: int, hours: float, seed: int = 11) -> Iterator[tuple[str, float, int]]:
+    """(key, value, ts) of the input: keys drawn uniformly, values multiples of 1/8 (so that any sum of a
+    window's values is exact in floats too), event times rising evenly over `hours`."""
     rnd = random.Random(seed)
     span = int(hours * HOUR)
+    for i in range(tuples):
+        yield f"k{rnd.randrange(keys)}", rnd.randrange(1, 40000) / 8, i * span // tuples
+
+
+def write_input(path: Path, keys: int, tuples: int, hours: float, seed: int = 11) -> None:
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["key", "value", "ts"])
-        for i in range(tuples):
-            writer.writerow([f"k{rnd.randrange(keys)}", rnd.randrange(1, 40000) / 8, i * span // tuples])
+        writer.writerows(input_rows(keys, tuples, hours, seed))
 
 
 # -- one run, in a child process (imports the tree it was started for) ---------------------------------------
