@@ -9,7 +9,9 @@ column. Variants (`--variants`, default all):
 - `hopping`: `--window-time 1h --slide 15m --agg avg` (k = 4 windows per time, `HoppingAggregate`);
 - `session`: `--session-gap 30m --agg avg` (`SessionAggregate`);
 - `aggs1`: `--window-time 1h --agg avg:value` (the several-aggregate form with one aggregate, `MultiAggregate`);
-- `aggs5`: `--window-time 1h` with avg, sum, min, max and count:* over `value` (`MultiAggregate`).
+- `aggs5`: `--window-time 1h` with avg, sum, min, max and count:* over `value` (`MultiAggregate`);
+- `count`, `count-aggs5`: the paper's count windows of 10 (no event time), the single `avg`
+  (`KeyedAggregate`'s per-tuple fast path) and the five aggregates: compare these two with each other.
 
 Each run is a process of its own (this script's hidden `--child` mode), so that its CPU seconds
 (`getrusage` of the child: user + system) are its own; runs are interleaved per repeat (the order rotates).
@@ -54,6 +56,9 @@ VARIANTS: dict[str, dict[str, Any]] = {
     "session": {"session_gap": "30m"},
     "aggs1": {"window_time": "1h", "aggs": [["avg", "value"]]},
     "aggs5": {"window_time": "1h", "aggs": FIVE},
+    # The paper's count windows (of 10, over input order): the single aggregate's fast path against five.
+    "count": {"window_count": 10, "time": None},
+    "count-aggs5": {"window_count": 10, "time": None, "aggs": FIVE},
 }
 
 
@@ -87,8 +92,9 @@ def child(args: argparse.Namespace) -> int:
         "key",
         "value",
         "avg",
+        window_count=variant.get("window_count"),
         window_time=variant.get("window_time"),
-        time="ts",
+        time=variant.get("time", "ts"),
         slide=variant.get("slide"),
         session_gap=variant.get("session_gap"),
         allowed_lateness=args.lateness,
