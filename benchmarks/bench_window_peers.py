@@ -253,6 +253,11 @@ def compare(cec: dict[tuple[str, int], float], quix: dict[tuple[str, int], float
 
 
 # -- cec -------------------------------------------------------------------------------------------------------
+def cec_env() -> dict[str, str]:
+    """`cec run`'s environment: this tree's packages first (a snapshot run from elsewhere measures itself)."""
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+
+
 def cec_cmd(bootstrap: str, topic: str, out: str, store: Path) -> list[str]:
     return [str(Path(sys.executable).with_name("cec")), "run", "--input-topic", topic, "--bootstrap-servers",
             bootstrap, "--format", "json", "--key", "key", "--value", "value", "--time", "ts",
@@ -268,7 +273,7 @@ def cec_throughput(bootstrap: str, topic: str, tag: str, work: Path) -> dict[str
     from bench_quix import topic_bytes
 
     store, out = work / f"{tag}-store", f"{tag}-out"
-    proc, cpu = _child_cpu(cec_cmd(bootstrap, topic, out, store), cwd=ROOT)
+    proc, cpu = _child_cpu(cec_cmd(bootstrap, topic, out, store), cwd=ROOT, env=cec_env())
     if proc.returncode != 0:
         raise RuntimeError(f"cec run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     stats = cec_stats(store, out)
@@ -290,7 +295,7 @@ def cec_recovery(bootstrap: str, topic: str, count: int, tag: str, work: Path) -
         raise RuntimeError(f"cec was to be SIGKILLed at {count // 2} inputs, exited {proc.returncode}")
     shutil.rmtree(first)  # the state directory is lost with the process
     second = work / f"{tag}-store-2"
-    proc, cpu = _child_cpu(cec_cmd(bootstrap, topic, out, second), cwd=ROOT)
+    proc, cpu = _child_cpu(cec_cmd(bootstrap, topic, out, second), cwd=ROOT, env=cec_env())
     if proc.returncode != 0:
         raise RuntimeError(f"cec recovery run failed ({proc.returncode}): {proc.stderr[-2000:]}")
     every = [s["recovery"] for s in cec_stats(second, out)]
