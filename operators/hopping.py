@@ -96,7 +96,12 @@ class PaneRun:
     @property
     def latest(self) -> int:
         """The latest time of the part's tuples."""
-        return max(pane.last for pane in self.panes)
+        panes = self.panes
+        latest = panes[0].last
+        for pane in panes:  # a loop, not max() over a generator: asked once or twice per tuple
+            if pane.last > latest:
+                latest = pane.last
+        return latest
 
 
 def _varint(out: bytearray, n: int) -> None:
@@ -224,11 +229,16 @@ class HoppingAggregate(MultiAggregate):
     # -- ids ---------------------------------------------------------------------------------------------
     def _key_json(self, value: Mapping[str, Any]) -> str:
         parts: list[str] = []
+        plain = True
         for field in self.key_fields:
             part = canonical_key(value.get(field), field)
             if part is None:
                 raise BadTupleError(f"missing key {field!r}")
             parts.append(part)
+            # What json.dumps writes unchanged: printable ASCII without a quote or a backslash.
+            plain = plain and part.isascii() and part.isprintable() and '"' not in part and "\\" not in part
+        if plain:  # the common key: json.dumps's bytes without its per-call cost
+            return '["' + '","'.join(parts) + '"]'
         return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
 
     def _part_id(self, key_json: str, period: int) -> str:
@@ -267,22 +277,35 @@ class HoppingAggregate(MultiAggregate):
     def _window(self, runs: Sequence[PaneRun], start: int) -> MultiState | None:
         """The window [start, start + size) of a key combined from its parts' panes; None if it holds none."""
         end = start + self.hopping.size_ms
+        return self._combine([pane for run in runs for pane in run.panes if start <= pane.start < end], start)
+
+    @staticmethod
+    def _combine(inside: Sequence[MultiState], start: int) -> MultiState | None:
+        """The window starting at `start` that holds the panes `inside`; None if there are none."""
+        if len(inside) == 1:
+            # One pane (most windows of a sparse key): the window is that pane's values from `start`; its
+            # columns are shared, not copied (a result only reads them).
+            pane = inside[0]
+            return MultiState(pane.count, start, pane.last, pane.columns)
         combined: MultiState | None = None
-        for run in runs:
-            for pane in run.panes:
-                if not start <= pane.start < end:
-                    continue
-                if combined is None:
-                    combined = MultiState(0, start, pane.last, [empty_column() for _ in pane.columns])
-                combined.count += pane.count
-                combined.last = max(combined.last, pane.last)
-                for into, col in zip(combined.columns, pane.columns, strict=True):
-                    _merge_column(into, col)
+        for pane in inside:
+            if combined is None:
+                combined = MultiState(0, start, pane.last, [empty_column() for _ in pane.columns])
+            combined.count += pane.count
+            combined.last = max(combined.last, pane.last)
+            for into, col in zip(combined.columns, pane.columns, strict=True):
+                _merge_column(into, col)
         return combined
 
-    def _window_result(self, key_json: str, state: MultiState) -> dict[str, Any]:
+    def _key_values(self, key_json: str) -> dict[str, Any]:
+        """A result's key columns: `key`, or one per key field."""
         names = ["key"] if len(self.key_fields) == 1 else self.key_fields
-        out: dict[str, Any] = dict(zip(names, json.loads(key_json), strict=True))
+        return dict(zip(names, json.loads(key_json), strict=True))
+
+    def _window_result(
+        self, key_json: str, state: MultiState, key_values: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
+        out = dict(key_values) if key_values is not None else self._key_values(key_json)
         out["window"] = state.start // self.slide_ms
         for agg in self.aggregates:
             out[agg.name] = self._aggregate(agg, state)
@@ -347,15 +370,18 @@ class HoppingAggregate(MultiAggregate):
         scaled = [None if x is None else exact_sum.exact(x) for x in xs]
         # A window's sum is at most the sum of the magnitudes of the panes it covers (k of its key's).
         limit = exact_sum.OVERFLOW
+        near = [
+            pane.columns
+            for w in runs.values()
+            for pane in w.state.panes
+            if pane_start - size < pane.start < pane_start + size
+        ]
         for i, si in enumerate(scaled):
             if si is None:
                 continue
-            total = abs(si) + sum(
-                abs(pane.columns[i].total)
-                for w in runs.values()
-                for pane in w.state.panes
-                if pane_start - size < pane.start < pane_start + size
-            )
+            total = abs(si)
+            for columns in near:
+                total += abs(columns[i].total)
             if total >= limit:
                 raise BadTupleError(f"value {self.value_fields[i]!r} would overflow its window's sum")
         # Every check is done: from here on the tuple changes state and cannot fail.
@@ -393,31 +419,38 @@ class HoppingAggregate(MultiAggregate):
         """Per-key closing: the key's windows whose end lies in (latest, t] close, each emitted by its
         owner; a part whose last window that is closes with it (its R)."""
         size, slide = self.hopping.size_ms, self.hopping.slide_ms
-        if not runs:
-            return
-        last_end = max(max(p.start for p in w.state.panes) for w in runs.values()) + size
         end = latest - latest % slide + slide  # the first window end past `latest`
+        if end > t or not runs:
+            return  # no window ends in (latest, t]: most tuples of a key come within its pane
+        last_end = max(w.state.panes[-1].start for w in runs.values()) + size
         periods = sorted(runs)
+        key_values: dict[str, Any] | None = None
         while end <= t and end <= last_end:
             start = end - size
-            states = [runs[p].state for p in periods if p in runs]
-            for p in periods:
-                window = runs.get(p)
-                if window is None:
-                    continue
-                older = runs.get(p - size)
-                if not self._owns(window.state, None if older is None else older.state, start):
-                    continue
-                combined = self._window(states, start)
+            # The window's panes in time order (the parts' periods are disjoint and sorted, and so are
+            # each part's panes): the first is the window's first non-empty pane, whose part owns it
+            # (`_owns`: a part of an earlier period holds no pane at or past `start`).
+            inside = [
+                (p, pane)
+                for p in periods
+                if p in runs
+                for pane in runs[p].state.panes
+                if start <= pane.start < end
+            ]
+            if inside:
+                owner = inside[0][0]
+                if key_values is None:
+                    key_values = self._key_values(key_json)
+                combined = self._combine([pane for _, pane in inside], start)
                 assert combined is not None
-                result = self._window_result(key_json, combined)
-                if max(pane.start for pane in window.state.panes) + size == end:
+                result = self._window_result(key_json, combined, key_values)
+                window = runs[owner]
+                if window.state.panes[-1].start + size == end:
                     ctx.close_window(window.key, result)
-                    del runs[p]
-                    self._forget(key_json, p)
+                    del runs[owner]
+                    self._forget(key_json, owner)
                 else:
                     ctx.emit(result)
-                break
             end += slide
 
     # -- the watermark -------------------------------------------------------------------------------------

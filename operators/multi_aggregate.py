@@ -139,6 +139,8 @@ class MultiAggregate(Operator):
         # when the watermark passes its end, never by its key's next tuple, so which tuples it holds
         # depends only on the input, not on how input partitions interleave (keys spread over them).
         self.by_window = self.windows.closed_by_watermark
+        # The key field of `_process_plain`: one key field, windows of their key (no watermark) only.
+        self._plain_key = key_fields[0] if len(key_fields) == 1 and not self.by_window else None
         self.result_schema = self._result_schema()
         # What `state_fields` shows of a window (the log holds `operators.multi_state`'s bytes).
         self.state_schema = {
@@ -230,6 +232,58 @@ class MultiAggregate(Operator):
         return out
 
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
+        if self._plain_key is not None and self._process_plain(tup, ctx, self._plain_key):
+            return
+        self._process(tup, ctx)
+
+    def _process_plain(self, tup: InputTuple, ctx: OperatorContext, field: str) -> bool:
+        """`_process` for a per-key window (no watermark) of one key field when the key is plain ASCII text
+        or an int and the tuple neither closes its key's window nor would overflow a sum: the same checks
+        and effects in fewer steps (the per-tuple path of throughput, as `KeyedAggregate._process_count`).
+        False, with nothing changed, for any other tuple: `_process` then decides (and raises its errors)."""
+        value = tup.value
+        assert value is not None
+        raw = value.get(field)
+        if type(raw) is str:
+            if not raw or not raw.isascii() or raw.isspace():
+                return False  # a missing key, or text whose UTF-8 `canonical_key` checks
+            key = raw
+        elif type(raw) is int:
+            key = str(raw)
+        else:
+            return False
+        xs = self._values(value)
+        t = self.event_time(value) if self.time_field else tup.offset
+        assert t is not None
+        windows = self.windows
+        window = ctx.registry.get(key)
+        exact = exact_sum.exact
+        if window is None:
+            if windows.closes_before(t, None, None):
+                return False
+            columns = [empty_column() if x is None else ColumnState(1, exact(x), x, x) for x in xs]
+            window = ctx.open_window(key, MultiState(1, windows.start_of(t), t, columns))
+            state = window.state
+        else:
+            state = window.state
+            if windows.closes_before(t, state.start, None):
+                return False  # its key's window closes first: `_process`
+            scaled = [None if x is None else exact(x) for x in xs]
+            limit = exact_sum.OVERFLOW
+            for si, col in zip(scaled, state.columns, strict=True):
+                if si is not None and abs(col.total + si) >= limit:
+                    return False  # `_process` dead-letters it
+            state.count += 1
+            state.last = t
+            for x, si, col in zip(xs, scaled, state.columns, strict=True):
+                if si is not None:
+                    assert x is not None
+                    col.add(x, si)
+        if windows.is_full(state.count):
+            ctx.close_window(key, self._result(key, window.seq, state))
+        return True
+
+    def _process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         assert tup.value is not None
         key = self.key_of(tup.value)
         if key is None:

@@ -69,11 +69,17 @@ class Windows(ABC):
     """The windows of one aggregate: a key's tuples, in that key's input order, fall into a run of windows
     of which at most one is open. `time_field` None: a tuple's time is its offset in its partition."""
 
-    __slots__ = ("allowed_lateness", "time_field")
+    __slots__ = ("_last_time", "allowed_lateness", "time_field")
 
     def __init__(self, time_field: str | None, allowed_lateness: int | None) -> None:
         self.time_field = time_field
         self.allowed_lateness = allowed_lateness
+        # The last text time parsed and its result: the engine asks a tuple's time before the operator
+        # does (`OperatorInstance._apply_plain`), and parsing text twice was a tenth of a time window's
+        # per-tuple cost. Keyed by the very str object (immutable, held here so its id is not reused), so
+        # it can only ever answer for the same text; one tuple attribute, so threads sharing the
+        # operator never read one's text with another's time.
+        self._last_time: tuple[object, int] = (None, 0)
 
     @abstractmethod
     def describe(self) -> str:
@@ -83,7 +89,14 @@ class Windows(ABC):
         """The tuple's event time (ms), None without a time field; BadTupleError for a bad one."""
         if self.time_field is None:
             return None
-        return event_time_ms(value.get(self.time_field), f"time {self.time_field!r}", self.margin)
+        raw = value.get(self.time_field)
+        last = self._last_time
+        if raw is last[0] and raw is not None:
+            return last[1]
+        t = event_time_ms(raw, f"time {self.time_field!r}", self.margin)
+        if type(raw) is str:
+            self._last_time = (raw, t)
+        return t
 
     @property
     def margin(self) -> int:

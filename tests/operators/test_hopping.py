@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from cec.config import Checkpointing
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import Kind, RecordCodec
+from operators.aggregate import canonical_key
 from operators.base import InputTuple
 from operators.hopping import HoppingAggregate, PaneRun, decode_panes, encode_panes
 from operators.job import JobSpec, aggregate_operator, build_operator, run_job
@@ -486,3 +487,35 @@ def test_any_input_is_a_result_or_a_dead_letter_the_same_in_one_run_or_one_by_on
 
     batch = every_record(build(), tuples, one_by_one=False)
     assert batch == every_record(build(), tuples, one_by_one=True)
+
+
+# -- a part's id: the key's fields as json.dumps writes them, whatever text they hold ----------------------
+
+
+_KEY_TEXT = st.one_of(
+    st.text(max_size=8),
+    st.sampled_from(['a"b', "a\\b", "tab\there", "\x7f", "é", "k1", " k ", "[1]", '","']),
+    st.integers(min_value=-(10**6), max_value=10**6),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_KEY_TEXT, min_size=1, max_size=3))
+def test_a_parts_key_is_what_json_dumps_writes_for_any_key_text(values: list[object]) -> None:
+    """The part ids in the log must not change with the shorter path for plain ASCII keys: every key is
+    json.dumps's array of its fields' canonical keys, or the same one-line error for a missing field."""
+    fields = [f"k{i}" for i in range(len(values))]
+    op = HoppingAggregate(key_fields=fields, aggs=[("count", "*")], window_ms=20, slide_ms=5, time_field="t")
+    row = dict(zip(fields, values, strict=True))
+    try:
+        parts = [canonical_key(row[f], f) for f in fields]
+    except BadTupleError as exc:
+        with pytest.raises(BadTupleError) as raised:
+            op._key_json(row)
+        assert raised.value.reason == exc.reason
+        return
+    if any(p is None for p in parts):
+        with pytest.raises(BadTupleError, match="missing key"):
+            op._key_json(row)
+        return
+    assert op._key_json(row) == json.dumps(parts, ensure_ascii=False, separators=(",", ":"))

@@ -29,7 +29,7 @@ from operators.multi_aggregate import MultiAggregate, parse_agg
 from operators.sinks import iter_payloads
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers.crash_plans import run_after_crashes
-from tests.helpers.engine_runs import ROW, AvroResults, engine_results, every_record, open_counts
+from tests.helpers.engine_runs import ANY_VALUE, ROW, AvroResults, engine_results, every_record, open_counts
 from tests.helpers.flight_queues import flight_schema, logged_result_bits, write_partitions
 
 FINITE = st.floats(allow_nan=False, allow_infinity=False, width=64)
@@ -395,3 +395,90 @@ def test_any_input_is_a_result_or_a_dead_letter_the_same_in_one_run_or_one_by_on
     )
     dead = sum(1 for r in batch if r[0] is Kind.DEAD)
     assert closed + dead + open_counts(operator, tuples) == len(tuples)
+
+
+# -- the per-tuple fast path (one key field, windows of their key) does what the full path does -----------
+
+
+_NUMBER = st.one_of(
+    st.floats(min_value=-1e6, max_value=1e6),
+    st.integers(-100, 100),
+    st.none(),
+    st.sampled_from([1.5e308, -0.0]),
+)
+# Mostly tuples the fast path takes (repeated keys, numbers, times in a few windows), some it leaves.
+_FAST_ROW = st.fixed_dictionaries(
+    {
+        "b": st.sampled_from(["x", "y", 7, 7, "x", None, " ", "é"]),
+        "v": st.one_of(_NUMBER, _NUMBER, ANY_VALUE),
+        "w": st.one_of(_NUMBER, _NUMBER, ANY_VALUE),
+        "t": st.one_of(st.integers(0, 70), st.integers(0, 70), ANY_VALUE),
+    }
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 1), _FAST_ROW), max_size=30),
+    st.sampled_from([{"window_count": 3}, {"window_ms": 20, "time_field": "t"}]),
+)
+def test_the_fast_path_makes_every_record_the_full_path_makes(
+    rows: list[tuple[int, dict[str, Any]]], windows: dict[str, Any]
+) -> None:
+    offsets = [0, 0]
+    tuples = []
+    for j, value in rows:
+        tuples.append(InputTuple(j, offsets[j], value))
+        offsets[j] += 1
+
+    def build(fast: bool) -> MultiAggregate:
+        operator = MultiAggregate(
+            key_fields=["b"],
+            aggs=[("avg", "v"), ("sum", "w"), ("min", "v"), ("max", "w"), ("count", "v"), ("count", "*")],
+            **windows,
+        )
+        if not fast:
+            operator._plain_key = None  # the full path for every tuple
+        return operator
+
+    fast = build(True)
+    assert fast._plain_key == "b"
+    assert every_record(fast, tuples, one_by_one=False) == every_record(
+        build(False), tuples, one_by_one=False
+    )
+
+
+def test_the_fast_path_takes_the_common_tuple_and_leaves_the_rest_to_the_full_path() -> None:
+    """The shapes it takes (text and int keys, float, int and missing values), the ones it leaves (a closing,
+    a key to check, an overflow) with the same records as the full path."""
+    big = 1.5e308
+    values = [
+        {"b": "x", "v": 1.5, "w": 2, "t": 1},
+        {"b": 7, "v": None, "w": 2.5, "t": 2},
+        {"b": "x", "v": "3", "w": big, "t": 3},
+        {"b": "x", "v": 1.0, "w": big, "t": 4},  # sum(w) would overflow: a dead letter
+        {"b": " ", "v": 1.0, "w": 1.0, "t": 5},  # a missing key: a dead letter
+        {"b": "é", "v": 1.0, "w": 1.0, "t": 6},
+        {"b": "x", "v": 2.0, "w": 1.0, "t": 25},  # closes x's window [0, 20)
+    ]
+    tuples = [InputTuple(0, o, v) for o, v in enumerate(values)]
+
+    def build(fast: bool) -> MultiAggregate:
+        operator = MultiAggregate(
+            key_fields=["b"], aggs=[("avg", "v"), ("sum", "w"), ("count", "*")], window_ms=20, time_field="t"
+        )
+        if not fast:
+            operator._plain_key = None
+        return operator
+
+    got = every_record(build(True), tuples, one_by_one=True)
+    assert got == every_record(build(False), tuples, one_by_one=True)
+    assert [r[0] for r in got] == [
+        Kind.GOPEN,
+        Kind.GOPEN,
+        Kind.DEAD,
+        Kind.DEAD,
+        Kind.GOPEN,
+        Kind.R,
+        Kind.GOPEN,
+    ]

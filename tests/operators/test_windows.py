@@ -4,6 +4,8 @@ boundaries (t exactly at start + size, at the watermark, negative times)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cec.exceptions import BadTupleError, ConfigError
 from operators.windows import (
@@ -133,3 +135,41 @@ def test_event_time_stays_a_window_away_from_the_long_range() -> None:
     assert CountWindows(2, "ts").event_time({"ts": LONG_MAX}) == LONG_MAX  # no window bound to keep room for
     with pytest.raises(BadTupleError, match=r"beyond the 64-bit range$"):
         event_time_ms(LONG_MAX + 1, "time 'ts'", 0)
+
+
+# -- the event time asked twice per tuple (the engine, then the operator): the same answer as a fresh parse --
+
+
+_TIMES = st.one_of(
+    st.integers(min_value=-(1 << 64), max_value=1 << 64),
+    st.integers(min_value=0, max_value=10**13).map(str),
+    st.sampled_from(["", " ", "x", "1.5", "2026-11-27T10:00:00Z", "2026-11-27 10:00:00", "1e3", "nan"]),
+    st.none(),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(_TIMES, st.booleans()), max_size=30))
+def test_event_time_asked_again_answers_as_a_fresh_parse_of_the_same_text(
+    asks: list[tuple[object, bool]],
+) -> None:
+    """Each row's time is asked once or twice (`again`), rows with equal text in other objects among them:
+    every answer (a time or the one-line error) is what a window that never saw an earlier row gives."""
+    windows = _time(size=1000)
+    previous: object = None
+    for raw, again in asks:
+        # Equal text, another object half the time; the very object of the row before otherwise.
+        if isinstance(raw, str) and again and isinstance(previous, str):
+            raw = previous
+        for _ in range(2 if again else 1):
+            fresh = _time(size=1000)
+            try:
+                want: object = fresh.event_time({"ts": raw})
+            except BadTupleError as exc:
+                want = ("error", exc.reason)
+            try:
+                got: object = windows.event_time({"ts": raw})
+            except BadTupleError as exc:
+                got = ("error", exc.reason)
+            assert got == want
+        previous = raw
