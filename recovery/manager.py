@@ -70,6 +70,8 @@ class RecoveryReport:
     # with a cache or a standby's checkpoint that was not used, why not.
     ec_source: str = "log"
     ec_cache_note: str = ""
+    # The log ended with the end of the input (EOS): an earlier run finished it; nothing was recovered.
+    log_complete: bool = False
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -196,5 +198,6 @@ class RecoveryManager:
             recovery_seconds=time.perf_counter() - started,
             ec_source=source,
             ec_cache_note=note,
+            log_complete=ec.complete,
         )
         return Recovery(ec, windows, plan, report, forward, forward_stored)

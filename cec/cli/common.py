@@ -309,6 +309,10 @@ def interrupted_line(args: argparse.Namespace) -> str:
 def recovery_lines(rec: dict[str, Any] | None) -> list[str]:
     if not rec:
         return ["  recovery:            none (no crash)"]
+    if rec.get("log_complete"):
+        return [
+            "  recovery:            none (the output log was complete: an earlier run finished it, nothing replayed)"
+        ]
     return [
         f"  extent at the crash:   {rec['extent_records']:,} records ({rec['ec_windows']:,} open windows in the EC)",
         f"  EC reconstruction:     {rec['ec_build_seconds'] * 1000:.1f} ms "
