@@ -24,7 +24,7 @@ from queuestore.exceptions import TornRecordError
 from recovery.eventual import EventualCheckpoint
 from recovery.forward import ForwardCheckpoint
 
-__all__ = ["apply_tail", "checkpoint_from_cache", "matches_log"]
+__all__ = ["apply_tail", "checkpoint_after_tail", "checkpoint_from_cache", "matches_log"]
 
 TAIL_CHUNK = 8192
 
@@ -53,13 +53,22 @@ def checkpoint_from_cache(
         return "the EC cache holds a damaged value"
     if last is not None and not matches_log(reader, last):
         return f"the EC cache's newest record is not the log's record at offset {last[0]:,}"
-    forward = ForwardCheckpoint(dict(parts), last, next_offset)
+    return checkpoint_after_tail(
+        reader, ForwardCheckpoint(dict(parts), last, next_offset), codec, end, "the EC cache"
+    )
+
+
+def checkpoint_after_tail(
+    reader: PartitionReader, forward: ForwardCheckpoint, codec: RecordCodec, end: int, what: str
+) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
+    """The eventual checkpoint at `end` from `forward` (an EC as of an earlier offset: the EC cache's, or
+    what a standby followed) and the log's tail after it; or why not, naming `what` the EC came from."""
     applied = apply_tail(reader, forward, codec, end)
     if isinstance(applied, str):
         return applied
     ec = forward.checkpoint(codec, end)
     if ec is None:
-        return "the EC cache does not add up to the crash point's open windows"
+        return f"{what} does not add up to the crash point's open windows"
     ec.records_read = applied
     return ec, forward
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from cec.records import RecordCodec
 from queuestore.base import PartitionReader
-from recovery.cached import apply_tail, matches_log
+from recovery.cached import apply_tail, checkpoint_after_tail, matches_log
 from recovery.eventual import EventualCheckpoint
 from recovery.forward import ForwardCheckpoint
 
@@ -66,11 +66,4 @@ def checkpoint_from_followed(
         return "the log was trimmed past what the standby had followed"
     if not matches_log(reader, forward.last):
         return "the standby's newest record is not the log's record at its offset"
-    applied = apply_tail(reader, forward, codec, end)
-    if isinstance(applied, str):
-        return applied
-    ec = forward.checkpoint(codec, end)
-    if ec is None:
-        return "what the standby followed does not add up to the crash point's open windows"
-    ec.records_read = applied
-    return ec, forward
+    return checkpoint_after_tail(reader, forward, codec, end, "what the standby followed")

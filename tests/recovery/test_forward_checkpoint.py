@@ -12,51 +12,12 @@ import pytest
 
 from cec.records import RecordCodec
 from operators.job import JobSpec, run_job
-from queuestore.base import PartitionReader, Row, StoredRecord
 from queuestore.sqlite import SqliteQueueStore
-from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
+from recovery.eventual import EventualCheckpointBuilder
 from recovery.forward import ForwardCheckpoint
+from tests.helpers.log_prefix import LogPrefix, ec_view
 
 CODEC = RecordCodec()
-
-
-class _Prefix(PartitionReader):
-    """The first `end` records of a log: the log a crash at `end` would have left."""
-
-    def __init__(self, rows: list[Row], end: int) -> None:
-        self.topic, self.partition = "prefix", 0
-        self._rows, self._end = rows, end
-
-    def end_offset(self) -> int:
-        return self._end
-
-    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
-        upper = min(before_offset, self._end)
-        return self._rows[max(0, upper - max_records) : upper][::-1]
-
-    def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
-        raise AssertionError("the builder reads back")
-
-    def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
-        raise AssertionError("the builder reads rows")
-
-    def tail(self, from_offset: int, **_: Any) -> Any:
-        raise AssertionError("never tailed")
-
-    def close(self) -> None:
-        pass
-
-
-def _view(ec: EventualCheckpoint) -> tuple[object, ...]:
-    return (
-        {key: fp.offset for key, fp in ec.windows.items()},
-        ec.crash_pos,
-        ec.n,
-        ec.time,
-        ec.extent_start,
-        ec.complete,
-        ec.marks,
-    )
 
 
 OPERATORS: dict[str, dict[str, Any]] = {
@@ -98,7 +59,7 @@ def test_the_forward_checkpoint_is_the_one_read_back_at_every_prefix(tmp_path: P
     for end in range(1, len(rows) + 1):
         forward.apply(rows[end - 1])
         kept = forward.checkpoint(CODEC, end)
-        read_back = EventualCheckpointBuilder(_Prefix(rows, end), CODEC).build()
+        read_back = EventualCheckpointBuilder(LogPrefix(rows, end), CODEC).build()
         assert kept is not None, end
-        assert _view(kept) == _view(read_back), end
+        assert ec_view(kept) == ec_view(read_back), end
     assert "GCHECK" in kinds or name != "count-gchecks"

@@ -29,13 +29,14 @@ from hypothesis import strategies as st
 from cec.records import RecordCodec
 from operators.job import JobSpec, run_job
 from operators.standby import read_status
-from queuestore.base import PartitionReader, QueueStore, Row, StoredRecord
+from queuestore.base import QueueStore, Row
 from queuestore.kafka import KafkaQueueStore
 from queuestore.sqlite import SqliteQueueStore
-from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
+from recovery.eventual import EventualCheckpointBuilder
 from recovery.standby import LogFollower
 from tests.brokers import Broker
 from tests.helpers import cec, child_env, per_key, results, start_worker, wait_for
+from tests.helpers.log_prefix import LogPrefix, ec_view
 
 TUPLES = 150_000
 CODEC = RecordCodec()
@@ -247,48 +248,6 @@ def test_on_kafka_a_standby_fences_the_primary_which_then_stops_and_never_writes
 
 
 # -- the model --------------------------------------------------------------------------------------------
-class _Growing(PartitionReader):
-    """A log that holds its first `end` records now (the primary appends, the follower reads on)."""
-
-    def __init__(self, rows: list[Row]) -> None:
-        self.topic, self.partition = "growing", 0
-        self._rows, self.end = rows, 0
-
-    def end_offset(self) -> int:
-        return self.end
-
-    def read_range_rows(self, start: int, stop_before: int) -> list[Row]:
-        return self._rows[start : min(stop_before, self.end)]
-
-    def read_backward_rows(self, before_offset: int, max_records: int) -> list[Row]:
-        upper = min(before_offset, self.end)
-        return self._rows[max(0, upper - max_records) : upper][::-1]
-
-    def read_forward(self, from_offset: int, max_records: int) -> list[StoredRecord]:
-        raise AssertionError("rows only")
-
-    def read_backward(self, before_offset: int, max_records: int) -> list[StoredRecord]:
-        raise AssertionError("rows only")
-
-    def tail(self, from_offset: int, **_: Any) -> Any:
-        raise AssertionError("never tailed")
-
-    def close(self) -> None:
-        pass
-
-
-def _view(ec: EventualCheckpoint) -> tuple[object, ...]:
-    return (
-        {key: fp.offset for key, fp in ec.windows.items()},
-        ec.crash_pos,
-        ec.n,
-        ec.time,
-        ec.extent_start,
-        ec.complete,
-        ec.marks,
-    )
-
-
 @pytest.fixture(scope="module")
 def real_log(tmp_path_factory: pytest.TempPathFactory) -> list[Row]:
     root = tmp_path_factory.mktemp("model")
@@ -313,7 +272,7 @@ def real_log(tmp_path_factory: pytest.TempPathFactory) -> list[Row]:
 
 
 def _follow(rows: list[Row], steps: list[int]) -> None:
-    log = _Growing(rows)
+    log = LogPrefix(rows, topic="growing")
     follower = LogFollower(CODEC)
     at = 0
     for step in [*steps, len(rows)]:
@@ -322,7 +281,7 @@ def _follow(rows: list[Row], steps: list[int]) -> None:
         assert follower.unusable is None and follower.applied == log.end
         kept = follower.forward.checkpoint(CODEC, log.end)
         read_back = EventualCheckpointBuilder(log, CODEC).build()
-        assert kept is not None and _view(kept) == _view(read_back), log.end
+        assert kept is not None and ec_view(kept) == ec_view(read_back), log.end
         at = log.end
         if at == len(rows):
             break
