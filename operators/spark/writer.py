@@ -451,7 +451,9 @@ class ExecutorSink(CecSink):
         trim_every: int | None = None,
         results: tuple[str, dict[str, Any]] | None = None,
     ) -> None:
-        # Trimming runs in the write tasks (`operators.spark.trim.TaskTrim`), not in the driver's sink.
+        # Trimming runs in the write tasks (`operators.spark.trim.TaskTrim`), not in the driver's sink. Set
+        # before the base class starts: its metrics read the trimmed count (`_trimmed_offsets`) from then on.
+        self.trimmed_total = 0
         super().__init__(outputs, recovery, has_time, keep_batches=keep_batches, metrics=metrics)
         self.trim_every = trim_every
         self.trim_states: list[PartitionTrim] = []
@@ -459,7 +461,6 @@ class ExecutorSink(CecSink):
             store = cast("KafkaQueueStore", self.outputs[0].store) if self.outputs else None
             covered = [] if store is None else directory_starts(store, self.outputs)
             self.trim_states = [PartitionTrim(0, c) for c in covered]
-        self.trimmed_total = 0
         self.results = results  # (results topic, result schema): cec_aggregate(results_topic=...)
         self.bootstrap_servers = bootstrap_servers
         self.client = dict(client)

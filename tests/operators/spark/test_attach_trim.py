@@ -28,6 +28,7 @@ from operators.sources import PurchaseGenerator
 from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
+from tests.helpers.attached import run_to_end
 from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_IN_TRIM
 from tests.operators.spark.test_attach import (
     COUNT,
@@ -40,7 +41,6 @@ from tests.operators.spark.test_attach import (
     _driver_child,
     _killed_driver,
     _per_key,
-    _run,
     purchases,  # noqa: F401 - the module's fixtures
     reference,  # noqa: F401
 )
@@ -126,7 +126,7 @@ def test_trimmed_logs_recover_exactly_after_driver_sigkills_and_keep_unread_reco
         assert all(s <= r for s, r in zip(after_second, read_first, strict=True))  # ... never past the reads
         downstream.catch_up()
 
-        query = _run(spark, args)
+        query = run_to_end(spark, args)
         assert query.recovery.resumed and query.recovery.ec_windows > 0
         assert query.cec_progress["trimmed_offsets"] > 0
         downstream.catch_up()
@@ -194,7 +194,7 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
     What the reader got over all its reads equals the failure-free run's results, each window exactly once.
     """
     failure_free = f"avg-ref3-{uuid.uuid4().hex[:8]}"
-    _run(spark, _args(purchases3, tmp_path / "ref", failure_free))
+    run_to_end(spark, _args(purchases3, tmp_path / "ref", failure_free))
     expected: PerKey = _per_key(read_results(spark, failure_free, purchases3.bootstrap).collect())
 
     output = f"avg-etrim-{uuid.uuid4().hex[:8]}"
@@ -221,7 +221,7 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
         _driver_child(args, tmp_path / "third", f"{PLAN_AFTER_EC_BUILD}:1", expect=-signal.SIGKILL)
         shutil.rmtree(tmp_path / "state")  # the closed-window directory of the trimmed part: in Kafka only
 
-        query = _run(spark, args)
+        query = run_to_end(spark, args)
         assert query.recovery.resumed
         got += _read(spark, purchases3, output, reader)
         got += _read(spark, purchases3, output, reader)

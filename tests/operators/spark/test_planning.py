@@ -25,13 +25,13 @@ from operators.spark.processor import INIT_SCHEMA
 from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
 from recovery.eventual import EventualCheckpointBuilder
+from tests.helpers.attached import run_to_end
 from tests.operators.spark.test_attach import (  # the module's input topic and failure-free reference run
     Purchases,
     Reference,
     _args,
     _kinds,
     _results,
-    _run,
     purchases,
     reference,
 )
@@ -104,7 +104,7 @@ def test_a_restart_plans_on_the_executors_and_no_window_state_reaches_the_driver
 ) -> None:
     output = f"avg-plan-{uuid.uuid4().hex[:8]}"
     args = _args(purchases, tmp_path, output, partitions=2)
-    _run(spark, args)  # to the end of the input: windows stay open (keys whose count is not a multiple)
+    run_to_end(spark, args)  # to the end of the input: windows stay open (keys whose count is not a multiple)
     written = _kinds(purchases, tmp_path, output)
 
     pulls = DriverPulls()
