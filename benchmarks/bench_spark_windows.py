@@ -85,6 +85,18 @@ def dir_bytes(path: Path) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.exists() else 0
 
 
+def state_bytes(checkpoint: Path) -> int:
+    """The bytes of the state store under a Spark checkpoint (its `state/` directories, at any depth: cec's
+    checkpoint is one level down, a fresh one per start)."""
+    if not checkpoint.exists():
+        return 0
+    return sum(
+        p.stat().st_size
+        for p in checkpoint.rglob("*")
+        if p.is_file() and "state" in p.relative_to(checkpoint).parts
+    )
+
+
 # -- the driver process: one warm-up and one measured query ---------------------------------------------------
 def _native_query(spark: Any, spec: dict[str, Any], topic: str, batch_rows: int, tag: str) -> Any:
     from pyspark.sql import functions as F
@@ -306,7 +318,7 @@ def measure(spec: dict[str, Any], d: Path, bootstrap: str, tuples: int) -> dict[
         checkpoint = d / "run-checkpoint"
         row["bytes"] = {
             "checkpoint": dir_bytes(checkpoint),
-            "checkpoint_state": dir_bytes(checkpoint / "state"),
+            "checkpoint_state": state_bytes(checkpoint),
             "sink": dir_bytes(d / "run-sink"),
         }
         row["bytes"]["written"] = row["bytes"]["checkpoint"] + row["bytes"]["sink"]
@@ -314,6 +326,7 @@ def measure(spec: dict[str, Any], d: Path, bootstrap: str, tuples: int) -> dict[
         volume = log_volume(bootstrap, f"{spec['prefix']}run-out")
         row["bytes"] = {"output_log": volume["log_bytes"], "log_messages": volume["log_messages"]}
         row["bytes"]["checkpoint"] = dir_bytes(d / "run-checkpoint")
+        row["bytes"]["checkpoint_state"] = state_bytes(d / "run-checkpoint")
         row["bytes"]["written"] = row["bytes"]["output_log"] + row["bytes"]["checkpoint"]
     row["bytes_per_tuple"] = row["bytes"]["written"] / tuples
     say(
