@@ -28,9 +28,10 @@ value bytes of its committed records, `bench_spark.log_volume`) and its Spark ch
 
 Results checked: every (key, window start) both sides emitted has the same end and the same mean (within
 1e-9 relative; the values are multiples of 1/8, so the sums are exact); the windows only one side emitted
-are counted and classified against the native query's last watermark (a window that ends after it is still
-open for Spark in append mode at the end of the input; cec also closes a key's window at the key's next
-tuple at or past its end, so it emits more of them).
+are counted and classified: cec's against the native query's last watermark (a window that ends after it
+is still open for Spark in append mode at the end of the input), Spark's by whether cec emitted any later
+window of the key (cec's watermark closes a key's sessions a run of consecutive gap-wide slices at a time,
+docs/long-runs.md: a session in a run still open at the end of the input is not emitted yet).
 
     CEC_TEST_BROKER=apache-kafka flock /tmp/cec-bench.lock nice -n 5 .venv/bin/python \\
         benchmarks/bench_spark_windows.py [--keys 10000] [--tuples 100000] [--hours 3] [--repeats 1] \\
