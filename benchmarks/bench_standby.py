@@ -10,9 +10,8 @@ Per repeat, interleaved (the order rotates):
   standby takes over; "kill to caught up" is t0 to the standby's restore path's `caught_up` (a timestamp from
   benchmarks/restart_probe.py, outside the product);
 - `cold-cache`: the same kill, then the same job started again (its state directory kept: the EC cache
-  on, the default); kill to caught up, the restart's spawn included;
-- `cold-nocache`: the same with `ec_cache=False`: the restart reads the extent back (before this issue's
-  default);
+  on); kill to caught up, the restart's spawn included;
+- `cold-nocache`: the same with `ec_cache=False`: the restart reads the extent back;
 each with its recovery report (phases, records read, tuples replayed), and the final logs' results are
 compared between the three modes (the same results, per key, or the run fails).
 
@@ -109,12 +108,20 @@ def _wait(condition: Any, what: str, timeout: float = 600.0, interval: float = 0
         time.sleep(interval)
 
 
-def _caught_up(probe: Path) -> float:
+def _caught_up(probe: Path, field: str = "t") -> float:
+    """The wall clock (`t`) or the restart's own CPU seconds (`cpu`) when it was caught up."""
     for line in probe.read_text().splitlines():
         event = json.loads(line)
         if event["ev"] == "caught_up:enter":
-            return float(event["t"])
+            return float(event[field])
     raise RuntimeError(f"{probe}: no caught_up event (the restart did not recover?)")
+
+
+def _cpu_in(probe: Path, name: str) -> float:
+    """The restart's CPU seconds inside the probe boundary `name` (recovery.manager's `recover`: the EC
+    built, from the cache and the tail or read back, and loaded)."""
+    events = {e["ev"]: e for e in map(json.loads, probe.read_text().splitlines())}
+    return float(events[f"{name}:exit"]["cpu"]) - float(events[f"{name}:enter"]["cpu"])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -192,6 +199,9 @@ def cold(
     row = {
         "kill_to_caught_up_s": caught - t0,
         "spawn_to_caught_up_s": caught - spawned,
+        # CPU seconds, robust to the machine's load: the restart process to caught up, and its `recover`.
+        "restart_cpu_to_caught_up_s": _caught_up(probe, "cpu"),
+        "recover_cpu_s": _cpu_in(probe, "recover"),
         "report": _report(stats),
     }
     return row, _per_key(store)
@@ -206,7 +216,7 @@ def steady(args: argparse.Namespace, work: Path, tag: str, ec_cache: bool) -> di
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     store = SqliteQueueStore(root)
     cache = store.ec_cache_path(TOPIC, 0)
-    cache_bytes = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+    cache_bytes = cache.stat().st_size if cache.is_file() else 0  # one snapshot file (queuestore.ec_cache)
     log_bytes = sum(p.stat().st_size for p in (root / TOPIC).rglob("*") if p.is_file())
     return {"cpu_s": cpu, "tuples_per_cpu_s": args.tuples / cpu, "ec_cache_bytes": cache_bytes,
             "log_bytes": log_bytes, "log_records": _log_end(store)}  # fmt: skip
@@ -275,6 +285,27 @@ def main(argv: list[str] | None = None) -> int:
         "cold-cache/cold-nocache": [round(c["kill_to_caught_up_s"] / n["kill_to_caught_up_s"], 3)
                                     for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)],
     }  # fmt: skip
+
+    def phases(row: dict[str, Any], names: tuple[str, ...]) -> float:
+        return sum((row["report"]["phases"] or {}).get(name, 0.0) for name in names)
+
+    # What the EC cache can change: opening it (in "index"), building the EC (cache + tail, or the extent
+    # read back) and loading it; the replay is the same either way.
+    for label, names in (
+        ("index+ec_build", ("index", "ec_build")),
+        ("index+ec_build+ec_load", ("index", "ec_build", "ec_load")),
+    ):
+        ratios[f"cold-cache/cold-nocache {label}"] = [
+            round(phases(c, names) / phases(n, names), 3)
+            for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)
+        ]
+        print(f"{label} s: cache on {[round(phases(c, names), 3) for c in runs['cold-cache']]}, "
+              f"off {[round(phases(n, names), 3) for n in runs['cold-nocache']]}")  # fmt: skip
+    for key in ("restart_cpu_to_caught_up_s", "recover_cpu_s"):
+        on = [c[key] for c in runs["cold-cache"]]
+        off = [n[key] for n in runs["cold-nocache"]]
+        ratios[f"cold-cache/cold-nocache {key}"] = [round(a / b, 3) for a, b in zip(on, off, strict=True)]
+        print(f"{key}: cache on {[round(a, 3) for a in on]}, off {[round(b, 3) for b in off]}")
     for mode, value in summary.items():
         print(f"{mode:12} kill to caught up, median {value:.2f} s")
     for name, values in ratios.items():

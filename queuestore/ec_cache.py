@@ -16,9 +16,10 @@ last snapshot, so a clean restart reads no tail.
 Layout, little-endian: `MAGIC`, then the body's length (u64) and its CRC-32 (u32), then the body: the
 identity (u32 length + UTF-8: the partition), X (u64), the newest record's row (u32 length, `_NONE`: none;
 `pack_row`), the number of entries n (u32), the kind names (u8 count, each u8 length + ASCII) and then per
-entry, as columns: kind index (u8), offset, time, seq (i64 each), key length in characters (u32), value
-length in bytes (u32); then the keys' length in bytes (u64), all keys (one UTF-8 string) and all values. Decoded by whole columns (`array`,
-`map` over slices): no Python loop per entry.
+entry, as columns: kind index (u8), offset, time, seq (i64 each); then a u8, 1 when the keys are
+NUL-separated (no key holds a NUL), 0 when a column of key lengths in characters (u32) follows; then value
+lengths in bytes (u32), the keys' length in bytes (u64), all keys (one UTF-8 string) and all values.
+Decoded by whole columns (`array`, `str.split`, `map` over slices): no Python loop per entry.
 
 Derived data, never trusted blindly. `load` answers why not (a one-line reason) for a cache that is missing,
 of another partition, damaged (checksum, length) or malformed; `recovery.cached` then checks what it loaded
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 
 __all__ = ["MIN_SNAPSHOT_RECORDS", "ECCache", "decode_snapshot", "encode_snapshot"]
 
-MAGIC = b"CEC-EC1\n"
+MAGIC = b"CEC-EC2\n"
 MIN_SNAPSHOT_RECORDS = 256
 _FRAME = struct.Struct("<QI")  # body length, CRC-32 of the body
 _U32 = struct.Struct("<I")
@@ -113,7 +114,9 @@ def encode_snapshot(identity: str, next_offset: int, last: Row | None, parts: di
     values = list(map(_VALUE, rows))
     try:
         ident = identity.encode()
-        all_keys = "".join(keys).encode()
+        joined = "\0".join(keys)
+        separated = joined.count("\0") == max(len(keys) - 1, 0)  # no key holds a NUL: split in one call
+        all_keys = (joined if separated else "".join(keys)).encode()
         last_bytes = b"" if last is None else pack_row(last)
     except UnicodeEncodeError as exc:  # a lone surrogate: not a key this format keeps
         raise SnapshotError("a key that is not UTF-8") from exc
@@ -131,7 +134,8 @@ def encode_snapshot(identity: str, next_offset: int, last: Row | None, parts: di
             _column("q", map(_OFFSET, rows)),
             _column("q", map(_TIME, rows)),
             _column("q", map(_SEQ, rows)),
-            _column("I", map(len, keys)),
+            bytes([separated]),
+            b"" if separated else _column("I", map(len, keys)),
             _column("I", map(len, values)),
             _U64.pack(len(all_keys)),
             all_keys,
@@ -199,7 +203,10 @@ def decode_snapshot(data: bytes, identity: str) -> Loaded:
         offsets = cursor.column("q", n)
         times = cursor.column("q", n)
         seqs = cursor.column("q", n)
-        key_lengths = cursor.column("I", n)
+        separated = cursor.take(1)[0]
+        if separated > 1:
+            raise SnapshotError("the snapshot's keys are of no known layout")
+        key_lengths = None if separated else cursor.column("I", n)
         value_lengths = cursor.column("I", n)
         all_keys = bytes(cursor.take(int(_U64.unpack(cursor.take(8))[0]))).decode()
         all_values = bytes(cursor.take(sum(value_lengths)))
@@ -207,9 +214,14 @@ def decode_snapshot(data: bytes, identity: str) -> Loaded:
         raise SnapshotError(f"the snapshot is malformed ({type(exc).__name__})") from exc
     if cursor.at != len(body):
         raise SnapshotError("the snapshot has bytes past its last entry")
-    if len(all_keys) != sum(key_lengths):
-        raise SnapshotError("the snapshot's keys do not add up")  # lengths in characters, not bytes
-    keys = list(map(all_keys.__getitem__, _spans(key_lengths)))
+    if key_lengths is None:
+        keys = all_keys.split("\0") if n else []
+        if len(keys) != n or (not n and all_keys):
+            raise SnapshotError("the snapshot's keys do not add up")
+    else:
+        if len(all_keys) != sum(key_lengths):
+            raise SnapshotError("the snapshot's keys do not add up")  # lengths in characters, not bytes
+        keys = list(map(all_keys.__getitem__, _spans(key_lengths)))
     values = list(map(all_values.__getitem__, _spans(value_lengths)))
     parts = dict(zip(keys, zip(offsets, kinds, times, keys, seqs, values, strict=True), strict=True))
     if len(parts) != n:

@@ -21,7 +21,7 @@ from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
 from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
 from queuestore.ec_cache import ECCache
 from queuestore.exceptions import TornRecordError
-from recovery.eventual import EventualCheckpoint
+from recovery.eventual import EventualCheckpoint, gc_paused
 from recovery.forward import ForwardCheckpoint
 
 __all__ = ["apply_tail", "checkpoint_after_tail", "checkpoint_from_cache", "matches_log"]
@@ -39,6 +39,13 @@ def checkpoint_from_cache(
 ) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
     """The eventual checkpoint at the log's end from the cache and the tail, with the forward checkpoint it
     came from (the cache goes on from it); or why the cache was not used."""
+    with gc_paused():  # a few objects per window, none freed: as the EC build and load (recovery.eventual)
+        return _checkpoint_from_cache(reader, cache, codec)
+
+
+def _checkpoint_from_cache(
+    reader: PartitionReader, cache: ECCache, codec: RecordCodec
+) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
     loaded = cache.load()
     if isinstance(loaded, str):
         return loaded

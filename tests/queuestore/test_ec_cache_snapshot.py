@@ -69,7 +69,7 @@ def test_a_snapshot_decodes_to_what_was_encoded(checkpoint: tuple[int, Row | Non
 @settings(max_examples=400, deadline=None)
 def test_any_bytes_decode_or_are_rejected_cleanly(data: bytes) -> None:
     _decodes_or_rejects(data)
-    _decodes_or_rejects(b"CEC-EC1\n" + data)  # past the magic too
+    _decodes_or_rejects(b"CEC-EC2\n" + data)  # past the magic too
 
 
 @given(checkpoints(), st.data())
@@ -116,7 +116,10 @@ def test_a_snapshot_is_written_whole_by_rename_and_leftovers_are_removed(tmp_pat
     row: Row = (0, "GOPEN", 5, "k", 1, b"v")
     cache.adopt({}, None, 0, stored=False)
     cache.apply(row)
-    cache.commit()  # adopted from the log: the first commit writes the snapshot whole
+    cache.commit()  # from an empty log: nothing written before MIN_SNAPSHOT_RECORDS
+    assert not path.exists()
+    cache.adopt({"k": row}, row, 1, stored=False)
+    cache.commit()  # adopted from a log read back: the first commit writes the snapshot whole
     assert decode_snapshot(path.read_bytes(), IDENTITY) == ({"k": row}, row, 1)
     cache.apply_run(1, "GCHECK", 6, ["k", "j"], [1, 2], [b"a", b"b"])
     cache.commit()  # 2 records since: not due yet
