@@ -222,6 +222,38 @@ def steady(args: argparse.Namespace, work: Path, tag: str, ec_cache: bool) -> di
             "log_bytes": log_bytes, "log_records": _log_end(store)}  # fmt: skip
 
 
+def same_crash(args: argparse.Namespace, work: Path, rep: int) -> dict[str, dict[str, Any]]:
+    """One primary (the EC cache on) SIGKILLed once its log holds `--kill-at` records; its store directory
+    (log, index, cache) copied twice and each copy restarted, the cache on and off (the order alternates):
+    the same crash, the same log and the same replay, only the EC's source differs. The restarts' results
+    must be the same."""
+    root = work / f"same-{rep}-primary"
+    primary = _worker(_spec(root, args, ec_cache=True), work / f"same-{rep}-primary.json", None)
+    _kill_primary_at(primary, SqliteQueueStore(root), args.kill_at)
+    rows: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, Counter[str]] = {}
+    for mode in ("on", "off") if rep % 2 == 0 else ("off", "on"):
+        copy = work / f"same-{rep}-{mode}"
+        shutil.copytree(root, copy)
+        stats, probe = work / f"same-{rep}-{mode}.stats.json", work / f"same-{rep}-{mode}.jsonl"
+        spawned = time.time()
+        spec = _spec(copy, args, ec_cache=mode == "on", stats=stats)
+        _finish(_worker(spec, work / f"same-{rep}-{mode}.json", probe), f"the restart, cache {mode}")
+        rows[mode] = {
+            "spawn_to_caught_up_s": _caught_up(probe) - spawned,
+            "restart_cpu_to_caught_up_s": _caught_up(probe, "cpu"),
+            "recover_cpu_s": _cpu_in(probe, "recover"),
+            "loadavg": os.getloadavg()[0],
+            "report": _report(stats),
+        }
+        outputs[mode] = _per_key(SqliteQueueStore(copy))
+        shutil.rmtree(copy, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    if outputs["on"] != outputs["off"]:
+        raise RuntimeError(f"repeat {rep}: the restarts' results differ")
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keys", type=int, default=100_000)
@@ -232,7 +264,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steady", action="store_true", help="also the EC cache's steady cost")
     p.add_argument("--out", type=Path, default=HERE / "out" / "standby.json")
+    p.add_argument(
+        "--same-crash",
+        action="store_true",
+        help="only the EC cache on against off, each restart from a copy of the same crashed store",
+    )
     args = p.parse_args(argv)
+    if args.same_crash:
+        return _main_same_crash(args)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {"standby": [], "cold-cache": [], "cold-nocache": []}
     steady_runs: dict[str, list[dict[str, Any]]] = {"cache-on": [], "cache-off": []}
@@ -326,6 +365,36 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs, "steady": steady_runs, "ratios": ratios, "summary": summary,
+    }, indent=1))  # fmt: skip
+    return 0
+
+
+def _main_same_crash(args: argparse.Namespace) -> int:
+    load_before = os.getloadavg()
+    runs: list[dict[str, dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="cec-standby-") as tmp:
+        for rep in range(args.repeats):
+            rows = same_crash(args, Path(tmp), rep)
+            runs.append(rows)
+            for mode in ("on", "off"):
+                row, rep_ = rows[mode], rows[mode]["report"]
+                print(f"[{rep}] cache {mode:3} spawn to caught up {row['spawn_to_caught_up_s']:6.2f} s, "
+                      f"CPU to caught up {row['restart_cpu_to_caught_up_s']:5.2f} s, recover() CPU "
+                      f"{row['recover_cpu_s']:5.3f} s ({rep_['ec_source']}: {rep_['records_read']:,} records read, "
+                      f"{rep_['ec_windows']:,} windows, {rep_['tuples_replayed']:,} replayed; phases "
+                      f"{ {k: round(v, 2) for k, v in (rep_['phases'] or {}).items()} })  "
+                      f"loadavg {row['loadavg']:.1f}", flush=True)  # fmt: skip
+    ratios = {
+        key: [round(r["on"][key] / r["off"][key], 3) for r in runs]
+        for key in ("spawn_to_caught_up_s", "restart_cpu_to_caught_up_s", "recover_cpu_s")
+    }
+    for key, values in ratios.items():
+        print(f"cache on / off, {key}: per repeat {values}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at,
+        "u": args.u, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "same_crash": runs, "ratios": ratios,
     }, indent=1))  # fmt: skip
     return 0
 
