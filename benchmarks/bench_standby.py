@@ -15,6 +15,12 @@ Per repeat, interleaved (the order rotates):
 each with its recovery report (phases, records read, tuples replayed), and the final logs' results are
 compared between the three modes (the same results, per key, or the run fails).
 
+Each cold restart also reports its CPU seconds to caught up and inside `recover()` (EC build + load), from
+restart_probe's `cpu` field: robust to the machine's load, unlike the wall clock.
+
+`--same-crash`: only the EC cache on against off, each restart from a copy of the same crashed store
+directory (the same log, crash point and replay; the order alternates per repeat).
+
 `--steady`: the EC cache's steady cost, full runs without a kill, cache on and off interleaved: the
 worker's CPU seconds (user + system, from the kernel) and its throughput on that CPU time, and the bytes
 of the EC cache beside the log's.
