@@ -10,11 +10,16 @@ Per repeat, interleaved (the order rotates):
   standby takes over; "kill to caught up" is t0 to the standby's restore path's `caught_up` (a timestamp from
   benchmarks/restart_probe.py, outside the product);
 - `cold-cache`: the same kill, then the same job started again (its state directory kept: the EC cache
-  on, the default); kill to caught up, the restart's spawn included;
-- `cold-nocache`: the same with `ec_cache=False`: the restart reads the extent back (before this issue's
-  default);
+  on); kill to caught up, the restart's spawn included;
+- `cold-nocache`: the same with `ec_cache=False`: the restart reads the extent back;
 each with its recovery report (phases, records read, tuples replayed), and the final logs' results are
 compared between the three modes (the same results, per key, or the run fails).
+
+Each cold restart also reports its CPU seconds to caught up and inside `recover()` (EC build + load), from
+restart_probe's `cpu` field: robust to the machine's load, unlike the wall clock.
+
+`--same-crash`: only the EC cache on against off, each restart from a copy of the same crashed store
+directory (the same log, crash point and replay; the order alternates per repeat).
 
 `--steady`: the EC cache's steady cost, full runs without a kill, cache on and off interleaved: the
 worker's CPU seconds (user + system, from the kernel) and its throughput on that CPU time, and the bytes
@@ -109,12 +114,20 @@ def _wait(condition: Any, what: str, timeout: float = 600.0, interval: float = 0
         time.sleep(interval)
 
 
-def _caught_up(probe: Path) -> float:
+def _caught_up(probe: Path, field: str = "t") -> float:
+    """The wall clock (`t`) or the restart's own CPU seconds (`cpu`) when it was caught up."""
     for line in probe.read_text().splitlines():
         event = json.loads(line)
         if event["ev"] == "caught_up:enter":
-            return float(event["t"])
+            return float(event[field])
     raise RuntimeError(f"{probe}: no caught_up event (the restart did not recover?)")
+
+
+def _cpu_in(probe: Path, name: str) -> float:
+    """The restart's CPU seconds inside the probe boundary `name` (recovery.manager's `recover`: the EC
+    built, from the cache and the tail or read back, and loaded)."""
+    events = {e["ev"]: e for e in map(json.loads, probe.read_text().splitlines())}
+    return float(events[f"{name}:exit"]["cpu"]) - float(events[f"{name}:enter"]["cpu"])
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -192,6 +205,9 @@ def cold(
     row = {
         "kill_to_caught_up_s": caught - t0,
         "spawn_to_caught_up_s": caught - spawned,
+        # CPU seconds, robust to the machine's load: the restart process to caught up, and its `recover`.
+        "restart_cpu_to_caught_up_s": _caught_up(probe, "cpu"),
+        "recover_cpu_s": _cpu_in(probe, "recover"),
         "report": _report(stats),
     }
     return row, _per_key(store)
@@ -206,10 +222,42 @@ def steady(args: argparse.Namespace, work: Path, tag: str, ec_cache: bool) -> di
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     store = SqliteQueueStore(root)
     cache = store.ec_cache_path(TOPIC, 0)
-    cache_bytes = sum(p.stat().st_size for p in cache.rglob("*") if p.is_file()) if cache.exists() else 0
+    cache_bytes = cache.stat().st_size if cache.is_file() else 0  # one snapshot file (queuestore.ec_cache)
     log_bytes = sum(p.stat().st_size for p in (root / TOPIC).rglob("*") if p.is_file())
     return {"cpu_s": cpu, "tuples_per_cpu_s": args.tuples / cpu, "ec_cache_bytes": cache_bytes,
             "log_bytes": log_bytes, "log_records": _log_end(store)}  # fmt: skip
+
+
+def same_crash(args: argparse.Namespace, work: Path, rep: int) -> dict[str, dict[str, Any]]:
+    """One primary (the EC cache on) SIGKILLed once its log holds `--kill-at` records; its store directory
+    (log, index, cache) copied twice and each copy restarted, the cache on and off (the order alternates):
+    the same crash, the same log and the same replay, only the EC's source differs. The restarts' results
+    must be the same."""
+    root = work / f"same-{rep}-primary"
+    primary = _worker(_spec(root, args, ec_cache=True), work / f"same-{rep}-primary.json", None)
+    _kill_primary_at(primary, SqliteQueueStore(root), args.kill_at)
+    rows: dict[str, dict[str, Any]] = {}
+    outputs: dict[str, Counter[str]] = {}
+    for mode in ("on", "off") if rep % 2 == 0 else ("off", "on"):
+        copy = work / f"same-{rep}-{mode}"
+        shutil.copytree(root, copy)
+        stats, probe = work / f"same-{rep}-{mode}.stats.json", work / f"same-{rep}-{mode}.jsonl"
+        spawned = time.time()
+        spec = _spec(copy, args, ec_cache=mode == "on", stats=stats)
+        _finish(_worker(spec, work / f"same-{rep}-{mode}.json", probe), f"the restart, cache {mode}")
+        rows[mode] = {
+            "spawn_to_caught_up_s": _caught_up(probe) - spawned,
+            "restart_cpu_to_caught_up_s": _caught_up(probe, "cpu"),
+            "recover_cpu_s": _cpu_in(probe, "recover"),
+            "loadavg": os.getloadavg()[0],
+            "report": _report(stats),
+        }
+        outputs[mode] = _per_key(SqliteQueueStore(copy))
+        shutil.rmtree(copy, ignore_errors=True)
+    shutil.rmtree(root, ignore_errors=True)
+    if outputs["on"] != outputs["off"]:
+        raise RuntimeError(f"repeat {rep}: the restarts' results differ")
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,7 +270,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--steady", action="store_true", help="also the EC cache's steady cost")
     p.add_argument("--out", type=Path, default=HERE / "out" / "standby.json")
+    p.add_argument(
+        "--same-crash",
+        action="store_true",
+        help="only the EC cache on against off, each restart from a copy of the same crashed store",
+    )
     args = p.parse_args(argv)
+    if args.same_crash:
+        return _main_same_crash(args)
     load_before = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {"standby": [], "cold-cache": [], "cold-nocache": []}
     steady_runs: dict[str, list[dict[str, Any]]] = {"cache-on": [], "cache-off": []}
@@ -275,6 +330,27 @@ def main(argv: list[str] | None = None) -> int:
         "cold-cache/cold-nocache": [round(c["kill_to_caught_up_s"] / n["kill_to_caught_up_s"], 3)
                                     for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)],
     }  # fmt: skip
+
+    def phases(row: dict[str, Any], names: tuple[str, ...]) -> float:
+        return sum((row["report"]["phases"] or {}).get(name, 0.0) for name in names)
+
+    # What the EC cache can change: opening it (in "index"), building the EC (cache + tail, or the extent
+    # read back) and loading it; the replay is the same either way.
+    for label, names in (
+        ("index+ec_build", ("index", "ec_build")),
+        ("index+ec_build+ec_load", ("index", "ec_build", "ec_load")),
+    ):
+        ratios[f"cold-cache/cold-nocache {label}"] = [
+            round(phases(c, names) / phases(n, names), 3)
+            for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)
+        ]
+        print(f"{label} s: cache on {[round(phases(c, names), 3) for c in runs['cold-cache']]}, "
+              f"off {[round(phases(n, names), 3) for n in runs['cold-nocache']]}")  # fmt: skip
+    for key in ("restart_cpu_to_caught_up_s", "recover_cpu_s"):
+        on = [c[key] for c in runs["cold-cache"]]
+        off = [n[key] for n in runs["cold-nocache"]]
+        ratios[f"cold-cache/cold-nocache {key}"] = [round(a / b, 3) for a, b in zip(on, off, strict=True)]
+        print(f"{key}: cache on {[round(a, 3) for a in on]}, off {[round(b, 3) for b in off]}")
     for mode, value in summary.items():
         print(f"{mode:12} kill to caught up, median {value:.2f} s")
     for name, values in ratios.items():
@@ -295,6 +371,36 @@ def main(argv: list[str] | None = None) -> int:
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "runs": runs, "steady": steady_runs, "ratios": ratios, "summary": summary,
+    }, indent=1))  # fmt: skip
+    return 0
+
+
+def _main_same_crash(args: argparse.Namespace) -> int:
+    load_before = os.getloadavg()
+    runs: list[dict[str, dict[str, Any]]] = []
+    with tempfile.TemporaryDirectory(prefix="cec-standby-") as tmp:
+        for rep in range(args.repeats):
+            rows = same_crash(args, Path(tmp), rep)
+            runs.append(rows)
+            for mode in ("on", "off"):
+                row, rep_ = rows[mode], rows[mode]["report"]
+                print(f"[{rep}] cache {mode:3} spawn to caught up {row['spawn_to_caught_up_s']:6.2f} s, "
+                      f"CPU to caught up {row['restart_cpu_to_caught_up_s']:5.2f} s, recover() CPU "
+                      f"{row['recover_cpu_s']:5.3f} s ({rep_['ec_source']}: {rep_['records_read']:,} records read, "
+                      f"{rep_['ec_windows']:,} windows, {rep_['tuples_replayed']:,} replayed; phases "
+                      f"{ {k: round(v, 2) for k, v in (rep_['phases'] or {}).items()} })  "
+                      f"loadavg {row['loadavg']:.1f}", flush=True)  # fmt: skip
+    ratios = {
+        key: [round(r["on"][key] / r["off"][key], 3) for r in runs]
+        for key in ("spawn_to_caught_up_s", "restart_cpu_to_caught_up_s", "recover_cpu_s")
+    }
+    for key, values in ratios.items():
+        print(f"cache on / off, {key}: per repeat {values}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({
+        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at,
+        "u": args.u, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "same_crash": runs, "ratios": ratios,
     }, indent=1))  # fmt: skip
     return 0
 

@@ -91,7 +91,7 @@ class JobSpec:
     results_topic: str | None = None
     # Keep the EC cache beside the stream index (design S0, `queuestore.ec_cache`): a restart that finds it
     # reads only the log's tail instead of the extent. Off by default (`cec run --ec-cache on`: with it): at
-    # 100,000 keys a restart with it was measured 1.4-1.7x slower than reading the extent back (docs/recovery.md).
+    # 100,000 keys a restart with it was measured no faster than reading the extent back (docs/recovery.md).
     ec_cache: bool = False
 
     def __post_init__(self) -> None:

@@ -137,6 +137,16 @@ class LocalRestore:
             crash_pos = recovery.checkpoint.crash_pos
             logged = [] if crash_pos is None else self._results_at_end(reader, crash_pos)
         self.timeline.mark("restore")
+        note = recovery.report.ec_cache_note
+        if (
+            output.ec_cache is not None
+            and recovery.report.ec_source == "log"
+            and note not in ("", "no EC cache")
+        ):
+            # Derived data found wanting: said once, in one line (the report keeps it as `ec_cache_note`).
+            self.progress(
+                f"EC cache not used ({note}): the log was read back; the cache is written again", force=True
+            )
         if output.ec_cache is not None and recovery.forward is not None and not recovery.complete:
             forward = recovery.forward  # the cache goes on from the checkpoint recovery decided on
             output.ec_cache.adopt(

@@ -381,7 +381,7 @@ class QueueStore(abc.ABC):
 
     def ec_cache_path(self, topic: str, partition: int) -> Path:
         """Where the EC cache of a partition lives, beside its index (`queuestore.ec_cache`; derived)."""
-        return self.index_path(topic, partition).with_name(f"{topic}.{partition}.ec.rocksdb")
+        return self.index_path(topic, partition).with_name(f"{topic}.{partition}.ec.snapshot")
 
     @abc.abstractmethod
     def close(self) -> None: ...

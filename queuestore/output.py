@@ -147,8 +147,7 @@ class OutputQueue:
             first = last - len(keys) + 1
             self.index.add_run(first, kind, time, keys, seqs)
             if cache is not None:
-                for i, (key, seq, value) in enumerate(zip(keys, seqs, values, strict=True)):
-                    cache.apply((first + i, kind, time, key, seq, value))
+                cache.apply_run(first, kind, time, keys, seqs, values)
             self.durable_count += len(keys)
 
         return done

@@ -4,7 +4,7 @@ against the log, then brought to the log's end by reading only the tail [X, end)
 the caller reads the log back, as without a cache (DESIGN-NOTES section 2), and writes the cache again.
 
 The checks, all before anything is trusted:
-- the cache is of this partition and readable whole (`queuestore.ec_cache.ECCache.load`);
+- the snapshot is whole, passes its checksum and is of this partition (`queuestore.ec_cache.ECCache.load`);
 - it is not ahead of the log (a log replaced, or trimmed past it);
 - every value it holds passes the record's own checksum (a damaged cache byte is found here);
 - its newest record is the log's record at that offset (another log of the same name differs there);
@@ -21,7 +21,7 @@ from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
 from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
 from queuestore.ec_cache import ECCache
 from queuestore.exceptions import TornRecordError
-from recovery.eventual import EventualCheckpoint
+from recovery.eventual import EventualCheckpoint, gc_paused
 from recovery.forward import ForwardCheckpoint
 
 __all__ = ["apply_tail", "checkpoint_after_tail", "checkpoint_from_cache", "matches_log"]
@@ -39,9 +39,16 @@ def checkpoint_from_cache(
 ) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
     """The eventual checkpoint at the log's end from the cache and the tail, with the forward checkpoint it
     came from (the cache goes on from it); or why the cache was not used."""
+    with gc_paused():  # a few objects per window, none freed: as the EC build and load (recovery.eventual)
+        return _checkpoint_from_cache(reader, cache, codec)
+
+
+def _checkpoint_from_cache(
+    reader: PartitionReader, cache: ECCache, codec: RecordCodec
+) -> tuple[EventualCheckpoint, ForwardCheckpoint] | str:
     loaded = cache.load()
-    if loaded is None:
-        return "no EC cache"
+    if isinstance(loaded, str):
+        return loaded
     parts, last, next_offset = loaded
     end = reader.end_offset()
     if next_offset > end:
@@ -54,7 +61,7 @@ def checkpoint_from_cache(
     if last is not None and not matches_log(reader, last):
         return f"the EC cache's newest record is not the log's record at offset {last[0]:,}"
     return checkpoint_after_tail(
-        reader, ForwardCheckpoint(dict(parts), last, next_offset), codec, end, "the EC cache"
+        reader, ForwardCheckpoint(parts, last, next_offset), codec, end, "the EC cache"
     )
 
 

@@ -20,11 +20,33 @@ whole value it stands for), and checked by checksum when loaded (`queuestore.ec_
 
 from __future__ import annotations
 
+import operator
+from collections.abc import Iterable, Iterator
+from itertools import repeat
+
 from cec.exceptions import CodecError
+from cec.native import native
 from cec.records import FOOTPRINT_KINDS, Kind, RecordCodec
 from queuestore.base import RecordMeta, Row
 from queuestore.chunks import PART_KIND
 from recovery.eventual import ECFootprint, EventualCheckpoint
+
+_OFFSET = operator.itemgetter(0)
+_FOOTPRINT_SLOTS = tuple(
+    getattr(ECFootprint, name) for name in ("offset", "key", "_row", "_codec", "_record")
+)
+
+
+def _footprints(keys: Iterable[str], rows: Iterable[Row], codec: RecordCodec) -> Iterator[ECFootprint]:
+    """ECFootprint(row[0], key, row, codec) of each, built by the C accelerator when there: a Python
+    __init__ per window was most of what turning the EC cache into a checkpoint cost (as
+    recovery.manager's `_loaded`)."""
+    if native is None:
+        return map(ECFootprint, map(_OFFSET, rows), keys, rows, repeat(codec))
+    slots = zip(map(_OFFSET, rows), keys, rows, repeat(codec), repeat(None))
+    footprints: Iterator[ECFootprint] = map(native.make, repeat(ECFootprint), repeat(_FOOTPRINT_SLOTS), slots)
+    return footprints
+
 
 __all__ = ["ForwardCheckpoint"]
 
@@ -78,14 +100,15 @@ class ForwardCheckpoint:
             return None
         if newest.n != len(self.parts):
             return None
-        windows = {k: ECFootprint(row[0], k, row, codec) for k, row in self.parts.items()}
+        rows = self.parts.values()
+        windows = dict(zip(self.parts, _footprints(self.parts, rows, codec), strict=True))
         return EventualCheckpoint(
             windows=windows,
             crash_pos=newest.pos,
             n=newest.n,
             time=newest.time,
             end_offset=end_offset,
-            extent_start=min((row[0] for row in self.parts.values()), default=end_offset),
+            extent_start=min(map(_OFFSET, rows), default=end_offset),
             records_read=0,
             corrupt_skipped=0,
             complete=newest.kind is Kind.EOS,

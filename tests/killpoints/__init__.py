@@ -23,6 +23,8 @@ Sites (n counts passes in the process):
 - `kafka.before_commit:n` / `kafka.after_commit:n`: around the n-th Kafka transaction commit of a writer;
 - `recovery.after_ec_build:n`: after the n-th eventual checkpoint built (during recovery itself): read back
   from the log, or from the EC cache or a standby's followed log and the log's tail;
+- `ec_cache.mid_snapshot:n`: the n-th EC cache snapshot (`queuestore.ec_cache`) dies with half its bytes
+  in the temporary file, before the rename that would put it in place;
 - `attach.plan.after_ec_build:n`: the same in an attached query's planning task (a Python worker), which
   SIGKILLs the driver's whole process group (as `attach.sink.mid_batch`): the driver dies during recovery;
 - `standby.took_over:n`: a standby (`operators.standby`) holds the partition's writer (the old one fenced)
@@ -87,6 +89,7 @@ SITES = frozenset(
         "kafka.before_commit",
         "kafka.after_commit",
         "recovery.after_ec_build",
+        "ec_cache.mid_snapshot",
         "standby.took_over",
         "trim.before_prune",
         "results.before_ack",
@@ -402,6 +405,39 @@ def _after_ec_build(n: int, stop: Callable[[], None] | None = None) -> None:
     on_import("recovery.manager", patch_manager)
 
 
+def _mid_snapshot(n: int) -> None:
+    counter = _Counter()
+
+    class _HalfThenKill:
+        def __init__(self, file: Any) -> None:
+            self._file = file
+
+        def __enter__(self) -> _HalfThenKill:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._file.close()
+
+        def write(self, data: bytes) -> int:
+            self._file.write(data[: len(data) // 2])
+            self._file.flush()
+            kill()
+            return len(data)
+
+    def patch(module: ModuleType) -> None:
+        def open_(path: Any, *args: Any, **kwargs: Any) -> Any:
+            file = open(path, *args, **kwargs)  # noqa: SIM115 (closed by the snapshot's `with`)
+            if ".tmp-" in os.fspath(path):
+                counter.seen += 1
+                if counter.seen == n:
+                    return _HalfThenKill(file)
+            return file
+
+        module.open = open_  # the module's `open` (a global shadows the builtin), not every module's
+
+    on_import("queuestore.ec_cache", patch)
+
+
 def _before_prune(n: int) -> None:
     counter = _Counter()
 
@@ -572,6 +608,8 @@ def install(spec: str) -> None:
             _kafka_commit(n, before=site == "kafka.before_commit")
         elif site == "recovery.after_ec_build":
             _after_ec_build(n)
+        elif site == "ec_cache.mid_snapshot":
+            _mid_snapshot(n)
         elif site == "standby.took_over":
             _standby_took_over(n)
         elif site == PLAN_AFTER_EC_BUILD:
