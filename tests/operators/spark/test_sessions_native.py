@@ -1,7 +1,7 @@
 """Session windows with a watermark against Spark's own `session_window` + `withWatermark` on one input.
 
 The same flights (three input partitions, every key on every partition, event times that never decrease
-within a partition) go through `cec run`'s engine (`operators.sessions` over a 3-partition cec queue) and
+within a partition, sessions often in back-to-back gap-wide slices) go through `cec run`'s engine (`operators.sessions` over a 3-partition cec queue) and
 through a real PySpark streaming query: a JSON file source read one file per micro-batch,
 `withWatermark("t", LATENESS)`, `groupBy(carrier, origin, session_window("t", GAP))`, append mode. The
 input ends with one far tuple per partition, so both watermarks end at the same W (Spark's: the largest
@@ -12,7 +12,6 @@ be the same sessions, equal to the plain-Python truth: every session whose end W
 
 from __future__ import annotations
 
-import itertools
 import json
 import random
 from pathlib import Path
@@ -24,7 +23,7 @@ from operators.sinks import iter_payloads
 from queuestore.sqlite import SqliteQueueStore
 from tests.helpers.flight_queues import write_partitions
 from tests.helpers.truth import watermark_session_truth
-from tests.operators.test_sessions import AGGS, FLIGHT_SCHEMA, LATENESS, partition_rows
+from tests.operators.test_sessions import AGGS, FLIGHT_SCHEMA, LATENESS
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -37,21 +36,32 @@ FIELDS = ("carrier", "origin", "start", "end", "count", "count_arr_delay", "avg_
 
 
 def _flights(seed: int) -> list[list[dict[str, Any]]]:
-    """`partition_rows`, with delays whose float sums are exact (multiples of 1/8, small): Spark's `avg`
-    adds doubles in its own order, cec's exactly, and on these both are the true mean. Then one far
-    tuple of a key of its own per partition, at the same time: the final watermark of both sides."""
-    parts = partition_rows(seed, 150)
+    """Per input partition, flights of 30 keys (every key on every partition) up to time 1,500, times
+    rising by 0 to 8 ms (a key's next tuple ~40 ms later: sessions of a few tuples, often in back-to-back
+    slices), even (GAP); delays whose float sums are exact (multiples of 1/8, small): Spark's `avg` adds
+    doubles in its own order, cec's exactly, and on these both are the true mean. Then one tuple of a key
+    of its own per partition at the input's latest time: the final watermark of both sides, close behind
+    the last sessions."""
     rnd = random.Random(seed)
+    parts = []
+    for _ in range(3):
+        t, rows = rnd.randrange(0, GAP), []
+        while t < 1500:
+            t += rnd.randrange(0, 9)
+            h = rnd.randrange(1 << 30)
+            rows.append(
+                {
+                    "carrier": rnd.choice(["AA", "UA", "DL", "B6", "WN", "NK"]),
+                    "origin": rnd.choice(["JFK", "SFO", "ORD", "LAX", "BOS"]),
+                    "arr_delay": None if h % 11 == 0 else rnd.randrange(-800, 800) / 8,
+                    "dep_delay": None if h % 13 == 0 else float(h % 300) / 3,
+                    "ts": t - t % 2,
+                }
+            )
+        parts.append(rows)
+    end = max(r["ts"] for rows in parts for r in rows)
     for rows in parts:
-        for r in rows:
-            r["ts"] -= r["ts"] % 2  # even (GAP), still never decreasing within the partition
-            if r["arr_delay"] is not None:
-                r["arr_delay"] = rnd.randrange(-800, 800) / 8
-    end = max(r["ts"] for rows in parts for r in rows) + 5 * GAP
-    for p, rows in enumerate(parts):
-        rows.append(
-            {"carrier": "ZZ", "origin": "END", "arr_delay": None, "dep_delay": None, "ts": end, "i": -p}
-        )
+        rows.append({"carrier": "ZZ", "origin": "END", "arr_delay": None, "dep_delay": None, "ts": end})
     return parts
 
 
@@ -93,7 +103,7 @@ def _spark_sessions(
     for n, chunk in enumerate((rows[:third], rows[third : 2 * third], rows[2 * third :])):
         with (source / f"part-{n}.json").open("w") as out:
             for r in chunk:
-                out.write(json.dumps({k: v for k, v in r.items() if k != "i"}) + "\n")
+                out.write(json.dumps(r) + "\n")
     flights = (
         spark.readStream.schema("carrier STRING, origin STRING, arr_delay DOUBLE, dep_delay DOUBLE, ts LONG")
         .option("maxFilesPerTrigger", 1)
@@ -144,18 +154,18 @@ def test_sessions_closed_by_the_watermark_equal_sparks_session_window_and_the_tr
     cec = sorted(_row(r) for r in iter_payloads(SqliteQueueStore(root), "agg", schema))
     truth = sorted(_row(r) for r in watermark_session_truth(parts, GAP, LATENESS, AGGS))
     native = _spark_sessions(spark, parts, tmp_path)
-    # Enough sessions, and sessions of one key back to back (the next one starting in the slice after
-    # the last one's): the case where closing a run of occupied slices together emitted fewer.
-    assert len(truth) > 100
-    by_key: dict[tuple[str, str], list[tuple[Any, ...]]] = {}
-    for r in truth:
-        by_key.setdefault((r[0], r[1]), []).append(r)
-    back_to_back = sum(
-        1
-        for rows in by_key.values()
-        for a, b in itertools.pairwise(rows)
-        if b[2] // GAP <= (a[3] - GAP) // GAP + 1
-    )
-    assert back_to_back > 20
+    # Enough sessions, and among them sessions the watermark passed while the key's slices (t // GAP) ran
+    # on without an empty one up to it: closing such a run of slices together would hold them back.
+    assert len(truth) > 300
+    watermark = max(r["ts"] for rows in parts for r in rows) - LATENESS
+    occupied = {(r["carrier"], r["origin"], r["ts"] // GAP) for rows in parts for r in rows}
+
+    def run_end(key: tuple[str, str], slice_: int) -> int:
+        while (*key, slice_ + 1) in occupied:
+            slice_ += 1
+        return slice_
+
+    held = [r for r in truth if (run_end((r[0], r[1]), (r[3] - GAP) // GAP) + 2) * GAP > watermark]
+    assert len(held) >= 8
     assert native == truth
     assert cec == truth
