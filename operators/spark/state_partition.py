@@ -92,7 +92,8 @@ Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, i
 
 def flat_state(state: AggState | MultiState | PaneRun) -> tuple[Any, ...]:
     """A window's state as plain values (`Saved`): a single aggregate's six fields, several aggregates'
-    (count, start, last, per value column (n, exact total, min, max)), or a hopping part's panes
+    (count, start, last, per value column (n, exact total as `_split`'s odd part and shift, min, max)), or a
+    hopping part's panes
     (`_PANES` and each pane's several-aggregate fields)."""
     if type(state) is AggState:
         return (state.count, state.total, state.lo, state.hi, state.start, state.last)
