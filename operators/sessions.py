@@ -17,14 +17,26 @@ With watermarks (`--allowed-lateness`; `window` = first // gap), for keys whose 
 input partitions: a tuple between two open sessions merges them, and the sessions do not depend on how
 the partitions interleave. The window parts are gap-wide slices: (key, slice), slice = t // gap. A session
 is a run of consecutive open slices, two neighbours joined when the later one's first tuple is less than
-the gap after the earlier one's last (two tuples of one slice are less than the gap apart; slices with an
-empty one between are the gap or more apart), read from the slices' states when they close. A run of
-consecutive open slices closes once the watermark W >= (its last slice + 2) * gap (`close_expired`, for
-the run's last slice; an earlier slice's turn leaves it to that one). Each session is folded into its last
-slice, one slice at a time: the receiving slice's G-check with both states, then the giving slice's R
-without a result; the last slice's R carries the session's result. A tuple whose slice is not
-open is late (a dead letter) once W is at or past the slice's end; so no tuple accepted later can reach a
-closed session, whose neighbouring slices are past W too.
+the gap after the earlier one's last (two tuples of one slice are less than the gap apart, so a slice
+lies in one session; slices with an empty one between are the gap or more apart), read from the slices'
+states. As Spark's `session_window`, each session closes once the watermark W is at or past its own end
+(`last + gap` of its last slice), whatever its neighbouring slices hold: a slice's watermark turn comes at
+its own last tuple's end (`window_end`, never past its session's); `close_expired` then reads the session
+from the open slices around it and closes it if W has passed its end, else leaves the turn to the
+session's last slice at that end. Each session is folded into its last slice, one slice at a time: the
+receiving slice's G-check with both states, then the giving slice's R without a result; the last slice's
+R carries the session's result. A tuple whose slice is not open is late (a dead letter) once W is at or
+past the slice's end; so no tuple accepted later can reach a closed session (its slices all end at or
+before its end, which W has passed). Only a tuple more than the allowed lateness behind its partition's
+largest time can be behind W; such a tuple, less than the gap after a closed session, opens a new session
+(Spark's `session_window` also starts a new one there, or drops the tuple when W is a gap past it).
+
+Why the sessions stay in gap-wide slices, closed one session at a time, rather than one part per session:
+a part's id must follow from the tuple alone (`key_of`), so that a replayed tuple below the crash point
+finds its part in the EC (skip rule, below), while a session's bounds depend on the tuples that came
+before it, in any partition order (a merge joins two). The slice is the widest id that needs no other
+tuple, and a session is a run of them; closing each session at its own end keeps every part a slice:
+the records are the same G-checks and R's as for a run's close, only written per session.
 
 Why recovery is exact (DESIGN-NOTES section 2). Per key, a session is a window part identified by (key,
 seq) exactly as a per-key tumbling time window is; with watermarks each slice is one, (key+slice, seq).
@@ -36,10 +48,10 @@ seq) exactly as a per-key tumbling time window is; with watermarks each slice is
   met is closed and its older footprints are skipped. Per key, the tuple that closes a session opens the
   next one; its R does not claim the tuple and its G-open does (`recovery.contract`, "claiming"), so a log
   that ends between them replays that tuple, which opens the next session again.
-- With watermarks a run's records come from the engine's expiry before the tuple that moved W is applied
-  and carry the marks from before it (`recovery.contract`, "watermarks"): a log that ends among them
-  replays that tuple, and W passes the same run again. Every prefix of a fold holds each tuple once: cut
-  after a receiver's G-check, the EC holds the receiver with both states and the giver still open with
+- With watermarks a session's records come from the engine's expiry before the tuple that moved W is
+  applied and carry the marks from before it (`recovery.contract`, "watermarks"): a log that ends among
+  them replays that tuple, and W passes the same sessions again (those whose R is in the log are
+  closed). Every prefix of a fold holds each tuple once: cut after a receiver's G-check, the EC holds the receiver with both states and the giver still open with
   its own; the receiver's state then begins before its own slice, which says the giver is in it, and the
   close closes the giver without a result instead of folding it in again. Cut after the giver's R, the
   giver is closed and its state is in the receiver. A part whose R is in the log is never closed twice.
@@ -237,47 +249,51 @@ class SessionAggregate(MultiAggregate):
     def window_end(self, state: MultiState) -> int | None:
         if not self.by_slice:
             return None  # only the key's next tuple closes a session
-        gap = self.session_gap_ms
-        # The end of the slice after this one (its last tuple's: a slice that took in earlier ones at a
-        # close cut short begins before its own slice).
-        return (state.last // gap + 2) * gap
+        # The slice's own last tuple's end: no later than its session's end (`last + gap` of the session's
+        # last slice), which `close_expired` reads when the watermark gets here.
+        return state.last + self.session_gap_ms
 
     def close_expired(self, window: OpenWindow, end: int, ctx: OperatorContext) -> int | None:
-        """Slice `window`'s end passed: unless the next slice is open (whose own turn takes this one
-        along), close the run of open slices that ends here, session by session (module doc)."""
+        """The watermark passed `end` of slice `window`: close the slice's session if the watermark has
+        passed the session's own end too; else return that end if the slice is the session's last one
+        (only the last slice's turn closes a session: the others' turns go) (module doc)."""
         parts = json.loads(window.key)
-        prefix, last_slice = parts[:-1], parts[-1]
+        prefix, own = parts[:-1], parts[-1]
         registry = ctx.registry
-        if registry.get(self._part([*prefix, last_slice + 1])) is not None:
-            return None
-        run = [window]
-        while (before := registry.get(self._part([*prefix, last_slice - len(run)]))) is not None:
-            run.append(before)
-        run.reverse()
         gap = self.session_gap_ms
+        # The session is the slices joined to this one: neighbours (open, consecutive) whose later one's
+        # first tuple is less than the gap after the earlier one's last.
+        first_slice, first = own, window
+        while (before := registry.get(self._part([*prefix, first_slice - 1]))) is not None:
+            if first.state.start - before.state.last >= gap:
+                break
+            first_slice, first = first_slice - 1, before
+        last_slice, last = own, window
+        while (after := registry.get(self._part([*prefix, last_slice + 1]))) is not None:
+            if after.state.start - last.state.last >= gap:
+                break
+            last_slice, last = last_slice + 1, after
+        session_end = last.state.last + gap
+        watermark = getattr(ctx, "watermark", None)
+        if session_end > (end if watermark is None else watermark):
+            return session_end if last is window else None
         live: list[tuple[int, OpenWindow]] = []
-        for slice_, part in enumerate(run, start=last_slice - len(run) + 1):
+        for slice_ in range(first_slice, last_slice + 1):
+            part = registry.get(self._part([*prefix, slice_]))
+            assert part is not None
             took_from = part.state.start // gap
             # A slice whose state begins before its own slice took in the earlier slices of its session
             # at a close the log holds only part of: those, still open here, are in it already.
             while live and live[-1][0] >= took_from:
                 ctx.close_window(live.pop()[1].key, None)
             live.append((slice_, part))
-        sessions: list[list[OpenWindow]] = [[live[0][1]]]
-        for (_, prev), (_, nxt) in itertools.pairwise(live):
-            if nxt.state.start - prev.state.last < gap:
-                sessions[-1].append(nxt)
-            else:
-                sessions.append([nxt])
-        for session in sessions:
-            # Fold the session into its last slice, one slice at a time: footprint the receiver, then
-            # close the giver without a result; the last slice's R carries the session's result.
-            for giver, receiver in itertools.pairwise(session):
-                receiver.state = merged([giver.state, receiver.state])
-                ctx.checkpoint_window(receiver.key)
-                ctx.close_window(giver.key, None)
-            last = session[-1]
-            ctx.close_window(last.key, self._session_result(prefix, last.state))
+        # Fold the session into its last slice, one slice at a time: footprint the receiver, then close
+        # the giver without a result; the last slice's R carries the session's result.
+        for (_, giver), (_, receiver) in itertools.pairwise(live):
+            receiver.state = merged([giver.state, receiver.state])
+            ctx.checkpoint_window(receiver.key)
+            ctx.close_window(giver.key, None)
+        ctx.close_window(last.key, self._session_result(prefix, last.state))
         return None
 
     def expire(self, key: str, seq: int, state: MultiState) -> dict[str, Any]:

@@ -92,7 +92,8 @@ Saved = tuple[int, int, tuple[Any, ...] | None, int, Any, bool, Any, int, int, i
 
 def flat_state(state: AggState | MultiState | PaneRun) -> tuple[Any, ...]:
     """A window's state as plain values (`Saved`): a single aggregate's six fields, several aggregates'
-    (count, start, last, per value column (n, exact total, min, max)), or a hopping part's panes
+    (count, start, last, per value column (n, exact total as `_split`'s odd part and shift, min, max)), or a
+    hopping part's panes
     (`_PANES` and each pane's several-aggregate fields)."""
     if type(state) is AggState:
         return (state.count, state.total, state.lo, state.hi, state.start, state.last)
@@ -103,13 +104,30 @@ def flat_state(state: AggState | MultiState | PaneRun) -> tuple[Any, ...]:
 
 
 def _flat_multi(state: MultiState) -> tuple[Any, ...]:
-    columns = tuple((c.n, c.total, c.lo, c.hi) for c in state.columns)
+    columns = tuple((c.n, *_split(c.total), c.lo, c.hi) for c in state.columns)
     return (state.count, state.start, state.last, columns)
+
+
+def _split(total: int) -> tuple[int, int]:
+    """An exact sum as (odd part, shift), total = odd << shift. The sums count units of 2^-1074
+    (`operators.exact_sum`), so a sum of ordinary values ends in some thousand zero bits, which pickle
+    writes out whole (~140 B a column, most of a session's or a pane's saved state)."""
+    if not total:
+        return (0, 0)
+    shift = (total & -total).bit_length() - 1
+    return (total >> shift, shift)
+
+
+def _column(fields: tuple[Any, ...]) -> ColumnState:
+    if len(fields) == 5:
+        n, odd, shift, lo, hi = fields
+        return ColumnState(n, odd << shift, lo, hi)
+    return ColumnState(*fields)  # (n, total, lo, hi): saved before the sums were split
 
 
 def _multi(fields: tuple[Any, ...]) -> MultiState:
     count, start, last, columns = fields
-    return MultiState(count, start, last, [ColumnState(*c) for c in columns])
+    return MultiState(count, start, last, [_column(c) for c in columns])
 
 
 def state_of(fields: tuple[Any, ...]) -> AggState | MultiState | PaneRun:

@@ -71,11 +71,12 @@ def flight_records(partitions: int, count: int, *, spread: bool, step: int = 3) 
 
 
 def flush_records(
-    partitions: int, state_partitions: int, key: Sequence[str], *, as_array: bool = True
+    partitions: int, state_partitions: int, key: Sequence[str], *, as_array: bool = True, ts: int = FLUSH_TS
 ) -> list[Record]:
     """Per input partition, one far-future tuple (carrier "ZZ") for every state partition (a key that goes
     there, packed as the query packs it: `as_array`, `AggregateSpec.key_array`): the watermark of every
-    state partition then passes every real window's end."""
+    state partition then passes every real window's end. `ts`: their time, for a watermark of every state
+    partition at `ts` less the lateness (at the input's last time: the last windows stay open)."""
     grouper = KeyGrouper([state_partitions])
     origins: dict[int, str] = {}
     i = 0
@@ -85,7 +86,7 @@ def flush_records(
         origins.setdefault(grouper(packed)[1][-1], origin)
         i += 1
     return [
-        (j, {"carrier": "ZZ", "origin": origin, "ts": FLUSH_TS, "arr_delay": 1.0, "dep_delay": 1})
+        (j, {"carrier": "ZZ", "origin": origin, "ts": ts, "arr_delay": 1.0, "dep_delay": 1})
         for j in range(partitions)
         for origin in origins.values()
     ]

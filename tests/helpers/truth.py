@@ -208,22 +208,16 @@ def watermark_session_truth(
     aggs: Sequence[str | Agg],
     keys: Sequence[str] = ("carrier", "origin"),
 ) -> list[dict[str, Any]]:
-    """The sessions (`sessions_of` over every partition's rows) whose run of neighbouring gap-wide slices
-    (t // gap; a session's next one starting in the slice after its last) ends two slices or more before
-    the final watermark (the smallest of the partitions' largest times, less `lateness`), `window` =
-    first // gap."""
+    """The sessions (`sessions_of` over every partition's rows) whose end (last + gap) the final watermark
+    (the smallest of the partitions' largest times, less `lateness`) is at or past, as Spark's
+    `session_window` emits them; `window` = first // gap."""
     pairs = _aggs(aggs)
     rows = [r for p in parts for r in p]
     watermark = min(max(r["ts"] for r in p) for p in parts if p) - lateness
     out = []
     for sessions in sessions_of(rows, gap, keys).values():
-        for i, s in enumerate(sessions):
-            run_end = i  # the last session of the run of neighbouring slices this one is in
-            while run_end + 1 < len(sessions) and (
-                sessions[run_end + 1][0]["ts"] // gap == sessions[run_end][-1]["ts"] // gap + 1
-            ):
-                run_end += 1
-            if watermark < (sessions[run_end][-1]["ts"] // gap + 2) * gap:
+        for s in sessions:
+            if watermark < s[-1]["ts"] + gap:
                 continue  # still open at the end of the input
             out.append(typed_row(keys, s[0]["ts"] // gap, s, pairs, s[0]["ts"], s[-1]["ts"] + gap))
     return out

@@ -342,6 +342,52 @@ def test_a_tuple_between_two_open_sessions_merges_them_in_any_order() -> None:
     assert [(r["start"], r["end"], r["count"]) for r in without] == [(0, 30, 1), (50, 80, 1)]
 
 
+def test_the_watermark_closes_each_session_at_its_own_end_whatever_the_next_slice_holds() -> None:
+    """Two sessions of one key in back-to-back slices (0 and 1, 1 and 2): as Spark's `session_window`, the
+    first one's result comes once the watermark is at its end (50), not once the key's slices run out."""
+
+    def row(t: int, carrier: str = "AA") -> dict[str, Any]:
+        return {"carrier": carrier, "origin": "JFK", "arr_delay": float(t), "dep_delay": None, "ts": t}
+
+    queue = MemoryQueue()
+    codec = RecordCodec()
+    operator = _watermark_op()
+    instance = OperatorInstance(operator, OutputQueueSink(queue, codec, 3), 3)  # type: ignore[arg-type]
+    offsets = [0, 0, 0]
+    results = AvroCodec(operator.result_schema)
+
+    def feed(values: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, int, int]]:
+        """Apply `values` (partition, row); the (start, end, count) of each result of AA they made."""
+        seen = len(queue.stored)
+        for j, value in values:
+            instance.apply(InputTuple(j, offsets[j], value))
+            offsets[j] += 1
+        out = []
+        for value, meta in queue.stored[seen:]:
+            record = codec.decode(value, meta)
+            if record.kind is Kind.R and record.payload is not None:
+                r = results.decode(record.payload)
+                if r["carrier"] == "AA":
+                    out.append((r["start"], r["end"], r["count"]))
+        return out
+
+    def watermark_to(w: int) -> list[tuple[int, int, int]]:
+        return feed([(j, row(w + LATENESS, "UA")) for j in range(3)])
+
+    # [0, 50) in slice 0; [55, 110) in slices 1 and 2 (55 is the gap after 20 or more: a new session).
+    assert feed([(0, row(0)), (1, row(20)), (2, row(55)), (0, row(80))]) == []
+    assert watermark_to(49) == []
+    assert watermark_to(50) == [(0, 50, 2)]  # W at its end: it closes; the slices after it stay open
+    assert instance.registry.get(operator._part(["AA", "JFK", 1])) is not None
+    assert watermark_to(109) == []
+    assert watermark_to(110) == [(55, 110, 2)]
+    assert instance.registry.get(operator._part(["AA", "JFK", 2])) is None
+    # A tuple in a closed session's slice, behind the watermark: a dead letter, not a second session.
+    dead = len(queue.stored)
+    assert feed([(1, row(25))]) == []
+    assert codec.decode(*queue.stored[dead]).kind is Kind.DEAD
+
+
 def partition_rows(seed: int, per_partition: int, partitions: int = 3) -> list[list[dict[str, Any]]]:
     """Per input partition, flights with event times that never decrease there; every key on every
     partition, so sessions take tuples from several partitions and merge."""

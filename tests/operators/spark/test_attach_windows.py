@@ -210,6 +210,40 @@ def test_hopping_and_session_windows_are_exact_after_driver_sigkills(
     assert Kind.GCHECK in kinds and Kind.GOPEN in kinds
 
 
+def test_sessions_the_watermark_closed_with_the_last_ones_still_open_are_exact_after_driver_sigkills(
+    spark: SparkSession, kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """The watermark ends at the input's last time less the lateness (the flush tuples at that time), so
+    each key's last sessions stay open while the ones before them, in back-to-back gap-wide slices, have
+    closed, each at its own end: what a failure-free query emits, and the same after kills while
+    processing and while recovering."""
+    records = flight_records(3, 2400, spread=True)
+    end = max(r["ts"] for _, r in records)
+    records += flush_records(3, STATE_PARTITIONS, KEY, ts=end)
+    topic = flights_topic(kafka_broker, records, 3)
+    closed = [r for r in session_truth(_kept(records), GAP_MS, AGGS, KEY, last_open=False)
+              if r["end"] <= end - LATENESS_MS]  # fmt: skip
+    truth = _sorted(csv_form(r) for r in closed)
+    # Most keys' slices are all occupied to the end: closing a run of them together would emit none.
+    assert len(truth) > 30
+    extra = {
+        "allowed_lateness": f"{LATENESS_MS}ms",
+        "input_reader": PYTHON,
+        "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
+    }
+    reference = f"session-open-ref-{uuid.uuid4().hex[:8]}"
+    run_to_end(spark, _args(kafka_broker, topic, tmp_path / "ref", reference, "session", **extra))
+    assert _spark_results(spark, kafka_broker, reference) == truth
+
+    output = f"session-open-kill-{uuid.uuid4().hex[:8]}"
+    args = _args(kafka_broker, topic, tmp_path, output, "session", **extra)
+    _killed_driver(args, tmp_path / "first", hit=3)
+    _killed_driver(args, tmp_path / "recovering", hit=2)
+    query = run_to_end(spark, args)
+    assert query.recovery.resumed and query.recovery.ec_windows > 0
+    assert _spark_results(spark, kafka_broker, output) == truth
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
