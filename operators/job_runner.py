@@ -35,7 +35,7 @@ _LOCK_POLL_S = 0.05
 # is not rebuilt before recovery: it catches up while the operator runs (`queuestore.output`), so that a
 # restart reads the log's extent, not its history (issue 26).
 INDEX_DEFER_ABOVE = 8192
-log = logging.getLogger("operators.job")
+log = logging.getLogger("operators.job")  # the name its log lines had before the split
 
 
 def open_output(

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 __all__ = ["SAMPLE_RECORDS", "fields_schema", "input_struct", "sample_schema"]
 
-log = logging.getLogger("operators.spark.transform")
+log = logging.getLogger("operators.spark.transform")  # the name its log lines had before the split
 SAMPLE_RECORDS = 500  # per partition, from its log start: what an inferred input schema is read from
 
 
