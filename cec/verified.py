@@ -32,7 +32,7 @@ from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
 from queuestore.chunks import PART_KIND, is_manifest, is_part, join, manifest_parts, reassemble
 from queuestore.exceptions import DamagedLogError, TornRecordError
 
-__all__ = ["LogVerifier", "VerifiedRecord", "verified_records"]
+__all__ = ["LogVerifier", "VerifiedRecord", "verified_records", "whole_record"]
 
 
 class VerifiedRecord(NamedTuple):
@@ -215,3 +215,18 @@ def verified_records(
     verifier = LogVerifier(reader, codec, decode=decode)
     verifier.seek(from_offset)
     yield from verifier.check(reader.scan_forward(from_offset, chunk))
+
+
+def whole_record(reader: PartitionReader, stored: StoredRecord, codec: RecordCodec) -> StoredRecord | None:
+    """`stored` with its whole value (a manifest's parts joined, `queuestore.chunks`), checked; None if it
+    fails its checksum or its parts are missing or damaged (recovery's readers, which pass it over)."""
+    if is_manifest(stored):
+        try:
+            stored = stored._replace(value=reassemble(reader, stored))
+        except TornRecordError:
+            return None
+    try:
+        codec.verify(stored.value, stored.meta)
+    except CodecError:
+        return None
+    return stored

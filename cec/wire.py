@@ -9,7 +9,7 @@ columns or Kafka key/header/frame) as well as the body.
 - Versions 2 and 3 (Avro) carry it only once, beside the value: the body holds `pos`, N, state and
   payload (3: and `marks`), and decoding takes the metadata the store kept (`decode(value, meta)`).
 - Version 4 (the newest, "compact") has the same fields as version 3 in a hand-made layout that carries
-  nothing the metadata beside it already says (`_encode_compact`): a flags byte saying which optional
+  nothing the metadata beside it already says (`cec.compact_body`): a flags byte saying which optional
   fields follow (no union or empty-array bytes), `pos[0]` as a difference from the record's time when that
   is shorter (without event time the operator's time is the sum of `pos`: one byte instead of three), and
   a payload whose Avro encoding starts with the window key and seq (an aggregate's result: `key`,
@@ -18,6 +18,9 @@ columns or Kafka key/header/frame) as well as the body.
 
 A record's fields come from its body where the body has them, else from the metadata beside it, else
 from `OutputRecord`'s defaults: a newer release still loads checkpoints written by an older one.
+
+The record codec lives here; the compact body's layout is `cec.compact_body`, the varint `cec.varint`, the
+operators' own Avro `cec.avro_codec` (re-exported here under their old names).
 """
 
 from __future__ import annotations
@@ -32,10 +35,13 @@ from typing import Any
 import fastavro
 import google_crc32c
 
+from cec.avro_codec import AvroCodec
+from cec.compact_body import COMPACT_LAYOUT, decode_compact, encode_compact
 from cec.exceptions import CodecError
 from cec.model import KIND_OF, KIND_VALUE, Kind, OutputRecord
 from cec.native import compile_avro, native
 from cec.stored import RecordMeta, Row
+from cec.varint import read_zigzag, zigzag
 
 __all__ = [
     "COMPACT_LAYOUT",
@@ -93,7 +99,7 @@ def _body_schema(*more: dict[str, Any]) -> dict[str, Any]:
 
 # Version 1: the first release. Version 2: the metadata only beside the value. Version 3: `marks`
 # (per-partition event-time maxima, for watermarks). Version 4: version 3's fields in the compact layout
-# (`COMPACT_LAYOUT`: not Avro, see `_encode_compact`). Never edit a published layout: add version N+1 and
+# (`COMPACT_LAYOUT`: not Avro, see `cec.compact_body`). Never edit a published layout: add version N+1 and
 # make it the newest (fields of OutputRecord it lacks come from the metadata beside the value, or from
 # OutputRecord's defaults).
 SCHEMAS: dict[int, dict[str, Any]] = {
@@ -115,181 +121,15 @@ SCHEMAS: dict[int, dict[str, Any]] = {
     2: _body_schema(),
     3: _body_schema({"name": "marks", "type": {"type": "array", "items": "long"}, "default": []}),
 }
-# The compact body (version 4) is no Avro schema: this marks its entry in SCHEMAS, and `fields` names what
-# it holds (in `_encode_compact`'s order) for readers of the table.
-COMPACT_LAYOUT: dict[str, Any] = {
-    "cec.layout": "compact",
-    "fields": [{"name": name} for name in ("pos", "n", "state", "payload", "marks")],
-}
-SCHEMAS[4] = COMPACT_LAYOUT
-
-# Flags of the compact body: which optional fields follow, and how two of them are shortened.
-_F_STATE = 0x01
-_F_PAYLOAD = 0x02
-_F_MARKS = 0x04
-_F_PAYLOAD_KEYED = 0x08  # the payload's leading Avro (key, seq) left out: the metadata has them
-_F_POS_FROM_TIME = 0x10  # pos[0] is stored as pos[0] - time
-_F_ALL = 0x1F
-_LONG_MIN, _LONG_MAX = -(1 << 63), (1 << 63) - 1
-_SMALL_BYTES = tuple(bytes((i,)) for i in range(256))
-_SMALL_LONGS = tuple(bytes((((n << 1) ^ (n >> 63)) & 0xFF,)) for n in range(64))  # 0..63: one byte
-
-
-def _long(n: int) -> bytes:
-    """`n` as Avro writes a long (zigzag varint)."""
-    if 0 <= n < 64:
-        return _SMALL_LONGS[n]
-    if not _LONG_MIN <= n <= _LONG_MAX:
-        raise ValueError(f"{n} does not fit in a 64-bit long")
-    z = ((n << 1) ^ (n >> 63)) & 0xFFFFFFFFFFFFFFFF
-    out = bytearray()
-    while z >= 0x80:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
-
-
-def _read_long(data: bytes, at: int) -> tuple[int, int]:
-    """The Avro long at `data[at:]` and the index after it; CodecError when malformed."""
-    z = shift = 0
-    end = len(data)
-    while True:
-        if at >= end or shift > 63:
-            raise CodecError("malformed record body (long)")
-        b = data[at]
-        at += 1
-        z |= (b & 0x7F) << shift
-        if not b & 0x80:
-            break
-        shift += 7
-    if z >> 64:
-        raise CodecError("malformed record body (long out of range)")
-    return (z >> 1) ^ -(z & 1), at
-
-
-# The varint both record bodies and the Kafka value frame (queuestore.kafka) use.
-zigzag = _long
-read_zigzag = _read_long
-
-
-def _read_bytes(data: bytes, at: int, what: str) -> tuple[bytes, int]:
-    """Length-prefixed bytes at `data[at:]` and the index after them; CodecError naming `what`."""
-    size, at = _read_long(data, at)
-    if size < 0 or size > len(data) - at:
-        raise CodecError(f"malformed record body ({what})")
-    return data[at : at + size], at + size
-
-
-def _payload_prefix(key: str, seq: int) -> bytes | None:
-    """What an Avro record starting with fields (string key, long seq) starts with (an aggregate's result:
-    `key`, `window`); None for a key that is not valid text or a seq beyond a long (never left out)."""
-    try:
-        raw = key.encode()
-        return _long(len(raw)) + raw + _long(seq)
-    except (UnicodeEncodeError, ValueError):
-        return None
-
-
-def _encode_compact(record: OutputRecord) -> bytes:
-    """The version-4 body: `flags | pos | n | [state] | [payload] | [marks]`, every integer an Avro long,
-    `pos` and `marks` as a count then the items, state and payload as a length then the bytes; the
-    bracketed fields only when their flag is set (module docstring)."""
-    flags = 0
-    pos = record.pos
-    parts = [b"", _long(len(pos))]
-    if pos:
-        first = pos[0]
-        rel = first - record.time
-        if abs(rel) < abs(first):
-            flags |= _F_POS_FROM_TIME
-            first = rel
-        parts.append(_long(first))
-        parts.extend(_long(p) for p in pos[1:])
-    parts.append(_long(record.n))
-    state = record.state
-    if state is not None:
-        flags |= _F_STATE
-        parts.append(_long(len(state)))
-        parts.append(state)
-    payload = record.payload
-    if payload is not None:
-        flags |= _F_PAYLOAD
-        if record.key is not None:
-            prefix = _payload_prefix(record.key, record.seq)
-            if prefix is not None and payload.startswith(prefix):
-                flags |= _F_PAYLOAD_KEYED
-                payload = payload[len(prefix) :]
-        parts.append(_long(len(payload)))
-        parts.append(payload)
-    marks = record.marks
-    if marks:
-        flags |= _F_MARKS
-        parts.append(_long(len(marks)))
-        parts.extend(_long(m) for m in marks)
-    parts[0] = _SMALL_BYTES[flags]
-    return b"".join(parts)
-
-
-def _decode_compact(data: bytes, at: int, head: tuple[Any, ...]) -> OutputRecord:
-    """The record of a version-4 body at `data[at:]` with its metadata `head` (kind, time, key, seq);
-    CodecError when malformed. The pure-Python twin of `_native.decode_compact`."""
-    kind, time, key, seq = head
-    end = len(data)
-    if at >= end:
-        raise CodecError("malformed record body (empty)")
-    flags = data[at]
-    at += 1
-    if flags & ~_F_ALL:
-        raise CodecError(f"malformed record body (flags 0x{flags:02x})")
-    count, at = _read_long(data, at)
-    if count < 0 or count > end - at:
-        raise CodecError("malformed record body (pos)")
-    items = []
-    for _ in range(count):
-        value, at = _read_long(data, at)
-        items.append(value)
-    if flags & _F_POS_FROM_TIME:
-        if not items:
-            raise CodecError("malformed record body (pos relative to an empty pos)")
-        items[0] += time
-        if not _LONG_MIN <= items[0] <= _LONG_MAX:
-            raise CodecError("malformed record body (pos out of range)")
-    n, at = _read_long(data, at)
-    state = payload = None
-    if flags & _F_STATE:
-        state, at = _read_bytes(data, at, "state")
-    if flags & _F_PAYLOAD:
-        payload, at = _read_bytes(data, at, "payload")
-        if flags & _F_PAYLOAD_KEYED:
-            prefix = None if key is None else _payload_prefix(key, seq)
-            if prefix is None:
-                raise CodecError("malformed record body (a keyed payload without a usable key)")
-            payload = prefix + payload
-    elif flags & _F_PAYLOAD_KEYED:
-        raise CodecError("malformed record body (a keyed payload without a payload)")
-    marks: tuple[int, ...] = ()
-    if flags & _F_MARKS:
-        count, at = _read_long(data, at)
-        if count <= 0 or count > end - at:
-            raise CodecError("malformed record body (marks)")
-        values = []
-        for _ in range(count):
-            value, at = _read_long(data, at)
-            values.append(value)
-        marks = tuple(values)
-    if at != end:
-        raise CodecError("trailing bytes after record body")
-    return OutputRecord(kind, time, tuple(items), n, key, seq, state, payload, marks)
+SCHEMAS[4] = COMPACT_LAYOUT  # the compact body (`cec.compact_body`): no Avro schema
 
 
 # The fields a store keeps beside every value (RecordMeta), in RecordMeta's order.
 _META_FIELDS = ("kind", "time", "key", "seq")
 _FIELD_NAMES = tuple(f.name for f in dataclasses.fields(OutputRecord))
 # The whole version-4 record in one C call (`_native.encode_compact`), None without the accelerator or
-# with a build older than it; it declines (None) anything unusual, which `_encode_compact` then encodes.
+# with a build older than it; it declines (None) anything unusual, which `encode_compact` then encodes.
 _native_encode = getattr(native, "encode_compact", None)
-_native_encode_avro = getattr(native, "encode_avro", None)  # the same for operators' payloads and states
 _native_encode_gchecks = getattr(native, "encode_gchecks", None)  # a run of G-checks taken at one moment
 # OutputRecord's slots by field: the C decoder fills them directly (a frozen dataclass's __init__ costs
 # more than the decode itself).
@@ -376,7 +216,7 @@ class RecordCodec:
         """`encode` without the C accelerator (its definition, and what it falls back to)."""
         kind = KIND_VALUE[record.kind]
         if self._writes_compact:
-            body = _encode_compact(record)
+            body = encode_compact(record)
             crc = _checksum(self.version, kind, record.time, record.key, record.seq, body)
             return _HEADER.pack(MAGIC, self.version, crc) + body
         buf = io.BytesIO()
@@ -599,7 +439,7 @@ class RecordCodec:
             if native is not None and layout.slots is not None:
                 record = native.decode_compact(data, _HEADER.size, head, OutputRecord, layout.slots)
             if record is None:  # no accelerator, or it declined: the Python twin says precisely why
-                record = _decode_compact(data, _HEADER.size, head)
+                record = decode_compact(data, _HEADER.size, head)
         elif layout.program is not None and layout.slots is not None and native is not None:
             fields = native.decode_avro(layout.program, data, _HEADER.size)
             if fields is not None:
@@ -641,87 +481,3 @@ class RecordCodec:
         if computed != crc:
             raise CodecError("checksum mismatch: torn or corrupt record")
         return record
-
-
-class AvroCodec:
-    """Schemaless Avro for operator-defined payloads and window states (the schema is the operator's)."""
-
-    def __init__(self, schema: dict[str, Any]) -> None:
-        self.schema = fastavro.parse_schema(schema)
-        fields = self.schema.get("fields", ()) if isinstance(self.schema, dict) else ()
-        self._names = tuple(f["name"] for f in fields)
-        self._program = compile_avro(self.schema)  # None: fastavro decodes
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        """The record's field names, in schema order (what `decode_tuple` gives values for)."""
-        return self._names
-
-    def encode(self, datum: Mapping[str, Any]) -> bytes:
-        if self._program is not None and _native_encode_avro is not None:
-            try:
-                values = [datum[name] for name in self._names]
-            except KeyError:  # a field left to its default: fastavro fills it in
-                values = None
-            if values is not None:
-                encoded = _native_encode_avro(self._program, values)
-                if encoded is not None:
-                    return encoded
-        buf = io.BytesIO()
-        fastavro.schemaless_writer(buf, self.schema, dict(datum))
-        return buf.getvalue()
-
-    def encode_tuple(self, values: tuple[Any, ...]) -> bytes:
-        """`encode` of the record whose fields, in schema order, are `values` (a window state at every
-        G-check: one C call for a flat record of primitives, else fastavro)."""
-        if self._program is not None and _native_encode_avro is not None:
-            data: bytes | None = _native_encode_avro(self._program, values)
-            if data is not None:
-                return data
-        return self.encode(dict(zip(self._names, values, strict=True)))
-
-    def encode_tuples(self, rows: list[tuple[Any, ...]]) -> list[bytes]:
-        """`[encode_tuple(r) for r in rows]`, in one C call when every row is plain (a run of window
-        states: the batched G-check)."""
-        each = getattr(native, "encode_avro_each", None) if self._program is not None else None
-        if each is not None:
-            data: list[bytes] | None = each(self._program, rows)
-            if data is not None:
-                return data
-        encode = self.encode_tuple
-        return [encode(row) for row in rows]
-
-    def decode_tuple(self, data: bytes, start: int = 0) -> tuple[Any, ...]:
-        """The field values, in schema order, of the record at `data[start:]` (EC-load decodes every window
-        state: no dict)."""
-        if self._program is not None and native is not None:
-            fields = native.decode_avro(self._program, data, start)
-            if fields is not None:
-                return tuple(fields)
-        obj = self.decode(data[start:] if start else data)
-        return tuple(obj[name] for name in self._names)
-
-    def decode_tuples(self, datas: list[bytes]) -> list[tuple[Any, ...]]:
-        """`[decode_tuple(d) for d in datas]`, in one C call when every body is plain (a source's batch of
-        results); a body the C path declines is decoded alone, which names what is wrong with it."""
-        if self._program is not None and native is not None:
-            fields = native.decode_avro_many(self._program, datas, 0)
-            if None not in fields:
-                return [tuple(f) for f in fields]
-            return [
-                tuple(f) if f is not None else self.decode_tuple(d)
-                for f, d in zip(fields, datas, strict=True)
-            ]
-        return [self.decode_tuple(d) for d in datas]
-
-    def decode(self, data: bytes) -> dict[str, Any]:
-        if self._program is not None and native is not None:
-            fields = native.decode_avro(self._program, data, 0)
-            if fields is not None:
-                return dict(zip(self._names, fields, strict=True))
-        try:
-            obj = fastavro.schemaless_reader(io.BytesIO(data), self.schema, None)
-        except Exception as exc:
-            raise CodecError(f"malformed payload: {exc!s:.200}") from None
-        assert isinstance(obj, dict)
-        return obj

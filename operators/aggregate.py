@@ -23,9 +23,10 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
+from cec.registry import OpenWindow
 from cec.timeparse import number_from_text, parse_duration_ms
 from operators.base import InputTuple, Operator, OperatorContext
-from operators.windows import LONG_MAX, LONG_MIN, CountWindows, TumblingTimeWindows, windows_for
+from operators.windows import LONG_MAX, LONG_MIN, CountWindows, TumblingTimeWindows, Windows, windows_for
 
 __all__ = [
     "AGGREGATES",
@@ -187,6 +188,29 @@ def canonical_key(raw: Any, field: str) -> str | None:
     return key
 
 
+def plain_key(raw: Any) -> str | None:
+    """`canonical_key` of the common key, plain ASCII text or an int, in fewer steps (the aggregates'
+    per-tuple fast paths); None for any other value, which `canonical_key` then decides."""
+    if type(raw) is str:
+        if not raw or not raw.isascii() or raw.isspace():
+            return None  # a missing key, or text whose UTF-8 `canonical_key` checks
+        return raw
+    if type(raw) is int:
+        return str(raw)
+    return None
+
+
+def open_window_of(
+    ctx: OperatorContext, key: str, t: int, windows: Windows, *, by_watermark: bool
+) -> tuple[OpenWindow | None, bool]:
+    """The key's open window, if any, and whether a tuple at time `t` closes it first (its bounds, or the
+    watermark when `by_watermark`)."""
+    window = ctx.registry.get(key)
+    # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
+    watermark: int | None = getattr(ctx, "watermark", None) if by_watermark else None
+    return window, windows.closes_before(t, None if window is None else window.state.start, watermark)
+
+
 def _kind_name(raw: Any) -> str:
     if isinstance(raw, float):
         return "a floating-point number"
@@ -262,14 +286,8 @@ class KeyedAggregate(Operator):
         throughput). False, with nothing changed, for any other tuple: `_process` then decides."""
         value = tup.value
         assert value is not None
-        raw = value.get(self.key_field)
-        if type(raw) is str:
-            key = raw
-            if not key or not key.isascii() or key.isspace():
-                return False  # a missing key, or text whose UTF-8 `canonical_key` checks
-        elif type(raw) is int:
-            key = str(raw)
-        else:
+        key = plain_key(value.get(self.key_field))
+        if key is None:
             return False
         x = value.get(self.value_field)
         if type(x) is int:
@@ -311,10 +329,7 @@ class KeyedAggregate(Operator):
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
         windows = self.windows
-        window = ctx.registry.get(key)
-        # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
-        watermark: int | None = getattr(ctx, "watermark", None) if windows.closed_by_watermark else None
-        closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
+        window, closes = open_window_of(ctx, key, t, windows, by_watermark=windows.closed_by_watermark)
         if window is not None and not closes and not math.isfinite(window.state.total + x):
             raise BadTupleError(f"value {self.value_field!r} {x!r} would overflow its window's sum")
         # Every check is done: from here on the tuple changes state and cannot fail.

@@ -28,7 +28,7 @@ from typing import Any
 
 from cec.exceptions import BadTupleError, ConfigError
 from operators import exact_sum
-from operators.aggregate import _EXACT_INT, AGGREGATES, _number, canonical_key
+from operators.aggregate import _EXACT_INT, AGGREGATES, _number, canonical_key, open_window_of, plain_key
 from operators.base import InputTuple, Operator, OperatorContext
 from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
 from operators.windows import CountWindows, TumblingTimeWindows, windows_for
@@ -243,14 +243,8 @@ class MultiAggregate(Operator):
         False, with nothing changed, for any other tuple: `_process` then decides (and raises its errors)."""
         value = tup.value
         assert value is not None
-        raw = value.get(field)
-        if type(raw) is str:
-            if not raw or not raw.isascii() or raw.isspace():
-                return False  # a missing key, or text whose UTF-8 `canonical_key` checks
-            key = raw
-        elif type(raw) is int:
-            key = str(raw)
-        else:
+        key = plain_key(value.get(field))
+        if key is None:
             return False
         xs = self._values(value)
         t = self.event_time(value) if self.time_field else tup.offset
@@ -292,10 +286,7 @@ class MultiAggregate(Operator):
         t = self.event_time(tup.value) if self.time_field else tup.offset
         assert t is not None
         windows = self.windows
-        window = ctx.registry.get(key)
-        # A host without watermarks (the Spark attach path) has no `watermark`: per-key closing only.
-        watermark: int | None = getattr(ctx, "watermark", None) if self.by_window else None
-        closes = windows.closes_before(t, None if window is None else window.state.start, watermark)
+        window, closes = open_window_of(ctx, key, t, windows, by_watermark=self.by_window)
         exact = exact_sum.exact
         scaled = [None if x is None else exact(x) for x in xs]
         if window is not None and not closes:

@@ -178,6 +178,16 @@ class _SizedTimeWindows(Windows):
             return None
         return start + self.size_ms
 
+    @property
+    def margin(self) -> int:
+        return self.size_ms
+
+    def _with_lateness(self, window: str) -> str:
+        """`describe`'s text of the windows, with the watermark's lateness when there is one."""
+        if self.allowed_lateness is not None:
+            window += f", watermark lateness {self.allowed_lateness}ms"
+        return window
+
 
 class TumblingTimeWindows(_SizedTimeWindows):
     """Tumbling windows [start, start + size_ms) with start a multiple of size_ms."""
@@ -189,14 +199,7 @@ class TumblingTimeWindows(_SizedTimeWindows):
         self.size_ms = size_ms
 
     def describe(self) -> str:
-        window = f"tumbling time={self.size_ms}ms"
-        if self.allowed_lateness is not None:
-            window += f", watermark lateness {self.allowed_lateness}ms"
-        return window
-
-    @property
-    def margin(self) -> int:
-        return self.size_ms
+        return self._with_lateness(f"tumbling time={self.size_ms}ms")
 
     def start_of(self, t: int) -> int:
         return t - t % self.size_ms  # Python's % floors: -1 is in [-size, 0)
@@ -260,14 +263,7 @@ class HoppingTimeWindows(_SizedTimeWindows):
         self.panes = size_ms // slide_ms  # k: the windows (and panes of a window) per time
 
     def describe(self) -> str:
-        window = f"hopping time={self.size_ms}ms slide={self.slide_ms}ms"
-        if self.allowed_lateness is not None:
-            window += f", watermark lateness {self.allowed_lateness}ms"
-        return window
-
-    @property
-    def margin(self) -> int:
-        return self.size_ms
+        return self._with_lateness(f"hopping time={self.size_ms}ms slide={self.slide_ms}ms")
 
     def pane_of(self, t: int) -> int:
         """The start of the pane that holds time `t`."""

@@ -31,6 +31,9 @@ read the whole log before it starts (issue 26: recovery must grow with the exten
 the operator runs, and the records that become durable meanwhile are held in memory and indexed once the
 stretch is done. The index stays the index of an exact prefix of the log throughout, so a crash during the
 catch-up leaves an index the next start reconciles (or defers) from where it got to.
+
+One module, one job: the index of one partition (its two questions share one RocksDB, one WriteBatch per
+durable batch and one rule for damage, so they are not split).
 """
 
 from __future__ import annotations
@@ -368,7 +371,9 @@ class StreamIndex:
             self._end_deferral()
         return done
 
-    def _reconcile(self, reader: PartitionReader, progress: Callable[[int, int], None] | None) -> int:
+    def _align_to_log(self, reader: PartitionReader) -> int:
+        """The index made an index of a prefix of the log as it is now (rebuilt if it claims more than the
+        log holds; entries below the log's start pruned); returns the log's end."""
         reader.hint_end(self._next_offset)
         end = reader.end_offset()
         if self._next_offset > end:
@@ -380,6 +385,10 @@ class StreamIndex:
             # directory of keys whose last R was trimmed cannot be derived again from the log.
             self._batch_next = self._next_offset = log_start
         self._prune(log_start)
+        return end
+
+    def _reconcile(self, reader: PartitionReader, progress: Callable[[int, int], None] | None) -> int:
+        end = self._align_to_log(reader)
         start = self._next_offset
         # `end - start` offsets: an upper bound of the records on a store whose offsets have gaps.
         return self._index_records(_intact(reader, start, self.passed_over), end - start, progress)
@@ -409,15 +418,7 @@ class StreamIndex:
             raise IndexError_(f"cannot rebuild the stream index at {self.path}: {damage}") from None
 
     def _defer(self, reader: PartitionReader) -> int:
-        reader.hint_end(self._next_offset)
-        end = reader.end_offset()
-        if self._next_offset > end:
-            log.info("the stream index at %s claims more than its log holds: rebuilding it", self.path)
-            self._reset(None)
-        log_start = reader.start_offset()
-        if self._next_offset < log_start:  # as in `_reconcile`
-            self._batch_next = self._next_offset = log_start
-        self._prune(log_start)
+        end = self._align_to_log(reader)
         if end <= self._next_offset:
             return 0
         self._deferred_end, self._held, self._catching = end, [], None

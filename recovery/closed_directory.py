@@ -21,11 +21,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Protocol
 
-from cec.exceptions import CodecError
 from cec.records import RecordCodec
+from cec.verified import whole_record
 from queuestore.base import PartitionReader, RecordMeta, StoredRecord
-from queuestore.chunks import is_manifest, reassemble
-from queuestore.exceptions import TornRecordError
 
 __all__ = ["ClosedIndex", "ClosedWindowDirectory"]
 
@@ -116,16 +114,7 @@ class ClosedWindowDirectory:
 
     def _intact(self, reader: PartitionReader, stored: StoredRecord) -> bool:
         """A record that failed the batch check: a chunked value's manifest (checked whole) or damage."""
-        if is_manifest(stored):
-            try:
-                stored = stored._replace(value=reassemble(reader, stored))
-            except TornRecordError:
-                return False
-        try:
-            self._codec.verify(stored.value, stored.meta)
-        except CodecError:
-            return False
-        return True
+        return whole_record(reader, stored, self._codec) is not None
 
     def close(self) -> None:
         reader, self._reader = self._reader, None

@@ -20,12 +20,11 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from cec.exceptions import CodecError
 from cec.native import native
 from cec.records import FOOTPRINT_KINDS, Kind, OutputRecord, RecordCodec
+from cec.verified import whole_record
 from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
-from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
-from queuestore.exceptions import TornRecordError
+from queuestore.chunks import PART_KIND, is_part
 from recovery.exceptions import RecoveryError
 
 __all__ = [
@@ -140,16 +139,7 @@ class EventualCheckpointBuilder:
     def _whole(self, stored: StoredRecord) -> StoredRecord | None:
         """The record with its whole value (a manifest's parts joined, see queuestore.chunks), or None if
         it fails its checksum or its parts are missing or damaged."""
-        if is_manifest(stored):
-            try:
-                stored = stored._replace(value=reassemble(self.reader, stored))
-            except TornRecordError:
-                return None
-        try:
-            self.codec.verify(stored.value, stored.meta)
-        except CodecError:
-            return None
-        return stored
+        return whole_record(self.reader, stored, self.codec)
 
     def _damaged(self, stored: StoredRecord, corrupt: list[int], where: str) -> None:
         # Only a damaged footprint can be passed over: its window falls back to an older footprint. The

@@ -10,7 +10,14 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 # The model: what a record is and how it is stored and encoded. It imports nothing of the layers above.
-MODEL = ("cec/records.py", "cec/stored.py", "cec/wire.py")
+MODEL = (
+    "cec/records.py",
+    "cec/stored.py",
+    "cec/wire.py",
+    "cec/varint.py",
+    "cec/compact_body.py",
+    "cec/avro_codec.py",
+)
 ABOVE_THE_MODEL = ("queuestore", "operators", "recovery", "cec.cli", "cec.inspection", "cec.verified")
 
 

@@ -46,6 +46,9 @@ Writing (batch and streaming sink, `operators.spark.kafka_sink`)
   `endingOffsets` (`latest`, or `{"<partition>": offset}`: `read_results(consumer=...)` reads a fixed range).
 - Options common to both Kafka sources (`topic`, `bootstrap.servers`, `kafka.*`, `startingOffsets`,
   `maxRecordsPerTrigger`) and micro-batch planning are `operators.spark.slices`'.
+
+One job, the source's read side (options, row schema, batch and stream readers; a third of the module is
+this text); the write side is `operators.spark.kafka_sink`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ the replay needs"), never a silent gap.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -282,26 +282,14 @@ class TupleBatches:
 
         if self.opts.several:
             return self._several(p, batch)
-        key, value, time_field = self.opts.key, str(self.opts.value), self.opts.time
+        key, value = self.opts.key, str(self.opts.value)
         packer, dumps = self.packer, json.dumps
-        offsets: list[int] = []
-        errors: list[str | None] = []
-        keys: list[Any] = []
-        values: list[str | None] = []
-        times: list[str | None] = []
-        for tup in batch:
-            offsets.append(tup.offset)
-            v = tup.value
-            if v is None:
-                errors.append(tup.error or "undecodable input")
-                keys.append(None)
-                values.append(raw_text(tup))  # the record as read: its dead letter's raw
-                times.append(None)
-                continue
-            errors.append(None)
-            keys.append(v[key] if packer is not None else str(v[key]))  # packing: canonical_key
-            values.append(dumps(v[value], default=str))
-            times.append(None if time_field is None else dumps(v[time_field], default=str))
+        offsets, errors, keys, values, times = _columns(
+            batch,
+            (lambda v: v[key]) if packer is not None else (lambda v: str(v[key])),  # packing: canonical_key
+            lambda v: dumps(v[value], default=str),
+            self.opts.time,
+        )
         if packer is not None:
             return packer.pack(p, offsets, keys, values, times, errors)
         columns = [[p] * len(offsets), offsets, errors, keys, values, times]
@@ -316,26 +304,44 @@ class TupleBatches:
         opts = self.opts
         assert self.packer is not None, "several aggregates are read packed only"
         fields = list(dict.fromkeys((*opts.key_fields, *opts.value_fields)))
-        time_field, dumps = opts.time, json.dumps
-        offsets: list[int] = []
-        errors: list[str | None] = []
-        keys: list[str | None] = []
-        values: list[str | None] = []
-        times: list[str | None] = []
-        for tup in batch:
-            offsets.append(tup.offset)
-            v = tup.value
-            if v is None:
-                errors.append(tup.error or "undecodable input")
-                keys.append(None)
-                values.append(raw_text(tup))  # the record as read: its dead letter's raw
-                times.append(None)
-                continue
-            errors.append(None)
-            keys.append(partition_key(v, opts.key_fields, as_array=opts.key_array))
-            values.append(dumps({name: v.get(name) for name in fields}, default=str))
-            times.append(None if time_field is None else dumps(v[time_field], default=str))
+        dumps = json.dumps
+        offsets, errors, keys, values, times = _columns(
+            batch,
+            lambda v: partition_key(v, opts.key_fields, as_array=opts.key_array),
+            lambda v: dumps({name: v.get(name) for name in fields}, default=str),
+            opts.time,
+        )
         return self.packer.pack(p, offsets, keys, values, times, errors)
+
+
+def _columns(
+    batch: Sequence[InputTuple],
+    key_of: Callable[[Mapping[str, Any]], Any],
+    value_of: Callable[[Mapping[str, Any]], str],
+    time_field: str | None,
+) -> tuple[list[int], list[str | None], list[Any], list[str | None], list[str | None]]:
+    """The columns (offsets, errors, keys, values, times) of `batch`: a decoded tuple's key and value as
+    `key_of` and `value_of` give them and its time as JSON; an undecodable one's error and raw value."""
+    dumps = json.dumps
+    offsets: list[int] = []
+    errors: list[str | None] = []
+    keys: list[Any] = []
+    values: list[str | None] = []
+    times: list[str | None] = []
+    for tup in batch:
+        offsets.append(tup.offset)
+        v = tup.value
+        if v is None:
+            errors.append(tup.error or "undecodable input")
+            keys.append(None)
+            values.append(raw_text(tup))  # the record as read: its dead letter's raw
+            times.append(None)
+            continue
+        errors.append(None)
+        keys.append(key_of(v))
+        values.append(value_of(v))
+        times.append(None if time_field is None else dumps(v[time_field], default=str))
+    return offsets, errors, keys, values, times
 
 
 def _names(text: str | None, option: str) -> tuple[str, ...]:

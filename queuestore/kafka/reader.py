@@ -11,6 +11,9 @@ instead of OFFSET_OUT_OF_RANGE); the suspicion is then confirmed or refuted by f
 Kafka answers a fetch below the log start (records deleted by trimming or retention) with
 OFFSET_OUT_OF_RANGE too: only then the reader asks for the log start, and a backward read stops there,
 while a forward read below it is `LogTrimmedError`, as on SQLite.
+
+One job, the positioned reads of one partition (forward, backward, tail): long, not split; the end-finder
+is `queuestore.kafka.ends`, the consumer config `queuestore.kafka.config`.
 """
 
 from __future__ import annotations

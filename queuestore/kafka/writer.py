@@ -1,6 +1,7 @@
 """The writer of one output partition: appends in transactions cut at `poll()`/`flush()`, durable-completion
 callbacks once committed, a pipelined commit, fail-stop (see `KafkaPartitionWriter` and the package
-docstring). Its producer and the rule for transactions in doubt are `queuestore.kafka.producer`'s."""
+docstring). Its producer and the rule for transactions in doubt are `queuestore.kafka.producer`'s.
+One job, the writer's transaction cycle (append, commit, reap, fail-stop, trim): long, not split."""
 
 from __future__ import annotations
 

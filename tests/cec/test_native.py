@@ -22,6 +22,8 @@ import pytest
 from confluent_kafka import KafkaError, Message
 
 import cec
+import cec.avro_codec
+import cec.compact_body
 import cec.model
 import cec.wire
 import queuestore.kafka.reader
@@ -74,7 +76,7 @@ def _compact_record(rng: random.Random) -> OutputRecord:
     if rng.random() < 0.5 and record.pos:
         record = dataclasses.replace(record, time=record.pos[0] + rng.randrange(-3, 3))
     if record.kind is Kind.R and record.key is not None and rng.random() < 0.6:
-        prefix = cec.wire._payload_prefix(record.key, record.seq)
+        prefix = cec.compact_body.payload_prefix(record.key, record.seq)
         assert prefix is not None
         record = dataclasses.replace(record, payload=prefix + (record.payload or b"")[: rng.randrange(0, 20)])
     if rng.random() < 0.3:
@@ -277,7 +279,7 @@ def test_record_decode_matches_fastavro(seed: int) -> None:
 @needs_native
 @pytest.mark.parametrize("seed", range(4))
 def test_compact_record_decode_matches_the_python_twin(seed: int) -> None:
-    """Version 4: `_native.decode_compact(_rows)` gives exactly what `cec.wire._decode_compact` gives,
+    """Version 4: `_native.decode_compact(_rows)` gives exactly what `cec.compact_body.decode_compact` gives,
     and declines (None) every body the twin rejects, cut short or damaged."""
     assert native is not None
     rng = random.Random(seed)
@@ -292,11 +294,11 @@ def test_compact_record_decode_matches_the_python_twin(seed: int) -> None:
         rows.append((0, *meta, data))
         head = (record.kind, *meta[1:])
         assert native.decode_compact(data, 6, head, OutputRecord, slots) == record
-        assert cec.wire._decode_compact(data, 6, head) == record
+        assert cec.compact_body.decode_compact(data, 6, head) == record
         assert codec.decode(data, meta) == record
         for bad in (data[: rng.randrange(6, len(data))], _flip(rng, data)):
             try:
-                twin: OutputRecord | None = cec.wire._decode_compact(bad, 6, head)
+                twin: OutputRecord | None = cec.compact_body.decode_compact(bad, 6, head)
             except CodecError:
                 twin = None
             assert native.decode_compact(bad, 6, head, OutputRecord, slots) == twin
@@ -474,7 +476,7 @@ def test_message_rows_match_their_python_twin(seed: int) -> None:
 
 
 def _python_only(monkeypatch: pytest.MonkeyPatch) -> None:
-    for module in (cec.wire, recovery.eventual, recovery.manager, queuestore.kafka.reader):
+    for module in (cec.wire, cec.avro_codec, recovery.eventual, recovery.manager, queuestore.kafka.reader):
         monkeypatch.setattr(module, "native", None)
     monkeypatch.setattr(recovery.eventual, "_scan", _scan_rows)
 

@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+import cec.avro_codec as avro_codec
+import cec.compact_body as compact_body
 import cec.wire as wire
 import queuestore.kafka.framing as kafka
 from cec.native import native
@@ -55,7 +57,7 @@ def _record(rnd: random.Random) -> OutputRecord:
     seq = _long(rnd, 0.02) if key is not None else -1
     payload = rnd.choice([None, b"", bytes(rnd.randrange(256) for _ in range(rnd.randrange(40)))])
     if key is not None and payload is not None and rnd.random() < 0.5:
-        prefix = wire._payload_prefix(key, seq)  # an aggregate's result starts with (key, seq)
+        prefix = compact_body.payload_prefix(key, seq)  # an aggregate's result starts with (key, seq)
         if prefix is not None:
             payload = prefix + payload
     return OutputRecord(
@@ -138,6 +140,6 @@ def test_flat_avro_records_encode_as_fastavro_encodes_them(schema: dict[str, Any
         datum = {f["name"]: _field_value(rnd, f["type"]) for f in schema["fields"]}
         if rnd.random() < 0.02:
             datum.pop(schema["fields"][0]["name"])
-        with _python_only(wire, "_native_encode_avro"):
+        with _python_only(avro_codec, "_native_encode_avro"):
             want = _outcome(lambda d=datum: codec.encode(d))
         assert _outcome(lambda d=datum: codec.encode(d)) == want, datum

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+import cec.avro_codec as avro_codec
 import cec.wire as wire
 from cec.config import Checkpointing
 from cec.native import native
@@ -264,8 +265,9 @@ def test_runs_encode_to_the_bytes_of_one_at_a_time_and_of_pure_python(
         with monkeypatch.context() as m:
             m.setattr(wire, "_native_encode_gchecks", None)
             m.setattr(wire, "_native_encode", None)
-            m.setattr(wire, "_native_encode_avro", None)
+            m.setattr(avro_codec, "_native_encode_avro", None)
             m.setattr(wire, "native", None)
+            m.setattr(avro_codec, "native", None)
             assert AvroCodec(STATE_SCHEMA).encode_tuples(
                 [(s.count, s.total, s.lo, s.hi, s.start, s.last) for s in states]
             ) == [operator.encode_state(s) for s in states]

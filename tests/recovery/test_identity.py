@@ -227,7 +227,7 @@ class _BoundedSource(InputSource):
 def test_run_job_pins_a_bounded_source_to_the_end_it_started_with(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import operators.job as job_module
+    import operators.job_runner as job_module
 
     ends = iter([6, 50])  # the first start sees 6 tuples; by the restart the input has grown
     sources: list[_BoundedSource] = []

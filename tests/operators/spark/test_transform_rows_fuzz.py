@@ -1,5 +1,5 @@
-"""`transform=`'s decoding step (`operators.spark.transform.FieldDecoder`, which turns Kafka values into the
-input's typed fields) fuzzed: for any values, a batch gives exactly what each value alone gives, nothing
+"""`transform=`'s decoding step (`operators.spark.transform_rows.FieldDecoder`, which turns Kafka values
+into the input's typed fields) fuzzed: for any values, a batch gives exactly what each value alone gives, nothing
 raises, and a value either fills the fields or is a dead letter with its reason and raw bytes. No Spark
 session: the step is a plain function of Arrow batches."""
 
@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from pyspark.sql.types import StructType
 
 from operators.spark.topic_reader import TopicOptions
-from operators.spark.transform import FieldDecoder
+from operators.spark.transform_rows import FieldDecoder
 
 SCHEMA = StructType.fromJson(
     {
