@@ -378,7 +378,11 @@ class KeyedAggregate(Operator):
         )
 
     def encode_footprint(self, state: AggState) -> bytes:
-        if state.count == 1 and _same_double(state.total, state.lo) and _same_double(state.total, state.hi):
+        total, lo, hi = state.total, state.lo, state.hi
+        # One tuple in, and lo, hi that same double: as a rule the very object (AggState(1, x, x, x, ...)).
+        if state.count == 1 and (
+            (total is lo and total is hi) or (_same_double(total, lo) and _same_double(total, hi))
+        ):
             span = state.last - state.start
             if LONG_MIN <= span <= LONG_MAX:
                 return _FIRST_TUPLE_HEAD + self._first_codec.encode_tuple((state.total, state.start, span))

@@ -14,7 +14,8 @@ from operator import attrgetter
 
 from cec.records import Kind, OutputRecord, RecordCodec
 from cec.registry import OpenWindow
-from operators.engine.records import HeldRecord
+from operators.base import InputTuple
+from operators.engine.records import HeldRecord, Marks, Moment
 from queuestore.base import RecordMeta
 from queuestore.output import OutputQueue
 from recovery.contract import PositionStamper
@@ -45,20 +46,12 @@ class OutputQueueSink:
         """Continue stamping from a log's crash point (`recovery.contract`, "pos while replaying")."""
         self.stamper = PositionStamper(pos)
 
-    def tuple_records(
-        self,
-        partition: int,
-        offset: int,
-        held: list[HeldRecord],
-        time: int,
-        live: Sequence[int],
-        marks: list[tuple[int, ...]] | None,
-        event_time: int | None,
-    ) -> None:
+    def tuple_records(self, at: Moment, tup: InputTuple, held: list[HeldRecord], marks: Marks | None) -> None:
         last = len(held) - 1
         stamp = self.stamper.stamp
         encode = self._encode_fields
         append = self.output.append
+        time, live, partition, offset = at.time, at.positions, tup.partition, tup.offset
         for i, (kind, key, seq, state, payload, n) in enumerate(held):
             pos = stamp(live, partition, offset, claims=i == last)
             record_marks = () if marks is None else marks[i]
@@ -72,15 +65,10 @@ class OutputQueueSink:
             append(value, RecordMeta(_KIND_NAME[kind], time, key, seq))
 
     def gchecks(
-        self,
-        windows: Sequence[OpenWindow],
-        states: list[bytes],
-        time: int,
-        live: Sequence[int],
-        n: int,
-        marks: tuple[int, ...],
+        self, at: Moment, windows: Sequence[OpenWindow], states: list[bytes], marks: tuple[int, ...]
     ) -> None:
-        pos = self.stamper.stamp_current(live)
+        time, n = at.time, at.registry.n
+        pos = self.stamper.stamp_current(at.positions)
         keys = list(map(_KEY, windows))
         seqs = list(map(_SEQ, windows))
         if self._encode_fields is None:
@@ -91,8 +79,7 @@ class OutputQueueSink:
         values = self.codec.encode_run(Kind.GCHECK, time, pos, n, marks, keys, seqs, states)
         self.output.append_run("GCHECK", time, keys, seqs, values)
 
-    def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:
-        record = OutputRecord(
-            Kind.EOS, time, self.stamper.stamp_current(live), n, None, -1, None, None, marks
-        )
+    def end_of_stream(self, at: Moment, marks: tuple[int, ...]) -> None:
+        pos = self.stamper.stamp_current(at.positions)
+        record = OutputRecord(Kind.EOS, at.time, pos, at.registry.n, None, -1, None, None, marks)
         self.output.append(self.codec.encode(record), record.meta())

@@ -75,7 +75,7 @@ class Windows(ABC):
         self.time_field = time_field
         self.allowed_lateness = allowed_lateness
         # The last text time parsed and its result: the engine asks a tuple's time before the operator
-        # does (`OperatorInstance._apply_plain`), and parsing text twice was a tenth of a time window's
+        # does (`OperatorInstance._plain_run`), and parsing text twice was a tenth of a time window's
         # per-tuple cost. Keyed by the very str object (immutable, held here so its id is not reused), so
         # it can only ever answer for the same text; one tuple attribute, so threads sharing the
         # operator never read one's text with another's time.

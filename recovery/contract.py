@@ -213,10 +213,13 @@ class PositionStamper:
         """The pos of a record produced by tuple (partition, offset); `claims`: it is that tuple's last
         record. `live`: the operator's live position vector, or None for a host that only knows the
         records it writes (then the previous record's pos stands for it)."""
-        pos = list(self._last if live is None else live)
-        pos[partition] = offset + 1 if claims else offset
         last = self._last
-        out = tuple(p if p >= q else q for p, q in zip(pos, last, strict=True))
+        pos = list(last if live is None else live)
+        pos[partition] = offset + 1 if claims else offset
+        if len(pos) != len(last):
+            raise ValueError(f"a live position of {len(pos)} partitions against a pos of {len(last)}")
+        # Component-wise max (max(p, q) is p unless q > p), in C: this runs once per output record.
+        out = tuple(map(max, pos, last))
         self._last = out
         return out
 

@@ -10,11 +10,13 @@ loops nor does I/O. Two hosts use it:
   same controller.
 
 Modules, one job each:
-- `instance`: the `OperatorContext` and the per-tuple procedure: the replay contract while restoring
-  (`recovery.contract` stays the one owner of the rules), holding and claiming a tuple's records, G-open
-  of a window still open, dead letters, watermarks, G-check runs, EOS;
+- `context`: the `OperatorContext` and the records it makes: window identity, holding and claiming a
+  tuple's records, G-open of a window still open, dead letters, watermarks, G-check runs;
+- `instance`: how tuples are applied (the per-tuple procedure and its fast paths): the replay contract
+  while restoring (`recovery.contract` stays the one owner of the rules), restore/resume/save, EOS;
 - `phase`: RESTORING -> RUNNING -> DONE and the one rule that ends recovery;
-- `records`: the `RecordSink` seam and the one form of a dead letter;
+- `records`: the `RecordSink` seam (the sink reads the moment, time and positions, from the instance
+  it serves) and the one form of a dead letter;
 - `controller`: the G-check controller (policy, schedule, measured rates, targets, what is said once);
 - `candidates`: an instance's registry as the controller's candidates (the local host's windows);
 - `trimming`: the trim bound and when it may be applied;

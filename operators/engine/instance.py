@@ -1,25 +1,22 @@
 """One operator instance under CEC, host-neutral: it neither loops nor does I/O (`operators.engine`).
 
-`OperatorInstance` is the `OperatorContext` an operator acts through. The host hands it input tuples
-(`apply_run`, `apply`) and receives records through its `RecordSink`; everything CEC adds to the operator
-happens here, once for every host:
-- window identity: per-key window sequences (`open_window`), N, the input position vector, logical time;
+`OperatorInstance` is the `OperatorContext` an operator acts through (`operators.engine.context`: window
+identity, the records a tuple makes, dead letters, watermarks, G-checks) plus how tuples are applied. The
+host hands it input tuples (`apply_run`, `apply`) and receives records through its `RecordSink`. Here:
 - the replay contract while RESTORING (`recovery.contract`, asked through `operators.engine.phase`):
   SKIP, REBUILD (state only: whatever such a tuple produced the first time is in the log, so producing a
   record there means the log and the replay disagree) or PROCESS;
-- the records of a tuple held until it is fully applied, then handed over with their claim (the last one
-  claims the tuple) and marks; G-open of a window still open after its opening tuple;
-- dead letters (`operators.engine.records.DeadLetters`);
-- event-time watermarks (`recovery.contract.Watermark`): windows whose end the watermark passed close in
-  (end, key, seq) order before the tuple that moved it is applied, and while RESTORING the tuples past a
-  partition's crash point are held back until every partition reached its own;
-- G-checks of the windows a host's controller chose (`gcheck_run`), and the EOS record.
+- with watermarks, windows whose end the watermark passed close in (end, key, seq) order before the tuple
+  that moved it is applied, and while RESTORING the tuples past a partition's crash point are held back
+  until every partition reached its own;
+- restoring from an eventual checkpoint, and what a host keeps of the instance between calls (`save`,
+  `resume`); the EOS record.
 
 Logical time is the largest event time seen when the operator has one, else the number of input offsets
 consumed (sum of positions): either way it never decreases along the log and is restored from the crash
 point.
 
-Three ways through a tuple, the same effects: `_apply` (every rule), `_apply_plain` (RUNNING without a
+Three ways through a tuple, the same effects: `_apply` (every rule), `_plain_run` (RUNNING without a
 watermark: no replay or watermark rule can apply) and `_replay_run` (RESTORING without a watermark, a run
 of tuples below their crash points: no record can be produced). `apply_run` picks them; the fast ones are
 the ones production runs, and the crash tests run them too (their kills come from outside the process or
@@ -28,28 +25,23 @@ from test-side wrappers, never from a branch in here).
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable, Mapping, Sequence
-from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cec.exceptions import BadTupleError
-from cec.records import AvroCodec, Kind
 from cec.registry import OpenWindow, WindowRegistry
 from operators.base import InputTuple, Operator
+from operators.engine.context import InstanceContext, loaded_window_ends
 from operators.engine.phase import Lifecycle, Phase
-from operators.engine.records import DeadLetters, HeldRecord, RecordSink
+from operators.engine.records import RecordSink
 from operators.engine.stats import RunStats
-from operators.exceptions import EngineStateError
-from recovery.contract import ReplayContract, TupleFate, Watermark
-from recovery.exceptions import RecoveryError, ReplayDivergenceError
+from recovery.contract import ReplayContract, TupleFate
+from recovery.exceptions import RecoveryError
 
 if TYPE_CHECKING:
     from recovery.manager import Recovery, RecoveryReport
 
 __all__ = ["HostState", "OperatorInstance", "loaded_window_ends"]
-
-_STATE = attrgetter("state")
 
 # What a host that keeps an instance between calls (the Spark state partition) saves of it besides its
 # windows: the input positions applied, logical time, event-time marks, the open windows' ends (for the
@@ -57,33 +49,12 @@ _STATE = attrgetter("state")
 HostState = tuple[list[int], int, list[int] | None, list[tuple[int, str, int]], list[InputTuple], bool]
 
 
-def loaded_window_ends(
-    operator: Operator, windows: Sequence[tuple[str, int, Any]], marks: Sequence[int] | None
-) -> list[tuple[int, str, int]]:
-    """The watermark's heap of open windows (key, seq, state) loaded from an EC, with the crash record's
-    `marks` (None: none yet): each at the first end past the watermark where it acts
-    (`Operator.window_end_after`), as the instance tracks the windows it opens. For a host that installs
-    loaded windows itself (the Spark state partition's initial state) rather than through `restore`."""
-    watermark = None
-    lateness = operator.allowed_lateness
-    if lateness is not None and marks is not None:
-        wm = Watermark(len(marks), lateness)
-        wm.marks = [int(m) for m in marks]
-        watermark = wm.value
-    ends: list[tuple[int, str, int]] = []
-    for key, seq, state in windows:
-        end = operator.window_end_after(state, watermark)
-        if end is not None:
-            ends.append((end, key, seq))
-    heapq.heapify(ends)
-    return ends
-
-
-class OperatorInstance:
-    """The `OperatorContext` of one operator instance (module doc).
+class OperatorInstance(InstanceContext):
+    """The `OperatorContext` of one operator instance and how its tuples are applied (module doc).
 
     `closed_seq(key)`: the last closed window seq of a key this instance has not met yet (the stream index
-    of the output log locally; the state partition's saved keys on Spark), None if none. `registry`: a
+    of the output log locally; the state partition's saved keys on Spark), None if none; a host that knows
+    a key's next seq may put it in `next_seq` before the key's tuple is applied instead. `registry`: a
     host's own window registry (one that loads windows lazily). `global_partitions`: the stream partition
     of each input partition, for dead letters. `footprints=False`: results only, no G-open (the baseline
     the cost of CEC is measured against)."""
@@ -100,30 +71,18 @@ class OperatorInstance:
         global_partitions: Sequence[int] | None = None,
         stats: RunStats | None = None,
     ) -> None:
-        self.operator = operator
-        self.sink = sink
-        self.footprints = footprints
-        self.stats = stats if stats is not None else RunStats()
+        super().__init__(
+            operator,
+            sink,
+            partitions,
+            footprints=footprints,
+            closed_seq=closed_seq,
+            registry=registry,
+            global_partitions=global_partitions,
+            stats=stats,
+        )
         self.lifecycle = Lifecycle()
-        self._closed_seq = closed_seq
-        self._registry = registry if registry is not None else WindowRegistry()
-        self._result_codec = AvroCodec(operator.result_schema)
-        self._dead = DeadLetters(global_partitions)
-        self._pos = [0] * partitions
-        self._time = 0
-        self.next_seq: dict[str, int] = {}  # the next window seq of the keys met (open or closed)
-        self._pending_opens: list[OpenWindow] = []
-        self._in_count = 0
-        self._out_count = 0
-        self._rebuilding = False  # applying a replayed tuple below the crash point (REBUILD)
-        self._current: tuple[int, int] | None = None  # the tuple being applied, whose records are held
-        self._held: list[HeldRecord] = []
-        self._event_time: int | None = None  # the event time of the tuple being applied, if it has one
-        lateness = operator.allowed_lateness
-        self._wm: Watermark | None = None if lateness is None else Watermark(partitions, lateness)
-        self._ends: list[tuple[int, str, int]] = []  # open windows by (end, key, seq), for the watermark
         self._held_back: list[InputTuple] = []  # past a crash point while another partition replays
-        self._logged_results: set[object] = set()  # identities of the results at the log's end (restore)
 
     # -- what the host reads ---------------------------------------------------------------------------
     @property
@@ -134,11 +93,6 @@ class OperatorInstance:
     def contract(self) -> ReplayContract | None:
         """The replay contract while RESTORING, else None."""
         return self.lifecycle.contract
-
-    @property
-    def positions(self) -> list[int]:
-        """The input position vector: the next offset per input partition (everything below is applied)."""
-        return self._pos
 
     @property
     def in_count(self) -> int:
@@ -154,125 +108,6 @@ class OperatorInstance:
     def report(self) -> RecoveryReport | None:
         return self.stats.recovery
 
-    # -- OperatorContext -------------------------------------------------------------------------------
-    @property
-    def registry(self) -> WindowRegistry:
-        return self._registry
-
-    @property
-    def time(self) -> int:
-        return self._time
-
-    @property
-    def watermark(self) -> int | None:
-        """The event-time watermark W (recovery.contract), or None: none kept, or not yet known."""
-        return None if self._wm is None else self._wm.value
-
-    def open_window(self, key: str, state: Any) -> OpenWindow:
-        seq = self.next_seq.get(key)
-        if seq is None:
-            last = None if self._closed_seq is None else self._closed_seq(key)
-            seq = 0 if last is None else last + 1
-        window = OpenWindow(key, seq, state, self._time, self._time, self._out_count, self._in_count)
-        self._registry.open(window)
-        if self._wm is not None:
-            self._track_end(window)
-        self.next_seq[key] = seq + 1
-        self._pending_opens.append(window)
-        return window
-
-    def close_window(self, key: str, result: Mapping[str, Any] | None) -> None:
-        window = self._registry.close(key)
-        if result is None:  # an R without a result (OperatorContext.close_window)
-            self._emit(Kind.R, window.key, window.seq, None, None)
-            return
-        self._emit(Kind.R, window.key, window.seq, None, self._result_codec.encode(result))
-        self.stats.results += 1
-
-    def checkpoint_window(self, key: str) -> None:
-        window = self._registry.get(key)
-        if window is None:
-            raise EngineStateError(f"no open window {key!r} to checkpoint")
-        if not self.footprints:
-            return
-        self._registry.footprint(key, time=self._time, out_mark=self._out_count, in_mark=self._in_count)
-        self._emit(Kind.GCHECK, key, window.seq, self.operator.encode_footprint(window.state), None)
-        self.stats.gchecks += 1
-
-    def emit(self, result: Mapping[str, Any]) -> None:
-        if self._rebuilding:
-            # A result that closes no window (`operators.hopping`: one window of several a part serves),
-            # made again by a tuple replayed below the crash point: the first one is in the log. No
-            # window state depends on it, so unlike an R or a G-open it is no sign of divergence.
-            return
-        if self._logged_results and self.operator.result_identity(result) in self._logged_results:
-            # Made again by the tuple the crash cut (only some of its records reached the log, so it is
-            # applied again): the one in the log stands (`Operator.unique_results`).
-            return
-        self._emit(Kind.R, None, -1, None, self._result_codec.encode(result))
-        self.stats.results += 1
-
-    # -- records ---------------------------------------------------------------------------------------
-    def _emit(
-        self, kind: Kind, key: str | None, seq: int, state: bytes | None, payload: bytes | None
-    ) -> None:
-        if self._rebuilding:
-            # A tuple replayed below the crash point only rebuilds window state: whatever it produced the
-            # first time is already in the log. Only a dead letter can come out of it again; a result or a
-            # window opening would mean the log and the replay disagree, and writing it would corrupt output.
-            if kind is not Kind.DEAD:
-                raise ReplayDivergenceError(
-                    f"replay below the crash point produced a {kind.value} record for {key!r} (window "
-                    f"{seq}): the log and the replay disagree"
-                )
-            return
-        if self._current is None:
-            raise EngineStateError("an operator makes records only while a tuple is applied")
-        self._out_count += 1
-        self.stats.outputs += 1
-        # Records of the tuple being applied are held until it is done; see _release.
-        self._held.append((kind, key, seq, state, payload, self._registry.n))
-
-    def _release(self, partition: int, offset: int) -> None:
-        """Hand the records of tuple (partition, offset) to the sink now that it is fully applied: the last
-        one claims it, each carries its marks (recovery.contract: "claiming", "watermarks")."""
-        held, self._held = self._held, []
-        wm = self._wm
-        marks = None
-        if wm is not None:
-            last = len(held) - 1
-            marks = [wm.stamp(partition, claims=i == last) for i in range(len(held))]
-        self.sink.tuple_records(partition, offset, held, self._time, self._pos, marks, self._event_time)
-
-    def _gopen(self, window: OpenWindow) -> None:
-        if not self.footprints:
-            return
-        self._registry.footprint(
-            window.key, time=self._time, out_mark=self._out_count, in_mark=self._in_count
-        )
-        self._emit(Kind.GOPEN, window.key, window.seq, self.operator.encode_footprint(window.state), None)
-        self.stats.gopens += 1
-
-    def _dead_letter(self, tup: InputTuple, reason: str) -> None:
-        if self._rebuilding:
-            return  # its dead letter is already in the log (see _emit)
-        self._emit(Kind.DEAD, None, -1, None, self._dead.payload(tup, reason))
-        self.stats.dead_letters += 1
-
-    def gcheck_run(self, windows: list[OpenWindow]) -> None:
-        """G-checks of `windows` (open ones, the oldest first as the controller chose them), all taken at
-        this moment: one record each, with the same time, pos, N and marks, each its own out_mark."""
-        count = len(windows)
-        time_ = self._time
-        marks = () if self._wm is None else self._wm.stamp()
-        n = self._registry.n
-        states = self.operator.encode_footprints(list(map(_STATE, windows)))
-        self._registry.footprint_run(windows, time=time_, out_mark=self._out_count, in_mark=self._in_count)
-        self._out_count += count
-        self.stats.outputs += count
-        self.stats.gchecks += count
-        self.sink.gchecks(windows, states, time_, self._pos, n, marks)
-
     def end_of_input(self) -> None:
         """The input ended: recovery (if it had not) ends, the tuples held back are applied, and the EOS
         record closes the log; DONE."""
@@ -280,7 +115,7 @@ class OperatorInstance:
         self._out_count += 1
         self.stats.outputs += 1
         marks = () if self._wm is None else self._wm.stamp()
-        self.sink.end_of_stream(self._time, self._pos, self._registry.n, marks)
+        self.sink.end_of_stream(self, marks)
         self.lifecycle.finish()
 
     # -- recovery --------------------------------------------------------------------------------------
@@ -320,19 +155,19 @@ class OperatorInstance:
             for lw in recovery.windows
             for record in (lw.footprint.record,)
         ]
-        self._registry.load(loaded)
+        self.registry.load(loaded)
         if self._wm is not None:
             for window in loaded:
                 self._track_end(window)
         self.next_seq.update([(window.key, window.seq + 1) for window in loaded])
-        self._time = ec.time
+        self.time = ec.time
         # Input counts are relative to the crash point, where the loaded windows' marks are taken.
         self._in_count = -recovery.plan.replay_span
         if recovery.complete:
-            self._pos = list(ec.crash_pos)
+            self.positions = list(ec.crash_pos)
             self.lifecycle.finish()
             return
-        self._pos = list(recovery.plan.start)
+        self.positions = list(recovery.plan.start)
         self.lifecycle.restore(recovery.plan)
         self._advance()  # nothing to replay: RUNNING at once
 
@@ -349,8 +184,8 @@ class OperatorInstance:
         if logged_results and self.operator.unique_results:
             self._logged_results = {self.operator.result_identity(r) for r in logged_results}
         pos, time_, marks, ends, held_back, restoring = state
-        self._pos = list(pos)
-        self._time = time_
+        self.positions = list(pos)
+        self.time = time_
         if self._wm is not None and marks is not None:
             self._wm.marks = list(marks)
         self._ends = list(ends)
@@ -363,42 +198,17 @@ class OperatorInstance:
         """What `resume` installs again (the windows are the host's own)."""
         marks = None if self._wm is None else list(self._wm.marks)
         restoring = self.lifecycle.phase is Phase.RESTORING
-        return (list(self._pos), self._time, marks, list(self._ends), list(self._held_back), restoring)
+        return (list(self.positions), self.time, marks, list(self._ends), list(self._held_back), restoring)
 
     def _advance(self, *, input_ended: bool = False) -> bool:
         """RESTORING -> RUNNING if the phase rule holds now (`Lifecycle.advance`); then the tuples held
         back are applied, in their order."""
-        if not self.lifecycle.advance(self._pos, input_ended=input_ended):
+        if not self.lifecycle.advance(self.positions, input_ended=input_ended):
             return False
         held, self._held_back = self._held_back, []
         for tup in held:
             self._apply(tup)
         return True
-
-    # -- watermarks ------------------------------------------------------------------------------------
-    def _track_end(self, window: OpenWindow) -> None:
-        end = self.operator.window_end_after(window.state, self.watermark)
-        if end is not None:
-            heapq.heappush(self._ends, (end, window.key, window.seq))
-
-    def _expire(self) -> None:
-        """Close every open window whose end the watermark has passed, in (end, key, seq) order (the
-        operator's `close_expired`: one that closes windows together may take others along, or leave one
-        for a later one's close)."""
-        assert self._wm is not None
-        w = self._wm.value
-        ends = self._ends
-        if w is None:
-            return
-        registry = self._registry
-        while ends and ends[0][0] <= w:
-            end, key, seq = heapq.heappop(ends)
-            window = registry.get(key)
-            if window is None or window.seq != seq:
-                continue  # closed already by its own input
-            later = self.operator.close_expired(window, end, self)
-            if later is not None:
-                heapq.heappush(ends, (later, key, seq))
 
     # -- applying tuples -------------------------------------------------------------------------------
     def apply_run(self, tuples: Sequence[InputTuple]) -> None:
@@ -407,9 +217,11 @@ class OperatorInstance:
         i, count = 0, len(tuples)
         while i < count:
             if self.lifecycle.contract is None:
-                apply = self._apply_plain if self._wm is None else self._apply
+                if self._wm is None:
+                    self._plain_run(tuples, i)
+                    return
                 for k in range(i, count):
-                    apply(tuples[k])
+                    self._apply(tuples[k])
                 return
             if self._wm is None:
                 i = self._replay_run(tuples, i)
@@ -425,43 +237,48 @@ class OperatorInstance:
         restoring), or None if it was held back (a watermark while another partition replays)."""
         return self._apply(tup)
 
-    def _apply_plain(self, tup: InputTuple) -> None:
-        """`_apply` when the instance is RUNNING and keeps no watermark, the steady state of most runs: the
-        same steps in the same order, without the checks of the replay and watermark rules, which cannot
-        apply (the per-tuple path of throughput)."""
-        j, o = tup.partition, tup.offset
-        pos = self._pos
-        pos[j] = o + 1
-        self._in_count += 1
-        self.stats.inputs += 1
-        self._current = (j, o)
+    def _plain_run(self, tuples: Sequence[InputTuple], first: int) -> None:
+        """`_apply` of `tuples[first:]` when the instance is RUNNING and keeps no watermark, the steady
+        state of most runs: the same steps in the same order, in one loop, without the checks of the
+        replay and watermark rules, which cannot apply (the per-tuple path of throughput)."""
         operator = self.operator
-        event_time = None
+        event_time_of, process = operator.event_time, operator.process
+        pos = self.positions
+        offsets = sum(pos)  # sum(pos), kept as pos moves: the logical time of an operator without event time
+        opens, tuple_records = self._pending_opens, self.sink.tuple_records
+        idx, count = first, len(tuples)
         try:
-            value = tup.value
-            if value is None:
-                self._dead_letter(tup, tup.error or "undecodable input")
-            else:
-                try:
-                    event_time = operator.event_time(value)
-                    t = event_time if event_time is not None else sum(pos)
-                    if t > self._time:
-                        self._time = t
-                    operator.process(tup, self)
-                except BadTupleError as exc:
-                    self._dead_letter(tup, exc.reason)
-            opens = self._pending_opens
-            if opens:
-                get = self._registry.get
-                for window in opens:
-                    if get(window.key) is window:  # still open: not opened-and-closed by one tuple
-                        self._gopen(window)
-                opens.clear()
+            while idx < count:
+                tup = tuples[idx]
+                idx += 1
+                j, o = tup.partition, tup.offset
+                offsets += o + 1 - pos[j]
+                pos[j] = o + 1
+                self._in_count += 1
+                self._current = tup
+                event_time = None
+                value = tup.value
+                if value is None:
+                    self._dead_letter(tup, tup.error or "undecodable input")
+                else:
+                    try:
+                        event_time = event_time_of(value)
+                        t = offsets if event_time is None else event_time
+                        if t > self.time:
+                            self.time = t
+                        process(tup, self)
+                    except BadTupleError as exc:
+                        self._dead_letter(tup, exc.reason)
+                if opens:
+                    self._gopens()
+                held = self._held
+                if held:  # `_release` without watermark marks
+                    self._held = []
+                    self.tuple_event_time = event_time
+                    tuple_records(self, tup, held, None)
         finally:
             self._current = None
-        if self._held:
-            self._event_time = event_time
-            self._release(j, o)
+            self.stats.inputs += idx - first
 
     def _apply(self, tup: InputTuple) -> TupleFate | None:
         j, o = tup.partition, tup.offset
@@ -471,15 +288,15 @@ class OperatorInstance:
             # A tuple at or past its partition's crash point shows that partition reached it: every tuple of
             # it below has been applied (locally its position is there already; a Spark state partition,
             # which sees only its own keys' tuples, learns it here).
-            if self._pos[j] < contract.crash_pos[j]:
-                self._pos[j] = contract.crash_pos[j]
+            if self.positions[j] < contract.crash_pos[j]:
+                self.positions[j] = contract.crash_pos[j]
             if not self._advance():
                 # Past its partition's crash point while another partition still replays: held back
                 # until every partition reached its own (recovery.contract, "watermarks").
                 self._held_back.append(tup)
                 return None
             contract = None  # recovery ended just now: this tuple is the first of RUNNING
-        self._pos[j] = o + 1
+        self.positions[j] = o + 1
         self._in_count += 1
         self.stats.inputs += 1
         fate = TupleFate.PROCESS
@@ -504,7 +321,7 @@ class OperatorInstance:
             self._rebuilding = fate is TupleFate.REBUILD
         elif contract is not None:
             self._advance()  # past the crash point: recovery may be over with this tuple
-        self._current = (j, o)
+        self._current = tup
         wm = self._wm
         if wm is not None:
             wm.forget_tuple(j)  # until its event time is known, its records carry m as it is
@@ -515,7 +332,7 @@ class OperatorInstance:
             else:
                 try:
                     event_time = self.operator.event_time(tup.value)
-                    self._time = max(self._time, event_time if event_time is not None else sum(self._pos))
+                    self.time = max(self.time, event_time if event_time is not None else sum(self.positions))
                     if wm is not None and event_time is not None:
                         wm.observe(j, event_time)
                         if self.lifecycle.contract is None:  # below the crash point W stays W(t_c)
@@ -523,16 +340,13 @@ class OperatorInstance:
                     self.operator.process(tup, self)
                 except BadTupleError as exc:
                     self._dead_letter(tup, exc.reason)
-            for window in self._pending_opens:
-                if self._registry.get(window.key) is window:  # still open: not opened-and-closed by one tuple
-                    self._gopen(window)
-            self._pending_opens.clear()
+            if self._pending_opens:
+                self._gopens()
         finally:
             self._current = None
             self._rebuilding = False  # only ever for the one replayed tuple
         if self._held:
-            self._event_time = event_time
-            self._release(j, o)
+            self._release(tup, event_time)
         if replaying and contract is not None and o + 1 >= contract.crash_pos[j]:
             self._advance()  # the last replayed tuple of its partition
         return fate
@@ -549,7 +363,7 @@ class OperatorInstance:
         fate = contract.fate  # the contract's rule; below the crash point it is SKIP or REBUILD
         operator = self.operator
         key_of, event_time, process = operator.key_of, operator.event_time, operator.process
-        pos = self._pos
+        pos = self.positions
         i, count = first, len(tuples)
         skipped = 0
         try:
@@ -581,18 +395,13 @@ class OperatorInstance:
                                 t = event_time(value)
                                 if t is None:
                                     t = sum(pos)
-                                if t > self._time:
-                                    self._time = t
+                                if t > self.time:
+                                    self.time = t
                                 process(tup, self)
                             except BadTupleError:
                                 pass  # its dead letter is in the log already
-                        opens = self._pending_opens
-                        if opens:
-                            get = self._registry.get
-                            for window_opened in opens:
-                                if get(window_opened.key) is window_opened:
-                                    self._gopen(window_opened)  # raises: see _emit
-                            opens.clear()
+                        if self._pending_opens:
+                            self._gopens()  # raises: see _emit
                     finally:
                         self._rebuilding = False
                 else:

@@ -24,45 +24,50 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from cec.records import AvroCodec, Kind
-from cec.registry import OpenWindow
+from cec.registry import OpenWindow, WindowRegistry
 from operators.base import DEAD_LETTER_SCHEMA, InputTuple
 
-__all__ = ["DeadLetters", "HeldRecord", "RecordSink", "raw_text"]
+__all__ = ["DeadLetters", "HeldRecord", "Marks", "Moment", "RecordSink", "raw_text"]
 
 # A record of the tuple being applied, held until the tuple is done: kind, key, seq, state, payload, N.
 HeldRecord = tuple[Kind, str | None, int, bytes | None, bytes | None, int]
+# Each record's event-time marks (None: the instance keeps no watermark), or those of records no tuple made.
+Marks = list[tuple[int, ...]]
+
+
+class Moment(Protocol):
+    """What a sink reads of the instance that hands it records, at that moment (the instance itself)."""
+
+    @property
+    def time(self) -> int:
+        """The instance's logical time."""
+
+    @property
+    def positions(self) -> Sequence[int]:
+        """The instance's live input position vector: the next offset per input partition."""
+
+    @property
+    def tuple_event_time(self) -> int | None:
+        """The event time of the tuple whose records are handed over, if it has one."""
+
+    @property
+    def registry(self) -> WindowRegistry:
+        """The instance's open windows (N is `registry.n`)."""
 
 
 class RecordSink(Protocol):
-    """Where an instance's records go (module doc). `live` is the instance's input position vector (the
-    next offset per input partition) at the moment; a sink that stamps later may ignore it."""
+    """Where an instance's records go (module doc). `at` is the instance at the moment; a sink that
+    stamps later may keep what it needs of it (its live positions change with the next tuple)."""
 
-    def tuple_records(
-        self,
-        partition: int,
-        offset: int,
-        held: list[HeldRecord],
-        time: int,
-        live: Sequence[int],
-        marks: list[tuple[int, ...]] | None,
-        event_time: int | None,
-    ) -> None:
-        """The records tuple (partition, offset) produced, in order; the last one claims the tuple.
-        `marks`: each record's event-time marks (None: the instance keeps no watermark); `event_time`:
-        the tuple's own, if it has one (`time` is the instance's logical time)."""
+    def tuple_records(self, at: Moment, tup: InputTuple, held: list[HeldRecord], marks: Marks | None) -> None:
+        """The records `tup` produced, in order; the last one claims the tuple. `marks`: each record's."""
 
     def gchecks(
-        self,
-        windows: Sequence[OpenWindow],
-        states: list[bytes],
-        time: int,
-        live: Sequence[int],
-        n: int,
-        marks: tuple[int, ...],
+        self, at: Moment, windows: Sequence[OpenWindow], states: list[bytes], marks: tuple[int, ...]
     ) -> None:
         """G-checks of `windows` (each with its footprint state), all taken at this moment."""
 
-    def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:
+    def end_of_stream(self, at: Moment, marks: tuple[int, ...]) -> None:
         """The EOS record: the input ended, everything before it is the operator's whole output."""
 
 

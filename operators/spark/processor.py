@@ -50,10 +50,8 @@ from __future__ import annotations
 
 import heapq
 import json
-import math
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark.sql.streaming.stateful_processor import StatefulProcessor, StatefulProcessorHandle, TimerValues
@@ -67,23 +65,20 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from cec.exceptions import BadTupleError, ConfigError
 from cec.records import AvroCodec
-from operators.aggregate import KeyedAggregate
-from operators.base import InputTuple, Operator
+from operators.base import Operator
 from operators.collector import collector_paused
 from operators.engine.instance import loaded_window_ends
 from operators.engine.phase import Phase
-from operators.hopping import HoppingAggregate
-from operators.multi_aggregate import MultiAggregate
-from operators.sessions import SessionAggregate
+from operators.spark.aggregate_spec import AggregateSpec
 from operators.spark.checkpointing import GCheckSpec, WindowMark, choose_gchecks
+from operators.spark.input_tuples import input_tuples, part_ids, plain_value
 
 # The grouping column (one value per output partition of the current generation: `partition_groups`) and
 # per tuple its output partition in every generation (for C_k; only across generations): see packing.
 from operators.spark.packing import GROUP_COLUMN, QS_COLUMN, unpack
 from operators.spark.partitioning import output_partition, partition_groups, spark_hash_long
-from operators.spark.stamping import log_time, positions
+from operators.spark.stamping import positions_and_times
 from operators.spark.state_partition import (
     GCHECK_ORDER,
     KeyFacts,
@@ -164,132 +159,10 @@ EMIT_COLUMNS = [f.name for f in EMIT_SCHEMA.fields]
 # said), JSON in cec_payload, for the query's progress. The sinks take it out before writing.
 CONTROL_KIND = "CTRL"
 _FOOTPRINT_KINDS = ("GOPEN", "GCHECK")
+PROCESS, SKIP = TupleFate.PROCESS, TupleFate.SKIP
 # The `entry` of a control row that carries a partition's extent figures (`_figures`) rather than its
 # checkpoint controls.
 FIGURES_ENTRY = "figures"
-
-
-# KeyedAggregate's keyword for each of AggregateSpec's fields, in AggregateSpec.build's order.
-_OPERATOR_ARGUMENTS = ("key_field", "value_field", "agg", "window_count", "window_ms", "time_field",
-                       "allowed_lateness")  # fmt: skip
-
-
-@dataclass(frozen=True)
-class AggregateSpec:
-    """The aggregate's configuration; picklable (shipped to the Python workers inside the processor).
-    `json_values`: the value and time columns hold JSON text (the cec-topic source), decoded here.
-    `allowed_lateness`: event-time watermarks (ms), as `cec run --allowed-lateness`.
-
-    With `key_fields` (a composite key) or `aggs` ((func, column) pairs) it is the several-aggregate form,
-    the operator `cec run --key a,b --agg FUNC:COLUMN` runs (`operators.multi_aggregate.MultiAggregate`):
-    then `key` is the first key field, `value` may be None, and each tuple's value column holds the JSON
-    object of the fields the operator reads (`operators.spark.topic_reader.TupleBatches`). `slide` (ms,
-    with `window_ms`): hopping windows (`operators.hopping.HoppingAggregate`); `session_gap` (ms):
-    session windows (`operators.sessions.SessionAggregate`); both are of the several-aggregate form, the
-    classes `cec run --slide` / `--session-gap` runs."""
-
-    key: str
-    value: str | None
-    agg: str
-    window_count: int | None
-    window_ms: int | None
-    time: str | None
-    json_values: bool = False
-    allowed_lateness: int | None = None
-    key_fields: tuple[str, ...] | None = None
-    aggs: tuple[tuple[str, str], ...] | None = None
-    slide: int | None = None
-    session_gap: int | None = None
-
-    @property
-    def several(self) -> bool:
-        """The several-aggregate form (class doc)."""
-        return (
-            self.key_fields is not None
-            or self.aggs is not None
-            or self.slide is not None
-            or self.session_gap is not None
-        )
-
-    @property
-    def by_window(self) -> bool:
-        """Whether a part id is the JSON array of the key's fields and a time number (the window's start
-        under watermarks, a hopping part's period, a session's slice under watermarks), which
-        `operators.spark.partitioning.part_partition_key` takes off to find the key's partition."""
-        operator = self.build()
-        if isinstance(operator, HoppingAggregate):
-            return True
-        if isinstance(operator, SessionAggregate):
-            return operator.by_slice
-        return isinstance(operator, MultiAggregate) and operator.by_window
-
-    @property
-    def forget_closed(self) -> bool:
-        """Whether a part never opens again once closed, so a partition need not keep its next seq: a
-        window of its own under watermarks (its tuples are late after its close), a session's slice (late
-        once the watermark passed it). Not a hopping part: a later pane of its period may still come after
-        its last window closed, and opens it again with the next seq."""
-        operator = self.build()
-        if isinstance(operator, HoppingAggregate):
-            return False
-        if isinstance(operator, SessionAggregate):
-            return operator.by_slice
-        return isinstance(operator, MultiAggregate) and operator.by_window
-
-    @property
-    def key_array(self) -> bool:
-        """Whether the packed key is the JSON array of the key fields' keys
-        (`operators.spark.partitioning.partition_key`): a composite key, or parts per window."""
-        return self.several and (len(self.key_fields or ()) > 1 or self.by_window)
-
-    def build(self) -> KeyedAggregate | MultiAggregate:
-        if self.several:
-            key_fields = list(self.key_fields or (self.key,))
-            aggs = list(self.aggs or ((self.agg, self.value or ""),))
-            if self.session_gap is not None:
-                if self.window_count is not None or self.window_ms is not None:
-                    raise ConfigError("give session_gap or a count or time window, not both")
-                return SessionAggregate(
-                    key_fields=key_fields,
-                    aggs=aggs,
-                    gap_ms=self.session_gap,
-                    time_field=self.time,
-                    allowed_lateness=self.allowed_lateness,
-                )
-            if self.slide is not None:
-                return HoppingAggregate(
-                    key_fields=key_fields,
-                    aggs=aggs,
-                    window_ms=self.window_ms,
-                    slide_ms=self.slide,
-                    time_field=self.time,
-                    allowed_lateness=self.allowed_lateness,
-                )
-            return MultiAggregate(
-                key_fields=key_fields,
-                aggs=aggs,
-                window_count=self.window_count,
-                window_ms=self.window_ms,
-                time_field=self.time,
-                allowed_lateness=self.allowed_lateness,
-            )
-        values = (self.key, self.value, self.agg, self.window_count, self.window_ms, self.time,
-                  self.allowed_lateness)  # fmt: skip
-        arguments: dict[str, Any] = dict(zip(_OPERATOR_ARGUMENTS, values, strict=True))
-        return KeyedAggregate(**arguments)
-
-
-def _plain(value: Any) -> Any:
-    """pandas hands nullable integer columns over as float64 with NaN; the operator expects None."""
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return None
-    if hasattr(value, "item"):  # numpy scalar -> Python scalar
-        return value.item()
-    return value
-
-
-def _from_json(text: Any) -> Any:
-    return None if text is None else json.loads(text)
 
 
 def _figures(part: PartitionState, generation: int, phase: int, tuples: int = 0) -> tuple[Any, ...]:
@@ -416,7 +289,7 @@ class CecAggregateProcessor(StatefulProcessor):
                 # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
                 # their footprint clock is pos_w.
                 fields = flat_state(s)
-                t = _plain(fp_time)
+                t = plain_value(fp_time)
                 keys[k] = (seq + 1, seq, fields, int(fp_gen), window_pos, False, window_pos, -1, -1, 0,
                            None if t is None else int(t))  # fmt: skip
                 if watermarks:
@@ -457,10 +330,10 @@ class CecAggregateProcessor(StatefulProcessor):
         js, os_ = columns["cec_j"], columns["cec_o"]
         n = len(js)
         errors: Sequence[str | None] = columns["cec_error"] if spec.json_values else [None] * n
-        tuples = self._tuples(columns, errors)
+        tuples = input_tuples(spec, columns, errors)
         # The engine's part ids: the packed key for one aggregate; for several, the operator's own
         # `key_of` (a composite key, and with watermarks a part per (key, window start)).
-        ks = self._part_ids(tuples) if spec.several else columns["cec_key"]
+        ks = part_ids(self.operator, tuples) if spec.several else columns["cec_key"]
         seen = self.seen
         for j, o in zip(js, os_, strict=True):
             if o >= seen[j]:
@@ -476,14 +349,14 @@ class CecAggregateProcessor(StatefulProcessor):
         # was processed (its window becomes live): the fates are the contract's, fixed for the call.
         contract = call.instance.contract
         processed: dict[str | None, KeyFacts] = {}  # a call's facts of a key stay the same object
-        touch = call.touch
+        touch, touched = call.touch, call.keys.get
         for j, o, k in zip(js, os_, ks, strict=True):
-            fate = TupleFate.PROCESS if contract is None else contract.fate(j, o, k)
-            if fate is TupleFate.SKIP:
+            fate = PROCESS if contract is None else contract.fate(j, o, k)
+            if fate is SKIP:
                 continue
-            facts = touch(k)
+            facts = touched(k) or touch(k)
             facts.last_j, facts.last_o = j, o
-            if fate is TupleFate.PROCESS:
+            if fate is PROCESS:
                 processed[k] = facts
         call.instance.apply_run(tuples)
         open_now = call.windows.open_windows  # every processed key was touched: no saved window to install
@@ -493,15 +366,7 @@ class CecAggregateProcessor(StatefulProcessor):
         out = call.rows.rows
         # Each new footprint's pos and time, exactly as the sink stamps them (`out` is in log order: the
         # order the instance made them): the window's footprint clock and time.
-        stamper = PositionStamper(part.stamp)
-        facts_of = call.keys
-        has_time, t_log = spec.time is not None, part.stamp_time
-        for row, pos in zip(out, positions(out, stamper), strict=True):
-            t_log = log_time(t_log, row[9], pos, has_time)
-            if row[4] in _FOOTPRINT_KINDS:  # a G-check here: a session's fold footprints its receiver
-                facts = facts_of[row[5]]
-                facts.fp_clock, facts.fp_time = pos, t_log
-        part.stamp, part.stamp_time = stamper.last, t_log
+        self._footprints_stamped(part, call, out)
         call.store()
         call.release()
         part.control.observe_batch(
@@ -517,45 +382,23 @@ class CecAggregateProcessor(StatefulProcessor):
         self.state.update(part.dump())
         yield pd.DataFrame(out, columns=EMIT_COLUMNS)
 
-    def _part_ids(self, tuples: Sequence[InputTuple]) -> list[str | None]:
-        """Each tuple's part id as the engine keys its windows (`Operator.key_of`); None for a tuple the
-        operator refuses (its dead letter comes from the engine, with the operator's reason)."""
-        key_of = self.operator.key_of
-        out: list[str | None] = []
-        for tup in tuples:
-            key = None
-            if tup.value is not None:
-                try:
-                    key = key_of(tup.value)
-                except BadTupleError:
-                    key = None
-            out.append(key)
-        return out
-
-    def _tuples(self, columns: dict[str, list[Any]], errors: Sequence[str | None]) -> list[InputTuple]:
-        """The partition's input tuples, in input order. A record the source could not read carries its
-        reason, and the record as read in the value column (its dead letter's `raw`)."""
-        spec = self.spec
-        js, os_, ks = columns["cec_j"], columns["cec_o"], columns["cec_key"]
-        n = len(js)
-        decode = _from_json if spec.json_values else _plain
-        raw_values = columns["cec_v"]
-        times = [decode(t) for t in columns["cec_time"]] if spec.time else [None] * n
-        key_field, value_field, time_field = spec.key, spec.value, spec.time
-        several = spec.several
-        out: list[InputTuple] = []
-        append = out.append
-        for j, o, k, v, t, err in zip(js, os_, ks, raw_values, times, errors, strict=True):
-            if err is not None:
-                # As bytes: the text the source made of them (`raw_text`) is the dead letter's raw as is.
-                append(InputTuple(j, o, None, err, v.encode() if isinstance(v, str) else None))
-                continue
-            # Several aggregates: the JSON object of the fields the operator reads (topic_reader's doc).
-            value: dict[str, Any] = decode(v) if several else {key_field: k, str(value_field): decode(v)}
-            if time_field:
-                value[time_field] = t
-            append(InputTuple(j, o, value))
-        return out
+    def _footprints_stamped(
+        self, part: PartitionState, call: PartitionCall, rows: list[tuple[Any, ...]]
+    ) -> None:
+        """Each footprint row's pos and time, as the sink stamps `rows` (in log order, after the partition's
+        earlier records): its key's footprint clock and time; the partition's stamp moved past them."""
+        stamper = PositionStamper(part.stamp)
+        stamps = positions_and_times(rows, stamper, part.stamp_time, self.spec.time is not None)
+        facts_of = call.keys
+        for row, (pos, t_log) in zip(rows, stamps, strict=True):
+            if (
+                row[4] in _FOOTPRINT_KINDS
+            ):  # a G-check among a tuple's: a session's fold footprints its receiver
+                facts = facts_of[row[5]]
+                facts.fp_clock, facts.fp_time = pos, t_log
+        part.stamp = stamper.last
+        if stamps:
+            part.stamp_time = stamps[-1][1]
 
     def _arm_timer(self, part: PartitionState, timerValues: TimerValues) -> None:
         assert self.gcheck is not None
@@ -647,13 +490,7 @@ class CecAggregateProcessor(StatefulProcessor):
         )
         rows = call.rows.rows
         # The G-checks' pos and time, as the sink stamps them after the micro-batch's other records.
-        stamper = PositionStamper(part.stamp)
-        has_time, t_log = self.spec.time is not None, part.stamp_time
-        for row, pos in zip(rows, positions(rows, stamper), strict=True):
-            t_log = log_time(t_log, row[9], pos, has_time)
-            facts = call.keys[row[5]]
-            facts.fp_clock, facts.fp_time = pos, t_log
-        part.stamp, part.stamp_time = stamper.last, t_log
+        self._footprints_stamped(part, call, rows)
         call.store()
         call.release()
         return rows

@@ -52,6 +52,7 @@ __all__ = ["CecSink"]
 
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value
 _KINDS = (_R, _GOPEN, _GCHECK, _DEAD)
+_KIND_OF = {kind.value: kind for kind in Kind}  # Kind(name) is an enum lookup of several calls per record
 
 
 @dataclass
@@ -79,7 +80,7 @@ def stamped(rows: list[tuple[Any, ...]], cursor: _Cursor, has_time: bool) -> Ite
         cursor.n += dn
         cursor.time = log_time(cursor.time, t, pos, has_time)
         yield OutputRecord(
-            Kind(kind),
+            _KIND_OF.get(kind) or Kind(kind),
             cursor.time,
             pos,
             cursor.n,

@@ -38,7 +38,7 @@ from typing import Any
 from cec.records import Kind
 from recovery.contract import PositionStamper
 
-__all__ = ["GCHECK_ORDER", "log_order", "log_time", "positions"]
+__all__ = ["GCHECK_ORDER", "log_order", "log_time", "positions", "positions_and_times"]
 
 _GCHECK = Kind.GCHECK.value
 # The emission index of a G-check a timer made (after a micro-batch's input: the end of the batch's log).
@@ -81,3 +81,24 @@ def log_time(previous: int, event_time: int, pos: Sequence[int], has_time: bool)
     if has_time:
         return previous if event_time < previous else event_time
     return max(previous, sum(pos))
+
+
+def positions_and_times(
+    rows: Sequence[tuple[Any, ...]], stamper: PositionStamper, previous: int, has_time: bool
+) -> list[tuple[tuple[int, ...], int]]:
+    """The pos and the logical time of each row (rows in log order), as `positions` and `log_time` make
+    them one by one: `stamper` advanced, `previous` the time of the log's record before them."""
+    out: list[tuple[tuple[int, ...], int]] = []
+    append = out.append
+    t_log = previous
+    for row, pos in zip(rows, positions(rows, stamper), strict=True):
+        if has_time:  # `log_time`, inline: a call fewer per row
+            event_time = row[9]
+            if event_time >= t_log:
+                t_log = event_time
+        else:
+            offsets = sum(pos)
+            if offsets > t_log:
+                t_log = offsets
+        append((pos, t_log))
+    return out

@@ -22,16 +22,17 @@ claims.
 
 from __future__ import annotations
 
+import io
 import pickle
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 from cec.records import Kind
 from cec.registry import OpenWindow, WindowRegistry
 from operators.aggregate import AggState
-from operators.base import Operator
+from operators.base import InputTuple, Operator
 from operators.engine.instance import HostState, OperatorInstance
-from operators.engine.records import HeldRecord
+from operators.engine.records import HeldRecord, Marks, Moment
 from operators.hopping import PaneRun
 from operators.multi_state import ColumnState, MultiState
 from operators.spark.checkpointing import PartitionControl
@@ -51,37 +52,26 @@ __all__ = [
 
 _NO_TIME = -(1 << 62)  # below every logical time: the stream index answers the log start for it
 _R, _GOPEN, _GCHECK, _DEAD = Kind.R, Kind.GOPEN, Kind.GCHECK, Kind.DEAD
+_KIND_NAME = {kind: kind.value for kind in Kind}  # Enum.value is a descriptor call: too slow per record
 _MULTI_FIELDS = 4  # len(flat_state(MultiState)); a single aggregate's has 6
 _PANES_FIELDS = 2  # len(flat_state(PaneRun))
 _PANES = "panes"
 
 
 class KeyFacts:
-    """One key's facts in a state partition (module doc)."""
+    """One key's facts in a state partition (module doc). The defaults are class attributes: a call makes
+    one per key it meets, and most keep most of them (a new one costs no Python-level call this way)."""
 
-    __slots__ = (
-        "fp_clock",
-        "fp_gen",
-        "fp_out",
-        "fp_time",
-        "last_j",
-        "last_o",
-        "live",
-        "next_seq",
-        "pos_w",
-        "window",
-    )
-
-    def __init__(self) -> None:
-        self.next_seq = 0
-        self.window: OpenWindow | None = None
-        self.fp_gen = -1
-        self.pos_w: tuple[int, ...] | None = None
-        self.live = False
-        self.fp_clock: tuple[int, ...] | None = None
-        self.fp_out = 0  # the partition's records emitted in this run when its latest footprint was made
-        self.fp_time: int | None = None  # the latest footprint's logical time in its log
-        self.last_j = self.last_o = -1
+    next_seq = 0
+    window: OpenWindow | None = None
+    fp_gen = -1
+    pos_w: tuple[int, ...] | None = None
+    live = False
+    fp_clock: tuple[int, ...] | None = None
+    fp_out = 0  # the partition's records emitted in this run when its latest footprint was made
+    fp_time: int | None = None  # the latest footprint's logical time in its log
+    last_j = -1
+    last_o = -1
 
 
 # A key as saved in the partition's state: (next_seq, open seq or -1, `flat_state` or None, fp_gen,
@@ -143,10 +133,12 @@ def save_key(k: KeyFacts, next_seq: int) -> Saved:
     w = k.window
     if w is None:
         return (next_seq, -1, None, -1, None, False, None, k.last_j, k.last_o, 0, None)
+    s = w.state
     return (
         next_seq,
         w.seq,
-        flat_state(w.state),
+        # `flat_state` of a single aggregate's, inline: one call fewer per key stored.
+        (s.count, s.total, s.lo, s.hi, s.start, s.last) if type(s) is AggState else flat_state(s),
         k.fp_gen,
         k.pos_w,
         k.live,
@@ -205,7 +197,14 @@ class PartitionState:
 
     def dump(self) -> tuple[bytes]:
         state = (self.q, self.timer, self.keys, self.control, self.stamp, self.engine, self.stamp_time)
-        return (pickle.dumps(state, protocol=pickle.HIGHEST_PROTOCOL),)
+        buffer = io.BytesIO()
+        pickler = pickle.Pickler(buffer, protocol=pickle.HIGHEST_PROTOCOL)
+        # No memo: the state is a tree of plain values (no object reached twice matters: a shared tuple
+        # comes back as two equal ones; a cycle would be refused, not looped over), and a memo entry per
+        # key's tuples was most of the time of a dump (~6x at 100,000 keys).
+        pickler.fast = True
+        pickler.dump(state)
+        return (buffer.getvalue(),)
 
     @classmethod
     def load(cls, row: Any) -> PartitionState:
@@ -226,7 +225,7 @@ class PartitionState:
         if not times:
             return None
         # A footprint of unknown time (never expected) holds the whole log.
-        return min(_NO_TIME if t is None else t for t in times)
+        return _NO_TIME if None in times else min(cast(list[int], times))
 
 
 class PartitionWindows(WindowRegistry):
@@ -267,9 +266,13 @@ class PartitionWindows(WindowRegistry):
         return window
 
     def open(self, window: OpenWindow) -> None:
-        if window.key not in self._touched:  # as a rule `get` touched it just before
-            self._touch(window.key)
-        super().open(window)
+        key = window.key
+        if key not in self._touched:  # as a rule `get` touched it just before
+            self._touch(key)
+        windows = self._windows  # `WindowRegistry.open`, inline (a call per window opened)
+        if key in windows:
+            raise KeyError(f"key {key!r} already has open window {windows[key].seq}")
+        windows[key] = window
 
     def close(self, key: str) -> OpenWindow:
         self._touch(key)
@@ -302,39 +305,40 @@ class _WindowPositions(Mapping[str, tuple[int, ...]]):
 class PartitionRows:
     """The Spark host's `RecordSink`: the instance's records as rows in `processor.EMIT_COLUMNS` order,
     (q, j, o, emission index, kind, key, seq, state, payload, event time, N delta, marks, live position);
-    the sink stamps
-    them later (`operators.spark.stamping`). The emission index is the order the instance made them (the
-    order it applied its tuples); a G-check row claims its key's last applied tuple. N delta: +1 on a
-    G-open, -1 on the R of a window whose latest footprint is in this generation's log, +1 on a G-check
-    that moves a footprint into it."""
+    the sink stamps them later (`operators.spark.stamping`). The emission index is the order the instance
+    made them (the order it applied its tuples); a G-check row claims its key's last applied tuple. N delta:
+    +1 on a G-open, -1 on the R of a window whose latest footprint is in this generation's log, +1 on a
+    G-check that moves a footprint into it. `facts`: the call's touched keys; `touch` adds one."""
 
     def __init__(
-        self, q: int, generation: int, facts: Callable[[str | None], KeyFacts], out_base: int
+        self,
+        q: int,
+        generation: int,
+        touch: Callable[[str | None], KeyFacts],
+        facts: Mapping[str | None, KeyFacts],
+        out_base: int,
     ) -> None:
         self.q = q
         self.generation = generation
+        self.touch = touch
         self.facts = facts
         self.out_base = out_base  # the partition's records emitted in this run before this call
         self.rows: list[tuple[Any, ...]] = []
-        self.produced = 0
+        self.produced = 0  # the records tuples made so far (a timer's G-checks are not among them)
 
-    def tuple_records(
-        self,
-        partition: int,
-        offset: int,
-        held: list[HeldRecord],
-        time: int,
-        live: Sequence[int],
-        marks: list[tuple[int, ...]] | None,
-        event_time: int | None,
-    ) -> None:
-        rows, generation = self.rows, self.generation
-        t = -1 if event_time is None else event_time
-        positions = list(live)
-        for i, (kind, key, seq, state, payload, _n) in enumerate(held):
+    def tuple_records(self, at: Moment, tup: InputTuple, held: list[HeldRecord], marks: Marks | None) -> None:
+        rows, generation, q = self.rows, self.generation, self.q
+        t = at.tuple_event_time
+        if t is None:
+            t = -1
+        positions = list(at.positions)  # the instance's, as it is now: it moves with the next tuple
+        j, o = tup.partition, tup.offset
+        produced = self.produced
+        self.produced = produced + len(held)
+        for i, (kind, key, seq, state, payload, _n) in enumerate(held, produced):
             dn = 0
             if key is not None and kind is not _DEAD:
-                k = self.facts(key)
+                k = self.facts.get(key) or self.touch(key)
                 if kind is _GOPEN:
                     dn = 1
                     k.fp_gen, k.pos_w = generation, None
@@ -346,32 +350,25 @@ class PartitionRows:
                     dn = 0 if k.fp_gen == generation else 1
                     k.fp_gen = generation
                     k.fp_out = self.out_base + len(rows) + 1
-            record_marks = None if marks is None else list(marks[i])
-            rows.append((self.q, partition, offset, self.produced, kind.value, key, seq, state, payload, t, dn,
-                         record_marks, positions))  # fmt: skip
-            self.produced += 1
+            record_marks = None if marks is None else list(marks[i - produced])
+            rows.append((q, j, o, i, _KIND_NAME[kind], key, seq, state, payload, t, dn, record_marks,
+                         positions))  # fmt: skip
 
     def gchecks(
-        self,
-        windows: Sequence[OpenWindow],
-        states: list[bytes],
-        time: int,
-        live: Sequence[int],
-        n: int,
-        marks: tuple[int, ...],
+        self, at: Moment, windows: Sequence[OpenWindow], states: list[bytes], marks: tuple[int, ...]
     ) -> None:
         rows, generation = self.rows, self.generation
         record_marks = list(marks) if marks else None
-        positions = list(live)
+        positions = list(at.positions)
         for window, state in zip(windows, states, strict=True):
-            k = self.facts(window.key)
+            k = self.touch(window.key)
             dn = 0 if k.fp_gen == generation else 1  # its latest footprint moves into this log
             k.fp_gen = generation
             rows.append((self.q, k.last_j, k.last_o, GCHECK_ORDER, _GCHECK.value, window.key, window.seq, state,
                          None, -1, dn, record_marks, positions))  # fmt: skip
             k.fp_out = self.out_base + len(rows)
 
-    def end_of_stream(self, time: int, live: Sequence[int], n: int, marks: tuple[int, ...]) -> None:
+    def end_of_stream(self, at: Moment, marks: tuple[int, ...]) -> None:
         raise RuntimeError("an attached query's input has no end: its logs have no EOS")
 
 
@@ -398,7 +395,7 @@ class PartitionCall:
         self.forget_closed = forget_closed
         self.keys: dict[str | None, KeyFacts] = {}  # touched in this call
         self.key_crash: dict[str | None, Sequence[int]] | None = {} if per_key_crash else None
-        self.rows = PartitionRows(part.q, generation, self.touch, part.control.out)
+        self.rows = PartitionRows(part.q, generation, self.touch, self.keys, part.control.out)
         self.windows = PartitionWindows(self.touch, self.keys, part.keys)
         width = len(crash_pos)
         self.instance = OperatorInstance(
@@ -415,9 +412,13 @@ class PartitionCall:
     def touch(self, key: str | None) -> KeyFacts:
         k = self.keys.get(key)
         if k is None:
-            k = self.keys[key] = load_key(key, self.part.keys.get(key))
-            if k.window is not None:
-                self.windows._windows[k.window.key] = k.window
+            saved = self.part.keys.get(key)
+            k = self.keys[key] = KeyFacts() if saved is None else load_key(key, saved)
+            if key is not None:
+                # The key's next seq, known here: the instance need not ask `closed_seq` when it opens one.
+                self.instance.next_seq.setdefault(key, k.next_seq)
+                if k.window is not None:
+                    self.windows._windows[key] = k.window
         return k
 
     def _closed_seq(self, key: str) -> int | None:
