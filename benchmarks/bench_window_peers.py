@@ -428,6 +428,9 @@ def main(argv: list[str] | None = None) -> int:
                     if part in row:
                         row[part]["results"] = len(row[part]["results"])
                 doc["repeats"].append(row)
+                if args.out is not None:  # every repeat as it ends: a long run cut short keeps its figures
+                    args.out.parent.mkdir(parents=True, exist_ok=True)
+                    args.out.write_text(json.dumps(doc, indent=2, default=str) + "\n")
     finally:
         broker.stop()
     rows = doc["repeats"]

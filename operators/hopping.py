@@ -228,6 +228,11 @@ class HoppingAggregate(MultiAggregate):
 
     # -- ids ---------------------------------------------------------------------------------------------
     def _key_json(self, value: Mapping[str, Any]) -> str:
+        return self._key(value)[0]
+
+    def _key(self, value: Mapping[str, Any]) -> tuple[str, list[str]]:
+        """The key's fields as one JSON array, and the fields themselves (what `json.loads` of that array
+        gives back: a result's key columns without parsing it again)."""
         parts: list[str] = []
         plain = True
         for field in self.key_fields:
@@ -238,8 +243,8 @@ class HoppingAggregate(MultiAggregate):
             # What json.dumps writes unchanged: printable ASCII without a quote or a backslash.
             plain = plain and part.isascii() and part.isprintable() and '"' not in part and "\\" not in part
         if plain:  # the common key: json.dumps's bytes without its per-call cost
-            return '["' + '","'.join(parts) + '"]'
-        return json.dumps(parts, ensure_ascii=False, separators=(",", ":"))
+            return '["' + '","'.join(parts) + '"]', parts
+        return json.dumps(parts, ensure_ascii=False, separators=(",", ":")), parts
 
     def _part_id(self, key_json: str, period: int) -> str:
         """The key's fields and the period's number (start / size), one JSON array: `["AA","JFK",12]`."""
@@ -282,25 +287,33 @@ class HoppingAggregate(MultiAggregate):
     @staticmethod
     def _combine(inside: Sequence[MultiState], start: int) -> MultiState | None:
         """The window starting at `start` that holds the panes `inside`; None if there are none."""
+        if not inside:
+            return None
+        first = inside[0]
         if len(inside) == 1:
             # One pane (most windows of a sparse key): the window is that pane's values from `start`; its
             # columns are shared, not copied (a result only reads them).
-            pane = inside[0]
-            return MultiState(pane.count, start, pane.last, pane.columns)
-        combined: MultiState | None = None
-        for pane in inside:
-            if combined is None:
-                combined = MultiState(0, start, pane.last, [empty_column() for _ in pane.columns])
+            return MultiState(first.count, start, first.last, first.columns)
+        # The first pane's columns copied (what merging them into empty columns gives), the others merged.
+        combined = MultiState(
+            first.count,
+            start,
+            first.last,
+            [ColumnState(c.n, c.total, c.lo, c.hi) if c.n else empty_column() for c in first.columns],
+        )
+        for pane in inside[1:]:
             combined.count += pane.count
-            combined.last = max(combined.last, pane.last)
+            if pane.last > combined.last:
+                combined.last = pane.last
             for into, col in zip(combined.columns, pane.columns, strict=True):
                 _merge_column(into, col)
         return combined
 
-    def _key_values(self, key_json: str) -> dict[str, Any]:
-        """A result's key columns: `key`, or one per key field."""
+    def _key_values(self, key_json: str, parts: Sequence[str] | None = None) -> dict[str, Any]:
+        """A result's key columns: `key`, or one per key field (`parts`: the fields, when the caller has
+        them: `_key`)."""
         names = ["key"] if len(self.key_fields) == 1 else self.key_fields
-        return dict(zip(names, json.loads(key_json), strict=True))
+        return dict(zip(names, json.loads(key_json) if parts is None else parts, strict=True))
 
     def _window_result(
         self, key_json: str, state: MultiState, key_values: dict[str, Any] | None = None
@@ -326,7 +339,7 @@ class HoppingAggregate(MultiAggregate):
     def process(self, tup: InputTuple, ctx: OperatorContext) -> None:
         value = tup.value
         assert value is not None
-        key_json = self._key_json(value)
+        key_json, key_parts = self._key(value)
         xs = self._values(value)
         t = self.event_time(value)
         assert t is not None
@@ -335,9 +348,9 @@ class HoppingAggregate(MultiAggregate):
         pane_start, period = hop.pane_of(t), hop.period_of(t)
         part_id = self._part_id(key_json, period)
         registry = ctx.registry
-        own = registry.get(part_id)
         runs: dict[int, OpenWindow] = {}
         if self.by_window:
+            own = registry.get(part_id)
             # The parts whose windows can hold this time: its own and its neighbours.
             for p in (period - size, period + size):
                 window = registry.get(self._part_id(key_json, p))
@@ -346,11 +359,13 @@ class HoppingAggregate(MultiAggregate):
             if own is not None:
                 runs[period] = own
         else:
-            index = self._index(registry)
-            for p in sorted(index.get(key_json, ())):
-                window = registry.get(self._part_id(key_json, p))
-                assert window is not None, "the parts index and the registry disagree"
-                runs[p] = window
+            periods = self._index(registry).get(key_json)
+            if periods:
+                for p in sorted(periods) if len(periods) > 1 else periods:
+                    window = registry.get(self._part_id(key_json, p))
+                    assert window is not None, "the parts index and the registry disagree"
+                    runs[p] = window
+            own = runs.get(period)  # every open part of the key is indexed
         if self.by_window:
             watermark: int | None = getattr(ctx, "watermark", None)
             if watermark is not None and pane_start + size <= watermark:
@@ -360,8 +375,16 @@ class HoppingAggregate(MultiAggregate):
                 )
             latest = None
         else:
-            latest = max((w.state.latest for w in runs.values()), default=None)
-            seen = own.state.latest if own is not None else latest
+            # The latest time of the key's open parts, and of this tuple's own part (its late rule).
+            latest = seen = None
+            for p, w in runs.items():
+                part_latest = w.state.latest
+                if latest is None or part_latest > latest:
+                    latest = part_latest
+                if p == period:
+                    seen = part_latest
+            if own is None:
+                seen = latest
             if seen is not None and pane_start + slide <= seen:
                 raise BadTupleError(
                     f"late tuple: time {t} is in window [{pane_start - size + slide}, {pane_start + slide}) "
@@ -386,8 +409,10 @@ class HoppingAggregate(MultiAggregate):
                 raise BadTupleError(f"value {self.value_fields[i]!r} would overflow its window's sum")
         # Every check is done: from here on the tuple changes state and cannot fail.
         if latest is not None and t > latest:
-            self._close_until(key_json, runs, latest, t, ctx)
-            own = registry.get(part_id)
+            self._close_until(key_json, key_parts, runs, latest, t, ctx)
+            own = runs.get(period)  # `runs` loses the parts that closed (never this tuple's own)
+        if own is None and not self.by_window:
+            own = registry.get(part_id)  # None, as the index follows the registry: asked only to open
         if own is None:
             column_states = [
                 empty_column() if x is None or si is None else ColumnState(1, si, x, x)
@@ -402,7 +427,8 @@ class HoppingAggregate(MultiAggregate):
         if at < len(panes) and panes[at].start == pane_start:
             pane = panes[at]
             pane.count += 1
-            pane.last = max(pane.last, t)
+            if t > pane.last:
+                pane.last = t
             for x, si, col in zip(xs, scaled, pane.columns, strict=True):
                 if x is not None and si is not None:
                     col.add(x, si)
@@ -414,7 +440,13 @@ class HoppingAggregate(MultiAggregate):
             panes.insert(at, MultiState(1, pane_start, t, column_states))
 
     def _close_until(
-        self, key_json: str, runs: dict[int, OpenWindow], latest: int, t: int, ctx: OperatorContext
+        self,
+        key_json: str,
+        key_parts: Sequence[str],
+        runs: dict[int, OpenWindow],
+        latest: int,
+        t: int,
+        ctx: OperatorContext,
     ) -> None:
         """Per-key closing: the key's windows whose end lies in (latest, t] close, each emitted by its
         owner; a part whose last window that is closes with it (its R)."""
@@ -440,7 +472,7 @@ class HoppingAggregate(MultiAggregate):
             if inside:
                 owner = inside[0][0]
                 if key_values is None:
-                    key_values = self._key_values(key_json)
+                    key_values = self._key_values(key_json, key_parts)
                 combined = self._combine([pane for _, pane in inside], start)
                 assert combined is not None
                 result = self._window_result(key_json, combined, key_values)
