@@ -24,6 +24,7 @@ import pytest
 from cec.exceptions import ConfigError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
+from operators.engine.trimming import DEFAULT_TRIM_EVERY
 from operators.sources import PurchaseGenerator
 from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
@@ -138,14 +139,61 @@ def test_trimmed_logs_recover_exactly_after_driver_sigkills_and_keep_unread_reco
     assert downstream.per_key() == reference.results
 
 
-def test_trim_every_is_refused_below_one(
+def test_trim_every_is_refused_below_zero(
     spark: SparkSession,
     purchases: Purchases,  # noqa: F811
     tmp_path: Path,
 ) -> None:
-    for bad in (0, -3, 2.5, True):
+    for bad in (-1, -3, 2.5, True):
         with pytest.raises(ConfigError, match="trim_every"):
             cec_aggregate(spark, **_args(purchases, tmp_path, "never-made", trim_every=bad))
+
+
+def _write_purchases(bootstrap: str, root: Path, count: int, partitions: int) -> Purchases:
+    """`count` purchases (no invalid one) as CEC R records in a topic of `partitions` partitions."""
+    topic = f"purchases-{uuid.uuid4().hex[:8]}"
+    gen = PurchaseGenerator(count, KEYS, seed=17, partitions=partitions)
+    codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
+    store = KafkaQueueStore(bootstrap, root)
+    try:
+        store.create_topic(topic, partitions)
+        for j in range(partitions):
+            with store.writer(topic, j) as writer:
+                for o in range(gen.sizes[j]):
+                    value = gen.tuple_at(j, o)
+                    out = OutputRecord(
+                        Kind.R, int(value["item_time"] or 0), (), 0, payload=payloads.encode(value)
+                    )
+                    writer.append(codec.encode(out), out.meta())
+    finally:
+        store.close()
+    return Purchases(bootstrap, topic, root, 0)
+
+
+def test_trimming_is_on_by_default_and_trim_every_zero_turns_it_off(
+    spark: SparkSession,
+    spark_kafka_broker: Broker,
+    tmp_path: Path,
+) -> None:
+    """Without `trim_every` the query trims every DEFAULT_TRIM_EVERY records (its results stream from the
+    log as it runs, as a `cec run --follow`'s do); `trim_every=0` never trims. Count windows of 2 give
+    about one record per tuple: 25,000 tuples are 2.5 trim intervals of one output partition."""
+    count = int(2.5 * DEFAULT_TRIM_EVERY)
+    source = _write_purchases(spark_kafka_broker.bootstrap, tmp_path / "input", count, 1)
+    store = KafkaQueueStore(source.bootstrap, tmp_path / "observer")
+    try:
+        for every, trims in ((None, True), (0, False)):
+            output = f"avg-default-{uuid.uuid4().hex[:8]}"
+            extra: dict[str, Any] = {} if every is None else {"trim_every": every}
+            args = _args(source, tmp_path / output, output, partitions=1, window_count=2,
+                         max_records_per_trigger=DEFAULT_TRIM_EVERY // 2, **extra)  # fmt: skip
+            query = run_to_end(spark, args)
+            assert sum(query.cec_progress["records"].values()) >= 2 * DEFAULT_TRIM_EVERY
+            [start] = _starts(store, output)
+            assert (query.cec_progress["trimmed_offsets"] > 0) is trims
+            assert (start >= DEFAULT_TRIM_EVERY) is trims, start
+    finally:
+        store.close()
 
 
 @pytest.fixture(scope="module")
