@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cec.exceptions import ConfigError
+from cec.inspection import inspect_topic
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
 from operators.engine.trimming import DEFAULT_TRIM_EVERY
@@ -30,7 +31,7 @@ from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
-from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_IN_TRIM
+from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_BEFORE_TRIM, WRITER_IN_COMMIT, WRITER_IN_TRIM
 from tests.operators.spark.test_attach import (
     COUNT,
     INPUT_SCHEMA,
@@ -274,6 +275,78 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
         got += _read(spark, purchases3, output, reader)
         got += _read(spark, purchases3, output, reader)
         assert all(f >= t for f, t in zip(_starts(store, output), trimmed, strict=True))
+    finally:
+        store.close()
+    windows = Counter((r["key"], r["window"]) for r in got)
+    assert windows and max(windows.values()) == 1, [w for w, n in windows.items() if n > 1][:5]
+    assert _per_key(got) == expected
+
+
+def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tasks_commit(
+    spark: SparkSession,
+    purchases3: Purchases,
+    tmp_path: Path,
+) -> None:
+    """Trimming on the executors, three input and three output partitions, a registered reader reading
+    between the runs (`read_results(consumer=...)`), on Apache Kafka:
+    1. the driver is SIGKILLed mid-batch (so that the reader has something to acknowledge);
+    2. it is SIGKILLed by a write task inside the commit of the first transaction that carries a trim
+       bound's closed-window directory: the records sent and delivered, `commit_transaction` not called
+       (the restart's writer aborts the open transaction: that batch's records and directory never were);
+    3. it is SIGKILLed by a write task right after a commit that made a bound's directory durable, before
+       its `DeleteRecords`: the bound is never applied in that run;
+    4. a run to the end.
+    What the reader got equals the failure-free run's results, each window exactly once; no log was ever
+    trimmed past the reader; and the retained bound holds after the restarts: the last run trimmed every
+    partition at least up to min(the reader's acknowledgement, the extent's start before that run), so no
+    bound a kill left unapplied keeps records, and what a partition keeps is the extent plus what the last
+    run wrote since.
+    """
+    failure_free = f"avg-ref3c-{uuid.uuid4().hex[:8]}"
+    small = {"max_records_per_trigger": 600}  # about 7 micro-batches: every run takes a bound or more
+    run_to_end(spark, _args(purchases3, tmp_path / "ref", failure_free, trim_every=0))
+    expected: PerKey = _per_key(read_results(spark, failure_free, purchases3.bootstrap).collect())
+
+    output = f"avg-ctrim-{uuid.uuid4().hex[:8]}"
+    reader = "commit-kill-reader"
+    store = KafkaQueueStore(purchases3.bootstrap, tmp_path / "observer")
+    got: list[Any] = []
+
+    def read_all() -> list[int]:
+        """Read everything written (twice: the second call acknowledges what the first returned); the
+        reader's acknowledged offsets, each never below its log's start."""
+        got.extend(_read(spark, purchases3, output, reader))
+        got.extend(_read(spark, purchases3, output, reader))
+        acked = [store.acknowledged(output, q)[reader] for q in range(3)]
+        assert all(s <= a for s, a in zip(_starts(store, output), acked, strict=True))
+        return acked
+
+    try:
+        store.create_topic(output, 3)  # generation 0, so that the reader registers before any record
+        assert _read(spark, purchases3, output, reader) == []
+        args = _args(purchases3, tmp_path, output, partitions=3, trim_every=TRIM_EVERY, **small)
+
+        _killed_driver(args, tmp_path / "first", hit=2)
+        acked = read_all()
+        assert any(acked)
+
+        _driver_child(args, tmp_path / "in-commit", f"{WRITER_IN_COMMIT}:1", expect=-signal.SIGKILL)
+        acked = read_all()
+
+        _driver_child(args, tmp_path / "before-trim", f"{WRITER_BEFORE_TRIM}:1", expect=-signal.SIGKILL)
+        acked = read_all()
+        extents = [s.checkpoint.extent_start for s in inspect_topic(store, output, shared=True)]
+        before = _starts(store, output)
+
+        query = run_to_end(spark, args)
+        assert query.recovery.resumed and query.cec_progress["trimmed_offsets"] > 0
+        final = _starts(store, output)
+        for q in range(3):
+            assert final[q] <= acked[q], (q, final, acked)  # never past the reader ...
+            # ... and at least to where the reader and the extent before the last run allowed: no bound
+            # left unapplied by the kills holds records back.
+            assert final[q] >= min(acked[q], extents[q]), (q, final, acked, extents, before)
+        read_all()
     finally:
         store.close()
     windows = Counter((r["key"], r["window"]) for r in got)
