@@ -79,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import math
 import os
@@ -823,6 +824,8 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
             kwargs["checkpointing"] = Checkpointing.gopen_only()
     if spec["batch_rows"]:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
+    if "trim_every" in inspect.signature(cec_aggregate).parameters:
+        kwargs["trim_every"] = None  # never, in every tree: `log_volume` reads the whole log after the run
     return cec_aggregate(spark, **kwargs)
 
 

@@ -162,6 +162,7 @@ def _cec_query(spark: Any, spec: dict[str, Any], topic: str, batch_rows: int, ta
         partitions=PARTITIONS,
         available_now=True,
         max_records_per_trigger=batch_rows,
+        trim_every=0,  # never: `_results` reads every window from the whole log after the run
         **windows,
     )
 

@@ -172,7 +172,8 @@ def one_run(
 def tree_cpu_seconds() -> float:
     """CPU seconds of this process and every live descendant (the JVM, Spark's Python workers), from /proc,
     with the children each of them reaped (utime + stime + cutime + cstime): a Python worker that exits
-    between two readings still counts, in its reaping parent's figure."""
+    between two readings still counts, in its reaping parent's figure. A broker started by `--apache-kafka`
+    (a child of this process) is left out."""
     ticks = os.sysconf("SC_CLK_TCK")
     children: dict[int, list[int]] = {}
     times: dict[int, float] = {}
@@ -190,9 +191,19 @@ def tree_cpu_seconds() -> float:
     total, todo = 0.0, [os.getpid()]
     while todo:
         pid = todo.pop()
+        if _is_broker(pid):  # `--apache-kafka` starts the broker as a child of this process
+            continue
         total += times.get(pid, 0.0)
         todo.extend(children.get(pid, []))
     return total
+
+
+def _is_broker(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as fh:
+            return b"\0kafka.Kafka\0" in fh.read()
+    except OSError:
+        return False
 
 
 def write_attached_input(root: Path, bootstrap: str, tuples: int, partitions: int, keys: int) -> str:
@@ -288,6 +299,7 @@ def measure_attached(args: argparse.Namespace, outcomes: list[Outcome]) -> None:
                 base = base or o
                 outcomes.append(o)
                 report(o, base)
+                save(args, outcomes)
 
 
 def report(o: Outcome, base: Outcome) -> None:
@@ -323,7 +335,14 @@ def main() -> None:
     parser.add_argument("--attached-tuples", type=int, default=None,
                         help="the attached query's base input (default: --tuples)")  # fmt: skip
     parser.add_argument("--json", type=Path, default=None, help="write every run's figures here")
+    parser.add_argument("--replot", type=Path, nargs="+", default=None,
+                        help="no run: plot the runs of these --json files together (with --plot)")  # fmt: skip
     args = parser.parse_args()
+    if args.replot:
+        if not args.plot:
+            raise SystemExit("--replot needs --plot")
+        plot([Outcome(**o) for path in args.replot for o in json.loads(path.read_text())], args.plot)
+        return
     broker = None
     if args.apache_kafka:
         sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # the repository's tests package
@@ -356,14 +375,20 @@ def measure(args: argparse.Namespace) -> None:
                 base = base or o
                 outcomes.append(o)
                 report(o, base)
+                save(args, outcomes)
     if "attached" in args.hosts:
         if not args.bootstrap_servers:
             raise SystemExit("--hosts attached needs a broker: --apache-kafka or --bootstrap-servers")
         measure_attached(args, outcomes)
-    if args.json:
-        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
+    save(args, outcomes)
     if args.plot:
         plot(outcomes, args.plot)
+
+
+def save(args: argparse.Namespace, outcomes: list[Outcome]) -> None:
+    """Every run's figures so far (after each run: a run stopped later keeps those of the runs it did)."""
+    if args.json:
+        args.json.write_text(json.dumps([asdict(o) for o in outcomes], indent=1))
 
 
 def plot(outcomes: list[Outcome], path: Path) -> None:

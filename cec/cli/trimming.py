@@ -6,13 +6,10 @@ from __future__ import annotations
 
 import argparse
 
-from operators.engine.trimming import TrimPace
+from operators.engine.trimming import DEFAULT_TRIM_EVERY, TrimPace
 from operators.incremental_outputs import COMMIT_EVERY, RESULTS_CONSUMER
 
 __all__ = ["DEFAULT_TRIM_EVERY", "add_trim_argument", "trim_settings"]
-
-# The trim interval of runs whose results stream (records appended between two trims).
-DEFAULT_TRIM_EVERY = 10_000
 
 
 def _interval(text: str) -> int:

@@ -27,7 +27,11 @@ from typing import Any
 from cec.exceptions import ConfigError
 from cec.spec_form import check_known
 
-__all__ = ["TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped", "carry_from"]
+__all__ = ["DEFAULT_TRIM_EVERY", "TrimPace", "TrimPoints", "TrimSchedule", "bound", "capped", "carry_from"]
+
+# The trim interval (records appended between two trims) where trimming is on by default: `cec run`'s
+# `--follow` runs and runs with `--results-topic`, and the attached query (`cec_aggregate(trim_every=)`).
+DEFAULT_TRIM_EVERY = 10_000
 
 
 def bound(durable_end: int, oldest_footprint: int | None) -> int:

@@ -67,6 +67,7 @@ from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
 from operators.aggregate import parse_lateness_ms
+from operators.engine.trimming import DEFAULT_TRIM_EVERY
 from operators.formats import FORMATS
 from operators.results_topic import ResultsTopicOutput
 from operators.spark.aggregate_form import aggregate_form, window_form
@@ -89,7 +90,7 @@ from operators.spark.results import (
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
 from operators.spark.transform import Transform, check_transform, fields_schema
-from operators.spark.trim import check_trim_every, check_trimmed_indexes
+from operators.spark.trim import check_trimmed_indexes, trim_interval
 from operators.spark.wiring import QueryInput, QueryTrigger, check_input, start_query
 from operators.spark.writer import ExecutorSink
 from queuestore.output import OutputQueue
@@ -172,7 +173,7 @@ def cec_aggregate(
     writers: str = "executors",
     allowed_lateness: str | int | None = None,
     input_reader: str = AUTO,
-    trim_every: int | None = None,
+    trim_every: int | None = DEFAULT_TRIM_EVERY,
     slide: str | int | None = None,
     session_gap: str | int | None = None,
     transform: Transform | None = None,
@@ -239,8 +240,10 @@ def cec_aggregate(
       output partition are durable, the records below min(its oldest open window's latest footprint, its
       last record, every registered consumer's acknowledged offset) are dropped, by the partition's write
       task on its executor (the driver with `writers="driver"`), never while the partition restores
-      (`operators.spark.trim`). None (the default): never. A trimmed log's closed-window directory is
-      carried in Kafka (a start without `state_dir` takes it from there);
+      (`operators.spark.trim`). On by default, every 10,000 records (`DEFAULT_TRIM_EVERY`, as `cec run
+      --follow`): the results are written as the query runs, so read them as it runs with
+      `read_results(..., consumer="name")` (never trimmed past) or give 0 (or None): never. A trimmed
+      log's closed-window directory is carried in Kafka (a start without `state_dir` takes it from there);
     - `writers`: where the output records are written. `"executors"` (default): each state partition's
       task writes its own output partition through a transactional writer fenced by its
       `transactional.id`, and the driver only learns cursors and counts (`operators.spark.writer`);
@@ -315,7 +318,7 @@ def cec_aggregate(
         raise ConfigError(f"partitions must be >= 1, got {partitions}")
     if max_records_per_trigger is not None and max_records_per_trigger < 1:
         raise ConfigError("max_records_per_trigger must be >= 1")
-    check_trim_every(trim_every)
+    trim_every = trim_interval(trim_every)
     # With transform=, a json or registry input's input_schema types its fields (Spark DDL): the data
     # source's own options have no schema then.
     typed_fields = transform is not None and input_format in ("json", "registry")

@@ -64,15 +64,24 @@ __all__ = [
     "check_trimmed_indexes",
     "directory_starts",
     "footprint_report",
+    "trim_interval",
 ]
 
 
 def check_trim_every(trim_every: int | None) -> None:
-    """`trim_every` as `cec run --trim-every` takes it: None (never trim) or at least 1."""
+    """`trim_every` as `cec run --trim-every` takes it: a whole number of records, 0 (or None) never."""
     if trim_every is not None and (isinstance(trim_every, bool) or not isinstance(trim_every, int)):
         raise ConfigError(f"trim_every must be a whole number of records, got {trim_every!r}")
-    if trim_every is not None and trim_every < 1:
-        raise ConfigError(f"trim_every must be >= 1, got {trim_every}")
+    if trim_every is not None and trim_every < 0:
+        raise ConfigError(f"trim_every must be >= 0 (0: never trim), got {trim_every}")
+
+
+def trim_interval(trim_every: int | None) -> int | None:
+    """The interval the query trims at (None: never), from `cec_aggregate(trim_every=)`: its default
+    (`DEFAULT_TRIM_EVERY`: the attached query's results are written as it runs, so it trims by default, as
+    `cec run --follow` does), a number of records, or 0 / None for never."""
+    check_trim_every(trim_every)
+    return trim_every or None
 
 
 def check_trimmed_indexes(store: QueueStore, generation: Generation) -> None:

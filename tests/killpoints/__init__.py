@@ -42,7 +42,13 @@ Sites (n counts passes in the process):
   Python worker once half its records are committed (Spark retries the task);
 - `attach.writer.in_trim:n`: a write task's n-th trim in its Python worker (`operators.spark.trim.TaskTrim`:
   its batch and the carried directory committed, `DeleteRecords` answered, nothing reported to the driver
-  yet) SIGKILLs the driver's whole process group, as `attach.sink.mid_batch` does.
+  yet) SIGKILLs the driver's whole process group, as `attach.sink.mid_batch` does;
+- `attach.writer.in_commit:n`: inside the n-th commit, in a write task's Python worker, of a transaction
+  that carries a trim bound's closed-window directory (`TaskTrim.carry`): the transaction's records sent
+  and delivered to the broker, `commit_transaction` not called yet (the transaction stays open, so a
+  restart's writer aborts it), SIGKILLs the driver's whole process group;
+- `attach.writer.before_trim:n`: a write task's n-th trim, right after its batch's commit (the carried
+  directory durable), before `DeleteRecords` is sent, SIGKILLs the driver's whole process group.
 """
 
 from __future__ import annotations
@@ -62,6 +68,8 @@ __all__ = [
     "PLAN_AFTER_EC_BUILD",
     "SINK_MID_BATCH",
     "SITES",
+    "WRITER_BEFORE_TRIM",
+    "WRITER_IN_COMMIT",
     "WRITER_IN_TRIM",
     "WRITER_KILL_TASK",
     "install",
@@ -73,6 +81,8 @@ BOOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot")
 SINK_MID_BATCH = "attach.sink.mid_batch"
 WRITER_KILL_TASK = "attach.writer.kill_task"
 WRITER_IN_TRIM = "attach.writer.in_trim"
+WRITER_IN_COMMIT = "attach.writer.in_commit"
+WRITER_BEFORE_TRIM = "attach.writer.before_trim"
 PLAN_AFTER_EC_BUILD = "attach.plan.after_ec_build"
 
 
@@ -96,6 +106,8 @@ SITES = frozenset(
         SINK_MID_BATCH,
         WRITER_KILL_TASK,
         WRITER_IN_TRIM,
+        WRITER_IN_COMMIT,
+        WRITER_BEFORE_TRIM,
         PLAN_AFTER_EC_BUILD,
     }
 )
@@ -588,6 +600,83 @@ def _task_trim(n: int) -> None:
     on_import("operators.spark.trim", patch)
 
 
+def _task_commit_carrying(n: int) -> None:
+    """The n-th commit of a write task's transaction that carries a trim bound's directory, before
+    `commit_transaction`: the writer is marked when `TaskTrim.carry` put the directory in its open
+    transaction, and its commit (whichever thread runs it) looks at the mark."""
+    counter = _Counter()
+
+    def patch_trim(module: ModuleType) -> None:
+        cls = module.TaskTrim
+        carry = cls.carry
+
+        def carry_(self: Any, writer: Any, topic: str, q: int) -> None:
+            carry(self, writer, topic, q)
+            carried = self._carried_by
+            if carried is not None and carried[0] is writer:
+                writer._cec_test_carrying = True
+
+        cls.carry = carry_
+
+    def patch_writer(module: ModuleType) -> None:
+        cls = module.KafkaPartitionWriter
+        commit = cls._commit_transaction
+
+        def commit_(self: Any, producer: Any) -> None:
+            if self.__dict__.pop("_cec_test_carrying", False):
+                with counter.lock:
+                    counter.seen += 1
+                    due = counter.seen == n
+                if due:
+                    _kill_driver()
+            commit(self, producer)
+
+        cls._commit_transaction = commit_
+
+    on_import("operators.spark.trim", patch_trim)
+    on_import("queuestore.kafka", patch_writer)
+
+
+_IN_TASK_TRIM = threading.local()
+
+
+def _task_before_trim(n: int) -> None:
+    """A write task's n-th `DeleteRecords`, before it is sent: `KafkaPartitionWriter.trim` as called by
+    `TaskTrim.apply` (after the batch's commit), in the worker's thread that runs the task."""
+    counter = _Counter()
+
+    def patch_trim(module: ModuleType) -> None:
+        cls = module.TaskTrim
+        apply = cls.apply
+
+        def apply_(self: Any, writer: Any, reader: Any) -> int:
+            _IN_TASK_TRIM.on = True
+            try:
+                return int(apply(self, writer, reader))
+            finally:
+                _IN_TASK_TRIM.on = False
+
+        cls.apply = apply_
+
+    def patch_writer(module: ModuleType) -> None:
+        cls = module.KafkaPartitionWriter
+        trim = cls.trim
+
+        def trim_(self: Any, before_offset: int) -> int:
+            if getattr(_IN_TASK_TRIM, "on", False):
+                with counter.lock:
+                    counter.seen += 1
+                    due = counter.seen == n
+                if due:
+                    _kill_driver()
+            return int(trim(self, before_offset))
+
+        cls.trim = trim_
+
+    on_import("operators.spark.trim", patch_trim)
+    on_import("queuestore.kafka", patch_writer)
+
+
 def install(spec: str) -> None:
     """Install the wrappers of every site planned in `spec` (module doc)."""
     plan = parse(spec)
@@ -622,5 +711,9 @@ def install(spec: str) -> None:
             _driver_sink_mid_batch(n)
         elif site == WRITER_IN_TRIM:
             _task_trim(n)
+        elif site == WRITER_IN_COMMIT:
+            _task_commit_carrying(n)
+        elif site == WRITER_BEFORE_TRIM:
+            _task_before_trim(n)
     if SINK_MID_BATCH in plan or WRITER_KILL_TASK in plan:
         _executor_writes(plan)
