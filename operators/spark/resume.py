@@ -48,7 +48,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from cec.exceptions import CodecError
 from cec.records import OutputRecord, RecordCodec
@@ -77,6 +77,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 RESUMED = "resumed-checkpoint"
 FROM_LOGS = "from-logs"
@@ -307,10 +309,7 @@ def _check(
     timers: bool,
 ) -> AttachRecovery:
     current = generations[-1]
-    try:
-        manifest = RunManifest.read(checkpoint)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _Refused(f"the checkpoint has no readable cec manifest ({type(exc).__name__})") from None
+    manifest = _parsed("the checkpoint's cec manifest", lambda: RunManifest.read(checkpoint))
     if manifest.input_topic != input_topic or manifest.fingerprint != fingerprint:
         raise _Refused("the checkpoint is another query's (input or aggregate differs)")
     if manifest.current.topic != current.topic or manifest.current.partitions != current.partitions:
@@ -326,27 +325,23 @@ def _check(
     if not commits:
         raise _Refused("the checkpoint has no committed micro-batch")
     batch = commits[-1]
-    try:
-        metadata, committed = _offsets_file(checkpoint / "offsets" / str(batch))
-        cursors = _read_marker(checkpoint, batch)
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise _Refused(
-            f"batch {batch}'s offsets or cec marker are missing or damaged ({type(exc).__name__})"
-        ) from None
-    shuffle = (metadata.get("conf") or {}).get("spark.sql.shuffle.partitions")
-    if shuffle is not None and int(shuffle) != current.partitions:
+    metadata, committed = _parsed(
+        f"batch {batch}'s offsets", lambda: _offsets_file(checkpoint / "offsets" / str(batch))
+    )
+    cursors = _parsed(f"batch {batch}'s cec marker", lambda: _read_marker(checkpoint, batch))
+    shuffle = _parsed(f"batch {batch}'s offsets", lambda: _shuffle_partitions(metadata))
+    if shuffle is not None and shuffle != current.partitions:
         raise _Refused(f"the checkpoint's state has {shuffle} partitions, this start {current.partitions}")
     stores = checkpoint / "state" / "0"
     if not all((stores / str(q)).is_dir() for q in range(current.partitions)):
         raise _Refused("the checkpoint's state store is incomplete")
-    if len(cursors) != current.partitions:
-        raise _Refused(f"batch {batch}'s marker has {len(cursors)} partitions")
+    if len(cursors) != current.partitions or any(len(c.pos) != input_partitions for c in cursors):
+        raise _Refused(f"batch {batch}'s marker is not of {current.partitions} partitions over this input")
     pending: dict[str, int] | None = None
     if (checkpoint / "offsets" / str(batch + 1)).exists():
-        try:
-            pending = _offsets_file(checkpoint / "offsets" / str(batch + 1))[1]
-        except (OSError, ValueError, KeyError, TypeError):
-            pending = None
+        pending = _parsed(
+            f"batch {batch + 1}'s offsets", lambda: _offsets_file(checkpoint / "offsets" / str(batch + 1))[1]
+        )
     codec = RecordCodec()
     caught_up = [0] * input_partitions
     for q, cursor in enumerate(cursors):
@@ -406,6 +401,22 @@ def _check(
         caught_up_at=tuple(caught_up),
         checkpoint_batch=batch,
     )
+
+
+def _parsed(what: str, read: Callable[[], _T]) -> _T:
+    """`read()`, or the refusal for a file that is missing or not what a run writes (any damage: the
+    checkpoint is then not trusted, never an error of the start)."""
+    try:
+        return read()
+    except Exception as exc:
+        raise _Refused(f"{what}: missing or damaged ({type(exc).__name__})") from None
+
+
+def _shuffle_partitions(metadata: Any) -> int | None:
+    """The shuffle partitions (state partitions) Spark recorded with a batch's offsets; None if absent."""
+    conf = metadata.get("conf") or {}
+    value = conf.get("spark.sql.shuffle.partitions")
+    return None if value is None else int(value)
 
 
 def manifest_of(
