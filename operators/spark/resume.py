@@ -232,9 +232,12 @@ def _offsets_file(path: Path) -> tuple[dict[str, Any], dict[str, int]]:
     return metadata, {str(j): int(o) for j, o in flat.items()}
 
 
-def newest_record(reader: PartitionReader, before: int, codec: RecordCodec) -> OutputRecord | None:
-    """The newest whole record below offset `before` (a chunked value's parts skipped, its manifest joined;
-    a record failing its checksum ends the search: None, as for an empty log)."""
+def newest_record(
+    reader: PartitionReader, before: int, codec: RecordCodec
+) -> tuple[int, OutputRecord | None] | None:
+    """The newest record below offset `before` and its offset (a chunked value's parts skipped, its manifest
+    joined), the record None if it fails its checksum; None if there is no record below `before` (offsets
+    that only transaction markers take hold none)."""
     while before > 0:
         stored = reader.read_backward(before, _BACK)
         if not stored:
@@ -245,9 +248,9 @@ def newest_record(reader: PartitionReader, before: int, codec: RecordCodec) -> O
             try:
                 if is_manifest(record):
                     record = record._replace(value=reassemble(reader, record))
-                return codec.decode(record.value, record.meta)
+                return record.offset, codec.decode(record.value, record.meta)
             except (CodecError, TornRecordError):
-                return None
+                return record.offset, None
         before = stored[-1].offset
     return None
 
@@ -355,7 +358,8 @@ def _check(
                     f"wrote it up to {cursor.next_offset}"
                 )
             if cursor.next_offset:
-                last = newest_record(reader, cursor.next_offset, codec)
+                found = newest_record(reader, cursor.next_offset, codec)
+                last = None if found is None else found[1]
                 if last is None or (tuple(last.pos), last.n, last.time) != (
                     cursor.pos,
                     cursor.n,
@@ -365,7 +369,10 @@ def _check(
                         f"{where} below offset {cursor.next_offset} is not what batch {batch} wrote"
                     )
             newest = cursor.pos
-            if end > cursor.next_offset:
+            # The cursor is one past the batch's last record: its transaction's commit marker (and any
+            # aborted attempt's) may take offsets after it, records may not.
+            found = newest_record(reader, end, codec) if end > cursor.next_offset else None
+            if found is not None and found[0] >= cursor.next_offset:
                 if pending is None:
                     raise _Refused(
                         f"the checkpoint is behind the logs: {where} ends at offset {end}, its last "
@@ -376,7 +383,7 @@ def _check(
                         f"{where} holds part of batch {batch + 1}, whose timer G-checks a rerun may make "
                         "otherwise"
                     )
-                tail = newest_record(reader, end, codec)
+                tail = found[1]
                 limit = [pending.get(str(j), -1) for j in range(input_partitions)]
                 if tail is None or any(p > lim for p, lim in zip(tail.pos, limit, strict=True)):
                     raise _Refused(

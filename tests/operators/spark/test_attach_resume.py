@@ -76,16 +76,18 @@ def _killed_after_commit(args: dict[str, Any], work: Path, batch: int) -> None:
     spec.write_text(json.dumps({**args, "done": str(done)}))
     location = Path(args["checkpoint_location"])
     before = latest_checkpoint(location)
-    child = subprocess.Popen(
-        [sys.executable, "-m", "tests.operators.spark.attach_driver", str(spec)],
-        env=child_env(None),
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    err = work / "stderr.txt"  # a file, not a pipe: nobody reads it while waiting, a full pipe would block
+    with err.open("wb") as sink:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "tests.operators.spark.attach_driver", str(spec)],
+            env=child_env(None),
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+            start_new_session=True,
+        )
 
     def committed() -> bool:
-        assert child.poll() is None, f"the driver ended first: {child.stderr.read().decode()[-3000:]}"  # type: ignore[union-attr]
+        assert child.poll() is None, f"the driver ended first: {err.read_text()[-3000:]}"
         run = latest_checkpoint(location)
         return (
             run is not None and (run != before or before is None) and (run / "commits" / str(batch)).exists()
