@@ -15,6 +15,7 @@ from typing import Any
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cec.records import Kind, OutputRecord, RecordCodec
 from operators.spark.generations import Generation
 from operators.spark.planning import LogEnd
 from operators.spark.resume import (
@@ -25,6 +26,7 @@ from operators.spark.resume import (
     decide,
     latest_checkpoint,
 )
+from queuestore.base import StoredRecord
 
 TOPIC = "out.g0"
 PARTITIONS = 2
@@ -44,10 +46,28 @@ class _EmptyLog:
         return []
 
 
+class _Log(_EmptyLog):
+    """An output partition holding `records` at their offsets, ending at `end` (offsets between them are
+    transaction markers, which a reader never returns)."""
+
+    def __init__(self, records: dict[int, OutputRecord], end: int) -> None:
+        self.records, self.end, self.codec = records, end, RecordCodec()
+
+    def end_offset(self) -> int:
+        return self.end
+
+    def read_backward(self, before: int, n: int) -> list[Any]:
+        offsets = sorted((o for o in self.records if o < before), reverse=True)[:n]
+        return [StoredRecord(o, self.codec.encode(self.records[o]), self.records[o].meta()) for o in offsets]
+
+
 class _Store:
+    def __init__(self, logs: list[_EmptyLog] | None = None) -> None:
+        self.logs = logs
+
     @contextlib.contextmanager
     def reader(self, topic: str, q: int) -> Iterator[_EmptyLog]:
-        yield _EmptyLog()
+        yield _EmptyLog() if self.logs is None else self.logs[q]
 
 
 class _Index:
@@ -95,10 +115,10 @@ def _whole_checkpoint(root: Path) -> Path:
     return run
 
 
-def _decide(root: Path) -> Any:
+def _decide(root: Path, logs: list[_EmptyLog] | None = None) -> Any:
     return decide(
         root,
-        store=_Store(),  # type: ignore[arg-type]
+        store=_Store(logs),  # type: ignore[arg-type]
         generations=_generations(),
         outputs=[_Output()] * PARTITIONS,  # type: ignore[list-item]
         input_topic="in",
@@ -197,3 +217,46 @@ def test_the_marker_is_written_after_the_sink_and_old_ones_go(tmp_path: Path) ->
         "batch": 102,
         "cursors": [[[1, 2, 3], 4, 5, 9]],
     }
+
+
+def _r(pos: tuple[int, ...], n: int = 1, time: int = 7) -> OutputRecord:
+    return OutputRecord(Kind.GOPEN, time, pos, n, key="k", seq=0, state=b"s")
+
+
+def _marked(root: Path, next_offset: int, pos: tuple[int, ...], pending: dict[str, int] | None) -> None:
+    """Batch 0's marker: both partitions at `next_offset` with their last record's pos, N 1, time 7; with
+    `pending`, Spark planned batch 1 with these end offsets."""
+    run = _whole_checkpoint(root)
+    body = {"batch": 0, "cursors": [[list(pos), 1, 7, next_offset]] * PARTITIONS}
+    (run / "cec" / "batches" / "0").write_text(json.dumps(body))
+    if pending is not None:
+        (run / "offsets" / "1").write_text("v1\n{}\n" + json.dumps({"in": pending}))
+
+
+def test_a_commit_marker_after_the_batch_is_not_the_log_running_ahead(tmp_path: Path) -> None:
+    """The cursor is one past the batch's last record; its transaction's commit marker takes the next
+    offset (the log ends one further): resumed."""
+    _marked(tmp_path, 4, (5, 6, 7), None)
+    logs: list[_EmptyLog] = [_Log({3: _r((5, 6, 7))}, end=5) for _ in range(PARTITIONS)]
+    decision = _decide(tmp_path, logs)
+    assert decision.path == RESUMED, decision.reason
+    assert decision.recovery.caught_up_at == (5, 6, 7)
+
+
+def test_records_past_the_last_committed_batch(tmp_path: Path) -> None:
+    """Past the cursor: the planned batch's own records resume (their pos within its end offsets); a later
+    batch's, or any without a planned batch, are a checkpoint behind the logs; a last record that is not
+    the marker's is another run's log."""
+
+    def logs(tail: tuple[int, ...]) -> list[_EmptyLog]:
+        return [_Log({3: _r((5, 6, 7)), 5: _r(tail)}, end=7) for _ in range(PARTITIONS)]
+
+    _marked(tmp_path / "a", 4, (5, 6, 7), {"0": 9, "1": 9, "2": 9})
+    decision = _decide(tmp_path / "a", logs((9, 6, 7)))
+    assert decision.path == RESUMED, decision.reason
+    assert decision.recovery.caught_up_at == (9, 6, 7)
+    assert "behind the logs" in _decide(tmp_path / "a", logs((10, 6, 7))).reason
+    _marked(tmp_path / "b", 4, (5, 6, 7), None)
+    assert "behind the logs" in _decide(tmp_path / "b", logs((9, 6, 7))).reason
+    _marked(tmp_path / "c", 4, (5, 6, 8), None)
+    assert "is not what batch 0 wrote" in _decide(tmp_path / "c", logs((9, 6, 7))).reason
