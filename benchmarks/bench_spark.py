@@ -167,6 +167,9 @@ class Workload:
     # cec_aggregate(checkpointing=Checkpointing.gopen_only()) where the tree has it (a tree from before the
     # default checkpointing writes G-opens only anyway): both trees of --before-tree do the same work.
     gopen_only: bool = False
+    # --attached-resume (--recovery-only): each attached system also runs with
+    # cec_aggregate(resume_checkpoint=True) as "<system>_resume", whose restart resumes Spark's checkpoint
+    attached_resume: bool = False
     offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
     tws_baseline: bool = False  # --focus attached: also Spark native under transformWithStateInPandas
     # Spark native's input and output: "kafka" (Spark's Kafka source over the JSON twin of the input, a Kafka
@@ -826,6 +829,8 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
     if "trim_every" in inspect.signature(cec_aggregate).parameters:
         kwargs["trim_every"] = None  # never, in every tree: `log_volume` reads the whole log after the run
+    if spec.get("resume_checkpoint"):
+        kwargs["resume_checkpoint"] = True
     return cec_aggregate(spark, **kwargs)
 
 
@@ -1108,7 +1113,7 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
 
 
 def _attached_spec(
-    w: Workload, name: str, output: str | None = None, reader: str | None = None
+    w: Workload, name: str, output: str | None = None, reader: str | None = None, resume: bool = False
 ) -> dict[str, Any]:
     """CEC attached's query: over the cec queue (`reader` None), or over the JSON twin through
     cec_aggregate(input_reader=reader), with the same micro-batch plan as Spark native's."""
@@ -1128,6 +1133,8 @@ def _attached_spec(
         "recovery_target": w.recovery_target,
         "gopen_only": w.gopen_only,
     }
+    if resume:  # only then: a tree from before the keyword never sees it
+        spec["resume_checkpoint"] = True
     if reader is not None:
         spec.update(
             topic=w.json_topic, input_format="json", input_reader=reader, batch_rows=w.json_batch_rows
@@ -1149,13 +1156,14 @@ def _attached_digest(w: Workload, spec: dict[str, Any]) -> dict[str, Any]:
     return result_digest({**w.store("probe"), "state_dir": str(w.work / "probe")}, spec["output"])
 
 
-def measure_attached(w: Workload, profile: bool = False) -> dict[str, Any]:
+def measure_attached(w: Workload, profile: bool = False, resume: bool = False) -> dict[str, Any]:
     """Failure-free CEC attached runs (cec_aggregate, the micro-batch plan of Spark native) in one fresh
-    driver process, after the same warm-up as Spark native's driver: best of `repeats`."""
+    driver process, after the same warm-up as Spark native's driver: best of `repeats`. `resume`: with
+    cec_aggregate(resume_checkpoint=True) (its batch markers written)."""
     reader = _attached_systems(w)["attached"]
     warm = _attached_spec(w.warmup(), "attached-warmup", reader=reader)
     warm["batch_rows"] = None
-    runs = [_attached_spec(w, f"attached.{i}", reader=reader) for i in range(w.repeats)]
+    runs = [_attached_spec(w, f"attached.{i}", reader=reader, resume=resume) for i in range(w.repeats)]
     child = _spawn_native(w, "attached_failure_free", [warm, *runs], profile=profile)
     result = child.wait()
     rows = []
@@ -1382,14 +1390,20 @@ def measure_interleaved(w: Workload) -> tuple[dict[str, Any], dict[str, Any], li
 
 
 def measure_attached_recovery(
-    w: Workload, failure_free: dict[str, Any], reader: str | None = None, system: str = "attached"
+    w: Workload,
+    failure_free: dict[str, Any],
+    reader: str | None = None,
+    system: str = "attached",
+    resume: bool = False,
 ) -> dict[str, Any]:
     """As `measure_native_recovery`, for CEC attached: SIGKILL the driver's process group once the batch that
     completes half the input has committed, then start the same `cec_aggregate` call in a new driver (warm-up
-    first), which recovers from the output logs and runs to the end of the input."""
+    first), which recovers from the output logs and runs to the end of the input; with `resume`
+    (resume_checkpoint=True) it resumes the killed run's Spark checkpoint instead, when that agrees with the
+    logs (the restart's `restart_cec_recovery` says which path it took and why)."""
     warm = _attached_spec(w.warmup(), f"{system}-warmup", reader=reader)
     warm["batch_rows"] = None
-    spec = _attached_spec(w, f"{system}_recovery", reader=reader)
+    spec = _attached_spec(w, f"{system}_recovery", reader=reader, resume=resume)
     kill_after = max(0, w.batches // 2 - 1)
     checkpoints = Path(spec["checkpoint"])
     first = _spawn_native(w, f"{system}_killed", [warm, spec])
@@ -1865,6 +1879,13 @@ def main(argv: list[str] | None = None) -> int:
         "'2s'; output files get a -rto-<target> suffix",
     )
     parser.add_argument(
+        "--attached-resume",
+        action="store_true",
+        help="with --focus attached --recovery-only: each attached system also runs with "
+        "cec_aggregate(resume_checkpoint=True), whose restart resumes Spark's checkpoint when it agrees with "
+        'the logs ("<system>_resume"; ratios to native and to the log path); files get a -resume suffix',
+    )
+    parser.add_argument(
         "--gopen-only",
         action="store_true",
         help="with --focus attached: cec_aggregate(checkpointing=Checkpointing.gopen_only()) in every tree that "
@@ -1970,6 +1991,7 @@ def main(argv: list[str] | None = None) -> int:
             attached_readers=tuple(r.strip() for r in (args.attached_readers or "").split(",") if r.strip()),
             before_tree=args.before_tree.resolve() if args.before_tree else None,
             gopen_only=args.gopen_only,
+            attached_resume=args.attached_resume,
             cpu_seconds=args.cpu_seconds,
             skip_native=args.skip_native,
         )
@@ -2240,6 +2262,8 @@ def _recovery_json(w: Workload) -> str:
     name = RECOVERY_JSON.format(keys=w.keys)
     if w.attached_readers:  # --attached-readers: the connector section's files
         name = CONNECTOR_RECOVERY_JSON.format(keys=w.keys)
+    if w.attached_resume:
+        name = name.replace(".json", "-resume.json")
     return name if w.recovery_target is None else name.replace(".json", f"-rto-{w.recovery_target}.json")
 
 
@@ -2254,6 +2278,8 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
     say("CEC local engine (the reference results)")
     result["cec_local"] = local = measure_cec_local(replace(w, repeats=1))
     attached_systems = _attached_systems(w)
+    if w.attached_resume:  # --attached-resume: each attached system also resumes its checkpoint
+        attached_systems = {**attached_systems, **{f"{s}_resume": r for s, r in attached_systems.items()}}
     systems = ["native", *attached_systems]
     pairs: list[dict[str, Any]] = []
     for i in range(w.repeats):
@@ -2267,11 +2293,12 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
                 pair["native"] = measure_native_recovery(w, ff)
             else:
                 reader = attached_systems[system]
+                resume = system.endswith("_resume")
                 say(f"repeat {i}: CEC {system} failure-free, then driver SIGKILLed at half the input")
                 alone = replace(w, repeats=1, attached_readers=(reader,) if reader else ())
-                ff = measure_attached(alone)
+                ff = measure_attached(alone, resume=resume)
                 pair[f"{system}_failure_free"] = ff
-                pair[system] = measure_attached_recovery(w, ff, reader=reader, system=system)
+                pair[system] = measure_attached_recovery(w, ff, reader=reader, system=system, resume=resume)
             say(f"  load {os.getloadavg()[0]:.1f}")
         for side in systems:
             pair[f"{side}_same_results"] = _same(pair[side], local) and _same(
@@ -2294,6 +2321,15 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
                 if nat["total_overhead_seconds"] > 0
                 else math.nan
             )
+            if system.endswith("_resume"):  # the resume path against the log path of the same reader
+                logs = pair[system.removesuffix("_resume")]
+                pair[f"ratio_recovery_resume_to_from_logs{suffix}"] = (
+                    att["recovery_seconds"] / logs["recovery_seconds"]
+                    if logs["recovery_seconds"] > 0
+                    else math.nan
+                )
+                path = (att.get("restart_cec_recovery") or {}).get("path")
+                say(f"repeat {i}: {system} restarted on path {path!r}")
             plan = att.get("restart_plan") or {}
             say(
                 f"repeat {i}: recovery {system} {att['recovery_seconds']:.2f} s (plan "
@@ -2317,6 +2353,15 @@ def _recovery_focus(w: Workload, result: dict[str, Any]) -> None:
             defined = [p[f"{name}{suffix}"] for p in pairs if not math.isnan(p[f"{name}{suffix}"])]
             result[f"median_{name}{suffix}"] = statistics.median(defined) if defined else math.nan
             result[f"pairs_with_{name}{suffix}"] = len(defined)
+        if system.endswith("_resume"):
+            defined = [
+                p[f"ratio_recovery_resume_to_from_logs{suffix}"]
+                for p in pairs
+                if not math.isnan(p[f"ratio_recovery_resume_to_from_logs{suffix}"])
+            ]
+            result[f"median_ratio_recovery_resume_to_from_logs{suffix}"] = (
+                statistics.median(defined) if defined else math.nan
+            )
     result["same_results_as_local_engine"] = all(p[f"{side}_same_results"] for p in pairs for side in systems)
     result["seconds"] = time.perf_counter() - started
     result["loadavg_end"] = os.getloadavg()

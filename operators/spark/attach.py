@@ -71,7 +71,7 @@ from operators.engine.trimming import DEFAULT_TRIM_EVERY
 from operators.formats import FORMATS
 from operators.results_topic import ResultsTopicOutput
 from operators.spark.aggregate_form import aggregate_form, window_form
-from operators.spark.checkpointing import GCheckSpec, PlannedRecovery
+from operators.spark.checkpointing import GCheckSpec, PlannedRecovery, uses_timers
 from operators.spark.config_errors import cec_errors
 from operators.spark.generations import Generation, generation_topic, list_generations
 from operators.spark.input_options import source_options as select_source_options
@@ -86,6 +86,14 @@ from operators.spark.results import (
     bind_result_types,
     read_results,
     register_all,
+)
+from operators.spark.resume import (
+    RESUMED,
+    Decision,
+    decide,
+    manifest_of,
+    options_fingerprint,
+    query_fingerprint,
 )
 from operators.spark.session import check_session
 from operators.spark.sink import CecSink
@@ -178,6 +186,7 @@ def cec_aggregate(
     session_gap: str | int | None = None,
     transform: Transform | None = None,
     results_topic: str | None = None,
+    resume_checkpoint: bool = False,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` (or several aggregates) per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -215,7 +224,14 @@ def cec_aggregate(
     - `partitions`: output partitions P (default: the latest generation's, else the input's). A P other
       than the latest generation's starts a new generation (`operators.spark.generations`);
     - `state_dir`: local state (stream indexes, writer locks); `checkpoint_location`: a fresh Spark
-      checkpoint is made under it at every start, because recovery comes from the output logs;
+      checkpoint is made under it at every start that recovers from the output logs;
+    - `resume_checkpoint=True`: a start first checks whether the latest Spark checkpoint under
+      `checkpoint_location` agrees with the output logs (same query, same generation and partition count,
+      its last committed micro-batch's cursor at each log's end, or only that batch's successor beyond it)
+      and, if so, resumes it as Spark's own restart does (its last committed micro-batch, its state store);
+      otherwise it recovers from the logs as before (`operators.spark.resume`). `writers="executors"`
+      only. `lastProgress["cec"]["recovery"]["path"]` says which ("resumed-checkpoint" or "from-logs") and
+      `["reason"]` why. False (the default): every start recovers from the logs;
     - trigger: `available_now=True` (run to the current end of the input, then stop), else
       `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible);
     - `checkpointing`: a `cec.Checkpointing` (or its dict), as for the local runtime: Q/U targets, a
@@ -380,7 +396,20 @@ def cec_aggregate(
         # Takes the partitions' writer locks before reading the logs.
         outputs = _open_outputs(store, current, results)
         try:
-            recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
+            timers = uses_timers(checkpointing)
+            fingerprint = query_fingerprint(
+                spec, input_format, options_fingerprint(source_options), reader_kind, time, results_topic,
+                None if transform is None else getattr(transform, "__qualname__", "transform"),
+            )  # fmt: skip
+            decision = _decide(
+                resume_checkpoint, writers, Path(checkpoint_location), store, generations, outputs,
+                input_topic, input_partitions, fingerprint, timers,
+            )  # fmt: skip
+            if decision.recovery is not None:
+                recovery = decision.recovery
+            else:
+                recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
+                recovery.reason = decision.reason
             try:
                 if lateness is not None:
                     _check_watermarks(recovery, input_partitions)
@@ -419,7 +448,12 @@ def cec_aggregate(
         started_wall=started_wall,
     )
     gcheck = GCheckSpec.from_checkpointing(checkpointing, planned)
-    checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"
+    if decision.checkpoint is not None and recovery.path == RESUMED:
+        checkpoint = decision.checkpoint
+    else:
+        checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"
+        if resume_checkpoint:  # what a later start checks this run's checkpoint against
+            manifest_of(recovery, input_topic, input_partitions, fingerprint, timers).write(checkpoint)
     input_types: dict[str, str] = {}
     try:
         with cec_errors():  # a CecError raised in a Python worker through Py4J: its one line
@@ -433,6 +467,7 @@ def cec_aggregate(
                 trigger=QueryTrigger(available_now, processing_time, query_name),
                 checkpoint=checkpoint,
                 input_types=input_types,
+                batch_markers=resume_checkpoint,
             )
         # How read_results types the columns: time windows' bounds as timestamps, keys as their input types.
         key_fields = (spec.key_fields or (spec.key,)) if spec.several else (spec.key,)
@@ -484,6 +519,37 @@ def _create_results_topic(store: KafkaQueueStore, topic: str, partitions: int) -
             f"results_topic {topic!r}: {exc}; results of output partition q go to its partition q (use a "
             "results topic with the output's partition count, or a new one)"
         ) from None
+
+
+def _decide(
+    resume: bool,
+    writers: str,
+    location: Path,
+    store: KafkaQueueStore,
+    generations: list[Generation],
+    outputs: Sequence[OutputQueue],
+    input_topic: str,
+    input_partitions: int,
+    fingerprint: str,
+    timers: bool,
+) -> Decision:
+    """Resume Spark's checkpoint or recover from the logs (`operators.spark.resume`), and why."""
+    if not resume:
+        return Decision("from-logs", "resume_checkpoint=False")
+    if writers != "executors":
+        return Decision(
+            "from-logs", f"writers={writers!r} (a rerun micro-batch would append its records again)"
+        )
+    return decide(
+        location,
+        store=store,
+        generations=generations,
+        outputs=outputs,
+        input_topic=input_topic,
+        input_partitions=input_partitions,
+        fingerprint=fingerprint,
+        timers=timers,
+    )
 
 
 def _check_watermarks(recovery: AttachRecovery, input_partitions: int) -> None:

@@ -116,6 +116,7 @@ CEC_AGGREGATE_KEYWORDS: Mapping[str, Kind] = {
     "trim_every": INTEGER | NONE,
     "transform": FUNCTION | NONE,
     "results_topic": TEXT | NONE,
+    "resume_checkpoint": BOOLEAN,
 }
 
 # read_results' and read_dead_letters' keywords (operators.spark.results).

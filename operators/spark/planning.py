@@ -1,6 +1,7 @@
 """Recovery planning of an attached aggregation (`operators.spark.attach`), on the executors.
 
-On every start (the Spark checkpoint is never reused: each start is a fresh query) one small Spark job runs
+On a start that does not resume Spark's own checkpoint (`operators.spark.resume`: none, or one the logs
+do not agree with, or `resume_checkpoint=False`; such a start is a fresh query) one small Spark job runs
 one task per output partition of every generation (`operators.spark.generations`), `PartitionPlanTask`
 under `mapInArrow` (`operators.spark.plan_task`). Task (g, q):
 - reads its log back: `EventualCheckpointBuilder` -> EC windows and crash point t_c (the zero vector for
@@ -104,6 +105,14 @@ class AttachRecovery:
     partition_windows: list[tuple[int, tuple[int, ...] | None]] = field(default_factory=list, repr=False)
     # The fresh query's initialState (processor INIT_SCHEMA rows, cached on the executors); None: nothing.
     initial: DataFrame | None = field(default=None, repr=False)
+    # Which way this start went (`operators.spark.resume`): "from-logs" (this plan) or "resumed-checkpoint"
+    # (Spark's checkpoint of an earlier run, checked against the logs), and why.
+    path: str = "from-logs"
+    reason: str = ""
+    # A resumed checkpoint: the input position the logs reached (caught up once the query reads past it)
+    # and the last micro-batch Spark had committed; None on the log path.
+    caught_up_at: tuple[int, ...] | None = None
+    checkpoint_batch: int | None = None
     _cached: list[DataFrame] = field(default_factory=list, repr=False)
 
     def release(self) -> None:

@@ -22,9 +22,15 @@ underlying query, `query.query`) and adds CEC's figures:
     reported: `q_target`, `u_target` and `budget` (duty) in force, `gchecks` and `gcheck_seconds` made in
     this run, and `messages`: what it said once (a target it cannot meet and why, a budget above the
     usual cap); empty for G-open only. `checkpoint_controls(spark)` reads the full state (rates included);
-  - `recovery`: what this start recovered (`resumed`, `ec_build_s`: reading the logs back on the driver,
+  - `recovery`: which way this start went, `path`: "from-logs" (the eventual checkpoint read back from
+    the output logs, a fresh query) or "resumed-checkpoint" (Spark's checkpoint of an earlier run, found
+    to agree with the logs, `operators.spark.resume`), and `reason`: why; what this start recovered
+    (`resumed`, `ec_build_s`: reading the logs back on the driver (on a resumed checkpoint: the agreement
+    check),
     `ec_windows`, `ec_records_read`, `ec_load_rows`: windows and next-seq rows handed to the query as
-    its initial state, `replay_start`, `crash_point`, `replay_tuples`: input tuples between them, and
+    its initial state (none on a resumed checkpoint: Spark reloads its state store), `replay_start`
+    (a resumed checkpoint: its last committed micro-batch's end offsets), `crash_point` (a resumed
+    checkpoint: the input position the logs reached), `replay_tuples`: input tuples between them, and
     `replay_s`: from the query's start to the end of the first micro-batch that read past the crash point,
     None until then; the EC is loaded inside the first micro-batch, so `replay_s` includes EC load;
     `recovery_s` = `ec_build_s` + `replay_s`, the recovery time a recovery target is held to, with
@@ -238,10 +244,15 @@ class CecAggregateQuery:
 
     def _recovery_figures(self) -> dict[str, Any]:
         rec = self.recovery
-        crash = [max(c[j] for crash in rec.crash_points for c in crash) for j in range(len(rec.start))]
+        if rec.caught_up_at is not None:  # a resumed checkpoint: caught up where the logs end
+            crash = list(rec.caught_up_at)
+        else:
+            crash = [max(c[j] for crash in rec.crash_points for c in crash) for j in range(len(rec.start))]
         if self._replay_s is None:
             self._replay_s = self._find_replay_end(crash)
         return {
+            "path": rec.path,
+            "reason": rec.reason,
             "resumed": rec.resumed,
             "ec_build_s": rec.seconds,
             "ec_windows": rec.ec_windows,
@@ -249,7 +260,7 @@ class CecAggregateQuery:
             "ec_load_rows": rec.ec_windows + rec.closed_keys,
             "replay_start": list(rec.start),
             "crash_point": crash,
-            "replay_tuples": sum(c - s for s, c in zip(rec.start, crash, strict=True)),
+            "replay_tuples": sum(max(0, c - s) for s, c in zip(rec.start, crash, strict=True)),
             "replay_s": self._replay_s,
             **self._against_target(),
         }

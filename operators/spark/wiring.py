@@ -27,6 +27,7 @@ from operators.spark.processor import (
     partition_groups,
 )
 from operators.spark.results import register_all
+from operators.spark.resume import BatchMarker
 from operators.spark.sink import CecSink
 from operators.spark.topic_reader import RAW_OPTION, TopicOptions
 from operators.spark.transform import Transform, input_struct, transformed_input
@@ -107,9 +108,12 @@ def start_query(
     trigger: QueryTrigger,
     checkpoint: Path,
     input_types: dict[str, str] | None = None,
+    batch_markers: bool = False,
 ) -> StreamingQuery:
     """Wire the query (module doc) and start it. `input_types`, if given, receives the types of the columns
-    the aggregate reads where the input has them (a `transform`'s result), by name."""
+    the aggregate reads where the input has them (a `transform`'s result), by name. `batch_markers`: the
+    sink records each micro-batch's cursors in the checkpoint (`operators.spark.resume.BatchMarker`), so
+    that a later start can resume it."""
     from pyspark.sql import functions as F
 
     register_all(spark)
@@ -132,7 +136,8 @@ def start_query(
                 **{f"kafka.{name}": setting for name, setting in source.client.items()},
             }
         )
-        if recovery.resumed:  # a replay from T: below a log start now is the retention error, here
+        if recovery.resumed and recovery.caught_up_at is None:  # a replay from T (not a resumed checkpoint):
+            # below a log start now is the retention error, here
             check_retention(opts, recovery.start)
         start = list(recovery.start) if recovery.resumed else None
         if source.transform is None:
@@ -180,7 +185,10 @@ def start_query(
         timeMode="ProcessingTime" if gcheck is not None and gcheck.timers else "None",
         initialState=initial.groupBy(GROUP_COLUMN) if initial is not None else None,
     )
-    writer = transformed.writeStream.foreachBatch(sink).option("checkpointLocation", str(checkpoint))
+    batch_function = BatchMarker(sink, checkpoint) if batch_markers else sink
+    writer = transformed.writeStream.foreachBatch(batch_function).option(
+        "checkpointLocation", str(checkpoint)
+    )
     if trigger.query_name:
         writer = writer.queryName(trigger.query_name)
     if trigger.available_now:
