@@ -64,6 +64,21 @@ _FENCED_CODES = frozenset({KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUC
 _PURGED_CODES = frozenset({KafkaError._PURGE_QUEUE, KafkaError._PURGE_INFLIGHT})
 
 
+def settles_if_asked_again(exc: KafkaException) -> bool:
+    """Whether asking the broker again may answer: a leadership moving, a transient connection or timeout
+    error, a topic or partition the client has not learnt yet, or an error the client flags retriable.
+
+    Not `KafkaError.retriable()` alone: an admin call's per-partition answer (ListOffsets meeting
+    NOT_LEADER_FOR_PARTITION) comes without the flag (seen on Apache Kafka 4.3.1 on a loaded machine)."""
+    err = _kafka_error(exc)
+    if err is None:
+        return False
+    code = err.code()
+    return (
+        code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES or code in _UNKNOWN_CODES or err.retriable()
+    )
+
+
 def _lost_client_error(producer: Producer) -> KafkaException:
     """The error a producer call failed with when confluent-kafka lost it (it raised SystemError).
 

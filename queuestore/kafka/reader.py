@@ -32,11 +32,10 @@ from queuestore.exceptions import BrokerUnavailableError, QueueStoreError, Store
 from queuestore.kafka.ends import find_ends
 from queuestore.kafka.errors import (
     _BEYOND_END_CODES,
-    _LEADER_MOVING_CODES,
     _NO_ANSWER_CODES,
-    _TRANSIENT_CODES,
     _UNKNOWN_CODES,
     _error_code,
+    settles_if_asked_again,
 )
 from queuestore.kafka.framing import FRAME_KINDS, FRAME_MAGIC, _message_rows, _offset, _to_record, _to_row
 
@@ -324,7 +323,7 @@ class KafkaPartitionReader(PartitionReader):
                 code = _error_code(exc)
                 # Unknown partition too: the store saw the topic when it made this reader, so the reader's
                 # client has not learnt it yet (a topic just created; found by the chaos runs).
-                settling = code in _LEADER_MOVING_CODES or code in _TRANSIENT_CODES or code in _UNKNOWN_CODES
+                settling = settles_if_asked_again(exc)
                 if not settling or time.monotonic() >= deadline:
                     if code in _NO_ANSWER_CODES:
                         raise BrokerUnavailableError(

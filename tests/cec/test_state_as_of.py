@@ -217,7 +217,9 @@ def _caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
     """Whether a following run (its monitoring consumer group `group`) has been delivered every record of
     `topic`: it applies a delivered batch before it looks at a stop request, so a SIGTERM then stops it
     with all of them applied (operators.topic_source, "Lag")."""
-    from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+    from confluent_kafka import Consumer, KafkaException, TopicPartition
+
+    from queuestore.kafka.errors import settles_if_asked_again
 
     monitor = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
     try:
@@ -226,7 +228,7 @@ def _caught_up(bootstrap: str, group: str, topic: str, partitions: int) -> bool:
         ]
         committed = monitor.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
     except KafkaException as exc:
-        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].retriable():
+        if settles_if_asked_again(exc):
             return False  # e.g. NOT_COORDINATOR while the group's coordinator moves: says nothing yet
         raise
     finally:

@@ -28,11 +28,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, IsolationLevel, KafkaError, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    IsolationLevel,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
+from queuestore.kafka.errors import settles_if_asked_again
 from tests.faultproxy import FAULT_APIS, Chaos, Fault, FaultPlan, FaultProxy
 from tests.faultproxy.frames import api_name
+from tests.helpers import wait_for
 
 __all__ = [
     "ATTEMPT_DEADLINE_S",
@@ -150,10 +159,24 @@ def committed_ends(bootstrap: str, topics: Iterable[str]) -> tuple[int, ...]:
     }
     if not request:
         return ()
-    futures = admin.list_offsets(request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30)
-    return tuple(
-        futures[tp].result().offset for tp in sorted(request, key=lambda tp: (tp.topic, tp.partition))
-    )
+    answers: list[tuple[int, ...]] = []
+
+    def answered() -> bool:
+        # Asked again while a leadership settles (a topic the host just created): says nothing of progress.
+        futures = admin.list_offsets(
+            request, isolation_level=IsolationLevel.READ_COMMITTED, request_timeout=30
+        )
+        try:
+            ordered = sorted(request, key=lambda tp: (tp.topic, tp.partition))
+            answers.append(tuple(futures[tp].result().offset for tp in ordered))
+        except KafkaException as exc:
+            if settles_if_asked_again(exc):
+                return False
+            raise
+        return True
+
+    wait_for(answered, timeout=120, interval=0.1)
+    return answers[0]
 
 
 def read_topic_rows(bootstrap: str, topic: str) -> list[tuple[str, str]]:

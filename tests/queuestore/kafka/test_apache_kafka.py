@@ -28,6 +28,7 @@ from confluent_kafka import OFFSET_BEGINNING, KafkaError, KafkaException, TopicP
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, OffsetSpec
 
 from operators.job import aggregate_operator
+from queuestore.kafka.errors import settles_if_asked_again
 from tests.brokers import Broker
 from tests.cec.test_cli_topic import (
     PARTITIONS,
@@ -91,7 +92,7 @@ def _offsets(bootstrap: str, topic: str, spec: OffsetSpec) -> list[int]:
             answers.append([futures[tp].result().offset for tp in request])
             return True
         except KafkaException as exc:
-            if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].retriable():
+            if settles_if_asked_again(exc):
                 return False
             raise
 
