@@ -36,6 +36,10 @@ Responsibilities, one module each:
   key belongs to (Spark's own hash, also computed in Python by the sources);
 - `operators.spark.kafka_input`: which reader reads an ordinary topic, and Spark's Kafka source as one;
 - `operators.spark.generations`: output topic generations (restart with another partition count);
+- `operators.spark.attach_config`: the keywords' values checked together, before any work;
+- `operators.spark.output_logs`: the generation a start writes, its output partitions, the results topic;
+- `operators.spark.resume`: whether a start resumes Spark's checkpoint or recovers from the logs, and why;
+- `operators.spark.start_recovery`: the start's recovery (resumed or planned), checked against its settings;
 - `operators.spark.planning`: recovery planning on the executors (EC, crash points, replay start, the
   initial state as a DataFrame that never passes through the driver);
 - `operators.spark.processor`: the StatefulProcessor that runs the aggregate per output partition
@@ -49,15 +53,14 @@ Responsibilities, one module each:
 - `operators.spark.results`: `read_results` (typed columns), `read_dead_letters`;
 - `operators.spark.transform`: the user's `transform=` (decoded input, plan check, packing after it);
 - `operators.spark.config_errors`: a CecError raised across Py4J, back as its one line;
-- this module: the entry point `cec_aggregate` (validation, generations, recovery planning, the sink).
+- this module: the entry point `cec_aggregate`, which runs these steps in order and owns what each opens
+  (the store, the output partitions, the recovery, the sink) until the query handle takes them over.
 The replay and stamping rules come from `recovery.contract` (tuple_fate, ReplayContract, PositionStamper).
 """
 
 from __future__ import annotations
 
 import logging
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from time import time as wall_time  # `time` is also a parameter of cec_aggregate
@@ -66,48 +69,29 @@ from typing import TYPE_CHECKING, Any
 from cec.config import Checkpointing
 from cec.exceptions import ConfigError
 from cec.metrics import OperatorMetrics, serve
-from operators.aggregate import parse_lateness_ms
 from operators.engine.trimming import DEFAULT_TRIM_EVERY
-from operators.formats import FORMATS
-from operators.results_topic import ResultsTopicOutput
-from operators.spark.aggregate_form import aggregate_form, window_form
+from operators.spark.attach_config import WRITERS, attach_config
 from operators.spark.checkpointing import GCheckSpec, PlannedRecovery, uses_timers
 from operators.spark.config_errors import cec_errors
 from operators.spark.generations import Generation, generation_topic, list_generations
-from operators.spark.input_options import source_options as select_source_options
-from operators.spark.kafka_input import AUTO, choose_input_reader
+from operators.spark.kafka_input import AUTO
 from operators.spark.keywords import CEC_AGGREGATE_KEYWORDS, checked_keywords
-from operators.spark.planning import AttachRecovery, plan_recovery
-from operators.spark.processor import AggregateSpec, CecAggregateProcessor
+from operators.spark.output_logs import create_results_topic, open_outputs, written_generations
+from operators.spark.planning import AttachRecovery
+from operators.spark.processor import CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
-from operators.spark.results import (
-    RESULT_COLUMNS,
-    bind_result_schema,
-    bind_result_types,
-    read_results,
-    register_all,
-)
-from operators.spark.resume import (
-    RESUMED,
-    Decision,
-    decide,
-    manifest_of,
-    options_fingerprint,
-    query_fingerprint,
-)
-from operators.spark.session import check_session
+from operators.spark.results import RESULT_COLUMNS, bind_result_types, read_results, register_all
+from operators.spark.resume import options_fingerprint, query_fingerprint, run_checkpoint
 from operators.spark.sink import CecSink
-from operators.spark.transform import Transform, check_transform, fields_schema
-from operators.spark.trim import check_trimmed_indexes, trim_interval
-from operators.spark.wiring import QueryInput, QueryTrigger, check_input, start_query
+from operators.spark.start_recovery import start_recovery
+from operators.spark.transform import Transform
+from operators.spark.trim import check_trimmed_indexes
+from operators.spark.wiring import QueryTrigger, start_query
 from operators.spark.writer import ExecutorSink
-from queuestore.output import OutputQueue
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
     from pyspark.sql.types import StructType
-
-    from queuestore.kafka import KafkaQueueStore
 
 __all__ = [
     "RESULT_COLUMNS",
@@ -124,32 +108,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-WRITERS = ("executors", "driver")  # cec_aggregate(writers=...): who writes the output logs
-
-
-def _open_outputs(
-    store: KafkaQueueStore, gen: Generation, results: tuple[str, dict[str, Any]] | None = None
-) -> list[OutputQueue]:
-    """The current generation's output partitions (their writer locks); with `results` (results topic,
-    result schema), ones that publish each result there too, as `cec run --results-topic` does (the
-    driver's writers, `writers="driver"`)."""
-    outputs: list[OutputQueue] = []
-    try:
-        for q in range(gen.partitions):
-            if results is None:
-                outputs.append(OutputQueue(store, gen.topic, q))
-            else:
-                outputs.append(
-                    ResultsTopicOutput(
-                        store, gen.topic, q, results_topic=results[0], result_schema=results[1]
-                    )
-                )
-    except BaseException:
-        for out in outputs:
-            out.close()
-        raise
-    return outputs
 
 
 @checked_keywords("cec_aggregate", CEC_AGGREGATE_KEYWORDS)  # a wrong type is one line, before any work
@@ -287,82 +245,17 @@ def cec_aggregate(
     from queuestore.kafka import KafkaQueueStore
 
     started_wall = wall_time()  # a restart's fixed cost is measured from here (PlannedRecovery)
-    if checkpointing is None:
-        checkpointing = Checkpointing.default()  # bounded recovery unless told otherwise (cec.config)
-    elif isinstance(checkpointing, Mapping):
-        checkpointing = Checkpointing.from_dict(dict(checkpointing))
-    elif not isinstance(checkpointing, Checkpointing):
-        raise ConfigError(f"checkpointing must be a cec.Checkpointing, got {checkpointing!r}")
-    if writers not in WRITERS:
-        raise ConfigError(f"writers must be one of {', '.join(WRITERS)}, got {writers!r}")
-    if input_format not in FORMATS:
-        raise ConfigError(f"input_format must be one of {', '.join(FORMATS)}, got {input_format!r}")
-    if transform is not None:
-        check_transform(transform, input_format)
-    if results_topic is not None and (not isinstance(results_topic, str) or not results_topic):
-        raise ConfigError(f"results_topic must be a topic name, got {results_topic!r}")
-    if results_topic is not None and results_topic in (input_topic, output_topic):
-        raise ConfigError("results_topic must be a topic of its own, not the input or output topic")
-    windows = window_form(
-        window_count=window_count,
-        window_time=window_time,
-        slide=slide,
-        session_gap=session_gap,
-        time=time,
-        input_format=input_format,
-    )
-    form = aggregate_form(key, value, agg, several=windows.several)
-    if time is not None and time in (*form.key_fields, value):
-        raise ConfigError("key, value and time must be different columns")
-    lateness = None if allowed_lateness is None else parse_lateness_ms(allowed_lateness)
-    spec = AggregateSpec(
-        form.key_fields[0],
-        value,
-        form.agg,
-        window_count,
-        windows.window_ms,
-        time,
-        json_values=input_format != "cec",
-        allowed_lateness=lateness,
-        key_fields=form.several_keys,
-        aggs=form.aggs,
-        slide=windows.slide_ms,
-        session_gap=windows.session_gap_ms,
-    )
-    spec.build()  # validates the aggregate configuration here, not on an executor
-    if partitions is not None and partitions < 1:
-        raise ConfigError(f"partitions must be >= 1, got {partitions}")
-    if max_records_per_trigger is not None and max_records_per_trigger < 1:
-        raise ConfigError("max_records_per_trigger must be >= 1")
-    trim_every = trim_interval(trim_every)
-    # With transform=, a json or registry input's input_schema types its fields (Spark DDL): the data
-    # source's own options have no schema then.
-    typed_fields = transform is not None and input_format in ("json", "registry")
-    format_schema = None if typed_fields else input_schema
-    if format_schema is not None and not isinstance(format_schema, (str, Mapping, Sequence)):
-        raise ConfigError(
-            f"input_schema of a {input_format} input is not a {type(format_schema).__name__} (a Spark "
-            "schema types the fields of a json or registry input under transform=)"
-        )
-    source_options = select_source_options(
-        input_format,
-        format_schema,
-        schema_registry_url,
-        spec.key,
-        value,
-        time,
-        key_fields=(spec.key_fields or (spec.key,)) if spec.several else (),
-        value_fields=form.value_columns,
-        key_array=spec.key_array,
-    )
-    check_session(spark, embedded_store=False, what="cec_aggregate")
-    reader_kind = choose_input_reader(spark, input_reader, input_format, kafka_config)
-    source = QueryInput(
-        input_topic, bootstrap_servers, source_options, reader_kind, dict(kafka_config or {}),
-        Path(state_dir), max_records_per_trigger, transform, fields_schema(input_schema) if typed_fields else None,
+    config = attach_config(
+        spark, input_topic=input_topic, bootstrap_servers=bootstrap_servers, output_topic=output_topic,
+        key=key, value=value, state_dir=state_dir, agg=agg, window_count=window_count,
+        window_time=window_time, time=time, input_schema=input_schema, input_format=input_format,
+        schema_registry_url=schema_registry_url, partitions=partitions,
+        max_records_per_trigger=max_records_per_trigger, kafka_config=kafka_config,
+        checkpointing=checkpointing, writers=writers, allowed_lateness=allowed_lateness,
+        input_reader=input_reader, trim_every=trim_every, slide=slide, session_gap=session_gap,
+        transform=transform, results_topic=results_topic,
     )  # fmt: skip
-    if transform is None:
-        check_input(source, spec.key, value, time)
+    spec, windows = config.spec, config.windows
     metrics, served_port = None, None
     if metrics_port is not None:  # before any work: a port in use is one ConfigError
         served_port = serve(metrics_port)
@@ -374,52 +267,30 @@ def cec_aggregate(
         if not store.topic_exists(input_topic):
             raise ConfigError(f"input topic {input_topic!r} does not exist")
         input_partitions = store.partitions(input_topic)
-        generations = list_generations(store, output_topic)
-        wanted = partitions or (generations[-1].partitions if generations else input_partitions)
-        if lateness is not None and (
-            len(generations) > 1 or (generations and generations[-1].partitions != wanted)
-        ):
-            raise ConfigError(
-                "allowed_lateness cannot resume after a change of partitions (each state partition's "
-                "watermark is its own); restart with the latest partition count, or without allowed_lateness"
-            )
-        if not generations or generations[-1].partitions != wanted:
-            topic = generation_topic(output_topic, len(generations))
-            store.create_topic(topic, wanted)
-            generations.append(Generation(len(generations), topic, wanted))
+        generations = written_generations(
+            store, output_topic, partitions, input_partitions, watermarks=config.lateness is not None
+        )
         current = generations[-1]
         check_trimmed_indexes(store, current)
         results = None
         if results_topic is not None:
             results = (results_topic, spec.build().result_schema)
-            _create_results_topic(store, results_topic, current.partitions)
+            create_results_topic(store, results_topic, current.partitions)
         # Takes the partitions' writer locks before reading the logs.
-        outputs = _open_outputs(store, current, results)
+        outputs = open_outputs(store, current, results)
         try:
-            timers = uses_timers(checkpointing)
+            timers = uses_timers(config.checkpointing)
             fingerprint = query_fingerprint(
-                spec, input_format, options_fingerprint(source_options), reader_kind, time, results_topic,
-                None if transform is None else getattr(transform, "__qualname__", "transform"),
+                spec, input_format, options_fingerprint(config.source_options), config.reader_kind, time,
+                results_topic, None if transform is None else getattr(transform, "__qualname__", "transform"),
             )  # fmt: skip
-            decision = _decide(
-                resume_checkpoint, writers, Path(checkpoint_location), store, generations, outputs,
-                input_topic, input_partitions, fingerprint, timers,
+            decision, recovery = start_recovery(
+                spark, store, generations, outputs, location=Path(checkpoint_location),
+                resume_checkpoint=resume_checkpoint, writers=writers, input_topic=input_topic,
+                input_partitions=input_partitions, fingerprint=fingerprint, timers=timers, client=client,
+                watermarks=config.lateness is not None,
+                result_schema=spec.build().result_schema if spec.several else None,
             )  # fmt: skip
-            if decision.recovery is not None:
-                recovery = decision.recovery
-            else:
-                recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
-                recovery.reason = decision.reason
-            try:
-                if lateness is not None:
-                    _check_watermarks(recovery, input_partitions)
-                # Several aggregates' results have their own columns: recorded with the topic for
-                # read_results, and a log written with other columns is refused.
-                schema = spec.build().result_schema if spec.several else None
-                bind_result_schema(store, generations, schema, resumed=recovery.resumed)
-            except BaseException:
-                recovery.release()
-                raise
         except BaseException:
             for out in outputs:
                 out.close()
@@ -436,24 +307,24 @@ def cec_aggregate(
             bootstrap_servers=bootstrap_servers,
             client=client,
             metrics=metrics,
-            trim_every=trim_every,
+            trim_every=config.trim_every,
             results=results,
         )
     else:
-        sink = CecSink(outputs, recovery, has_time=time is not None, metrics=metrics, trim_every=trim_every)
+        sink = CecSink(
+            outputs, recovery, has_time=time is not None, metrics=metrics, trim_every=config.trim_every
+        )
     planned = PlannedRecovery(
         records_read=recovery.records_read,
         ec_windows=recovery.ec_windows,
         ec_build_seconds=recovery.seconds,
         started_wall=started_wall,
     )
-    gcheck = GCheckSpec.from_checkpointing(checkpointing, planned)
-    if decision.checkpoint is not None and recovery.path == RESUMED:
-        checkpoint = decision.checkpoint
-    else:
-        checkpoint = Path(checkpoint_location) / f"run-{_run_id()}"
-        if resume_checkpoint:  # what a later start checks this run's checkpoint against
-            manifest_of(recovery, input_topic, input_partitions, fingerprint, timers).write(checkpoint)
+    gcheck = GCheckSpec.from_checkpointing(config.checkpointing, planned)
+    checkpoint = run_checkpoint(
+        decision, recovery, Path(checkpoint_location), resume_checkpoint=resume_checkpoint,
+        input_topic=input_topic, input_partitions=input_partitions, fingerprint=fingerprint, timers=timers,
+    )  # fmt: skip
     input_types: dict[str, str] = {}
     try:
         with cec_errors():  # a CecError raised in a Python worker through Py4J: its one line
@@ -463,7 +334,7 @@ def cec_aggregate(
                 gcheck=gcheck,
                 recovery=recovery,
                 sink=sink,
-                source=source,
+                source=config.source,
                 trigger=QueryTrigger(available_now, processing_time, query_name),
                 checkpoint=checkpoint,
                 input_types=input_types,
@@ -497,77 +368,13 @@ def cec_aggregate(
         sink,
         store,
         recovery,
-        checkpointing,
+        config.checkpointing,
         stop_when_drained=available_now and gcheck is not None,
         metrics_port=served_port,
         checkpoint=checkpoint,
-        input_reader=reader_kind,
+        input_reader=config.reader_kind,
         bounded=available_now,
     )
-
-
-def _create_results_topic(store: KafkaQueueStore, topic: str, partitions: int) -> None:
-    """The results topic, with a partition per output partition (results of output partition q go to its
-    partition q), as `cec run --results-topic` makes it; one ConfigError for an existing one with another
-    partition count (a restart with another `partitions` needs a new results topic)."""
-    from queuestore.exceptions import TopicMismatchError
-
-    try:
-        store.create_topic(topic, partitions)
-    except TopicMismatchError as exc:
-        raise ConfigError(
-            f"results_topic {topic!r}: {exc}; results of output partition q go to its partition q (use a "
-            "results topic with the output's partition count, or a new one)"
-        ) from None
-
-
-def _decide(
-    resume: bool,
-    writers: str,
-    location: Path,
-    store: KafkaQueueStore,
-    generations: list[Generation],
-    outputs: Sequence[OutputQueue],
-    input_topic: str,
-    input_partitions: int,
-    fingerprint: str,
-    timers: bool,
-) -> Decision:
-    """Resume Spark's checkpoint or recover from the logs (`operators.spark.resume`), and why."""
-    if not resume:
-        return Decision("from-logs", "resume_checkpoint=False")
-    if writers != "executors":
-        return Decision(
-            "from-logs", f"writers={writers!r} (a rerun micro-batch would append its records again)"
-        )
-    return decide(
-        location,
-        store=store,
-        generations=generations,
-        outputs=outputs,
-        input_topic=input_topic,
-        input_partitions=input_partitions,
-        fingerprint=fingerprint,
-        timers=timers,
-    )
-
-
-def _check_watermarks(recovery: AttachRecovery, input_partitions: int) -> None:
-    """Watermarks resume from each log's crash record (`recovery.contract`, "watermarks"): a log written
-    without event-time marks over this input is refused, with one ConfigError."""
-    for q, end in enumerate(recovery.ends):
-        if not any(end.pos) or len(end.marks) == input_partitions:
-            continue  # an empty log, or one written with watermarks over this input
-        raise ConfigError(
-            f"{recovery.current.topic}[{q}]: the log's crash record carries event-time marks for "
-            f"{len(end.marks)} input partitions, the input has {input_partitions} (was it written with "
-            "another allowed_lateness setting?)"
-        )
-
-
-def _run_id() -> str:
-    """A sortable unique name for a run's Spark checkpoint directory."""
-    return f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def _register_active_session() -> None:

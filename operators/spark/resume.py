@@ -34,6 +34,12 @@ for every output partition q, with M_q the marker's next offset and E_q the log'
 Anything else recovers from the logs (a fresh checkpoint), as a start always did. Which is exact: the logs
 agree with the checkpoint at batch B (its state produced exactly the records below M_q), and a rerun of
 B+1 appends exactly what B+1 did not manage to append.
+
+`decide` is the one place that chooses between the two paths: before any checkpoint is read it also
+answers the starts that may not resume at all (`resume_checkpoint=False`; `writers="driver"`, whose sink
+appends a rerun batch's records again instead of comparing them with the log). `run_checkpoint` then
+names the directory the run's query uses: the resumed one, or a new `run-<ns>-<hex>` that
+`latest_checkpoint` finds at a later start.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ import logging
 import os
 import re
 import time
+import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +81,7 @@ __all__ = [
     "decide",
     "latest_checkpoint",
     "query_fingerprint",
+    "run_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -281,9 +289,20 @@ def decide(
     input_partitions: int,
     fingerprint: str,
     timers: bool,
+    resume_checkpoint: bool = True,
+    writers: str = "executors",
     clock: Callable[[], float] = time.perf_counter,
 ) -> Decision:
-    """Resume the latest checkpoint under `location`, or recover from the logs (module doc)."""
+    """Whether a start resumes the latest checkpoint under `location` or recovers from the logs, and why
+    (module doc): `resume_checkpoint` and `writers` are `cec_aggregate`'s. Only the executors' write tasks
+    find a rerun micro-batch's records already in the log and append the rest (`operators.spark.writer`,
+    step 3); the driver's sink would append them again, so `writers="driver"` never resumes."""
+    if not resume_checkpoint:
+        return Decision(FROM_LOGS, "resume_checkpoint=False")
+    if writers != "executors":
+        return Decision(
+            FROM_LOGS, f"writers={writers!r} (a rerun micro-batch would append its records again)"
+        )
     started = clock()
     checkpoint = latest_checkpoint(location)
     if checkpoint is None:
@@ -424,6 +443,32 @@ def _shuffle_partitions(metadata: Any) -> int | None:
     conf = metadata.get("conf") or {}
     value = conf.get("spark.sql.shuffle.partitions")
     return None if value is None else int(value)
+
+
+def run_checkpoint(
+    decision: Decision,
+    recovery: AttachRecovery,
+    location: Path,
+    *,
+    resume_checkpoint: bool,
+    input_topic: str,
+    input_partitions: int,
+    fingerprint: str,
+    timers: bool,
+) -> Path:
+    """The Spark checkpoint directory of this run: the resumed one, or a new run directory under `location`
+    (with `resume_checkpoint`, holding the manifest a later start checks it against)."""
+    if decision.checkpoint is not None and recovery.path == RESUMED:
+        return decision.checkpoint
+    checkpoint = location / f"run-{_run_id()}"
+    if resume_checkpoint:
+        manifest_of(recovery, input_topic, input_partitions, fingerprint, timers).write(checkpoint)
+    return checkpoint
+
+
+def _run_id() -> str:
+    """A sortable unique name for a run's Spark checkpoint directory (what `_RUN_DIR` matches)."""
+    return f"{time.time_ns()}-{uuid.uuid4().hex[:8]}"
 
 
 def manifest_of(

@@ -10,8 +10,10 @@ import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -22,9 +24,11 @@ from operators.spark.resume import (
     FROM_LOGS,
     RESUMED,
     BatchMarker,
+    Decision,
     RunManifest,
     decide,
     latest_checkpoint,
+    run_checkpoint,
 )
 from queuestore.base import StoredRecord
 
@@ -115,7 +119,7 @@ def _whole_checkpoint(root: Path) -> Path:
     return run
 
 
-def _decide(root: Path, logs: list[_EmptyLog] | None = None) -> Any:
+def _decide(root: Path, logs: list[_EmptyLog] | None = None, **start: Any) -> Any:
     return decide(
         root,
         store=_Store(logs),  # type: ignore[arg-type]
@@ -125,6 +129,7 @@ def _decide(root: Path, logs: list[_EmptyLog] | None = None) -> Any:
         input_partitions=INPUTS,
         fingerprint="f",
         timers=False,
+        **start,
     )
 
 
@@ -136,6 +141,53 @@ def test_a_whole_checkpoint_that_agrees_is_resumed(tmp_path: Path) -> None:
     rec = decision.recovery
     assert rec.start == (5, 6, 7) and rec.checkpoint_batch == 0
     assert [e.results for e in rec.ends] == [(b"\x00r",)] * PARTITIONS  # the processor's, from the manifest
+
+
+@pytest.mark.parametrize(
+    ("start", "reason"),
+    [
+        ({"resume_checkpoint": False}, "resume_checkpoint=False"),
+        ({"resume_checkpoint": False, "writers": "driver"}, "resume_checkpoint=False"),
+        ({"writers": "driver"}, "writers='driver' (a rerun micro-batch would append its records again)"),
+    ],
+)
+def test_a_start_that_may_not_resume_recovers_from_the_logs_whatever_the_checkpoint(
+    tmp_path: Path, start: dict[str, Any], reason: str
+) -> None:
+    """The one decision (`decide`) also answers the starts that never resume: not asked, or a driver sink
+    (which would append a rerun batch's records again), even beside a whole, agreeing checkpoint."""
+    _whole_checkpoint(tmp_path)
+    decision = _decide(tmp_path, **start)
+    assert (decision.path, decision.reason) == (FROM_LOGS, reason)
+    assert decision.checkpoint is None and decision.recovery is None
+    assert _decide(tmp_path, resume_checkpoint=True, writers="executors").path == RESUMED
+
+
+def test_a_run_from_the_logs_gets_a_new_checkpoint_that_the_next_start_finds(tmp_path: Path) -> None:
+    """`run_checkpoint`: a resumed run keeps its checkpoint; a run from the logs gets a new run directory,
+    the one `latest_checkpoint` picks at the next start, with its manifest when it may be resumed."""
+    _whole_checkpoint(tmp_path / "a")
+    resumed = _decide(tmp_path / "a")
+    assert resumed.path == RESUMED
+    same = run_checkpoint(
+        resumed, resumed.recovery, tmp_path / "a", resume_checkpoint=True, input_topic="in",
+        input_partitions=INPUTS, fingerprint="f", timers=False,
+    )  # fmt: skip
+    assert same == resumed.checkpoint
+    m = _manifest()
+    recovery: Any = SimpleNamespace(
+        generations=m.generations, crash_points=m.crash_points, start=m.start, ends=m.ends, path=FROM_LOGS
+    )
+    for root, resume in ((tmp_path / "b", True), (tmp_path / "c", False)):
+        new = run_checkpoint(
+            Decision(FROM_LOGS, "no earlier checkpoint"), recovery, root, resume_checkpoint=resume,
+            input_topic="in", input_partitions=INPUTS, fingerprint="f", timers=False,
+        )  # fmt: skip
+        assert new.parent == root
+        if resume:
+            assert latest_checkpoint(root) == new and RunManifest.read(new) == m
+        else:
+            assert not new.exists()
 
 
 @given(
