@@ -60,14 +60,15 @@ The EC rule in `recovery/` is unchanged: parts are windows to it, and it reads p
 window identity. The pane design of the notes (B) closes a pane with a partial record kept in the EC until
 the windows using it are done, which needs a new record kind and EC rule; grouping panes per period keeps
 them in open parts instead, at the cost of a window's result reading the part of the period before.
+
+A part's state (its panes, their combination into a window's state, its bytes) is `operators.hopping_state`;
+this module decides which panes a tuple and a window touch, and when windows close.
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from cec.exceptions import BadTupleError
@@ -75,105 +76,20 @@ from cec.registry import OpenWindow, WindowRegistry
 from operators import exact_sum
 from operators.aggregate import canonical_key
 from operators.base import InputTuple, OperatorContext
+from operators.hopping_state import ONE_PANE as ONE_PANE  # this module's names before the split
+from operators.hopping_state import VERSION as VERSION
+from operators.hopping_state import (
+    PaneRun,
+    combine_panes,
+    decode_panes,
+    encode_panes,
+    merge_column,
+)
 from operators.multi_aggregate import MultiAggregate
-from operators.multi_state import VERSION as STATE_VERSION
-from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
+from operators.multi_state import ColumnState, MultiState, empty_column
 from operators.windows import HoppingTimeWindows, hopping_windows
 
 __all__ = ["HoppingAggregate", "PaneRun", "decode_panes", "encode_panes"]
-
-VERSION = 0x03  # multi_state's is 0x02: a pane run's bytes are never read as one window's
-ONE_PANE = 0x04  # a run of one pane (every G-open): its `multi_state` bytes after this tag, nothing else
-
-
-@dataclass(slots=True)
-class PaneRun:
-    """The state of one part (key, period): its non-empty panes by start, each a `MultiState` whose
-    `start` is the pane's start and `last` the latest time of its tuples."""
-
-    panes: list[MultiState]
-
-    @property
-    def latest(self) -> int:
-        """The latest time of the part's tuples."""
-        panes = self.panes
-        latest = panes[0].last
-        for pane in panes:  # a loop, not max() over a generator: asked once or twice per tuple
-            if pane.last > latest:
-                latest = pane.last
-        return latest
-
-
-def _varint(out: bytearray, n: int) -> None:
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
-
-
-def encode_panes(run: PaneRun) -> bytes:
-    """Version, pane count, then per pane the length and bytes of its `multi_state` encoding; one pane (a
-    G-open's state) as `ONE_PANE` and that pane's `multi_state` bytes without their version byte."""
-    if len(run.panes) == 1:
-        return bytes((ONE_PANE,)) + encode_state(run.panes[0])[1:]
-    out = bytearray((VERSION,))
-    _varint(out, len(run.panes))
-    for pane in run.panes:
-        data = encode_state(pane)
-        _varint(out, len(data))
-        out += data
-    return bytes(out)
-
-
-def decode_panes(data: bytes, columns: int) -> PaneRun:
-    """`encode_panes`'s inverse; ValueError for bytes that are not such a state (never another exception)."""
-    if data[:1] == bytes((ONE_PANE,)):
-        return PaneRun([decode_state(bytes((STATE_VERSION,)) + data[1:], columns)])
-    if data[:1] != bytes((VERSION,)):
-        raise ValueError("pane run: unknown version")
-    at = 1
-
-    def varint() -> int:
-        nonlocal at
-        n, shift = 0, 0
-        while True:
-            if at >= len(data) or shift > 70:
-                raise ValueError("pane run: truncated or overlong varint")
-            b = data[at]
-            at += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return n
-
-    count = varint()
-    if count < 1:
-        raise ValueError("pane run: no pane")
-    panes: list[MultiState] = []
-    for _ in range(count):
-        size = varint()
-        if at + size > len(data):
-            raise ValueError("pane run: truncated")
-        pane = decode_state(data[at : at + size], columns)
-        at += size
-        if panes and pane.start <= panes[-1].start:
-            raise ValueError("pane run: panes out of order")
-        panes.append(pane)
-    if at != len(data):
-        raise ValueError("pane run: trailing bytes")
-    return PaneRun(panes)
-
-
-def _merge_column(into: ColumnState, col: ColumnState) -> None:
-    if col.n == 0:
-        return
-    into.n += col.n
-    into.total += col.total
-    for x in (col.lo, col.hi):  # ColumnState.add's order of -0.0 and 0.0
-        if x < into.lo or (x == into.lo and math.copysign(1.0, x) < math.copysign(1.0, into.lo)):
-            into.lo = x
-        if x > into.hi or (x == into.hi and math.copysign(1.0, x) > math.copysign(1.0, into.hi)):
-            into.hi = x
 
 
 class HoppingAggregate(MultiAggregate):
@@ -282,32 +198,7 @@ class HoppingAggregate(MultiAggregate):
     def _window(self, runs: Sequence[PaneRun], start: int) -> MultiState | None:
         """The window [start, start + size) of a key combined from its parts' panes; None if it holds none."""
         end = start + self.hopping.size_ms
-        return self._combine([pane for run in runs for pane in run.panes if start <= pane.start < end], start)
-
-    @staticmethod
-    def _combine(inside: Sequence[MultiState], start: int) -> MultiState | None:
-        """The window starting at `start` that holds the panes `inside`; None if there are none."""
-        if not inside:
-            return None
-        first = inside[0]
-        if len(inside) == 1:
-            # One pane (most windows of a sparse key): the window is that pane's values from `start`; its
-            # columns are shared, not copied (a result only reads them).
-            return MultiState(first.count, start, first.last, first.columns)
-        # The first pane's columns copied (what merging them into empty columns gives), the others merged.
-        combined = MultiState(
-            first.count,
-            start,
-            first.last,
-            [ColumnState(c.n, c.total, c.lo, c.hi) if c.n else empty_column() for c in first.columns],
-        )
-        for pane in inside[1:]:
-            combined.count += pane.count
-            if pane.last > combined.last:
-                combined.last = pane.last
-            for into, col in zip(combined.columns, pane.columns, strict=True):
-                _merge_column(into, col)
-        return combined
+        return combine_panes([pane for run in runs for pane in run.panes if start <= pane.start < end], start)
 
     def _key_values(self, key_json: str, parts: Sequence[str] | None = None) -> dict[str, Any]:
         """A result's key columns: `key`, or one per key field (`parts`: the fields, when the caller has
@@ -473,7 +364,7 @@ class HoppingAggregate(MultiAggregate):
                 owner = inside[0][0]
                 if key_values is None:
                     key_values = self._key_values(key_json, key_parts)
-                combined = self._combine([pane for _, pane in inside], start)
+                combined = combine_panes([pane for _, pane in inside], start)
                 assert combined is not None
                 result = self._window_result(key_json, combined, key_values)
                 window = runs[owner]
@@ -550,7 +441,7 @@ class HoppingAggregate(MultiAggregate):
         for pane in state.panes:
             combined.count += pane.count
             for into, col in zip(combined.columns, pane.columns, strict=True):
-                _merge_column(into, col)
+                merge_column(into, col)
         return {"panes": len(state.panes), **super().state_fields(combined)}
 
     def encode_state(self, state: PaneRun) -> bytes:  # type: ignore[override]
