@@ -22,8 +22,8 @@ shuffle hash of its key, so task q holds exactly the rows of output partition q)
 4. appends, commits (one transaction, or several when the writer's outstanding bound is reached: any
    committed prefix is a valid log), and returns one summary row: the new cursor (pos, N, time, next
    offset) and counts per kind, besides the state partition's control rows (its checkpoint controls and
-   extent figures: open windows, lowest footprint pos). No record, state, payload or per-key row reaches
-   the driver.
+   extent figures: open windows, lowest footprint pos; `operators.spark.write_summary`). No record, state,
+   payload or per-key row reaches the driver.
 
 Reuse (`session`, `operators.spark.live_writers`): PySpark reuses its Python workers across tasks
 (`spark.python.worker.reuse`, on by default), so a task keeps its partition's writer open in the worker after
@@ -70,6 +70,16 @@ from operators.spark.processor import EMIT_COLUMNS
 from operators.spark.sink import CecSink, _Cursor, split_controls, stamped
 from operators.spark.stamping import log_order
 from operators.spark.trim import PartitionTrim, TaskTrim, directory_starts, footprint_report
+from operators.spark.write_summary import (
+    SUMMARY_KINDS,
+    PartitionCursor,
+    PartitionWrite,
+    arrow_summary_schema,
+    control_rows,
+    read_summary,
+    summary_rows,
+    summary_schema,
+)
 from queuestore.base import RecordMeta, StoredRecord
 from queuestore.chunks import split
 from queuestore.exceptions import QueueStoreError, StoreClosedError
@@ -79,7 +89,6 @@ from recovery.contract import PositionStamper
 if TYPE_CHECKING:
     import pyarrow as pa
     from pyspark.sql import DataFrame
-    from pyspark.sql.types import StructType
 
     from cec.metrics import OperatorMetrics
     from queuestore.kafka import KafkaPartitionWriter, KafkaQueueStore
@@ -94,60 +103,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-
-_KINDS = (Kind.R.value, Kind.GOPEN.value, Kind.GCHECK.value, Kind.DEAD.value)
-
-
-@dataclass(frozen=True)
-class PartitionCursor:
-    """Where one output log stands after the last completed micro-batch: the stamping state the next
-    batch continues from, and the offset its records start at (the log end, transaction markers included)."""
-
-    pos: tuple[int, ...]
-    n: int
-    time: int
-    next_offset: int
-
-
-@dataclass
-class PartitionWrite:
-    """What one task did to its partition (the driver's whole view of the batch)."""
-
-    q: int
-    cursor: PartitionCursor
-    found: int  # messages of this batch already in the log (an earlier attempt's)
-    written: int  # messages this attempt appended
-    kinds: Counter[str]
-    reused: bool = False  # appended through this worker's kept writer (no init_transactions, no read)
-    dead_reason: str | None = None  # the first dead letter's reason (`operators.spark.dead_letters`)
-    trim: PartitionTrim | None = None  # where the partition's trimming stands after this task
-    trimmed: int = 0  # offsets this task trimmed from the head of the log
-
-
-def _result_schema() -> StructType:
-    from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
-
-    longs = ArrayType(LongType(), False)
-    return StructType(
-        [
-            StructField("q", LongType(), False),
-            # "end": the partition's summary; "ctrl": a control row of its state partition (JSON in key)
-            StructField("entry", StringType(), False),
-            StructField("pos", longs, True),  # end: the cursor's pos
-            StructField("n", LongType(), True),
-            StructField("time", LongType(), True),
-            StructField("next_offset", LongType(), True),
-            StructField("found", LongType(), True),
-            StructField("written", LongType(), True),
-            StructField("reused", LongType(), True),  # 1: through the worker's kept writer
-            StructField("kinds", ArrayType(LongType(), False), True),  # counts in _KINDS order
-            StructField("key", StringType(), True),
-            StructField("dead_reason", StringType(), True),  # end: the first dead letter's reason
-            StructField("trim_looked", LongType(), True),  # end, trimming: `PartitionTrim`
-            StructField("trim_covered", LongType(), True),
-            StructField("trimmed", LongType(), True),  # end: offsets the task trimmed
-        ]
-    )
 
 
 def _append_all(
@@ -360,11 +315,9 @@ class BatchWriter:
             raise RuntimeError(f"a write task got rows of output partitions {sorted(qs)}, expected one")
         q = qs.pop()
         rows, reports = split_controls(rows)
-        controls: list[dict[str, Any]] = [
-            {"q": q, "entry": "ctrl", "key": r.decode(), "dead_reason": None} for r in reports
-        ]
+        controls = control_rows(q, reports)
         if not rows:  # a timer that made no G-check reported its controls: nothing to write
-            yield pa.RecordBatch.from_pylist(controls, schema=_arrow_schema())
+            yield pa.RecordBatch.from_pylist(controls, schema=arrow_summary_schema())
             return
         attempt = self._attempt()
         trim = None
@@ -383,54 +336,7 @@ class BatchWriter:
             results=self.results,
             trim=trim,
         )
-        c = done.cursor
-        t = done.trim
-        out: list[dict[str, Any]] = [
-            {
-                "q": q,
-                "entry": "end",
-                "pos": list(c.pos),
-                "n": c.n,
-                "time": c.time,
-                "next_offset": c.next_offset,
-                "found": done.found,
-                "written": done.written,
-                "reused": int(done.reused),
-                "kinds": [done.kinds[k] for k in _KINDS],
-                "key": None,
-                "dead_reason": done.dead_reason,
-                "trim_looked": None if t is None else t.looked,
-                "trim_covered": None if t is None else t.covered,
-                "trimmed": done.trimmed,
-            }
-        ]
-        out.extend(controls)
-        yield pa.RecordBatch.from_pylist(out, schema=_arrow_schema())
-
-
-def _arrow_schema() -> pa.Schema:
-    import pyarrow as pa
-
-    longs = pa.list_(pa.field("element", pa.int64(), nullable=False))
-    return pa.schema(
-        [
-            pa.field("q", pa.int64(), nullable=False),
-            pa.field("entry", pa.string(), nullable=False),
-            pa.field("pos", longs),
-            pa.field("n", pa.int64()),
-            pa.field("time", pa.int64()),
-            pa.field("next_offset", pa.int64()),
-            pa.field("found", pa.int64()),
-            pa.field("written", pa.int64()),
-            pa.field("reused", pa.int64()),
-            pa.field("kinds", longs),
-            pa.field("key", pa.string()),
-            pa.field("dead_reason", pa.string()),
-            pa.field("trim_looked", pa.int64()),
-            pa.field("trim_covered", pa.int64()),
-            pa.field("trimmed", pa.int64()),
-        ]
-    )
+        yield pa.RecordBatch.from_pylist(summary_rows(done, controls), schema=arrow_summary_schema())
 
 
 class ExecutorSink(CecSink):
@@ -499,30 +405,31 @@ class ExecutorSink(CecSink):
             results=self.results,
             trim=None if self.trim_every is None else (self.trim_every, self.trim_states),
         )
-        table = batch_df.mapInArrow(writer, _result_schema()).toArrow()
+        table = batch_df.mapInArrow(writer, summary_schema()).toArrow()
         rows = table.to_pylist()
         with self.lock:
             before = Counter(self.kinds)
             for row in rows:
                 if row["entry"] != "end":
                     continue
-                q = row["q"]
-                self.cursors[q] = _Cursor(PositionStamper(row["pos"]), row["n"], row["time"])
-                self.next_offsets[q] = row["next_offset"]
-                self.found += row["found"]
-                self.reused += row["reused"]
+                done = read_summary(row)
+                q, cursor = done.q, done.cursor
+                self.cursors[q] = _Cursor(PositionStamper(cursor.pos), cursor.n, cursor.time)
+                self.next_offsets[q] = cursor.next_offset
+                self.found += done.found
+                self.reused += int(done.reused)
                 self.write_tasks += 1
                 if self._batch_reason is None:
-                    self._batch_reason = row["dead_reason"]
-                for kind, count in zip(_KINDS, row["kinds"], strict=True):
-                    self.kinds[kind] += count
-                    self.records += count
-                if row["trim_looked"] is not None:
-                    self.trim_states[q] = PartitionTrim(row["trim_looked"], row["trim_covered"])
-                if row["trimmed"]:
-                    self.trimmed_total += row["trimmed"]
+                    self._batch_reason = done.dead_reason
+                for kind in SUMMARY_KINDS:
+                    self.kinds[kind] += done.kinds[kind]
+                    self.records += done.kinds[kind]
+                if done.trim is not None:
+                    self.trim_states[q] = done.trim
+                if done.trimmed:
+                    self.trimmed_total += done.trimmed
                     if self.metrics is not None:
-                        self.metrics.trimmed(row["trimmed"])
+                        self.metrics.trimmed(done.trimmed)
             self._take_reports([row["key"] for row in rows if row["entry"] == "ctrl"])
             self.summary_rows += len(rows)
             self._batch_done(batch_id, before)
