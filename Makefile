@@ -61,10 +61,13 @@ kstreams-peer:
 demo: $(STAMP)
 	$(VENV)/bin/cec demo
 
+# Two workers, each given whole files (module fixtures built once), in the order tests/conftest.py sets:
+# the longest files first (LONGEST_FILES), not pytest-xdist's default order by number of tests, which left
+# the long Spark crash files, a few tests each, for the end of the run.
 test: $(STAMP) kafka-jars spark-kafka-jars
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
