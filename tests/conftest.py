@@ -35,6 +35,14 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BACKENDS = ["sqlite", "kafka"]
 
+# The Spark driver JVMs of the tests (this process's session and every driver subprocess's, which inherit
+# the environment: spark-submit reads SPARK_SUBMIT_OPTS) run small queries, the subprocesses only a few
+# micro-batches each: with the C1 JIT only and the serial collector, a session's start and first query
+# take about 55% of the CPU seconds of the JVM's defaults and a crash test module about 70% (C2's compiles
+# and the parallel collector's threads do not pay back at this size; benchmarks/RESULTS.md, "CI time"),
+# on the 2 cores CI has. Spark computes the same either way; a SPARK_SUBMIT_OPTS already set is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+
 # The files that take longest in CI, longest first (pytest_collection_modifyitems below).
 LONGEST_FILES = (
     "tests/operators/spark/test_attach_windows.py",
