@@ -23,6 +23,7 @@ from queuestore.base import QueueStore
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker, KafkaUnavailable, start_apache_kafka, start_broker
 from tests.faultproxy import FaultProxy
+from tests.spark_cds import driver_jvm_options
 
 __all__ = ["BACKENDS", "StoreBackend"]
 
@@ -36,12 +37,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 BACKENDS = ["sqlite", "kafka"]
 
 # The Spark driver JVMs of the tests (this process's session and every driver subprocess's, which inherit
-# the environment: spark-submit reads SPARK_SUBMIT_OPTS) run small queries, the subprocesses only a few
-# micro-batches each: with the C1 JIT only and the serial collector, a session's start and first query
-# take about 55% of the CPU seconds of the JVM's defaults and a crash test module about 70% (C2's compiles
-# and the parallel collector's threads do not pay back at this size; benchmarks/RESULTS.md, "CI time"),
-# on the 2 cores CI has. Spark computes the same either way; a SPARK_SUBMIT_OPTS already set is kept.
-os.environ.setdefault("SPARK_SUBMIT_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
+# the environment: spark-submit reads SPARK_SUBMIT_OPTS) start with the options of tests/spark_cds.py
+# (C1 only, the serial collector, the class-data-sharing archive of `make spark-cds`), which take a driver's
+# start to about a third of the CPU seconds of the JVM's defaults; a SPARK_SUBMIT_OPTS already set is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", driver_jvm_options())
 
 # The files that take longest in CI, longest first (pytest_collection_modifyitems below).
 LONGEST_FILES = (
