@@ -19,7 +19,7 @@ SPARK_VERSION := $(shell sed -n 's:.*<spark.version>\(.*\)</spark.version>.*:\1:
 SPARK_KAFKA_LIBS := .cache/spark-kafka/$(SPARK_VERSION)/libs
 SPARK_KAFKA_STAMP := $(SPARK_KAFKA_LIBS)/.complete
 
-.PHONY: setup demo test lint bench clean kafka-jars spark-kafka-jars kstreams-peer
+.PHONY: setup demo test lint bench clean kafka-jars spark-kafka-jars spark-cds kstreams-peer
 
 $(STAMP): pyproject.toml setup.py cec/_native.c
 	$(PYTHON) -m venv $(VENV)
@@ -53,6 +53,16 @@ $(SPARK_KAFKA_STAMP): tools/spark-kafka/pom.xml
 
 spark-kafka-jars: $(SPARK_KAFKA_STAMP)
 
+# The class-data-sharing archive the tests' Spark drivers map (tests/spark_cds.py): dumped by one small
+# driver run, again whenever the venv or the connector's jars change (the JVM refuses a stale archive and
+# runs without it). Without it the tests run the same, their drivers only start slower.
+SPARK_CDS := .cache/spark-cds/spark.jsa
+
+$(SPARK_CDS): $(STAMP) tests/spark_cds.py $(wildcard $(SPARK_KAFKA_STAMP)) | spark-kafka-jars
+	$(VENV)/bin/python -m tests.spark_cds $@
+
+spark-cds: $(SPARK_CDS)
+
 # The Kafka Streams peer of benchmarks/bench_kafka_streams.py (JDK 17 + Maven; its jars from Maven Central):
 # benchmarks/peers/kafka-streams/target/kstreams-peer.jar and target/lib/.
 kstreams-peer:
@@ -61,10 +71,13 @@ kstreams-peer:
 demo: $(STAMP)
 	$(VENV)/bin/cec demo
 
-test: $(STAMP) kafka-jars spark-kafka-jars
+# Two workers, each given whole files (module fixtures built once), in the order tests/conftest.py sets:
+# the longest files first (LONGEST_FILES), not pytest-xdist's default order by number of tests, which left
+# the long Spark crash files, a few tests each, for the end of the run.
+test: $(STAMP) kafka-jars spark-kafka-jars spark-cds
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
-	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile
+	$(VENV)/bin/python -m pytest -q -p no:cacheprovider --durations=20 -n 2 --dist loadfile --no-loadscope-reorder
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

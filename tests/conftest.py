@@ -23,6 +23,7 @@ from queuestore.base import QueueStore
 from queuestore.sqlite import SqliteQueueStore
 from tests.brokers import Broker, KafkaUnavailable, start_apache_kafka, start_broker
 from tests.faultproxy import FaultProxy
+from tests.spark_cds import driver_jvm_options
 
 __all__ = ["BACKENDS", "StoreBackend"]
 
@@ -34,6 +35,39 @@ settings.register_profile("dev", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 BACKENDS = ["sqlite", "kafka"]
+
+# The Spark driver JVMs of the tests (this process's session and every driver subprocess's, which inherit
+# the environment: spark-submit reads SPARK_SUBMIT_OPTS) start with the options of tests/spark_cds.py
+# (C1 only, the serial collector, the class-data-sharing archive of `make spark-cds`), which take a driver's
+# start to about a third of the CPU seconds of the JVM's defaults; a SPARK_SUBMIT_OPTS already set is kept.
+os.environ.setdefault("SPARK_SUBMIT_OPTS", driver_jvm_options())
+
+# The files that take longest in CI, longest first (pytest_collection_modifyitems below): from the CI run's
+# junit times at 38328fb (per file), the Spark files' scaled by the drivers' JVM options (tests/spark_cds.py).
+LONGEST_FILES = (
+    "tests/operators/spark/test_attach_windows.py",
+    "tests/operators/spark/test_attach.py",
+    "tests/cec/test_cli_trim.py",
+    "tests/cec/test_cli_topic.py",
+    "tests/operators/spark/test_attach_resume_refused.py",
+    "tests/recovery/test_recovery_rules.py",
+    "tests/operators/spark/test_attach_transform.py",
+    "tests/operators/spark/test_attach_several.py",
+    "tests/operators/spark/test_attach_trim_executors.py",
+    "tests/operators/spark/test_attach_resume.py",
+    "tests/chaos/test_chaos.py",
+    "tests/operators/spark/test_attach_results.py",
+    "tests/operators/spark/test_attach_topic.py",
+    "tests/cec/test_cli.py",
+    "tests/operators/spark/test_attach_trim.py",
+    "tests/operators/spark/test_attach_spark_kafka.py",
+    "tests/operators/spark/test_cluster.py",
+    "tests/recovery/test_contract.py",
+    "tests/queuestore/kafka/test_kafka_store.py",
+    "tests/operators/spark/test_attach_watermarks.py",
+    "tests/operators/spark/test_attach_rto.py",
+    "tests/operators/spark/test_host.py",
+)
 
 
 @pytest.fixture
@@ -73,6 +107,21 @@ def _kafka_transactions(request: pytest.FixtureRequest) -> None:
         return
     if request.getfixturevalue("kafka_broker").kind == "tansu":
         pytest.skip("Tansu 0.6 shows aborted transactions' records to read_committed readers, deletes none")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Run the files of LONGEST_FILES first, in its order, then the rest in collection order (a stable
+    sort: each file's tests keep their order and stay together, so module fixtures are built once).
+
+    CI runs `-n 2 --dist loadfile --no-loadscope-reorder` (Makefile): pytest-xdist hands whole files to
+    its workers in this order, so the long Spark crash files start first and the short files fill in
+    around them (longest first). xdist's own order (by number of tests) put those files, a few long
+    tests each, last: the run ended with one worker in a long file while the other had nothing left."""
+    rank = {path: i for i, path in enumerate(LONGEST_FILES)}
+    missing = [path for path in LONGEST_FILES if not (config.rootpath / path).is_file()]
+    if missing:
+        raise pytest.UsageError(f"tests/conftest.py LONGEST_FILES names no such file: {missing}")
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(rank)))
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,8 @@
 batch markers, Spark's offsets and commits. Whatever bytes they hold (damage, truncation, another
 program's files), a start decides: it resumes only a checkpoint whose files are whole and agree, and
 otherwise recovers from the logs with the reason, never raising. The output logs here are an empty
-partition's (the agreement with real logs is tests/operators/spark/test_attach_resume.py's)."""
+partition's (the agreement with real logs is tests/operators/spark/test_attach_resume.py's and
+test_attach_resume_refused.py's)."""
 
 from __future__ import annotations
 
