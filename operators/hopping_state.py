@@ -13,7 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from operators.multi_state import VERSION as STATE_VERSION
-from operators.multi_state import ColumnState, MultiState, decode_state, empty_column, encode_state
+from operators.multi_state import (
+    ColumnState,
+    MultiState,
+    StateReader,
+    decode_state,
+    empty_column,
+    encode_state,
+)
 
 __all__ = [
     "ONE_PANE",
@@ -74,35 +81,17 @@ def decode_panes(data: bytes, columns: int) -> PaneRun:
         return PaneRun([decode_state(bytes((STATE_VERSION,)) + data[1:], columns)])
     if data[:1] != bytes((VERSION,)):
         raise ValueError("pane run: unknown version")
-    at = 1
-
-    def varint() -> int:
-        nonlocal at
-        n, shift = 0, 0
-        while True:
-            if at >= len(data) or shift > 70:
-                raise ValueError("pane run: truncated or overlong varint")
-            b = data[at]
-            at += 1
-            n |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                return n
-
-    count = varint()
+    reader = StateReader(data, "pane run")
+    count = reader.varint()
     if count < 1:
         raise ValueError("pane run: no pane")
     panes: list[MultiState] = []
     for _ in range(count):
-        size = varint()
-        if at + size > len(data):
-            raise ValueError("pane run: truncated")
-        pane = decode_state(data[at : at + size], columns)
-        at += size
+        pane = decode_state(reader.take(reader.varint()), columns)
         if panes and pane.start <= panes[-1].start:
             raise ValueError("pane run: panes out of order")
         panes.append(pane)
-    if at != len(data):
+    if reader.at != len(data):
         raise ValueError("pane run: trailing bytes")
     return PaneRun(panes)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from operators import exact_sum
 
-__all__ = ["ColumnState", "MultiState", "decode_state", "empty_column", "encode_state"]
+__all__ = ["ColumnState", "MultiState", "StateReader", "decode_state", "empty_column", "encode_state"]
 
 VERSION = 0x02
 _DOUBLE = struct.Struct("<d")
@@ -85,18 +85,22 @@ def encode_state(state: MultiState) -> bytes:
     return bytes(out)
 
 
-class _Reader:
-    __slots__ = ("at", "data")
+class StateReader:
+    """Reads a state's bytes from after its version byte; `what` names the state in its ValueErrors (the
+    window state here, a hopping window's pane run in `operators.hopping_state`)."""
 
-    def __init__(self, data: bytes) -> None:
+    __slots__ = ("at", "data", "what")
+
+    def __init__(self, data: bytes, what: str = "window state") -> None:
         self.data = data
         self.at = 1
+        self.what = what
 
     def varint(self) -> int:
         data, at, shift, n = self.data, self.at, 0, 0
         while True:
             if at >= len(data) or shift > 70:
-                raise ValueError("window state: truncated or overlong varint")
+                raise ValueError(f"{self.what}: truncated or overlong varint")
             b = data[at]
             at += 1
             n |= (b & 0x7F) << shift
@@ -112,7 +116,7 @@ class _Reader:
     def take(self, size: int) -> bytes:
         end = self.at + size
         if end > len(self.data):
-            raise ValueError("window state: truncated")
+            raise ValueError(f"{self.what}: truncated")
         chunk = self.data[self.at : end]
         self.at = end
         return chunk
@@ -130,7 +134,7 @@ def decode_state(data: bytes, columns: int, *, sum_limit: int = exact_sum.OVERFL
     (a window's own sum stays below OVERFLOW; a session's slices folded together may pass it)."""
     if data[:1] != bytes((VERSION,)):
         raise ValueError("window state: unknown version")
-    r = _Reader(data)
+    r = StateReader(data)
     count = r.varint()
     start = r.zigzag()
     last = start + r.zigzag()
