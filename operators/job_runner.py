@@ -26,6 +26,7 @@ from recovery.identity import bind_log, check_log, record_source
 from recovery.timeline import RestartTimeline
 
 if TYPE_CHECKING:
+    from operators.replica import StandbyReplica
     from operators.standby import Standby
 
 __all__ = ["INDEX_DEFER_ABOVE", "check_input", "open_output", "run_job"]
@@ -184,6 +185,35 @@ def run_job(
             started = None  # the next attempt's recovery starts now
 
 
+def _replica(spec: JobSpec, store: QueueStore, source_spec: dict[str, Any]) -> StandbyReplica:
+    """A standby's replica of the instance (`operators.replica`): the operator and its own reader of the
+    input, which commits no positions to the primary's monitoring group and adopts the input identity the
+    log recorded (read-only: the primary holds the writer) before its first read."""
+    from operators.replica import StandbyReplica
+
+    own = {k: v for k, v in source_spec.items() if k != "group_id"}
+    source = build_source(own, store)
+
+    def pin() -> None:
+        with store.reader(spec.output_topic, spec.output_partition) as reader:
+            log_end = reader.end_offset()
+        recorded = check_log(
+            store,
+            spec.output_topic,
+            spec.output_partition,
+            log_end=log_end,
+            input_identity=source.identity(),
+            operator=spec.operator.to_dict(),
+            pinned=source.pinned_fields,
+        )
+        if recorded is not None:
+            source.pin(recorded)
+
+    return StandbyReplica(
+        spec.operator.build(), source, footprints=spec.footprints, batch_size=spec.batch_size, prepare=pin
+    )
+
+
 def _on_index(timeline: RestartTimeline, standby: Standby | None) -> None:
     """The writer is open (`OutputQueue`): a standby's restart starts now, at its takeover."""
     if standby is not None:
@@ -211,6 +241,8 @@ def _run_once(
         source_spec = job_source_spec(spec)
         source = build_source(source_spec, store)
         progress = Progress(f"{operator.name}[{spec.output_partition}]", enabled=spec.progress)
+        if standby is not None and standby.wants_replica and standby.replica is None:
+            standby.attach_replica(_replica(spec, store, source_spec))
         try:
             output = open_output(
                 store,
@@ -262,12 +294,15 @@ def _run_once(
                 metrics=_metrics(spec),
                 timeline=timeline,
                 followed=None if standby is None else standby.took_over(),
+                replica=None if standby is None else standby.replica,
             )
             stats = runtime.run(stop, max_inputs=max_inputs)
         finally:
             attempt.commits = int(getattr(output.writer, "commits", 0))
             source.close()
             output.close()
+            if standby is not None and standby.replica is not None:
+                standby.replica.close()
     finally:
         store.close()
     if spec.stats_path:

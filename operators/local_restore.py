@@ -30,7 +30,7 @@ from queuestore.base import PartitionReader
 from queuestore.output import OutputQueue
 from recovery.closed_directory import ClosedWindowDirectory
 from recovery.cut_tuple import results_at_end
-from recovery.manager import RecoveryManager
+from recovery.manager import LiveStates, RecoveryManager
 from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
 
@@ -55,9 +55,11 @@ class LocalRestore:
         progress: Progress,
         timeline: RestartTimeline | None,
         followed: LogFollower | None = None,
+        replica: LiveStates | None = None,
     ) -> None:
         """`followed`: what a standby followed of the output log before it took over (`recovery.standby`):
-        recovery starts from it."""
+        recovery starts from it. `replica`: the standby's replica of the instance (`operators.replica`),
+        whose window states at the crash point replace the EC load and the replay where they check out."""
         self.operator = operator
         self.source = source
         self.output = output
@@ -70,6 +72,7 @@ class LocalRestore:
         self.progress = progress
         self._timeline = timeline
         self._followed = followed
+        self._replica = replica
         self.replay_task: progress_tasks.Task | None = None  # shows the replay while it runs
         # A fresh host's closed-window directory while its index catches up (`recovery.closed_directory`).
         self._directory: ClosedWindowDirectory | None = None
@@ -129,7 +132,10 @@ class LocalRestore:
             )
             try:
                 recovery = manager.recover(
-                    self.source.partitions, cache=output.ec_cache, followed=self._followed
+                    self.source.partitions,
+                    cache=output.ec_cache,
+                    followed=self._followed,
+                    replica=self._replica,
                 )
             finally:
                 if scan is not None:
@@ -163,7 +169,8 @@ class LocalRestore:
                 codec=self.codec,
             )
         if self.metrics is not None:
-            self.metrics.phase("replay" if recovery.needed and not recovery.complete else "idle")
+            replaying = recovery.needed and not recovery.complete and not recovery.at_crash_point
+            self.metrics.phase("replay" if replaying else "idle")
         if not recovery.needed:
             self.progress("empty log: nothing to recover, starting from the input's start", force=True)
             self.source.seek(self.instance.positions)
@@ -171,20 +178,28 @@ class LocalRestore:
         ec, plan = recovery.checkpoint, recovery.plan
         assert ec.crash_pos is not None
         self.sink.floor(ec.crash_pos)  # pos continues from the crash point (recovery.contract)
-        if not recovery.complete and plan.replay_span > 0:
+        if not recovery.complete and not recovery.at_crash_point and plan.replay_span > 0:
             self.replay_task = progress_tasks.task(
                 f"{self.progress.label} replay", plan.replay_span, "tuples"
             )
         self.instance.restore(recovery, where=f"{output.topic}[{output.partition}]", logged_results=logged)
+        then = (
+            f"the standby's replica at the crash point {list(ec.crash_pos)}: nothing to replay"
+            if recovery.at_crash_point
+            else f"replay from {list(plan.start)} to crash point {list(ec.crash_pos)}"
+        )
         self.progress(
             f"recovered: extent {ec.extent_size:,} records, {len(recovery.windows):,} windows "
             f"(EC build {ec.build_seconds * 1000:.1f} ms, load {recovery.report.ec_load_seconds * 1000:.1f} ms), "
-            f"replay from {list(plan.start)} to crash point {list(ec.crash_pos)}",
+            f"{then}",
             force=True,
         )
+        if self._replica is not None and not recovery.at_crash_point:
+            # Said once: the replica was there and the takeover replays anyway (still exact, only slower).
+            self.progress(f"standby replica not used ({recovery.report.replica}): replaying", force=True)
         if recovery.complete:
             return False
-        self.source.seek(plan.start)
+        self.source.seek(self.instance.positions)  # the replay start, or the crash point (a replica's states)
         self.timeline.mark("replay")
         return True
 

@@ -36,6 +36,7 @@ from operators.local_trim import LogTrimmer
 from operators.progress_log import Progress
 from operators.sources import InputSource
 from queuestore.output import OutputQueue
+from recovery.manager import LiveStates
 from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
 
@@ -66,6 +67,7 @@ class OperatorRuntime:
         timeline: RestartTimeline | None = None,
         index_catch_up: int = 4096,
         followed: LogFollower | None = None,
+        replica: LiveStates | None = None,
     ) -> None:
         """`footprints=False` writes results only: no fault tolerance, the baseline CEC's cost is measured
         against (the paper's "native" runs). Such a log cannot be recovered from.
@@ -86,7 +88,9 @@ class OperatorRuntime:
         open and index; the runtime marks the rest), on its own clock; default: one that starts at `run`.
         `index_catch_up`: records of a deferred index rebuild (`queuestore.output`) indexed after each batch
         once recovery is over; the rest of it is done at the end of the input. `followed`: what a standby
-        followed of the output log before it took over (`recovery.standby`): recovery starts from it."""
+        followed of the output log before it took over (`recovery.standby`): recovery starts from it;
+        `replica`: its replica's states at the crash point (`operators.replica`), which spare the EC load and
+        the replay where they check out."""
         if check_every < 1:
             raise ConfigError(f"check_every must be >= 1, got {check_every}")
         if gcheck_batch < 1:
@@ -134,6 +138,7 @@ class OperatorRuntime:
             progress=self.progress,
             timeline=timeline,
             followed=followed,
+            replica=replica,
         )
         self.instance.lifecycle.on_running = self.restorer.caught_up
         self.controller = GCheckController(

@@ -11,10 +11,15 @@ eventual checkpoint current (`recovery.standby.LogFollower`), and takes over whe
   new writer's transactional producer (the same `transactional.id`, `queuestore.kafka.producer`) bumps the
   epoch, so a primary that comes back after it was fenced fails its next produce or commit and stops with
   one line (`WriterFencedError`), never writing; the old writer's open transaction is aborted.
+- Replica (design S2, on unless `replica=False`, `cec run --standby-replica off`): while following, the
+  standby also runs the operator on the input, its records discarded, never past the crash point of the
+  newest record it followed (`operators.replica`), a bounded number of tuples between two looks at the lock.
 - Takeover: the log's end is final once the writer is ours; recovery brings what was followed to that end
-  (`recovery.standby.checkpoint_from_followed`), replays from the footprints and the run goes on as the
-  primary (its report's `ec_source` is "standby"). Anything that does not check out reads the log back, as
-  a cold restart does.
+  (`recovery.standby.checkpoint_from_followed`); the replica applies the input up to that end's crash point
+  and its states replace the EC load and the replay where they are exactly the checkpoint's windows, else
+  recovery replays from the footprints; the run goes on as the primary (its report's `ec_source` is
+  "standby", `replica` "used" or why not). Anything that does not check out reads the log back, as a cold
+  restart does.
 - Lag: every `status_every_s` the standby writes, beside the partition's stream index, how far it has
   applied the log and the log's end then (`StandbyStatus`); `cec inspect` shows it (`cec.inspection`).
 """
@@ -27,10 +32,14 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from operators.exceptions import StandbyStoppedError
 from queuestore.base import PartitionReader, QueueStore
 from recovery.standby import LogFollower
+
+if TYPE_CHECKING:
+    from operators.replica import StandbyReplica
 
 __all__ = ["Standby", "StandbyStatus", "read_status", "status_path"]
 
@@ -47,6 +56,10 @@ class StandbyStatus:
     applied: int  # every record of the log below this offset is applied
     log_end: int  # the log's end when `applied` was measured
     updated_unix: float  # wall time of the measurement (for a reader on the same host to judge its age)
+    # The replica (`operators.replica`): "off", "starting", "applying" (with the input tuples it applied), or
+    # why it cannot be used.
+    replica: str = "off"
+    replica_applied: int = 0
 
     @property
     def lag_records(self) -> int:
@@ -64,7 +77,9 @@ def read_status(store: QueueStore, topic: str, partition: int) -> StandbyStatus 
 
 class Standby:
     """The standby loop's state (module doc). `stop()` true: give up waiting (`StandbyStoppedError`).
-    `clock` (seconds) times the status writes; `wait` waits between two looks at the lock."""
+    `clock` (seconds) times the status writes; `wait` waits between two looks at the lock. `replica`:
+    run a replica of the instance (the host attaches it, `attach_replica`); `replica_budget`: input tuples
+    it applies between two looks at the lock (bounds how late a takeover starts)."""
 
     def __init__(
         self,
@@ -74,6 +89,8 @@ class Standby:
         stop: Callable[[], bool] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wait: Callable[[float], None] = time.sleep,
+        replica: bool = True,
+        replica_budget: int = 2048,
     ) -> None:
         self.poll_s = poll_s
         self.status_every_s = status_every_s
@@ -85,6 +102,15 @@ class Standby:
         self._status: Path | None = None
         self._written_at: float | None = None
         self._handed = False
+        self.wants_replica = replica
+        self.replica_budget = replica_budget
+        self.replica: StandbyReplica | None = None
+
+    def attach_replica(self, replica: StandbyReplica) -> None:
+        """The host's replica of the instance (`operators.replica`), run while the primary holds the writer."""
+        if self.replica is not None:
+            self.replica.close()
+        self.replica = replica
 
     def while_locked(self, store: QueueStore, topic: str, partition: int) -> None:
         """The primary still holds the writer: apply what the log holds now, publish the lag when due, wait."""
@@ -95,6 +121,9 @@ class Standby:
             self._reader = store.reader(topic, partition)
             self._status = status_path(store, topic, partition)
         read = self.follower.catch_up(self._reader)
+        replica = self.replica
+        if replica is not None:
+            read += replica.advance(self.follower, self.replica_budget)
         now = self.clock()
         if self._written_at is None or now - self._written_at >= self.status_every_s:
             self._written_at = now
@@ -103,7 +132,8 @@ class Standby:
             self.wait(self.poll_s)
 
     def took_over(self) -> LogFollower | None:
-        """The writer is ours: what was followed, for recovery (once; None after, or if nothing was)."""
+        """The writer is ours: what was followed, for recovery (once; None after, or if nothing was). The
+        replica, if any, stays attached for recovery (`replica`)."""
         if self._handed or self._reader is None:
             return None
         self._handed = True
@@ -115,7 +145,16 @@ class Standby:
         path = self._status
         if path is None:
             return
-        status = StandbyStatus(os.getpid(), state, self.follower.applied, log_end, time.time())
+        replica, replica_state, replica_applied = self.replica, "off", 0
+        if replica is not None:
+            replica_applied = replica.applied
+            if replica.unusable is not None:
+                replica_state = replica.unusable
+            else:
+                replica_state = "applying" if replica.instance is not None else "starting"
+        status = StandbyStatus(
+            os.getpid(), state, self.follower.applied, log_end, time.time(), replica_state, replica_applied
+        )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
             tmp.write_text(json.dumps(asdict(status)))

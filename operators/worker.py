@@ -1,6 +1,6 @@
-"""`python -m operators.worker SPEC.json [--crash-after K | --standby]`: run one job in its own process (the
-unit that gets killed; `--crash-after`: `operators.crash_after`; `--standby`: as the standby of the job's
-writer, `operators.standby`).
+"""`python -m operators.worker SPEC.json [--crash-after K | --standby [--no-replica]]`: run one job in its own
+process (the unit that gets killed; `--crash-after`: `operators.crash_after`; `--standby`: as the standby of
+the job's writer, `operators.standby`, with its replica unless `--no-replica`).
 
 An error the product reports to users (a damaged log, a failed append, a bad configuration) ends the
 process with one line on stderr and exit code 2, never a traceback."""
@@ -41,14 +41,19 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     crash_after = None
     standby = False
+    replica = True
     if len(args) == 3 and args[1] == "--crash-after" and args[2].isdigit():
         crash_after = int(args[2])
         args = args[:1]
-    elif len(args) == 2 and args[1] == "--standby":
+    elif len(args) in (2, 3) and args[1] == "--standby" and args[2:] in ([], ["--no-replica"]):
         standby = True
+        replica = len(args) == 2
         args = args[:1]
     if len(args) != 1:
-        print("usage: python -m operators.worker SPEC.json [--crash-after K | --standby]", file=sys.stderr)
+        print(
+            "usage: python -m operators.worker SPEC.json [--crash-after K | --standby [--no-replica]]",
+            file=sys.stderr,
+        )
         return 2
     try:
         spec = JobSpec.from_json(Path(args[0]).read_text())
@@ -68,7 +73,7 @@ def main(argv: list[str] | None = None) -> int:
             spec,
             crash_after=crash_after,
             started=process_started(),
-            standby=Standby() if standby else None,
+            standby=Standby(replica=replica) if standby else None,
         )
     except USER_ERRORS as exc:
         # A mistake the user can fix (e.g. resuming a log against another input): one line, no traceback,

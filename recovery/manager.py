@@ -10,9 +10,9 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from cec.native import native
 from cec.records import RecordCodec
@@ -30,7 +30,18 @@ from recovery.eventual import (
 from recovery.forward import ForwardCheckpoint
 from recovery.standby import LogFollower, checkpoint_from_followed
 
-__all__ = ["LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
+__all__ = ["LiveStates", "LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport"]
+
+
+class LiveStates(Protocol):
+    """Window states already brought to a crash point by something that applied the input itself (a
+    standby's replica, `operators.replica`): asked once a standby's checkpoint is known, instead of
+    decoding the footprints and replaying from them."""
+
+    def states_at(self, ec: EventualCheckpoint) -> Mapping[str, tuple[int, Any]] | str:
+        """key -> (seq, state) of every window open at `ec.crash_pos`, the input applied up to it; or why
+        not (then recovery decodes the footprints and replays, as without them)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +81,9 @@ class RecoveryReport:
     # with a cache or a standby's checkpoint that was not used, why not.
     ec_source: str = "log"
     ec_cache_note: str = ""
+    # A standby's replica (`LiveStates`): "used" when its states at the crash point replaced the EC load and
+    # the replay, else why not ("" without one).
+    replica: str = ""
     # The log ended with the end of the input (EOS): an earlier run finished it; nothing was recovered.
     log_complete: bool = False
 
@@ -87,6 +101,8 @@ class Recovery:
     # it already (loaded from it with no tail); None without a cache.
     forward: ForwardCheckpoint | None = None
     forward_stored: bool = False
+    # The windows' states are as of the crash point already (a standby's replica): nothing to replay.
+    at_crash_point: bool = False
 
     @property
     def needed(self) -> bool:
@@ -124,7 +140,8 @@ class RecoveryManager:
         progress: Callable[[int, int, int], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
     ) -> None:
-        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics)."""
+        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics); between them
+        "replay" while a standby's replica applies the input up to the crash point (`recover`'s `replica`)."""
         self.reader = reader
         self.decode_state = decode_state
         self.codec = codec or RecordCodec()
@@ -132,12 +149,18 @@ class RecoveryManager:
         self.on_phase = on_phase or (lambda phase: None)
 
     def recover(
-        self, input_partitions: int, cache: ECCache | None = None, followed: LogFollower | None = None
+        self,
+        input_partitions: int,
+        cache: ECCache | None = None,
+        followed: LogFollower | None = None,
+        replica: LiveStates | None = None,
     ) -> Recovery:
         """`cache`: the partition's EC cache (`recovery.cached`): used when it checks out against the log,
         else the log is read back and the cache is cleared, to be written again from the checkpoint.
         `followed`: what a standby followed of this log before it took over (`recovery.standby`): used
-        first, when it checks out; the cache is then written again from it."""
+        first, when it checks out; the cache is then written again from it. `replica`: with `followed`,
+        the states its replica holds at the crash point (`LiveStates`), used when they are those of exactly
+        the checkpoint's windows: then no state is decoded and nothing is replayed."""
         started = time.perf_counter()
         self.on_phase("ec_build")
         source, note = "log", ""
@@ -168,36 +191,92 @@ class RecoveryManager:
             if cache is not None:
                 parts = {fp.key: fp.row for fp in ec.windows.values()}
                 forward = ForwardCheckpoint(parts, ec.crash_row, ec.end_offset)
+        live: Mapping[str, tuple[int, Any]] | str | None = None
+        if replica is not None:
+            if source != "standby":
+                live = "the standby's checkpoint was not used"
+            elif ec.complete:
+                live = "the log is complete"
+            else:
+                self.on_phase("replay")  # the replica applies the input up to the crash point
+                live = replica.states_at(ec)
         self.on_phase("ec_load")
-        load_started = time.perf_counter()  # EC-load: decode every footprint and its window state
-        decode_state = self.decode_state
-        # The scan met the footprints newest first: reversed, they are (almost always) in offset order
-        # already, which sorted() then confirms in one pass.
-        footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
-        with gc_paused():
-            records = footprint_records(footprints, self.codec)
+        recovery = load_checkpoint(ec, self.decode_state, self.codec, input_partitions, live=live)
+        report = recovery.report
+        report.ec_build_seconds = ec.build_seconds
+        report.recovery_seconds = time.perf_counter() - started
+        report.ec_source, report.ec_cache_note = source, note
+        recovery.forward, recovery.forward_stored = forward, forward_stored
+        return recovery
+
+
+def _live_states(
+    footprints: list[ECFootprint], live: Mapping[str, tuple[int, Any]] | str | None
+) -> tuple[list[Any] | None, str]:
+    """The live state of each footprint's window, when `live` holds exactly those windows (each key at the
+    same seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and
+    why not."""
+    if live is None:
+        return None, ""
+    if isinstance(live, str):
+        return None, live
+    states = []
+    for fp in footprints:
+        held = live.get(fp.key)
+        seq = fp.row[4]
+        if held is None or held[0] != seq:
+            got = "none" if held is None else f"window {held[0]}"
+            return (
+                None,
+                f"the replica's windows differ from the log's (key {fp.key!r}: log window {seq}, replica {got})",
+            )
+        states.append(held[1])
+    return states, "used"
+
+
+def load_checkpoint(
+    ec: EventualCheckpoint,
+    decode_state: Callable[[bytes], Any],
+    codec: RecordCodec,
+    input_partitions: int,
+    *,
+    live: Mapping[str, tuple[int, Any]] | str | None = None,
+) -> Recovery:
+    """EC-load: every footprint's record decoded and its window's state (or, where `live` holds exactly the
+    checkpoint's windows, its states at the crash point: `LiveStates`), and the replay planned."""
+    load_started = time.perf_counter()
+    # The scan met the footprints newest first: reversed, they are (almost always) in offset order
+    # already, which sorted() then confirms in one pass.
+    footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
+    states, replica_note = _live_states(footprints, live)
+    with gc_paused():
+        records = footprint_records(footprints, codec)
+        if states is None:
             windows = [
                 _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
                 for fp, record in zip(footprints, records, strict=True)
             ]
-        load_seconds = time.perf_counter() - load_started
-        plan = ReplayContract.build(
-            ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
-        )
-        report = RecoveryReport(
-            log_end=ec.end_offset,
-            extent_records=ec.extent_size,
-            records_read=ec.records_read,
-            ec_windows=len(windows),
-            corrupt_footprints=ec.corrupt_skipped,
-            ec_build_seconds=ec.build_seconds,
-            ec_load_seconds=load_seconds,
-            replay_start=plan.start,
-            crash_pos=plan.crash_pos,
-            replay_span=plan.replay_span,
-            recovery_seconds=time.perf_counter() - started,
-            ec_source=source,
-            ec_cache_note=note,
-            log_complete=ec.complete,
-        )
-        return Recovery(ec, windows, plan, report, forward, forward_stored)
+        else:
+            windows = [
+                _loaded(fp.key, record.seq, state, fp)
+                for fp, record, state in zip(footprints, records, states, strict=True)
+            ]
+    load_seconds = time.perf_counter() - load_started
+    plan = ReplayContract.build(
+        ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
+    )
+    report = RecoveryReport(
+        log_end=ec.end_offset,
+        extent_records=ec.extent_size,
+        records_read=ec.records_read,
+        ec_windows=len(windows),
+        corrupt_footprints=ec.corrupt_skipped,
+        ec_build_seconds=ec.build_seconds,
+        ec_load_seconds=load_seconds,
+        replay_start=plan.start,
+        crash_pos=plan.crash_pos,
+        replay_span=0 if states is not None else plan.replay_span,
+        log_complete=ec.complete,
+        replica=replica_note,
+    )
+    return Recovery(ec, windows, plan, report, at_crash_point=states is not None)

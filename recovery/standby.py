@@ -13,12 +13,29 @@ what a standby followed is derived data, never trusted blindly.
 from __future__ import annotations
 
 from cec.records import RecordCodec
-from queuestore.base import PartitionReader
+from queuestore.base import PartitionReader, Row
 from recovery.cached import apply_tail, checkpoint_after_tail, matches_log
 from recovery.eventual import EventualCheckpoint
 from recovery.forward import ForwardCheckpoint
 
-__all__ = ["LogFollower", "checkpoint_from_followed"]
+__all__ = ["FollowedCheckpoint", "LogFollower", "checkpoint_from_followed"]
+
+
+class FollowedCheckpoint(ForwardCheckpoint):
+    """A forward checkpoint that also keeps the closed-window directory of what it applied: key -> the
+    window sequence of its last R (what the stream index answers, `queuestore.index.last_closed_seq`), for
+    a standby's replica, which meets keys whose windows closed before it started (`operators.replica`)."""
+
+    __slots__ = ("closed",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.closed: dict[str, int] = {}
+
+    def apply(self, row: Row) -> None:
+        super().apply(row)
+        if row[1] == "R" and row[3] is not None:
+            self.closed[row[3]] = row[4]
 
 
 class LogFollower:
@@ -26,7 +43,7 @@ class LogFollower:
 
     def __init__(self, codec: RecordCodec | None = None) -> None:
         self.codec = codec or RecordCodec()
-        self.forward = ForwardCheckpoint()
+        self.forward = FollowedCheckpoint()
         self.records_read = 0
         self.unusable: str | None = None  # why what was followed cannot be used (then: read the log back)
 

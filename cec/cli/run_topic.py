@@ -283,7 +283,7 @@ def _execute(
     """Every instance: in this process, or with --crash-after each in a worker SIGKILLed after K records
     and one that recovers (a stop request is then seen between workers); each instance's recovery."""
     if args.crash_after is None:
-        return _run_instances(specs, args.follow, refresh, stop, args.standby)
+        return _run_instances(specs, args.follow, refresh, stop, args.standby, args.standby_replica != "off")
     run = InstancesRun([], [False] * len(specs))
     for p, spec in enumerate(specs):
         if stop():
@@ -374,6 +374,7 @@ def _run_instances(
     refresh: Callable[[], object],
     stop: StopRequest,
     standby: bool = False,
+    replica: bool = True,
 ) -> InstancesRun:
     """Every partition's instance in this process, side by side (one thread each, so partitions advance
     together as a multi-partition input does), until their input ends or `stop` is set (SIGTERM, Ctrl-C:
@@ -388,7 +389,7 @@ def _run_instances(
                 specs[i],
                 stop=stop,
                 started=process_started(),
-                standby=Standby(stop=stop) if standby else None,  # `cec run --standby`
+                standby=Standby(stop=stop, replica=replica) if standby else None,  # `cec run --standby`
             )
         except BaseException as exc:  # reported by the main thread
             errors.append(exc)

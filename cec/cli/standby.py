@@ -10,8 +10,11 @@ __all__ = ["check_standby_flags"]
 
 
 def check_standby_flags(args: argparse.Namespace) -> None:
-    """--standby needs the primary's --store-dir and stands in for no --crash-after run."""
+    """--standby needs the primary's --store-dir and stands in for no --crash-after run; --standby-replica
+    goes with it."""
     if not args.standby:
+        if getattr(args, "standby_replica", None) is not None:
+            raise ConfigError("--standby-replica goes with --standby")
         return
     if args.crash_after is not None:
         raise ConfigError("--standby stands by a running primary: give it without --crash-after")

@@ -123,7 +123,8 @@ class OperatorInstance(InstanceContext):
         self, recovery: Recovery, *, where: str = "", logged_results: Sequence[Mapping[str, Any]] = ()
     ) -> None:
         """Load the eventual checkpoint of a non-empty log and start RESTORING under its replay contract
-        (`phase`); the input is then to be read from `recovery.plan.start` (this instance's positions).
+        (`phase`); the input is then to be read from `recovery.plan.start` (this instance's positions), or
+        from the crash point when the states are as of it already (`recovery.at_crash_point`: RUNNING).
         A log that ends with EOS leaves the instance DONE at its crash point. `logged_results`: results at
         the log's end (at least those with the crash point's `pos`) of an operator with
         `unique_results`, which `emit` does not make again."""
@@ -162,12 +163,13 @@ class OperatorInstance(InstanceContext):
         self.next_seq.update([(window.key, window.seq + 1) for window in loaded])
         self.time = ec.time
         # Input counts are relative to the crash point, where the loaded windows' marks are taken.
-        self._in_count = -recovery.plan.replay_span
+        self._in_count = 0 if recovery.at_crash_point else -recovery.plan.replay_span
         if recovery.complete:
             self.positions = list(ec.crash_pos)
             self.lifecycle.finish()
             return
-        self.positions = list(recovery.plan.start)
+        # States already at the crash point (a standby's replica applied the input): nothing to replay.
+        self.positions = list(ec.crash_pos if recovery.at_crash_point else recovery.plan.start)
         self.lifecycle.restore(recovery.plan)
         self._advance()  # nothing to replay: RUNNING at once
 

@@ -29,6 +29,8 @@ Sites (n counts passes in the process):
   SIGKILLs the driver's whole process group (as `attach.sink.mid_batch`): the driver dies during recovery;
 - `standby.took_over:n`: a standby (`operators.standby`) holds the partition's writer (the old one fenced)
   and hands what it followed to recovery, the n-th time, before the log's tail is read;
+- `replica.states_at:n`: a standby's replica (`operators.replica`) at the n-th takeover, its states brought
+  to the log's final crash point and not yet handed to recovery;
 - `trim.before_prune:n`: inside the n-th trim, the log's head deleted (SQLite's range delete committed,
   Kafka's `delete_records` answered), the stream index not yet pruned (`StreamIndex.prune`);
 - `results.before_ack:n`: inside the n-th commit of `cec run`'s results writer (`IncrementalOutputs`; its
@@ -101,6 +103,7 @@ SITES = frozenset(
         "recovery.after_ec_build",
         "ec_cache.mid_snapshot",
         "standby.took_over",
+        "replica.states_at",
         "trim.before_prune",
         "results.before_ack",
         SINK_MID_BATCH,
@@ -379,6 +382,25 @@ def _standby_took_over(n: int) -> None:
         cls.took_over = took_over_
 
     on_import("operators.standby", patch)
+
+
+def _replica_states_at(n: int) -> None:
+    counter = _Counter()
+
+    def patch(module: ModuleType) -> None:
+        cls = module.StandbyReplica
+        states_at = cls.states_at
+
+        def states_at_(self: Any, ec: Any) -> Any:
+            states = states_at(self, ec)
+            counter.seen += 1
+            if counter.seen == n:
+                kill()
+            return states
+
+        cls.states_at = states_at_
+
+    on_import("operators.replica", patch)
 
 
 def _after_ec_build(n: int, stop: Callable[[], None] | None = None) -> None:
@@ -701,6 +723,8 @@ def install(spec: str) -> None:
             _mid_snapshot(n)
         elif site == "standby.took_over":
             _standby_took_over(n)
+        elif site == "replica.states_at":
+            _replica_states_at(n)
         elif site == PLAN_AFTER_EC_BUILD:
             _after_ec_build(n, _kill_driver)
         elif site == "trim.before_prune":

@@ -28,6 +28,7 @@ from hypothesis import strategies as st
 
 from cec.records import RecordCodec
 from operators.job import JobSpec, run_job
+from operators.sinks import iter_payloads
 from operators.standby import read_status
 from queuestore.base import QueueStore, Row
 from queuestore.kafka import KafkaQueueStore
@@ -81,10 +82,19 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[s
     return per_key(results(SqliteQueueStore(root), "agg"))
 
 
-def _start_standby(spec: JobSpec, path: Path, faults: str | None = None) -> subprocess.Popen[bytes]:
+def _start_standby(
+    spec: JobSpec, path: Path, faults: str | None = None, *, replica: bool = True
+) -> subprocess.Popen[bytes]:
     path.write_text(spec.to_json())
     return subprocess.Popen(
-        [sys.executable, "-m", "operators.worker", str(path), "--standby"],
+        [
+            sys.executable,
+            "-m",
+            "operators.worker",
+            str(path),
+            "--standby",
+            *([] if replica else ["--no-replica"]),
+        ],
         env=child_env(faults),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -112,19 +122,23 @@ def _frozen_primary(
     return primary, _log_end(checker)
 
 
+@pytest.mark.parametrize("replica", [True, False], ids=["replica", "no-replica"])
 def test_failover_to_a_following_standby_is_exact(
-    tmp_path: Path, reference: dict[str, list[dict[str, Any]]]
+    tmp_path: Path, reference: dict[str, list[dict[str, Any]]], replica: bool
 ) -> None:
     root = tmp_path / "store"
     stats = tmp_path / "standby.stats.json"
     store = SqliteQueueStore(root)
     primary, end = _frozen_primary(_spec(_sqlite(root)), tmp_path, store)
-    standby = _start_standby(_spec(_sqlite(root), stats), tmp_path / "standby.json")
+    standby = _start_standby(_spec(_sqlite(root), stats), tmp_path / "standby.json", replica=replica)
     try:
 
         def followed_to_the_end() -> bool:
             status = read_status(store, "agg", 0)
-            return status is not None and status.state == "following" and status.applied >= end
+            if status is None or status.state != "following" or status.applied < end:
+                return False
+            # With a replica: it has applied the input too (up to the frozen log's crash point, at most).
+            return not replica or (status.replica == "applying" and status.replica_applied > 0)
 
         wait_for(followed_to_the_end, timeout=120)
         assert standby.poll() is None  # still waiting: the frozen primary holds the writer
@@ -152,29 +166,106 @@ def test_failover_to_a_following_standby_is_exact(
     # What the standby read at its takeover is the tail it had not followed: at most what the primary
     # appended after the freeze (its writer drained what it had outstanding), not the extent.
     assert report["records_read"] <= _log_end(store) - end
+    if replica:  # its states at the crash point replaced the EC's and the replay from the footprints
+        assert report["replica"] == "used", report
+        assert report["tuples_replayed"] == 0 and report["replay_span"] == 0, report
+    else:
+        assert report["replica"] == "" and report["tuples_replayed"] > 0, report
     status = read_status(store, "agg", 0)
     assert status is not None and status.state == "took over"
+    # Written as the writer became ours, before the replica handed its states to recovery.
+    assert status.replica == ("applying" if replica else "off")
+
+
+HOPPING = {"window_ms": 600, "slide_ms": 200, "time_field": "item_time", "allowed_lateness_ms": 0}
+
+
+@pytest.mark.parametrize("window", ["count", "hopping"])
+def test_a_running_primary_killed_mid_run_fails_over_to_its_replica_exactly(
+    tmp_path: Path, reference: dict[str, list[dict[str, Any]]], window: str
+) -> None:
+    """The primary, frozen until the standby's replica runs, goes on and is SIGKILLed mid-run, wherever it
+    is; the replica, behind it, catches up to the log's final crash point at the takeover. Hopping windows under a watermark (3 input partitions): the rules that
+    hold tuples back while restoring and close windows by the watermark run in the replica too."""
+
+    def spec(store: dict[str, Any], stats: Path | None = None) -> JobSpec:
+        base = _spec(store, stats)
+        if window == "count":
+            return base
+        raw = base.to_dict()
+        operator = {k: v for k, v in raw["operator"].items() if k != "window_count"}
+        return JobSpec.from_dict(
+            {**raw, "operator": {**operator, **HOPPING}, "source": {**raw["source"], "count": 60_000}}
+        )
+
+    schema = spec(_sqlite(tmp_path)).operator.build().result_schema
+
+    def logged(store: QueueStore) -> dict[str, list[dict[str, Any]]]:
+        return per_key(list(iter_payloads(store, "agg", schema)))
+
+    if window == "count":
+        expected = reference
+    else:
+        ref_root = tmp_path / "reference"
+        run_job(spec(_sqlite(ref_root)))
+        expected = logged(SqliteQueueStore(ref_root))
+        assert len(expected) > 250  # most of the 300 keys have results
+    root = tmp_path / "store"
+    stats = tmp_path / "standby.stats.json"
+    store = SqliteQueueStore(root)
+    primary, end = _frozen_primary(spec(_sqlite(root)), tmp_path, store)
+    standby = _start_standby(spec(_sqlite(root), stats), tmp_path / "standby.json")
+    try:
+
+        def replicating() -> bool:
+            status = read_status(store, "agg", 0)
+            return status is not None and status.replica == "applying" and status.replica_applied > 0
+
+        wait_for(replicating, timeout=120)
+        os.kill(primary.pid, signal.SIGCONT)  # on again: killed while it runs, the replica behind it
+        wait_for(lambda: _log_end(store) >= end + 2000 or primary.poll() is not None, timeout=120)
+        assert primary.poll() is None, "the primary finished before it could be killed mid-run"
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait(timeout=60)
+        _, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err.decode()[-3000:]
+    finally:
+        for proc in (primary, standby):
+            if proc.poll() is None:
+                proc.kill()
+    assert logged(store) == expected
+    report = _stats(stats)["recovery"]
+    assert report["ec_source"] == "standby" and report["replica"] == "used", report
+    assert report["tuples_replayed"] == 0, report
 
 
 @pytest.mark.parametrize(
-    ("faults", "then"),
+    ("faults", "then", "replica"),
     [
-        ("standby.took_over:1", "standby"),
-        ("standby.took_over:1", "restart"),
-        ("runtime.replaying:50", "standby"),
-        ("runtime.replaying:50", "restart"),
+        ("standby.took_over:1", "standby", True),
+        ("standby.took_over:1", "restart", False),
+        ("replica.states_at:1", "standby", True),
+        ("replica.states_at:1", "restart", True),
+        # Without a replica the takeover replays from the footprints: killed there.
+        ("runtime.replaying:50", "standby", False),
+        ("runtime.replaying:50", "restart", False),
     ],
 )
 def test_a_standby_killed_during_its_takeover_then_a_new_standby_or_a_restart_is_exact(
-    tmp_path: Path, reference: dict[str, list[dict[str, Any]]], faults: str, then: str
+    tmp_path: Path, reference: dict[str, list[dict[str, Any]]], faults: str, then: str, replica: bool
 ) -> None:
     root = tmp_path / "store"
     store = SqliteQueueStore(root)
     spec = _spec(_sqlite(root))
     primary, _ = _frozen_primary(spec, tmp_path, store)
-    standby = _start_standby(spec, tmp_path / "standby.json", faults=faults)
+    standby = _start_standby(spec, tmp_path / "standby.json", faults=faults, replica=replica)
     try:
-        wait_for(lambda: read_status(store, "agg", 0) is not None, timeout=120)
+
+        def standing_by() -> bool:
+            status = read_status(store, "agg", 0)
+            return status is not None and (not replica or status.replica == "applying")
+
+        wait_for(standing_by, timeout=120)
         os.kill(primary.pid, signal.SIGKILL)
         primary.wait(timeout=60)
         _, err = standby.communicate(timeout=300)
