@@ -154,26 +154,33 @@ def _kill_primary_at(primary: subprocess.Popen[bytes], store: SqliteQueueStore, 
 def _report(stats: Path) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(stats.read_text())["recovery"]
     return {k: rec.get(k) for k in ("recovery_seconds", "phases", "records_read", "extent_records",
-                                     "ec_windows", "tuples_replayed", "ec_source", "ec_cache_note")}  # fmt: skip
+                                     "ec_windows", "tuples_replayed", "ec_source", "ec_cache_note", "replica")}  # fmt: skip
 
 
 def _per_key(store: SqliteQueueStore) -> Counter[str]:
     return Counter(json.dumps(r, sort_keys=True) for r in results(store, TOPIC))
 
 
-def failover(args: argparse.Namespace, work: Path, tag: str) -> tuple[dict[str, Any], Counter[str]]:
+def failover(
+    args: argparse.Namespace, work: Path, tag: str, replica: bool = True
+) -> tuple[dict[str, Any], Counter[str]]:
     root = work / tag
     store = SqliteQueueStore(root)
     stats = work / f"{tag}.stats.json"
     primary = _worker(_spec(root, args), work / f"{tag}-primary.json", None)
     _wait(lambda: _log_end(store) >= 1, "the primary's first record")
     probe = work / f"{tag}-standby.jsonl"
-    standby = _worker(_spec(root, args, stats=stats), work / f"{tag}-standby.json", probe, "--standby")
+    flags = ("--standby",) if replica else ("--standby", "--no-replica")
+    standby = _worker(_spec(root, args, stats=stats), work / f"{tag}-standby.json", probe, *flags)
     _wait(
         lambda: (
             primary.poll() is not None
             or standby.poll() is not None
-            or ((s := read_status(store, TOPIC, 0)) is not None and s.applied > 0)
+            or (
+                (s := read_status(store, TOPIC, 0)) is not None
+                and s.applied > 0
+                and (not replica or s.replica == "applying")
+            )
         ),
         "the standby following",
     )
@@ -184,8 +191,10 @@ def failover(args: argparse.Namespace, work: Path, tag: str) -> tuple[dict[str, 
     lag = None if status is None else status.lag_records
     cpu_following = _cpu_seconds(standby.pid)
     _finish(standby, "the standby")
+    replica_applied = None if status is None else status.replica_applied
     row = {"kill_to_caught_up_s": _caught_up(probe) - t0, "standby_cpu_s_while_following": cpu_following,
-           "standby_lag_records_last_status": lag, "report": _report(stats)}  # fmt: skip
+           "standby_lag_records_last_status": lag, "replica_applied_last_status": replica_applied,
+           "report": _report(stats)}  # fmt: skip
     return row, _per_key(store)
 
 
@@ -268,6 +277,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kill-at", type=int, default=60_000, help="log records when the primary is killed")
     p.add_argument("--u", type=int, default=100_000, help="U (default: cec run's default, 100,000)")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument(
+        "--modes",
+        default="standby,standby-noreplica,cold-cache,cold-nocache",
+        help="comma-separated, interleaved per repeat: standby (with its replica, design S2), "
+        "standby-noreplica (S1: follows the log only), cold-cache, cold-nocache",
+    )
     p.add_argument("--steady", action="store_true", help="also the EC cache's steady cost")
     p.add_argument("--out", type=Path, default=HERE / "out" / "standby.json")
     p.add_argument(
@@ -279,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.same_crash:
         return _main_same_crash(args)
     load_before = os.getloadavg()
-    runs: dict[str, list[dict[str, Any]]] = {"standby": [], "cold-cache": [], "cold-nocache": []}
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in args.modes.split(",")}
     steady_runs: dict[str, list[dict[str, Any]]] = {"cache-on": [], "cache-off": []}
     with tempfile.TemporaryDirectory(prefix="cec-standby-") as tmp:
         work = Path(tmp)
@@ -289,8 +304,8 @@ def main(argv: list[str] | None = None) -> int:
             outputs: dict[str, Counter[str]] = {}
             for mode in modes:
                 tag = f"{mode}-{rep}"
-                if mode == "standby":
-                    row, outputs[mode] = failover(args, work, tag)
+                if mode.startswith("standby"):
+                    row, outputs[mode] = failover(args, work, tag, replica=mode == "standby")
                 else:
                     row, outputs[mode] = cold(args, work, tag, ec_cache=mode == "cold-cache")
                 row["loadavg"] = os.getloadavg()[0]
@@ -298,16 +313,14 @@ def main(argv: list[str] | None = None) -> int:
                 rep_ = row["report"]
                 print(f"[{rep}] {mode:12} kill to caught up {row['kill_to_caught_up_s']:6.2f} s  "
                       f"({rep_['ec_source']}: {rep_['records_read']:,} records read, {rep_['ec_windows']:,} windows, "
-                      f"{rep_['tuples_replayed']:,} replayed; phases "
+                      f"{rep_['tuples_replayed']:,} replayed, replica {rep_.get('replica') or '-'}; phases "
                       f"{ {k: round(v, 2) for k, v in (rep_['phases'] or {}).items()} })  "
                       f"loadavg {row['loadavg']:.1f}", flush=True)  # fmt: skip
                 shutil.rmtree(work / tag, ignore_errors=True)
             first = outputs[modes[0]]
             if any(out != first for out in outputs.values()):
                 raise RuntimeError(f"repeat {rep}: the modes' results differ")
-            print(
-                f"[{rep}] the three modes' results are the same ({sum(first.values()):,} results)", flush=True
-            )
+            print(f"[{rep}] the modes' results are the same ({sum(first.values()):,} results)", flush=True)
         if args.steady:
             for rep in range(args.repeats):
                 order = ["cache-on", "cache-off"] if rep % 2 == 0 else ["cache-off", "cache-on"]
@@ -324,40 +337,42 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
     for mode, rows in runs.items():
         summary[mode] = statistics.median(r["kill_to_caught_up_s"] for r in rows)
-    ratios = {
-        "standby/cold-cache": [round(s["kill_to_caught_up_s"] / c["kill_to_caught_up_s"], 3)
-                               for s, c in zip(runs["standby"], runs["cold-cache"], strict=True)],
-        "cold-cache/cold-nocache": [round(c["kill_to_caught_up_s"] / n["kill_to_caught_up_s"], 3)
-                                    for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)],
-    }  # fmt: skip
+    ratios: dict[str, list[float]] = {}
+
+    def ratio(name: str, a: str, b: str, value: Any) -> None:
+        if a in runs and b in runs:
+            ratios[name] = [round(value(x) / value(y), 3) for x, y in zip(runs[a], runs[b], strict=True)]
 
     def phases(row: dict[str, Any], names: tuple[str, ...]) -> float:
         return sum((row["report"]["phases"] or {}).get(name, 0.0) for name in names)
 
+    def kill_to_caught_up(row: dict[str, Any]) -> float:
+        return float(row["kill_to_caught_up_s"])
+
+    ratio("standby/standby-noreplica", "standby", "standby-noreplica", kill_to_caught_up)
+    ratio("standby/cold-nocache", "standby", "cold-nocache", kill_to_caught_up)
+    ratio("standby/cold-cache", "standby", "cold-cache", kill_to_caught_up)
+    ratio("cold-cache/cold-nocache", "cold-cache", "cold-nocache", kill_to_caught_up)
     # What the EC cache can change: opening it (in "index"), building the EC (cache + tail, or the extent
     # read back) and loading it; the replay is the same either way.
     for label, names in (
         ("index+ec_build", ("index", "ec_build")),
         ("index+ec_build+ec_load", ("index", "ec_build", "ec_load")),
     ):
-        ratios[f"cold-cache/cold-nocache {label}"] = [
-            round(phases(c, names) / phases(n, names), 3)
-            for c, n in zip(runs["cold-cache"], runs["cold-nocache"], strict=True)
-        ]
-        print(f"{label} s: cache on {[round(phases(c, names), 3) for c in runs['cold-cache']]}, "
-              f"off {[round(phases(n, names), 3) for n in runs['cold-nocache']]}")  # fmt: skip
+        ratio(
+            f"cold-cache/cold-nocache {label}", "cold-cache", "cold-nocache", lambda r, n=names: phases(r, n)
+        )
     for key in ("restart_cpu_to_caught_up_s", "recover_cpu_s"):
-        on = [c[key] for c in runs["cold-cache"]]
-        off = [n[key] for n in runs["cold-nocache"]]
-        ratios[f"cold-cache/cold-nocache {key}"] = [round(a / b, 3) for a, b in zip(on, off, strict=True)]
-        print(f"{key}: cache on {[round(a, 3) for a in on]}, off {[round(b, 3) for b in off]}")
+        ratio(f"cold-cache/cold-nocache {key}", "cold-cache", "cold-nocache", lambda r, k=key: r[k])
     for mode, value in summary.items():
-        print(f"{mode:12} kill to caught up, median {value:.2f} s")
+        print(f"{mode:17} kill to caught up, median {value:.2f} s")
     for name, values in ratios.items():
         print(f"{name}: per repeat {values}")
-    print(f"standby failover <= 1 s: {'reached' if summary['standby'] <= 1.0 else 'not reached'}; EC cache "
-          f"restart <= 0.5x the restart without it: "
-          f"{'reached' if max(ratios['cold-cache/cold-nocache']) <= 0.5 else 'not reached'}")  # fmt: skip
+    if "standby" in summary:
+        print(f"standby failover <= 1 s: {'reached' if summary['standby'] <= 1.0 else 'not reached'}")
+    if "cold-cache/cold-nocache" in ratios:
+        print("EC cache restart <= 0.5x the restart without it: "
+              f"{'reached' if max(ratios['cold-cache/cold-nocache']) <= 0.5 else 'not reached'}")  # fmt: skip
     if args.steady:
         on, off = steady_runs["cache-on"], steady_runs["cache-off"]
         cpu_ratio = [round(a["cpu_s"] / b["cpu_s"], 3) for a, b in zip(on, off, strict=True)]

@@ -150,10 +150,15 @@ class PartitionSummary:
         age = max(0.0, now_unix - s.updated_unix)
         if s.state == "took over":
             return f"  standby: pid {s.pid} took over after following the log to offset {s.applied:,}"
-        return (
+        line = (
             f"  standby: pid {s.pid} following, applied up to offset {s.applied:,} of {s.log_end:,}: lag "
             f"{s.lag_records:,} records ({age:.1f} s ago)"
         )
+        if s.replica == "applying" and s.replica_behind is not None:
+            return f"{line}; replica {s.replica_behind:,} input tuples behind that log's crash point"
+        if s.replica not in ("off", "applying"):
+            return f"{line}; replica {s.replica}"
+        return line
 
     def lines(self, topic: str) -> list[str]:
         ec = self.checkpoint

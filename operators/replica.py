@@ -201,21 +201,33 @@ class StandbyReplica:
         self.applied += applied
         return applied
 
+    @property
+    def behind(self) -> int | None:
+        """Input tuples between the replica and the crash point it follows (None before it started)."""
+        instance = self.instance
+        if instance is None or not self._bound:
+            return None
+        return sum(max(0, b - p) for p, b in zip(instance.positions, self._bound, strict=True))
+
     # -- at the takeover -------------------------------------------------------------------------------
-    def states_at(self, ec: EventualCheckpoint) -> Mapping[str, tuple[int, Any]] | str:
+    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, tuple[int, Any]] | str:
         """key -> (seq, state) of every window open at `ec.crash_pos` (the log's final crash point), the input
-        applied up to it; or why not (`recovery.manager.LiveStates`). Once: the states are handed over."""
+        applied up to it; or why not (`recovery.manager.LiveStates`). `within`: the tuples a replay from the
+        footprints would read: a replica further behind than that gives way to it (a primary that ran
+        ahead of its standby). Once: the states are handed over."""
         if self.unusable is not None:
             return self.unusable
         instance = self.instance
         if instance is None:
-            return "the replica had not started"
+            return self._give_up("the replica had not started")
         assert ec.crash_pos is not None
         bound = tuple(ec.crash_pos)
         try:
-            if any(b < a for a, b in zip(self._bound, bound, strict=True)):
+            behind = sum(max(0, b - p) for p, b in zip(instance.positions, bound, strict=True))
+            if behind > within:
                 return self._give_up(
-                    f"the log's crash point {list(bound)} is behind the replica's {list(self._bound)}"
+                    f"the replica was {behind:,} tuples behind the crash point, a replay from the "
+                    f"footprints {within:,}"
                 )
             last_progress = self.clock()
             while not all(p >= b for p, b in zip(instance.positions, bound, strict=True)):

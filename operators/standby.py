@@ -60,6 +60,7 @@ class StandbyStatus:
     # why it cannot be used.
     replica: str = "off"
     replica_applied: int = 0
+    replica_behind: int | None = None  # input tuples between it and the crash point of the log it followed
 
     @property
     def lag_records(self) -> int:
@@ -145,15 +146,22 @@ class Standby:
         path = self._status
         if path is None:
             return
-        replica, replica_state, replica_applied = self.replica, "off", 0
+        replica, replica_state, replica_applied, behind = self.replica, "off", 0, None
         if replica is not None:
-            replica_applied = replica.applied
+            replica_applied, behind = replica.applied, replica.behind
             if replica.unusable is not None:
                 replica_state = replica.unusable
             else:
                 replica_state = "applying" if replica.instance is not None else "starting"
         status = StandbyStatus(
-            os.getpid(), state, self.follower.applied, log_end, time.time(), replica_state, replica_applied
+            os.getpid(),
+            state,
+            self.follower.applied,
+            log_end,
+            time.time(),
+            replica_state,
+            replica_applied,
+            behind,
         )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:

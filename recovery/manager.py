@@ -38,9 +38,11 @@ class LiveStates(Protocol):
     standby's replica, `operators.replica`): asked once a standby's checkpoint is known, instead of
     decoding the footprints and replaying from them."""
 
-    def states_at(self, ec: EventualCheckpoint) -> Mapping[str, tuple[int, Any]] | str:
+    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, tuple[int, Any]] | str:
         """key -> (seq, state) of every window open at `ec.crash_pos`, the input applied up to it; or why
-        not (then recovery decodes the footprints and replays, as without them)."""
+        not (then recovery decodes the footprints and replays, as without them). `within`: the tuples a
+        replay from the footprints would read; a replica further behind the crash point than that says
+        so instead of catching up (the replay is then the shorter way)."""
         ...
 
 
@@ -84,6 +86,9 @@ class RecoveryReport:
     # A standby's replica (`LiveStates`): "used" when its states at the crash point replaced the EC load and
     # the replay, else why not ("" without one).
     replica: str = ""
+    replica_seconds: float = (
+        0.0  # the replica bringing its states to the crash point (in the `ec_load` phase)
+    )
     # The log ended with the end of the input (EOS): an earlier run finished it; nothing was recovered.
     log_complete: bool = False
 
@@ -140,8 +145,7 @@ class RecoveryManager:
         progress: Callable[[int, int, int], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
     ) -> None:
-        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics); between them
-        "replay" while a standby's replica applies the input up to the crash point (`recover`'s `replica`)."""
+        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics)."""
         self.reader = reader
         self.decode_state = decode_state
         self.codec = codec or RecordCodec()
@@ -191,17 +195,13 @@ class RecoveryManager:
             if cache is not None:
                 parts = {fp.key: fp.row for fp in ec.windows.values()}
                 forward = ForwardCheckpoint(parts, ec.crash_row, ec.end_offset)
-        live: Mapping[str, tuple[int, Any]] | str | None = None
-        if replica is not None:
-            if source != "standby":
-                live = "the standby's checkpoint was not used"
-            elif ec.complete:
-                live = "the log is complete"
-            else:
-                self.on_phase("replay")  # the replica applies the input up to the crash point
-                live = replica.states_at(ec)
+        asked: LiveStates | str | None = replica
+        if replica is not None and source != "standby":
+            asked = "the standby's checkpoint was not used"
+        elif replica is not None and ec.complete:
+            asked = "the log is complete"
         self.on_phase("ec_load")
-        recovery = load_checkpoint(ec, self.decode_state, self.codec, input_partitions, live=live)
+        recovery = load_checkpoint(ec, self.decode_state, self.codec, input_partitions, replica=asked)
         report = recovery.report
         report.ec_build_seconds = ec.build_seconds
         report.recovery_seconds = time.perf_counter() - started
@@ -211,13 +211,11 @@ class RecoveryManager:
 
 
 def _live_states(
-    footprints: list[ECFootprint], live: Mapping[str, tuple[int, Any]] | str | None
+    footprints: list[ECFootprint], live: Mapping[str, tuple[int, Any]] | str
 ) -> tuple[list[Any] | None, str]:
     """The live state of each footprint's window, when `live` holds exactly those windows (each key at the
     same seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and
     why not."""
-    if live is None:
-        return None, ""
     if isinstance(live, str):
         return None, live
     states = []
@@ -240,17 +238,31 @@ def load_checkpoint(
     codec: RecordCodec,
     input_partitions: int,
     *,
-    live: Mapping[str, tuple[int, Any]] | str | None = None,
+    replica: LiveStates | str | None = None,
 ) -> Recovery:
-    """EC-load: every footprint's record decoded and its window's state (or, where `live` holds exactly the
-    checkpoint's windows, its states at the crash point: `LiveStates`), and the replay planned."""
+    """EC-load: every footprint's record decoded, the replay planned, and each window's state decoded or,
+    where `replica` holds exactly the checkpoint's windows at the crash point (`LiveStates`), taken from it
+    (then nothing is replayed). `replica` as a string: why none was asked (the report's `replica`). The
+    report's `ec_load_seconds` leaves out the replica's catch-up, its `replica_seconds` (a restart's
+    timeline counts it in its `ec_load` phase)."""
     load_started = time.perf_counter()
     # The scan met the footprints newest first: reversed, they are (almost always) in offset order
     # already, which sorted() then confirms in one pass.
     footprints = sorted(reversed(ec.windows.values()), key=_OFFSET)
-    states, replica_note = _live_states(footprints, live)
     with gc_paused():
         records = footprint_records(footprints, codec)
+    plan = ReplayContract.build(
+        ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
+    )
+    states: list[Any] | None = None
+    replica_note, replica_seconds = "", 0.0
+    if isinstance(replica, str):
+        replica_note = replica
+    elif replica is not None:
+        replica_started = time.perf_counter()
+        states, replica_note = _live_states(footprints, replica.states_at(ec, plan.replay_span))
+        replica_seconds = time.perf_counter() - replica_started
+    with gc_paused():
         if states is None:
             windows = [
                 _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
@@ -261,10 +273,7 @@ def load_checkpoint(
                 _loaded(fp.key, record.seq, state, fp)
                 for fp, record, state in zip(footprints, records, states, strict=True)
             ]
-    load_seconds = time.perf_counter() - load_started
-    plan = ReplayContract.build(
-        ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
-    )
+    load_seconds = time.perf_counter() - load_started - replica_seconds
     report = RecoveryReport(
         log_end=ec.end_offset,
         extent_records=ec.extent_size,
@@ -278,5 +287,6 @@ def load_checkpoint(
         replay_span=0 if states is not None else plan.replay_span,
         log_complete=ec.complete,
         replica=replica_note,
+        replica_seconds=replica_seconds,
     )
     return Recovery(ec, windows, plan, report, at_crash_point=states is not None)

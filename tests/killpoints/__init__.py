@@ -391,8 +391,8 @@ def _replica_states_at(n: int) -> None:
         cls = module.StandbyReplica
         states_at = cls.states_at
 
-        def states_at_(self: Any, ec: Any) -> Any:
-            states = states_at(self, ec)
+        def states_at_(self: Any, ec: Any, within: int) -> Any:
+            states = states_at(self, ec, within)
             counter.seen += 1
             if counter.seen == n:
                 kill()

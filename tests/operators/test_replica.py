@@ -136,7 +136,7 @@ def _follow_and_replicate(
 
 
 def _states(replica: StandbyReplica, ec: EventualCheckpoint) -> dict[str, tuple[int, bytes]]:
-    held = replica.states_at(ec)
+    held = replica.states_at(ec, within=1 << 30)
     assert not isinstance(held, str), held
     encode = replica.operator.encode_state
     return {key: (seq, encode(state)) for key, (seq, state) in held.items() if key in ec.windows}
@@ -160,7 +160,7 @@ def test_the_replicas_states_at_a_crash_point_are_what_a_replay_from_the_footpri
     expected = _recovered_by_replay(spec, rows, end)
     got = _states(replica, ec)
     assert got == {key: expected[key] for key in ec.windows}
-    assert replica.unusable == "handed over" and replica.states_at(ec) == "handed over"
+    assert replica.unusable == "handed over" and replica.states_at(ec, 1 << 30) == "handed over"
 
 
 def test_the_replica_never_applies_input_past_the_crash_point_it_followed(
@@ -211,8 +211,22 @@ def test_an_input_that_stops_short_of_the_crash_point_makes_the_replica_unusable
         spec.operator.build(), _ShortInput(stop=100), batch_size=16, clock=lambda: next(ticks)
     )
     _, ec = _follow_and_replicate(rows, replica, [len(rows) // 4], [10_000], len(rows) // 2)
-    why = replica.states_at(ec)
+    why = replica.states_at(ec, within=1 << 30)
     assert isinstance(why, str) and why.startswith("the input did not reach the crash point"), why
+
+
+def test_a_replica_further_behind_than_the_footprints_replay_gives_way_to_it(
+    run_log: tuple[JobSpec, list[Row]],
+) -> None:
+    spec, rows = run_log
+    replica = _replica(spec)
+    _, ec = _follow_and_replicate(rows, replica, [len(rows) // 4], [1], len(rows) // 2)
+    assert ec.crash_pos is not None and replica.instance is not None
+    behind = sum(ec.crash_pos) - sum(replica.instance.positions)
+    assert behind > 100
+    assert replica.states_at(ec, within=behind - 1) == (
+        f"the replica was {behind:,} tuples behind the crash point, a replay from the footprints {behind - 1:,}"
+    )
 
 
 def test_an_operator_that_raises_in_the_replica_makes_it_unusable_and_the_standby_goes_on(
@@ -228,7 +242,17 @@ def test_an_operator_that_raises_in_the_replica_makes_it_unusable_and_the_standb
     follower, ec = _follow_and_replicate(rows, replica, [len(rows) // 2], [500], len(rows) // 2)
     assert replica.unusable == "the replica failed: RuntimeError: a bug the primary does not hit"
     assert replica.advance(follower, 500) == 0
-    assert replica.states_at(ec) == replica.unusable
+    assert replica.states_at(ec, 1 << 30) == replica.unusable
+
+
+class _Held:
+    """States some replica holds (`recovery.manager.LiveStates`)."""
+
+    def __init__(self, states: dict[str, tuple[int, Any]]) -> None:
+        self.states = states
+
+    def states_at(self, ec: EventualCheckpoint, within: int) -> dict[str, tuple[int, Any]]:
+        return self.states
 
 
 def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_windows(
@@ -240,7 +264,7 @@ def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_win
     operator = spec.operator.build()
     decode = operator.decode_state
     exact = {key: (fp.row[4], decode(fp.record.state or b"")) for key, fp in ec.windows.items()}
-    used = load_checkpoint(ec, decode, CODEC, 3, live=exact)
+    used = load_checkpoint(ec, decode, CODEC, 3, replica=_Held(exact))
     assert used.at_crash_point and used.report.replica == "used" and used.report.replay_span == 0
     assert {w.key: w.state for w in used.windows} == {key: state for key, (_, state) in exact.items()}
     key = next(iter(ec.windows))
@@ -248,7 +272,7 @@ def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_win
         {**exact, key: (exact[key][0] + 1, exact[key][1])},
         {k: v for k, v in exact.items() if k != key},
     ):
-        refused = load_checkpoint(ec, decode, CODEC, 3, live=live)
+        refused = load_checkpoint(ec, decode, CODEC, 3, replica=_Held(live))
         assert not refused.at_crash_point and refused.report.replay_span == refused.plan.replay_span > 0
         assert refused.report.replica.startswith("the replica's windows differ from the log's"), (
             refused.report

@@ -137,8 +137,8 @@ def test_failover_to_a_following_standby_is_exact(
             status = read_status(store, "agg", 0)
             if status is None or status.state != "following" or status.applied < end:
                 return False
-            # With a replica: it has applied the input too (up to the frozen log's crash point, at most).
-            return not replica or (status.replica == "applying" and status.replica_applied > 0)
+            # With a replica: it has applied the input up to the frozen log's crash point.
+            return not replica or (status.replica == "applying" and status.replica_behind == 0)
 
         wait_for(followed_to_the_end, timeout=120)
         assert standby.poll() is None  # still waiting: the frozen primary holds the writer
@@ -151,6 +151,11 @@ def test_failover_to_a_following_standby_is_exact(
         text = cec("inspect", "agg", "--store-dir", str(root)).stdout
         assert f"  standby: pid {standby.pid} following, applied up to offset {lag['applied']:,}" in text
         assert "lag 0 records" in text
+        if replica:
+            assert lag["replica"] == "applying" and lag["replica_behind"] == 0, lag
+            assert "; replica 0 input tuples behind that log's crash point" in text
+        else:
+            assert lag["replica"] == "off" and "replica" not in text
         os.kill(primary.pid, signal.SIGKILL)
         primary.wait(timeout=60)
         assert primary.returncode == -signal.SIGKILL
@@ -235,8 +240,13 @@ def test_a_running_primary_killed_mid_run_fails_over_to_its_replica_exactly(
                 proc.kill()
     assert logged(store) == expected
     report = _stats(stats)["recovery"]
-    assert report["ec_source"] == "standby" and report["replica"] == "used", report
-    assert report["tuples_replayed"] == 0, report
+    assert report["ec_source"] == "standby", report
+    # The replica catches up unless it was further behind than the footprints' replay (a loaded machine):
+    # exact either way, and the report says which.
+    if report["replica"] == "used":
+        assert report["tuples_replayed"] == 0, report
+    else:
+        assert report["replica"].startswith("the replica was ") and report["tuples_replayed"] > 0, report
 
 
 @pytest.mark.parametrize(
