@@ -154,7 +154,8 @@ def _kill_primary_at(primary: subprocess.Popen[bytes], store: SqliteQueueStore, 
 def _report(stats: Path) -> dict[str, Any]:
     rec: dict[str, Any] = json.loads(stats.read_text())["recovery"]
     return {k: rec.get(k) for k in ("recovery_seconds", "phases", "records_read", "extent_records",
-                                     "ec_windows", "tuples_replayed", "ec_source", "ec_cache_note", "replica")}  # fmt: skip
+                                     "ec_windows", "tuples_replayed", "ec_source", "ec_cache_note", "replica",
+                                     "replica_seconds", "ec_load_seconds", "ec_build_seconds")}  # fmt: skip
 
 
 def _per_key(store: SqliteQueueStore) -> Counter[str]:
@@ -313,7 +314,8 @@ def main(argv: list[str] | None = None) -> int:
                 rep_ = row["report"]
                 print(f"[{rep}] {mode:12} kill to caught up {row['kill_to_caught_up_s']:6.2f} s  "
                       f"({rep_['ec_source']}: {rep_['records_read']:,} records read, {rep_['ec_windows']:,} windows, "
-                      f"{rep_['tuples_replayed']:,} replayed, replica {rep_.get('replica') or '-'}; phases "
+                      f"{rep_['tuples_replayed']:,} replayed, replica {rep_.get('replica') or '-'} "
+                      f"({rep_.get('replica_seconds') or 0:.2f} s; EC load {rep_.get('ec_load_seconds') or 0:.2f} s); phases "
                       f"{ {k: round(v, 2) for k, v in (rep_['phases'] or {}).items()} })  "
                       f"loadavg {row['loadavg']:.1f}", flush=True)  # fmt: skip
                 shutil.rmtree(work / tag, ignore_errors=True)

@@ -89,3 +89,7 @@ def test_standby_flag_mistakes_are_one_line(tmp_path: Path) -> None:
     out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), "--standby", "--crash-after", "3")
     assert out.returncode == 2 and "--standby stands by a running primary" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+    out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), "--standby-replica", "off")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "cec: error: --standby-replica goes with --standby"
+    ], out.stderr
