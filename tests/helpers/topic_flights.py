@@ -33,6 +33,7 @@ __all__ = [
     "flights_csv",
     "flights_topic",
     "flush_records",
+    "key_and_value_dead_letters",
     "logged_dead_letters",
     "need_reader",
 ]
@@ -110,6 +111,24 @@ def flights_csv(path: Path, records: list[Record]) -> Path:
             writer.writerow(["" if r.get(c) is None else repr(r[c]) if isinstance(r[c], float) else r[c]
                              for c in columns])  # fmt: skip
     return path
+
+
+def key_and_value_dead_letters(records: list[Record]) -> list[tuple[int, int, str]]:
+    """(partition, offset, reason), sorted: the dead letters of an aggregate keyed by (carrier, origin) over
+    arr_delay (and other fields) on `flights_topic(records)`, in plain Python: every record without its
+    origin and every arr_delay that is not a number (`flight_records` makes none with both). Offsets
+    count each partition's records in their order, as the topic's one producer wrote them."""
+    offsets = [0] * (max(p for p, _ in records) + 1)
+    out = []
+    for p, r in records:
+        missing, late = "origin" not in r, r.get("arr_delay") == "late"
+        assert not (missing and late), r
+        if missing:
+            out.append((p, offsets[p], "missing key 'origin'"))
+        elif late:
+            out.append((p, offsets[p], "value 'arr_delay' is not a number: 'late'"))
+        offsets[p] += 1
+    return sorted(out)
 
 
 def logged_dead_letters(broker: Broker, root: Path, output: str) -> list[tuple[Any, ...]]:

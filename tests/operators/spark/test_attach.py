@@ -73,18 +73,20 @@ class Purchases:
     dead: int  # tuples without a price
 
 
-@pytest.fixture(scope="module")
-def purchases(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Purchases:
-    """The input topic, written as CEC R records (what an upstream CEC stage or the cec-kafka sink writes)."""
-    state_dir = tmp_path_factory.mktemp("attach-input")
+def write_purchases(
+    bootstrap: str, state_dir: Path, *, partitions: int, seed: int, count: int = COUNT, invalid_every: int = 0
+) -> Purchases:
+    """`count` purchases over KEYS items (each item in one partition) written to a new topic of `partitions`
+    partitions as CEC R records (what an upstream CEC stage or the cec-kafka sink writes); with
+    `invalid_every`, about one in that many without a price (the aggregate dead-letters them)."""
     topic = f"purchases-{uuid.uuid4().hex[:8]}"
-    gen = PurchaseGenerator(COUNT, KEYS, seed=11, partitions=2, invalid_every=37)
+    gen = PurchaseGenerator(count, KEYS, seed=seed, partitions=partitions, invalid_every=invalid_every)
     codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
     dead = 0
-    store = KafkaQueueStore(spark_kafka_broker.bootstrap, state_dir)
+    store = KafkaQueueStore(bootstrap, state_dir)
     try:
-        store.create_topic(topic, 2)
-        for j in range(2):
+        store.create_topic(topic, partitions)
+        for j in range(partitions):
             with store.writer(topic, j) as writer:
                 for o in range(gen.sizes[j]):
                     value = gen.tuple_at(j, o)
@@ -95,8 +97,16 @@ def purchases(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFacto
                     writer.append(codec.encode(record), record.meta())
     finally:
         store.close()
-    assert dead > 0
-    return Purchases(spark_kafka_broker.bootstrap, topic, state_dir, dead)
+    return Purchases(bootstrap, topic, state_dir, dead)
+
+
+@pytest.fixture(scope="module")
+def purchases(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Purchases:
+    """The input topic: two partitions, some purchases without a price."""
+    state_dir = tmp_path_factory.mktemp("attach-input")
+    data = write_purchases(spark_kafka_broker.bootstrap, state_dir, partitions=2, seed=11, invalid_every=37)
+    assert data.dead > 0
+    return data
 
 
 def _args(purchases: Purchases, root: Path, output: str, **extra: Any) -> dict[str, Any]:

@@ -23,23 +23,21 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cec.exceptions import ConfigError
-from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
+from cec.records import AvroCodec, Kind, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
 from operators.engine.trimming import DEFAULT_TRIM_EVERY
-from operators.sources import PurchaseGenerator
 from operators.spark.attach import RESULT_COLUMNS, cec_aggregate
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
 from tests.operators.spark.test_attach import (
-    INPUT_SCHEMA,
-    KEYS,
     Purchases,
     Reference,
     _args,
     _killed_driver,
     purchases,  # noqa: F401 - the module's fixtures
     reference,  # noqa: F401
+    write_purchases,
 )
 
 if TYPE_CHECKING:
@@ -145,27 +143,6 @@ def test_trim_every_is_refused_below_zero(
             cec_aggregate(spark, **_args(purchases, tmp_path, "never-made", trim_every=bad))
 
 
-def _write_purchases(bootstrap: str, root: Path, count: int, partitions: int) -> Purchases:
-    """`count` purchases (no invalid one) as CEC R records in a topic of `partitions` partitions."""
-    topic = f"purchases-{uuid.uuid4().hex[:8]}"
-    gen = PurchaseGenerator(count, KEYS, seed=17, partitions=partitions)
-    codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
-    store = KafkaQueueStore(bootstrap, root)
-    try:
-        store.create_topic(topic, partitions)
-        for j in range(partitions):
-            with store.writer(topic, j) as writer:
-                for o in range(gen.sizes[j]):
-                    value = gen.tuple_at(j, o)
-                    out = OutputRecord(
-                        Kind.R, int(value["item_time"] or 0), (), 0, payload=payloads.encode(value)
-                    )
-                    writer.append(codec.encode(out), out.meta())
-    finally:
-        store.close()
-    return Purchases(bootstrap, topic, root, 0)
-
-
 def test_trimming_is_on_by_default_and_trim_every_zero_turns_it_off(
     spark: SparkSession,
     spark_kafka_broker: Broker,
@@ -175,7 +152,9 @@ def test_trimming_is_on_by_default_and_trim_every_zero_turns_it_off(
     log as it runs, as a `cec run --follow`'s do); `trim_every=0` never trims. Count windows of 2 give
     about one record per tuple: 25,000 tuples are 2.5 trim intervals of one output partition."""
     count = int(2.5 * DEFAULT_TRIM_EVERY)
-    source = _write_purchases(spark_kafka_broker.bootstrap, tmp_path / "input", count, 1)
+    source = write_purchases(
+        spark_kafka_broker.bootstrap, tmp_path / "input", partitions=1, seed=17, count=count
+    )
     store = KafkaQueueStore(source.bootstrap, tmp_path / "observer")
     try:
         for every, trims in ((None, True), (0, False)):

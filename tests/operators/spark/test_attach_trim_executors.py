@@ -22,23 +22,19 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 from cec.inspection import inspect_topic
-from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
-from operators.sources import PurchaseGenerator
 from operators.spark.attach import read_results
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
 from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_BEFORE_TRIM, WRITER_IN_COMMIT, WRITER_IN_TRIM
 from tests.operators.spark.test_attach import (
-    COUNT,
-    INPUT_SCHEMA,
-    KEYS,
     PerKey,
     Purchases,
     _args,
     _driver_child,
     _killed_driver,
     _per_key,
+    write_purchases,
 )
 from tests.operators.spark.test_attach_trim import TRIM_EVERY, _starts
 
@@ -50,25 +46,7 @@ if TYPE_CHECKING:
 def purchases3(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> Purchases:
     """The purchases of `test_attach` over three input partitions."""
     state_dir = tmp_path_factory.mktemp("attach-trim-input")
-    topic = f"purchases3-{uuid.uuid4().hex[:8]}"
-    gen = PurchaseGenerator(COUNT, KEYS, seed=13, partitions=3, invalid_every=37)
-    codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
-    dead = 0
-    store = KafkaQueueStore(spark_kafka_broker.bootstrap, state_dir)
-    try:
-        store.create_topic(topic, 3)
-        for j in range(3):
-            with store.writer(topic, j) as writer:
-                for o in range(gen.sizes[j]):
-                    value = gen.tuple_at(j, o)
-                    dead += value["item_price"] is None
-                    out = OutputRecord(
-                        Kind.R, int(value["item_time"] or 0), (), 0, payload=payloads.encode(value)
-                    )
-                    writer.append(codec.encode(out), out.meta())
-    finally:
-        store.close()
-    return Purchases(spark_kafka_broker.bootstrap, topic, state_dir, dead)
+    return write_purchases(spark_kafka_broker.bootstrap, state_dir, partitions=3, seed=13, invalid_every=37)
 
 
 @pytest.fixture(scope="module")
