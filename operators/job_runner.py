@@ -18,6 +18,7 @@ from operators.crash_after import CrashAfter
 from operators.job_builders import build_source, job_source_spec
 from operators.job_spec import JobSpec
 from operators.runtime import OperatorRuntime, Progress, RunStats
+from operators.sources import InputSource
 from queuestore.base import QueueStore
 from queuestore.exceptions import PartitionLockedError, WriterResetError
 from queuestore.factory import open_store
@@ -109,19 +110,27 @@ def check_input(spec: JobSpec) -> None:
             return
         source = build_source(spec.source, store)
         try:
-            check_log(
-                store,
-                spec.output_topic,
-                spec.output_partition,
-                log_end=log_end,
-                input_identity=source.identity(),
-                operator=spec.operator.to_dict(),
-                pinned=source.pinned_fields,
-            )
+            _recorded_input(spec, store, source, log_end)
         finally:
             source.close()
     finally:
         store.close()
+
+
+def _recorded_input(
+    spec: JobSpec, store: QueueStore, source: InputSource, log_end: int
+) -> dict[str, Any] | None:
+    """The input identity the job's log recorded, read-only (`recovery.identity.check_log`: raises
+    `InputMismatchError` if the log was built from another input or operator); None for an empty log."""
+    return check_log(
+        store,
+        spec.output_topic,
+        spec.output_partition,
+        log_end=log_end,
+        input_identity=source.identity(),
+        operator=spec.operator.to_dict(),
+        pinned=source.pinned_fields,
+    )
 
 
 def _metrics(spec: JobSpec) -> OperatorMetrics | None:
@@ -196,16 +205,7 @@ def _replica(spec: JobSpec, store: QueueStore, source_spec: dict[str, Any]) -> S
 
     def pin() -> None:
         with store.reader(spec.output_topic, spec.output_partition) as reader:
-            log_end = reader.end_offset()
-        recorded = check_log(
-            store,
-            spec.output_topic,
-            spec.output_partition,
-            log_end=log_end,
-            input_identity=source.identity(),
-            operator=spec.operator.to_dict(),
-            pinned=source.pinned_fields,
-        )
+            recorded = _recorded_input(spec, store, source, reader.end_offset())
         if recorded is not None:
             source.pin(recorded)
 

@@ -42,14 +42,14 @@ from recovery.eventual import EventualCheckpoint
 from recovery.manager import load_checkpoint
 from recovery.standby import FollowedCheckpoint, LogFollower
 
-__all__ = ["StandbyReplica"]
+__all__ = ["DiscardedRecords", "StandbyReplica"]
 
 # How long the takeover waits for the input to reach the crash point with nothing new arriving (the primary
 # read every one of those tuples, so they exist; a source that stalls this long is given up on).
 CATCH_UP_STALL_S = 10.0
 
 
-class _Discarded:
+class DiscardedRecords:
     """The replica's `RecordSink`: its records exist in the primary's log already (or will be made live by
     whoever goes on), so they go nowhere."""
 
@@ -137,7 +137,7 @@ class StandbyReplica:
         closed = dict(forward.closed) if isinstance(forward, FollowedCheckpoint) else {}
         instance = OperatorInstance(
             operator,
-            _Discarded(),
+            DiscardedRecords(),
             self.source.partitions,
             footprints=self.footprints,
             closed_seq=closed.get,

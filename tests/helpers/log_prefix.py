@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from queuestore.base import PartitionReader, Row, StoredRecord
+from queuestore.base import PartitionReader, QueueStore, Row, StoredRecord
 from recovery.eventual import EventualCheckpoint
 
-__all__ = ["LogPrefix", "ec_view"]
+__all__ = ["LogPrefix", "ec_view", "logged_rows"]
 
 
 class LogPrefix(PartitionReader):
@@ -54,3 +54,12 @@ def ec_view(ec: EventualCheckpoint) -> tuple[object, ...]:
         ec.complete,
         ec.marks,
     )
+
+
+def logged_rows(store: QueueStore, topic: str) -> list[Row]:
+    """Every row of partition 0 of `topic` (a finished run's log, for the every-prefix tests); closes `store`."""
+    try:
+        with store.reader(topic, 0) as reader:
+            return reader.read_range_rows(0, reader.end_offset())
+    finally:
+        store.close()

@@ -20,19 +20,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cec.records import RecordCodec
-from cec.registry import OpenWindow
 from operators.base import InputTuple
 from operators.engine import OperatorInstance
-from operators.engine.records import HeldRecord, Marks, Moment
 from operators.job import JobSpec, run_job
-from operators.replica import StandbyReplica
+from operators.replica import DiscardedRecords, StandbyReplica
 from operators.sources import InputSource, PurchaseGenerator
 from queuestore.base import Row
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
 from recovery.manager import load_checkpoint
 from recovery.standby import LogFollower
-from tests.helpers.log_prefix import LogPrefix
+from tests.helpers.log_prefix import LogPrefix, logged_rows
 
 CODEC = RecordCodec()
 GENERATOR = {"count": 3000, "keys": 40, "seed": 9, "partitions": 3, "invalid_every": 37}
@@ -66,27 +64,9 @@ def run_log(tmp_path_factory: pytest.TempPathFactory) -> tuple[JobSpec, list[Row
     root = tmp_path_factory.mktemp("replica")
     spec = _spec(root)
     run_job(spec)
-    store = SqliteQueueStore(root)
-    try:
-        with store.reader("agg", 0) as reader:
-            rows = reader.read_range_rows(0, reader.end_offset())
-    finally:
-        store.close()
+    rows = logged_rows(SqliteQueueStore(root), "agg")
     assert len(rows) > 1000 and {"GOPEN", "GCHECK", "R"} <= {row[1] for row in rows}
     return spec, rows
-
-
-class _Dropped:
-    def tuple_records(self, at: Moment, tup: InputTuple, held: list[HeldRecord], marks: Marks | None) -> None:
-        pass
-
-    def gchecks(
-        self, at: Moment, windows: Sequence[OpenWindow], states: list[bytes], marks: tuple[int, ...]
-    ) -> None:
-        pass
-
-    def end_of_stream(self, at: Moment, marks: tuple[int, ...]) -> None:
-        pass
 
 
 def _recovered_by_replay(spec: JobSpec, rows: list[Row], end: int) -> dict[str, tuple[int, bytes]]:
@@ -98,7 +78,7 @@ def _recovered_by_replay(spec: JobSpec, rows: list[Row], end: int) -> dict[str, 
     for row in rows[:end]:
         if row[1] == "R" and row[3] is not None:
             closed[row[3]] = row[4]
-    instance = OperatorInstance(operator, _Dropped(), 3, closed_seq=closed.get)
+    instance = OperatorInstance(operator, DiscardedRecords(), 3, closed_seq=closed.get)
     instance.restore(load_checkpoint(ec, operator.decode_state, CODEC, 3))
     generator = _generator()
     start = list(instance.positions)

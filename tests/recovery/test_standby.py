@@ -37,7 +37,7 @@ from recovery.eventual import EventualCheckpointBuilder
 from recovery.standby import LogFollower
 from tests.brokers import Broker
 from tests.helpers import cec, child_env, per_key, results, start_worker, wait_for
-from tests.helpers.log_prefix import LogPrefix, ec_view
+from tests.helpers.log_prefix import LogPrefix, ec_view, logged_rows
 
 TUPLES = 150_000
 CODEC = RecordCodec()
@@ -362,12 +362,7 @@ def real_log(tmp_path_factory: pytest.TempPathFactory) -> list[Row]:
         }
     )  # fmt: skip
     run_job(spec)
-    store = SqliteQueueStore(root)
-    try:
-        with store.reader("agg", 0) as reader:
-            rows = reader.read_range_rows(0, reader.end_offset())
-    finally:
-        store.close()
+    rows = logged_rows(SqliteQueueStore(root), "agg")
     assert len(rows) > 1000 and {"GOPEN", "GCHECK", "R"} <= {row[1] for row in rows}
     return rows
 
