@@ -829,8 +829,10 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
     if "trim_every" in inspect.signature(cec_aggregate).parameters:
         kwargs["trim_every"] = None  # never, in every tree: `log_volume` reads the whole log after the run
-    if spec.get("resume_checkpoint"):
-        kwargs["resume_checkpoint"] = True
+    if "resume_checkpoint" in inspect.signature(cec_aggregate).parameters:
+        # Explicit either way: the log-path system must not take the default (resume, since issue 26) and
+        # a tree from before the keyword never sees it.
+        kwargs["resume_checkpoint"] = bool(spec.get("resume_checkpoint"))
     return cec_aggregate(spark, **kwargs)
 
 
@@ -1407,7 +1409,7 @@ def measure_attached_recovery(
     kill_after = max(0, w.batches // 2 - 1)
     checkpoints = Path(spec["checkpoint"])
     first = _spawn_native(w, f"{system}_killed", [warm, spec])
-    # Each start makes a fresh Spark checkpoint under checkpoint_location (recovery comes from the logs).
+    # A start that recovers from the logs makes a fresh Spark checkpoint under checkpoint_location.
     while not any(checkpoints.glob(f"**/commits/{kill_after}")):
         if first.proc.poll() is not None:
             raise first.fail(f"the attached driver ended before batch {kill_after} committed")
