@@ -194,7 +194,8 @@ def test_hopping_and_session_windows_are_exact_after_driver_sigkills(
     assert _spark_results(spark, kafka_broker, reference) == truth
 
     output = f"{window}-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(kafka_broker, topic, tmp_path, output, window, **extra)
+    # From the logs, the second kill inside the replay (a resumed checkpoint is test_attach_resume.py's).
+    args = _args(kafka_broker, topic, tmp_path, output, window, resume_checkpoint=False, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)  # killed again in the micro-batch recovery ends in
     query = run_to_end(spark, args)
@@ -236,7 +237,7 @@ def test_sessions_the_watermark_closed_with_the_last_ones_still_open_are_exact_a
     assert _spark_results(spark, kafka_broker, reference) == truth
 
     output = f"session-open-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(kafka_broker, topic, tmp_path, output, "session", **extra)
+    args = _args(kafka_broker, topic, tmp_path, output, "session", resume_checkpoint=False, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)
     query = run_to_end(spark, args)
