@@ -25,6 +25,7 @@ from cec.inspection import inspect_topic
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from operators.sources import PurchaseGenerator
 from operators.spark.attach import read_results
+from operators.spark.resume import FROM_LOGS, RESUMED
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
@@ -209,6 +210,8 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
 
         query = run_to_end(spark, args)
         assert query.recovery.resumed and query.cec_progress["trimmed_offsets"] > 0
+        recovery = query.cec_progress["recovery"]
+        assert recovery["path"] == (RESUMED if resume else FROM_LOGS), recovery
         final = _starts(store, output)
         for q in range(3):
             assert final[q] <= acked[q], (q, final, acked)  # never past the reader ...
