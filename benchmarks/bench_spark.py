@@ -170,6 +170,9 @@ class Workload:
     # --attached-resume (--recovery-only): each attached system also runs with
     # cec_aggregate(resume_checkpoint=True) as "<system>_resume", whose restart resumes Spark's checkpoint
     attached_resume: bool = False
+    # --checkpoint-deleted (--recovery-only): every system's Spark checkpoint directory is deleted between
+    # the kill and the restart (Spark native then starts a new query without state; CEC recovers from the logs)
+    checkpoint_deleted: bool = False
     offsets: int = 0  # the input topic's end offsets summed (records, EOS and transaction markers); 0: unread
     tws_baseline: bool = False  # --focus attached: also Spark native under transformWithStateInPandas
     # Spark native's input and output: "kafka" (Spark's Kafka source over the JSON twin of the input, a Kafka
@@ -829,8 +832,10 @@ def _attached_query(spark: SparkSession, spec: dict[str, Any]) -> Any:
         kwargs["max_records_per_trigger"] = spec["batch_rows"]
     if "trim_every" in inspect.signature(cec_aggregate).parameters:
         kwargs["trim_every"] = None  # never, in every tree: `log_volume` reads the whole log after the run
-    if spec.get("resume_checkpoint"):
-        kwargs["resume_checkpoint"] = True
+    if "resume_checkpoint" in inspect.signature(cec_aggregate).parameters:
+        # Explicit either way: the log-path system must not take the default (resume, since issue 26) and
+        # a tree from before the keyword never sees it.
+        kwargs["resume_checkpoint"] = bool(spec.get("resume_checkpoint"))
     return cec_aggregate(spark, **kwargs)
 
 
@@ -1041,6 +1046,14 @@ def measure_native(w: Workload, one_batch: bool = True) -> dict[str, Any]:
     return out
 
 
+def _delete_checkpoint(w: Workload, checkpoint: Path) -> None:
+    """With --checkpoint-deleted: the killed query's Spark checkpoint directory removed before the restart
+    (a lost disk, a new host without the shared checkpoint: what Spark native cannot recover from)."""
+    if w.checkpoint_deleted:
+        shutil.rmtree(checkpoint)
+        say(f"  deleted the Spark checkpoint {checkpoint}")
+
+
 def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[str, Any]:
     """Kill the driver after the batch that completes half the input committed; restart from the checkpoint.
 
@@ -1063,6 +1076,7 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
     say(
         f"  killed the native driver {to_kill:.2f} s into its query, right after batch {kill_after} committed"
     )
+    _delete_checkpoint(w, Path(spec["checkpoint"]))
 
     warm2 = _native_query_spec(w.warmup(), "warmup", None)
     second = _spawn_native(w, "recovery_restarted", [warm2, spec])
@@ -1407,7 +1421,7 @@ def measure_attached_recovery(
     kill_after = max(0, w.batches // 2 - 1)
     checkpoints = Path(spec["checkpoint"])
     first = _spawn_native(w, f"{system}_killed", [warm, spec])
-    # Each start makes a fresh Spark checkpoint under checkpoint_location (recovery comes from the logs).
+    # A start that recovers from the logs makes a fresh Spark checkpoint under checkpoint_location.
     while not any(checkpoints.glob(f"**/commits/{kill_after}")):
         if first.proc.poll() is not None:
             raise first.fail(f"the attached driver ended before batch {kill_after} committed")
@@ -1419,6 +1433,7 @@ def measure_attached_recovery(
     say(
         f"  killed the attached driver {to_kill:.2f} s into its query, right after batch {kill_after} committed"
     )
+    _delete_checkpoint(w, checkpoints)
     second = _spawn_native(w, f"{system}_restarted", [dict(warm, output=warm["output"] + "-2"), spec])
     result = second.wait()
     q = _query(result, spec["name"])
@@ -1886,6 +1901,13 @@ def main(argv: list[str] | None = None) -> int:
         'the logs ("<system>_resume"; ratios to native and to the log path); files get a -resume suffix',
     )
     parser.add_argument(
+        "--checkpoint-deleted",
+        action="store_true",
+        help="with --focus attached --recovery-only: delete every system's Spark checkpoint directory between "
+        "the kill and the restart (Spark native starts a new query without state, from startingOffsets "
+        "earliest; CEC recovers from its output logs); files get a -ckpt-deleted suffix",
+    )
+    parser.add_argument(
         "--gopen-only",
         action="store_true",
         help="with --focus attached: cec_aggregate(checkpointing=Checkpointing.gopen_only()) in every tree that "
@@ -1992,6 +2014,7 @@ def main(argv: list[str] | None = None) -> int:
             before_tree=args.before_tree.resolve() if args.before_tree else None,
             gopen_only=args.gopen_only,
             attached_resume=args.attached_resume,
+            checkpoint_deleted=args.checkpoint_deleted,
             cpu_seconds=args.cpu_seconds,
             skip_native=args.skip_native,
         )
@@ -2264,6 +2287,8 @@ def _recovery_json(w: Workload) -> str:
         name = CONNECTOR_RECOVERY_JSON.format(keys=w.keys)
     if w.attached_resume:
         name = name.replace(".json", "-resume.json")
+    if w.checkpoint_deleted:
+        name = name.replace(".json", "-ckpt-deleted.json")
     return name if w.recovery_target is None else name.replace(".json", f"-rto-{w.recovery_target}.json")
 
 

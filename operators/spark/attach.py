@@ -81,7 +81,7 @@ from operators.spark.planning import AttachRecovery
 from operators.spark.processor import CecAggregateProcessor
 from operators.spark.query import CecAggregateQuery
 from operators.spark.results import RESULT_COLUMNS, bind_result_types, read_results, register_all
-from operators.spark.resume import options_fingerprint, query_fingerprint, run_checkpoint
+from operators.spark.resume import never_resumes, options_fingerprint, query_fingerprint, run_checkpoint
 from operators.spark.sink import CecSink
 from operators.spark.start_recovery import start_recovery
 from operators.spark.transform import Transform
@@ -144,7 +144,7 @@ def cec_aggregate(
     session_gap: str | int | None = None,
     transform: Transform | None = None,
     results_topic: str | None = None,
-    resume_checkpoint: bool = False,
+    resume_checkpoint: bool = True,
 ) -> CecAggregateQuery:
     """Start (or resume) `agg(value)` (or several aggregates) per `key` over tumbling windows with CEC, reading `input_topic` and
     writing results plus footprints to `output_topic`; returns a `CecAggregateQuery` (a StreamingQuery
@@ -182,14 +182,16 @@ def cec_aggregate(
     - `partitions`: output partitions P (default: the latest generation's, else the input's). A P other
       than the latest generation's starts a new generation (`operators.spark.generations`);
     - `state_dir`: local state (stream indexes, writer locks); `checkpoint_location`: a fresh Spark
-      checkpoint is made under it at every start that recovers from the output logs;
-    - `resume_checkpoint=True`: a start first checks whether the latest Spark checkpoint under
-      `checkpoint_location` agrees with the output logs (same query, same generation and partition count,
-      its last committed micro-batch's cursor at each log's end, or only that batch's successor beyond it)
-      and, if so, resumes it as Spark's own restart does (its last committed micro-batch, its state store);
-      otherwise it recovers from the logs as before (`operators.spark.resume`). `writers="executors"`
-      only. `lastProgress["cec"]["recovery"]["path"]` says which ("resumed-checkpoint" or "from-logs") and
-      `["reason"]` why. False (the default): every start recovers from the logs;
+      checkpoint is made under it at every start that recovers from the output logs, the latest one is
+      resumed by a start that may (`resume_checkpoint`);
+    - `resume_checkpoint` (True by default): a start first checks whether the latest Spark checkpoint
+      under `checkpoint_location` agrees with the output logs (same query, same generation and partition
+      count, its last committed micro-batch's cursor at each log's end, or only that batch's successor
+      beyond it) and, if so, resumes it as Spark's own restart does (its last committed micro-batch, its
+      state store); otherwise (missing, damaged, another query's, behind or ahead of the logs, another
+      partition count) it recovers from the logs (`operators.spark.resume`). `writers="executors"` only.
+      `lastProgress["cec"]["recovery"]["path"]` says which ("resumed-checkpoint" or "from-logs") and
+      `["reason"]` why. False: every start recovers from the logs (and the run keeps no batch markers);
     - trigger: `available_now=True` (run to the current end of the input, then stop), else
       `processing_time` (e.g. "1 second"), else Spark's default (as fast as possible);
     - `checkpointing`: a `cec.Checkpointing` (or its dict), as for the local runtime: Q/U targets, a
@@ -321,8 +323,9 @@ def cec_aggregate(
         started_wall=started_wall,
     )
     gcheck = GCheckSpec.from_checkpointing(config.checkpointing, planned)
+    resumable = never_resumes(resume_checkpoint=resume_checkpoint, writers=writers) is None
     checkpoint = run_checkpoint(
-        decision, recovery, Path(checkpoint_location), resume_checkpoint=resume_checkpoint,
+        decision, recovery, Path(checkpoint_location), resumable=resumable,
         input_topic=input_topic, input_partitions=input_partitions, fingerprint=fingerprint, timers=timers,
     )  # fmt: skip
     input_types: dict[str, str] = {}
@@ -338,7 +341,7 @@ def cec_aggregate(
                 trigger=QueryTrigger(available_now, processing_time, query_name),
                 checkpoint=checkpoint,
                 input_types=input_types,
-                batch_markers=resume_checkpoint,
+                batch_markers=resumable,
             )
         # How read_results types the columns: time windows' bounds as timestamps, keys as their input types.
         key_fields = (spec.key_fields or (spec.key,)) if spec.several else (spec.key,)

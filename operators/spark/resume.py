@@ -1,5 +1,5 @@
-"""Resuming an attached query's own Spark checkpoint (`cec_aggregate(resume_checkpoint=True)`), with the
-output logs as the source of truth.
+"""Resuming an attached query's own Spark checkpoint (`cec_aggregate(resume_checkpoint=True)`, the
+default), with the output logs as the source of truth.
 
 A start that recovers from the logs (`operators.spark.planning`) pays recovery planning, a fresh query's
 start and a first micro-batch that loads the eventual checkpoint before any replay. Spark's own restart
@@ -36,10 +36,10 @@ agree with the checkpoint at batch B (its state produced exactly the records bel
 B+1 appends exactly what B+1 did not manage to append.
 
 `decide` is the one place that chooses between the two paths: before any checkpoint is read it also
-answers the starts that may not resume at all (`resume_checkpoint=False`; `writers="driver"`, whose sink
-appends a rerun batch's records again instead of comparing them with the log). `run_checkpoint` then
-names the directory the run's query uses: the resumed one, or a new `run-<ns>-<hex>` that
-`latest_checkpoint` finds at a later start.
+answers the starts that may not resume at all (`never_resumes`: `resume_checkpoint=False`;
+`writers="driver"`, whose sink appends a rerun batch's records again instead of comparing them with the
+log). `run_checkpoint` then names the directory the run's query uses: the resumed one, or a new
+`run-<ns>-<hex>` that `latest_checkpoint` finds at a later start.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ __all__ = [
     "RunManifest",
     "decide",
     "latest_checkpoint",
+    "never_resumes",
     "query_fingerprint",
     "run_checkpoint",
 ]
@@ -279,6 +280,18 @@ class _Refused(Exception):
     """The checkpoint is not resumed: the reason, one line."""
 
 
+def never_resumes(*, resume_checkpoint: bool, writers: str) -> str | None:
+    """Why a start with these settings (`cec_aggregate`'s) never resumes a checkpoint, None if it may. Only
+    the executors' write tasks find a rerun micro-batch's records already in the log and append the rest
+    (`operators.spark.writer`, step 3); the driver's sink would append them again. A run that may not be
+    resumed keeps nothing for a later start to resume (no manifest, no batch markers: `run_checkpoint`)."""
+    if not resume_checkpoint:
+        return "resume_checkpoint=False"
+    if writers != "executors":
+        return f"writers={writers!r} (a rerun micro-batch would append its records again)"
+    return None
+
+
 def decide(
     location: Path,
     *,
@@ -294,15 +307,10 @@ def decide(
     clock: Callable[[], float] = time.perf_counter,
 ) -> Decision:
     """Whether a start resumes the latest checkpoint under `location` or recovers from the logs, and why
-    (module doc): `resume_checkpoint` and `writers` are `cec_aggregate`'s. Only the executors' write tasks
-    find a rerun micro-batch's records already in the log and append the rest (`operators.spark.writer`,
-    step 3); the driver's sink would append them again, so `writers="driver"` never resumes."""
-    if not resume_checkpoint:
-        return Decision(FROM_LOGS, "resume_checkpoint=False")
-    if writers != "executors":
-        return Decision(
-            FROM_LOGS, f"writers={writers!r} (a rerun micro-batch would append its records again)"
-        )
+    (module doc): `resume_checkpoint` and `writers` are `cec_aggregate`'s (`never_resumes`)."""
+    never = never_resumes(resume_checkpoint=resume_checkpoint, writers=writers)
+    if never is not None:
+        return Decision(FROM_LOGS, never)
     started = clock()
     checkpoint = latest_checkpoint(location)
     if checkpoint is None:
@@ -450,18 +458,19 @@ def run_checkpoint(
     recovery: AttachRecovery,
     location: Path,
     *,
-    resume_checkpoint: bool,
+    resumable: bool,
     input_topic: str,
     input_partitions: int,
     fingerprint: str,
     timers: bool,
 ) -> Path:
     """The Spark checkpoint directory of this run: the resumed one, or a new run directory under `location`
-    (with `resume_checkpoint`, holding the manifest a later start checks it against)."""
+    (if the run is `resumable`, a later start may resume it: it holds the manifest that start checks it
+    against)."""
     if decision.checkpoint is not None and recovery.path == RESUMED:
         return decision.checkpoint
     checkpoint = location / f"run-{_run_id()}"
-    if resume_checkpoint:
+    if resumable:
         manifest_of(recovery, input_topic, input_partitions, fingerprint, timers).write(checkpoint)
     return checkpoint
 

@@ -2,9 +2,11 @@
 
 1. without failures, the results equal Spark's own windowed aggregation of the same input (count and time
    windows), and the log holds exactly the footprints and dead letters the contract asks for;
-2. after the driver is SIGKILLed in the middle of a sink write, a restart recovers from the output logs and
-   the results equal the failure-free run's, per key;
-3. the same when the restart uses another partition count, twice (2 -> 3 -> 2: three generations).
+2. after the driver is SIGKILLed in the middle of a sink write, a restart recovers from the output logs
+   (`resume_checkpoint=False`, and `writers="driver"`, which never resumes) or resumes Spark's own
+   checkpoint (the default), and the results equal the failure-free run's, per key;
+3. the same when the restart uses another partition count, twice (2 -> 3 -> 2: three generations), which
+   never resumes a checkpoint.
 
 Input: two partitions of purchases (each item in one partition, as the contract requires), some with no
 price (the aggregate dead-letters them, so replay also meets DEAD records).
@@ -36,6 +38,8 @@ from operators.spark.attach import (
     read_results,
 )
 from operators.spark.datasource import FORMAT
+from operators.spark.query import CecAggregateQuery
+from operators.spark.resume import FROM_LOGS, RESUMED, latest_checkpoint
 from operators.spark.writer import ExecutorSink
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
@@ -230,8 +234,10 @@ def test_count_windows_equal_sparks_own_aggregation(
 def test_handle_runs_until_stopped_and_a_restart_writes_nothing_twice(
     spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path
 ) -> None:
-    """The default trigger runs until stopped; a restart at the end of the input recovers, replays the tail
-    of the input and writes nothing (everything it sees is below the crash points)."""
+    """The default trigger runs until stopped; a restart at the end of the input resumes the stopped query's
+    own checkpoint (the default) and writes nothing; one that recovers from the logs
+    (`resume_checkpoint=False`) replays the tail of the input and writes nothing either (everything it sees
+    is below the crash points)."""
     output = f"avg-handle-{uuid.uuid4().hex[:8]}"
     args = _args(purchases, tmp_path, output)
     with cec_aggregate(spark, **args) as query:
@@ -241,10 +247,23 @@ def test_handle_runs_until_stopped_and_a_restart_writes_nothing_twice(
         assert not query.isActive
     assert _results(spark, purchases, output) == reference.results
     written = _kinds(purchases, tmp_path, output)
-    with cec_aggregate(spark, **args) as again:
+    with cec_aggregate(spark, **args) as resumed:
+        resumed.processAllAvailable()
+        assert resumed.checkpoint == query.checkpoint
+        assert _recovery_path(resumed) == (RESUMED, "the checkpoint agrees with every output log")
+        assert resumed.recovery.ec_windows == 0
+    assert _kinds(purchases, tmp_path, output) == written
+    with cec_aggregate(spark, **args, resume_checkpoint=False) as again:
         again.processAllAvailable()
         assert again.recovery.resumed and again.recovery.ec_windows > 0 and again.batches >= 1
+        assert _recovery_path(again) == (FROM_LOGS, "resume_checkpoint=False")
     assert _kinds(purchases, tmp_path, output) == written
+
+
+def _recovery_path(query: CecAggregateQuery) -> tuple[str, str]:
+    """Which way the query's start went, and why, as its progress says (`lastProgress["cec"]["recovery"]`)."""
+    recovery = query.cec_progress["recovery"]
+    return recovery["path"], recovery["reason"]
 
 
 DURATION = 400
@@ -380,24 +399,44 @@ def _kinds(purchases: Purchases, root: Path, output: str) -> list[Counter[str]]:
 
 
 @pytest.mark.parametrize(
-    ("writers", "hit"),
+    ("writers", "hit", "resume", "path"),
     # The third micro-batch: the driver sink passes its site twice per batch (once per partition).
-    [("executors", 3), ("driver", 5)],
+    [
+        ("executors", 3, False, FROM_LOGS),
+        ("driver", 5, True, FROM_LOGS),  # the default, which a driver sink never takes: from the logs
+        ("executors", 3, True, RESUMED),  # the default: Spark's checkpoint, read through the cec-kafka source
+    ],
+    ids=["executors-from-logs", "driver", "executors-resumed"],
 )
 def test_exact_after_driver_sigkill_mid_sink_write(
-    spark: SparkSession, purchases: Purchases, reference: Reference, tmp_path: Path, writers: str, hit: int
+    spark: SparkSession,
+    purchases: Purchases,
+    reference: Reference,
+    tmp_path: Path,
+    writers: str,
+    hit: int,
+    resume: bool,
+    path: str,
 ) -> None:
     output = f"avg-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(purchases, tmp_path, output, partitions=2, writers=writers)
+    args = _args(purchases, tmp_path, output, partitions=2, writers=writers, resume_checkpoint=resume)
     _killed_driver(args, tmp_path / "driver", hit=hit)
     partial = _kinds(purchases, tmp_path, output)[0]
     total = sum(len(v) for v in reference.results.values())
     assert 0 < partial["R"] < total, (partial, total)
+    killed_run = latest_checkpoint(tmp_path / "checkpoints")
 
     query = run_to_end(spark, args)
     rec = query.recovery
-    assert rec.resumed and rec.ec_windows > 0 and rec.closed_keys > 0
-    assert 0 < sum(rec.start) < COUNT  # replay starts inside the input, not from its beginning
+    assert _recovery_path(query)[0] == path, query.cec_progress["recovery"]
+    if path == RESUMED:
+        # Spark's own state store and last committed micro-batch: no eventual checkpoint read, no replay
+        # from T; the rerun batch's write task found its durable half and appended the rest.
+        assert query.checkpoint == killed_run and rec.checkpoint_batch is not None
+        assert rec.ec_windows == 0 and rec.initial is None
+    else:
+        assert rec.resumed and rec.ec_windows > 0 and rec.closed_keys > 0
+        assert 0 < sum(rec.start) < COUNT  # replay starts inside the input, not from its beginning
     assert _results(spark, purchases, output) == reference.results
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead  # none lost, none repeated
 
@@ -407,15 +446,19 @@ def test_exact_after_a_driver_sigkill_during_recovery(
 ) -> None:
     """Killed mid-write, then killed again mid-write in the restart's first micro-batch (the restart
     replays from the oldest footprint, below the crash point), then restarted once more: every footprint
-    and position the state partitions computed across both kills still gives exactly the results."""
+    and position the state partitions computed across both kills still gives exactly the results. The
+    runs that were killed recovered from the logs (`resume_checkpoint=False`), so they kept no manifest: the
+    last start, with the default, does not resume their checkpoint either."""
     output = f"avg-kill-rec-{uuid.uuid4().hex[:8]}"
-    args = _args(purchases, tmp_path, output, partitions=2)
+    args = _args(purchases, tmp_path, output, partitions=2, resume_checkpoint=False)
     _killed_driver(args, tmp_path / "first", hit=3)
     first = sum(_kinds(purchases, tmp_path, output)[0].values())
     _killed_driver(args, tmp_path / "recovering", hit=1)
     assert sum(_kinds(purchases, tmp_path, output)[0].values()) > first  # it died writing, not before
-    query = run_to_end(spark, args)
+    query = run_to_end(spark, {**args, "resume_checkpoint": True})
     assert query.recovery.resumed and query.recovery.ec_windows > 0
+    path, reason = _recovery_path(query)
+    assert path == FROM_LOGS and reason.startswith("the checkpoint's cec manifest: missing"), reason
     assert _results(spark, purchases, output) == reference.results
     assert _kinds(purchases, tmp_path, output)[0]["DEAD"] == purchases.dead
 
@@ -449,6 +492,9 @@ def test_exact_after_restarts_with_other_partition_counts(
     finally:
         middle.stop()
     assert middle.exception() is None and middle.recovery.resumed and middle.recovery.ec_windows > 0
+    # Spark's state checkpoint of 2 partitions is never resumed by a start with 3 (nor the reverse, below).
+    path, reason = _recovery_path(middle)
+    assert path == FROM_LOGS and "with 2 partitions, this start writes" in reason, reason
     # Across generations the plan's figures come per output partition of the new generation, one row each.
     plan = middle.recovery
     assert len(plan.partition_windows) == 3
@@ -459,6 +505,8 @@ def test_exact_after_restarts_with_other_partition_counts(
     query = run_to_end(spark, _args(purchases, tmp_path, output, partitions=2))  # and back to 2: a third one
     assert query.recovery.resumed and query.recovery.ec_windows > 0
     assert [g.partitions for g in query.recovery.generations] == [2, 3, 2]
+    path, reason = _recovery_path(query)
+    assert path == FROM_LOGS and "with 3 partitions, this start writes" in reason, reason
     kinds = _kinds(purchases, tmp_path, output)
     assert all(k["R"] > 0 for k in kinds), kinds  # each generation produced results
     assert _results(spark, purchases, output) == reference.results

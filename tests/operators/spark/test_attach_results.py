@@ -4,7 +4,7 @@
    the window key, value = the result's columns), in the output log's transactions: after the driver is
    SIGKILLed in the middle of a write and restarted, a read_committed consumer that knows nothing of cec
    reads each result exactly once, and they are the results `read_results` gives, whether the executors or
-   the driver write the logs; a results topic that is the input or output, or has too few partitions, is
+   the driver write the logs, and whether the restart resumes Spark's checkpoint or recovers from the logs; a results topic that is the input or output, or has too few partitions, is
    one line;
 2. typed results: a time window's `start`/`end` are TimestampType (a count window's stay integer offsets),
    and a `transform=`'s key column keeps its type;
@@ -25,6 +25,7 @@ import pytest
 from cec.exceptions import ConfigError
 from operators.spark.attach import RESULT_COLUMNS, cec_aggregate, read_results
 from operators.spark.config_errors import cec_error_of, cec_errors
+from operators.spark.resume import FROM_LOGS, RESUMED
 from tests.cec.test_cli_topic import read_results_topic
 from tests.operators.spark.result_rows import epoch_ms
 from tests.operators.spark.test_attach import _killed_driver
@@ -66,19 +67,31 @@ def _as_published(results: dict[str, list[tuple[Any, ...]]]) -> dict[tuple[str, 
 
 
 @pytest.mark.parametrize(
-    ("writers", "hit"),
+    ("writers", "hit", "resume", "path"),
     # The executors' writers: the 3rd micro-batch's first write task; the driver's: its sink passes the
     # site once per output partition (3) and micro-batch, so the 5th pass is in the 2nd micro-batch.
-    [("executors", 3), ("driver", 5)],
+    [
+        ("executors", 3, True, RESUMED),  # the default: the rerun batch publishes only what it appends
+        ("executors", 3, False, FROM_LOGS),
+        ("driver", 5, True, FROM_LOGS),  # a driver sink never resumes
+    ],
+    ids=["executors-resumed", "executors-from-logs", "driver"],
 )
 def test_results_topic_exactly_once_across_a_driver_sigkill(
-    spark: SparkSession, json_topic: JsonTopic, tmp_path: Path, writers: str, hit: int
+    spark: SparkSession,
+    json_topic: JsonTopic,
+    tmp_path: Path,
+    writers: str,
+    hit: int,
+    resume: bool,
+    path: str,
 ) -> None:
     output = f"avg-rt-{writers}-{uuid.uuid4().hex[:8]}"
     results_topic = f"{output}-results"
     args = _args(
-        json_topic, tmp_path, output, input_reader="spark-kafka", results_topic=results_topic, writers=writers
-    )
+        json_topic, tmp_path, output, input_reader="spark-kafka", results_topic=results_topic, writers=writers,
+        resume_checkpoint=resume,
+    )  # fmt: skip
     _killed_driver(args, tmp_path / "driver", hit=hit)
     partial = _kinds(json_topic, tmp_path, output)
     published = _published(json_topic, results_topic)
@@ -87,6 +100,7 @@ def test_results_topic_exactly_once_across_a_driver_sigkill(
     query = cec_aggregate(spark, available_now=True, **args)
     assert query.awaitTermination(600) is True and query.exception() is None
     assert query.recovery.resumed
+    assert query.cec_progress["recovery"]["path"] == path, query.cec_progress["recovery"]
     results = _results(spark, json_topic, output)
     _assert_equal(results, _reference(json_topic))
     assert _published(json_topic, results_topic) == _as_published(results)

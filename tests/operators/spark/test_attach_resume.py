@@ -1,6 +1,6 @@
-"""`cec_aggregate(resume_checkpoint=True)`: a restart after a driver SIGKILL resumes Spark's own checkpoint
-when it agrees with the output logs, and recovers from the logs otherwise (`operators.spark.resume`), on a
-real broker and local Spark, through Spark's Kafka source, over the 3-partition JSON topic of
+"""`cec_aggregate`'s default (`resume_checkpoint=True`): a restart after a driver SIGKILL resumes Spark's
+own checkpoint when it agrees with the output logs, and recovers from the logs otherwise
+(`operators.spark.resume`), on a real broker and local Spark, through Spark's Kafka source, over the 3-partition JSON topic of
 test_attach_topic.py (bad and hostile records among the good ones). Every restart's output, read with
 read_results, equals the plain-Python aggregation (the failure-free output), each dead letter once.
 
@@ -69,7 +69,8 @@ def _connector(spark: SparkSession) -> None:
 
 
 def _resume_args(data: JsonTopic, root: Path, output: str, **extra: Any) -> dict[str, Any]:
-    return _args(data, root, output, input_reader=SPARK_KAFKA, resume_checkpoint=True, **extra)
+    """The query of these tests: Spark's Kafka source, `resume_checkpoint` left at its default (True)."""
+    return _args(data, root, output, input_reader=SPARK_KAFKA, **extra)
 
 
 def _killed_after_commit(args: dict[str, Any], work: Path, batch: int) -> None:

@@ -1,5 +1,5 @@
-"""`cec_aggregate(resume_checkpoint=True)`: a Spark checkpoint that does not belong to the restart is never
-resumed; the restart recovers from the output logs instead (`operators.spark.resume`, `path` "from-logs"),
+"""`cec_aggregate`'s default (`resume_checkpoint=True`): a Spark checkpoint that does not belong to the
+restart is never resumed; the restart recovers from the output logs instead (`operators.spark.resume`, `path` "from-logs"),
 on a real broker and local Spark, through Spark's Kafka source, over the 3-partition JSON topic of
 test_attach_topic.py. Every restart's output equals the plain-Python aggregation (the failure-free output),
 each dead letter once:

@@ -124,6 +124,7 @@ def _args(
         "checkpoint_location": str(root / "checkpoints"),
         "max_records_per_trigger": TRIGGER_ROWS,
         "checkpointing": checkpointing,
+        "resume_checkpoint": False,  # the replay and EC read from the logs are what the targets bound
     }
 
 

@@ -145,7 +145,8 @@ def test_exact_after_driver_sigkill_through_sparks_kafka_source(
     spark: SparkSession, json_topic: JsonTopic, tmp_path: Path
 ) -> None:
     output = f"avg-kill-sk-{uuid.uuid4().hex[:8]}"
-    args = _args(json_topic, tmp_path, output, input_reader=SPARK_KAFKA)
+    # From the logs: the replay from T (a resumed checkpoint is test_attach_resume.py's).
+    args = _args(json_topic, tmp_path, output, input_reader=SPARK_KAFKA, resume_checkpoint=False)
     # The 3rd of 6 micro-batches: its first write task kills the driver's process group half way through.
     _killed_driver(args, tmp_path / "driver", hit=3)
     partial = _kinds(json_topic, tmp_path, output)

@@ -7,10 +7,10 @@ StreamingQuery handle, and G-checks under `Checkpointing(u_target=...)`, on a re
 2. the returned handle answers like a StreamingQuery and carries CEC's figures in its progress;
 3. `metrics_port`: the driver serves cec.metrics, scraped after the query processed its input;
 4. with a small U the output log holds G-checks, and after the driver is SIGKILLed in the middle of a sink
-   write the restart replays at most U/2 + two micro-batches (a G-open-only run of the same input, restarted
+   write the restart from the logs (`resume_checkpoint=False`) replays at most U/2 + two micro-batches (a G-open-only run of the same input, restarted
    after it ran to the end, replays far more, because a few rare keys keep windows open from the start),
    and the output is exact either way;
-5. without `checkpointing=` the default bounds a restart's replay the same way (its U scaled down to this
+5. without `checkpointing=` the default bounds a restart's replay from the logs the same way (its U scaled down to this
    input), with its G-checks inside the data's micro-batches: no no-data micro-batch is planned.
 """
 
@@ -344,7 +344,8 @@ def test_gchecks_bound_the_replay_after_a_driver_kill(
     for name, extra in (("gopen", {}), ("u", {"checkpointing": {"u_target": U, "ci_ms": 100, "cp_ms": 100}})):
         output = f"avg-json-{name}-{uuid.uuid4().hex[:8]}"
         root = tmp_path / name
-        args = _args(json_topic, root, output, **extra)
+        # The replay a restart from the logs makes (a resumed checkpoint replays no extent).
+        args = _args(json_topic, root, output, resume_checkpoint=False, **extra)
         if name == "u":
             # The 5th of 6 micro-batches (with the executors' writers the site counts micro-batches: one of
             # its write tasks kills the driver half way through its partition).
@@ -381,7 +382,7 @@ def test_the_default_bounds_the_replay_after_a_restart_without_extra_micro_batch
     of the input; the G-open-only restart of `test_gchecks_bound_the_replay_after_a_driver_kill`)."""
     monkeypatch.setattr("cec.config.DEFAULT_U_TARGET", U)  # read on the driver, where the default is made
     output = f"avg-json-default-{uuid.uuid4().hex[:8]}"
-    args = _args(json_topic, tmp_path, output)
+    args = _args(json_topic, tmp_path, output, resume_checkpoint=False)  # the replay from the logs
     first = cec_aggregate(spark, available_now=True, **args)
     assert first.awaitTermination(300) is True and first.exception() is None
     recent = first.recentProgress

@@ -23,6 +23,7 @@ import pytest
 
 from cec.inspection import inspect_topic
 from operators.spark.attach import read_results
+from operators.spark.resume import FROM_LOGS, RESUMED
 from queuestore.kafka import KafkaQueueStore
 from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
@@ -89,7 +90,10 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
     try:
         store.create_topic(output, 3)  # generation 0, so that the reader registers before any record
         assert _read(spark, purchases3, output, reader) == []  # registered at offset 0 everywhere
-        args = _args(purchases3, tmp_path, output, partitions=3, trim_every=TRIM_EVERY)
+        # From the logs: the third start is killed in its recovery planning, which a resumed one skips.
+        args = _args(
+            purchases3, tmp_path, output, partitions=3, trim_every=TRIM_EVERY, resume_checkpoint=False
+        )
 
         _killed_driver(args, tmp_path / "first", hit=2)
         assert _starts(store, output) == [0, 0, 0]  # nothing acknowledged: nothing trimmed
@@ -118,11 +122,13 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
     assert _per_key(got) == expected
 
 
+@pytest.mark.parametrize("resume", [True, False], ids=["resumed", "from-logs"])
 def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tasks_commit(
     spark: SparkSession,
     purchases3: Purchases,
     expected: PerKey,
     tmp_path: Path,
+    resume: bool,
 ) -> None:
     """Trimming on the executors, three input and three output partitions, a registered reader reading
     between the runs (`read_results(consumer=...)`), on Apache Kafka:
@@ -137,7 +143,7 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
     trimmed past the reader; and the retained bound holds after the restarts: the last run trimmed every
     partition at least up to min(the reader's acknowledgement, the extent's start before that run), so no
     bound a kill left unapplied keeps records, and what a partition keeps is the extent plus what the last
-    run wrote since.
+    run wrote since. Each restart resumes Spark's checkpoint (the default) or recovers from the logs.
     """
     small = {"max_records_per_trigger": 600}  # about 7 micro-batches: every run takes a bound or more
 
@@ -158,7 +164,15 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
     try:
         store.create_topic(output, 3)  # generation 0, so that the reader registers before any record
         assert _read(spark, purchases3, output, reader) == []
-        args = _args(purchases3, tmp_path, output, partitions=3, trim_every=TRIM_EVERY, **small)
+        args = _args(
+            purchases3,
+            tmp_path,
+            output,
+            partitions=3,
+            trim_every=TRIM_EVERY,
+            resume_checkpoint=resume,
+            **small,
+        )
 
         _killed_driver(args, tmp_path / "first", hit=2)
         acked = read_all()
@@ -174,6 +188,8 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
 
         query = run_to_end(spark, args)
         assert query.recovery.resumed and query.cec_progress["trimmed_offsets"] > 0
+        recovery = query.cec_progress["recovery"]
+        assert recovery["path"] == (RESUMED if resume else FROM_LOGS), recovery
         final = _starts(store, output)
         for q in range(3):
             assert final[q] <= acked[q], (q, final, acked)  # never past the reader ...

@@ -140,7 +140,16 @@ def test_allowed_lateness_recovers_identically_after_driver_sigkills(
     assert any(key.startswith("idle") for key, *_ in want)
 
     output = f"wm-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(kafka_broker, topic, tmp_path, output, partitions=2, allowed_lateness=LATENESS)
+    # From the logs: the watermark restored from the crash records' marks, the second kill in the replay.
+    args = _args(
+        kafka_broker,
+        topic,
+        tmp_path,
+        output,
+        partitions=2,
+        allowed_lateness=LATENESS,
+        resume_checkpoint=False,
+    )
     _killed_driver(args, tmp_path / "first", hit=3)
     # Killed again while recovering: the restart's first micro-batch only replays (its tuples lie below the
     # crash points, or past one partition's crash point while the other still replays: held back), so it

@@ -190,7 +190,8 @@ def test_hopping_and_session_windows_are_exact_after_driver_sigkills(
         "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
     }
     output = f"{window}-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(kafka_broker, topic, tmp_path, output, window, **extra)
+    # From the logs, the second kill inside the replay (a resumed checkpoint is test_attach_resume.py's).
+    args = _args(kafka_broker, topic, tmp_path, output, window, resume_checkpoint=False, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)  # killed again in the micro-batch recovery ends in
     query = run_to_end(spark, args)
@@ -228,7 +229,7 @@ def test_sessions_the_watermark_closed_with_the_last_ones_still_open_are_exact_a
         "checkpointing": {"u_target": 200, "ci_ms": 50, "cp_ms": 50},
     }
     output = f"session-open-kill-{uuid.uuid4().hex[:8]}"
-    args = _args(kafka_broker, topic, tmp_path, output, "session", **extra)
+    args = _args(kafka_broker, topic, tmp_path, output, "session", resume_checkpoint=False, **extra)
     _killed_driver(args, tmp_path / "first", hit=3)
     _killed_driver(args, tmp_path / "recovering", hit=2)
     query = run_to_end(spark, args)

@@ -171,7 +171,7 @@ def test_a_run_from_the_logs_gets_a_new_checkpoint_that_the_next_start_finds(tmp
     resumed = _decide(tmp_path / "a")
     assert resumed.path == RESUMED
     same = run_checkpoint(
-        resumed, resumed.recovery, tmp_path / "a", resume_checkpoint=True, input_topic="in",
+        resumed, resumed.recovery, tmp_path / "a", resumable=True, input_topic="in",
         input_partitions=INPUTS, fingerprint="f", timers=False,
     )  # fmt: skip
     assert same == resumed.checkpoint
@@ -181,7 +181,7 @@ def test_a_run_from_the_logs_gets_a_new_checkpoint_that_the_next_start_finds(tmp
     )
     for root, resume in ((tmp_path / "b", True), (tmp_path / "c", False)):
         new = run_checkpoint(
-            Decision(FROM_LOGS, "no earlier checkpoint"), recovery, root, resume_checkpoint=resume,
+            Decision(FROM_LOGS, "no earlier checkpoint"), recovery, root, resumable=resume,
             input_topic="in", input_partitions=INPUTS, fingerprint="f", timers=False,
         )  # fmt: skip
         assert new.parent == root
