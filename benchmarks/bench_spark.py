@@ -1114,8 +1114,9 @@ def measure_native_recovery(w: Workload, failure_free: dict[str, Any]) -> dict[s
         "recovery_with_cold_driver_seconds": recovery + result["session_seconds"] + cold,
         **digest,
     }
+    restarted = "as a new query, its checkpoint deleted" if w.checkpoint_deleted else "from the checkpoint"
     say(
-        f"  restarted from the checkpoint (warm driver): {q['wall_seconds']:.2f} s to the end vs "
+        f"  restarted {restarted} (warm driver): {q['wall_seconds']:.2f} s to the end vs "
         f"{ff_remaining:.2f} s failure-free for batches > {kill_after}: recovery {recovery:.2f} s; total "
         f"overhead {row['total_overhead_seconds']:.2f} s; a cold driver adds session start "
         f"{result['session_seconds']:.1f} s + cold start {cold:.1f} s"
