@@ -62,13 +62,21 @@ TOPIC = "agg"
 
 
 def _spec(
-    root: Path, args: argparse.Namespace, *, ec_cache: bool = True, stats: Path | None = None
+    root: Path,
+    args: argparse.Namespace,
+    *,
+    ec_cache: bool = True,
+    stats: Path | None = None,
+    epoch: float | None = None,
 ) -> JobSpec:
+    """`epoch`: with `--rate`, when the live input's first tuple arrives (the primary and its standby or
+    restart share it: one stream)."""
+    live = {} if args.rate is None else {"rate": args.rate, "arrival_epoch": epoch}
     return JobSpec(
         operator={"type": "aggregate", "key_field": "item_id", "value_field": "item_price", "agg": "sum",
                   "window_count": 10},
         source={"type": "generator", "count": args.tuples, "keys": args.keys, "seed": 3,
-                "partitions": args.partitions},
+                "partitions": args.partitions, **live},
         store={"type": "sqlite", "root": str(root)},
         output_topic=TOPIC,
         checkpointing={"u_target": args.u, "ci_ms": 5, "cp_ms": 100},
@@ -168,11 +176,14 @@ def failover(
     root = work / tag
     store = SqliteQueueStore(root)
     stats = work / f"{tag}.stats.json"
-    primary = _worker(_spec(root, args), work / f"{tag}-primary.json", None)
+    epoch = time.time()
+    primary = _worker(_spec(root, args, epoch=epoch), work / f"{tag}-primary.json", None)
     _wait(lambda: _log_end(store) >= 1, "the primary's first record")
     probe = work / f"{tag}-standby.jsonl"
     flags = ("--standby",) if replica else ("--standby", "--no-replica")
-    standby = _worker(_spec(root, args, stats=stats), work / f"{tag}-standby.json", probe, *flags)
+    standby = _worker(
+        _spec(root, args, stats=stats, epoch=epoch), work / f"{tag}-standby.json", probe, *flags
+    )
     _wait(
         lambda: (
             primary.poll() is not None
@@ -205,11 +216,14 @@ def cold(
     root = work / tag
     store = SqliteQueueStore(root)
     stats = work / f"{tag}.stats.json"
-    primary = _worker(_spec(root, args, ec_cache=ec_cache), work / f"{tag}-primary.json", None)
+    epoch = time.time()
+    primary = _worker(_spec(root, args, ec_cache=ec_cache, epoch=epoch), work / f"{tag}-primary.json", None)
     t0 = _kill_primary_at(primary, store, args.kill_at)
     probe = work / f"{tag}-restart.jsonl"
     spawned = time.time()
-    restart = _worker(_spec(root, args, ec_cache=ec_cache, stats=stats), work / f"{tag}-restart.json", probe)
+    restart = _worker(
+        _spec(root, args, ec_cache=ec_cache, stats=stats, epoch=epoch), work / f"{tag}-restart.json", probe
+    )
     _finish(restart, "the restart")
     caught = _caught_up(probe)
     row = {
@@ -276,6 +290,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tuples", type=int, default=500_000)
     p.add_argument("--partitions", type=int, default=2)
     p.add_argument("--kill-at", type=int, default=60_000, help="log records when the primary is killed")
+    p.add_argument(
+        "--rate",
+        type=float,
+        default=None,
+        help="a live input: tuples per second over all partitions (default: the whole input at once, the "
+        "primary running flat out with its standby beside it on the same cores)",
+    )
     p.add_argument("--u", type=int, default=100_000, help="U (default: cec run's default, 100,000)")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument(
@@ -383,7 +404,7 @@ def main(argv: list[str] | None = None) -> int:
         summary["steady_cpu_on_over_off"] = cpu_ratio
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at,
+        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at, "rate": args.rate,
         "u": args.u,
         "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -415,7 +436,7 @@ def _main_same_crash(args: argparse.Namespace) -> int:
         print(f"cache on / off, {key}: per repeat {values}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
-        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at,
+        "keys": args.keys, "tuples": args.tuples, "partitions": args.partitions, "kill_at": args.kill_at, "rate": args.rate,
         "u": args.u, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "same_crash": runs, "ratios": ratios,
     }, indent=1))  # fmt: skip

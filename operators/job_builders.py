@@ -105,6 +105,8 @@ def build_source(spec: SourceSpec | Mapping[str, Any], store: QueueStore) -> Inp
             invalid_every=spec.get("invalid_every", 0),
             only=subset,
             interleave=spec.get("interleave"),
+            rate=spec.get("rate"),
+            arrival_epoch=spec.get("arrival_epoch"),
         )
     if kind == "queue":
         schema = spec["schema"]  # a name in SCHEMAS, or the payload's Avro schema itself

@@ -11,9 +11,11 @@ from __future__ import annotations
 import abc
 import csv
 import hashlib
+import math
 import os
 import random
-from collections.abc import Iterator, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
@@ -315,6 +317,13 @@ class PurchaseGenerator(InputSource):
     each poll advance each partition by a pseudo-random share instead, as a real multi-partition input
     delivers: partitions drift apart, and a replay interleaves them differently from the first run (each
     key's order stays the same: a key lives in one partition).
+
+    `rate` (tuples per second over all partitions) makes it a live stream: tuple i of partition j (the
+    stream's tuple i * partitions + j) arrives at `arrival_epoch` + (i * partitions + j) / rate on `clock`
+    (seconds; default the wall clock, so that a standby and its primary, two processes given the same
+    epoch, see the same stream); a poll returns what has arrived ([] when nothing new has: the live end).
+    Tuples that arrived stay available, so a replay from any offset reads them at once. Neither changes
+    the tuples, so the rate is not part of the input's identity.
     """
 
     def __init__(
@@ -328,9 +337,17 @@ class PurchaseGenerator(InputSource):
         invalid_every: int = 0,
         only: Sequence[int] | None = None,
         interleave: int | None = None,
+        rate: float | None = None,
+        arrival_epoch: float | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         if count < 0 or keys < 1 or partitions < 1:
             raise ConfigError("need count >= 0, keys >= 1, partitions >= 1")
+        if rate is not None and not rate > 0:
+            raise ConfigError(f"a generator's rate must be > 0 tuples per second, not {rate!r}")
+        self.rate = rate
+        self.clock = clock
+        self.arrival_epoch = clock() if arrival_epoch is None else arrival_epoch
         self.total_partitions = partitions
         self.global_partitions = _partition_subset(only, partitions, "the generator")
         self.partitions = len(self.global_partitions)
@@ -379,6 +396,16 @@ class PurchaseGenerator(InputSource):
     def seek(self, positions: Sequence[int]) -> None:
         self._next = list(positions)
 
+    def arrived(self, partition: int) -> int:
+        """How many tuples of global partition `partition` have arrived (all of them without a rate)."""
+        size = self.sizes[partition]
+        if self.rate is None:
+            return size
+        stream = math.floor((self.clock() - self.arrival_epoch) * self.rate)  # the stream's tuples arrived
+        total = self.total_partitions
+        # Tuple i of partition j is the stream's tuple i * total + j: those below `stream` have arrived.
+        return min(size, max(0, -(-(stream - partition) // total)))
+
     def poll(self, max_records: int) -> list[InputTuple] | None:
         out: list[InputTuple] = []
         share = max(1, max_records // self.partitions)
@@ -389,7 +416,8 @@ class PurchaseGenerator(InputSource):
             if pending:  # some partition with tuples left always moves
                 shares[self._rng.choice(pending)] += 1
         for i, j in enumerate(self.global_partitions):
-            stop = min(self._local_sizes[i], self._next[i] + shares[i])
+            available = self._local_sizes[i] if self.rate is None else self.arrived(j)
+            stop = min(available, self._next[i] + shares[i])
             out.extend(InputTuple(i, o, self.tuple_at(j, o)) for o in range(self._next[i], stop))
             self._next[i] = max(self._next[i], stop)
         if not out and all(n >= c for n, c in zip(self._next, self._local_sizes, strict=True)):

@@ -238,6 +238,8 @@ class SourceSpec(SpecForm):
     bad_every: int | None = None
     invalid_every: int | None = None
     interleave: Any = None
+    rate: float | None = None  # a live stream: tuples per second (PurchaseGenerator)
+    arrival_epoch: float | None = None  # when its first tuple arrives (unix seconds; shared by processes)
     # queue, topic
     topic: str | None = None
     schema: Any = None  # queue: a SCHEMAS name; topic: an Avro schema, or a SCHEMAS name for format cec
