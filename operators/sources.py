@@ -416,8 +416,7 @@ class PurchaseGenerator(InputSource):
             if pending:  # some partition with tuples left always moves
                 shares[self._rng.choice(pending)] += 1
         for i, j in enumerate(self.global_partitions):
-            available = self._local_sizes[i] if self.rate is None else self.arrived(j)
-            stop = min(available, self._next[i] + shares[i])
+            stop = min(self.arrived(j), self._next[i] + shares[i])
             out.extend(InputTuple(i, o, self.tuple_at(j, o)) for o in range(self._next[i], stop))
             self._next[i] = max(self._next[i], stop)
         if not out and all(n >= c for n, c in zip(self._next, self._local_sizes, strict=True)):
