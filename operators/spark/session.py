@@ -9,6 +9,9 @@ Why each setting (DESIGN-NOTES section 4):
   compiling the copy Spark puts first on their path (~0.55 s per process start, measured);
 - the UI is off (tests, CI) and shuffle partitions are small (they equal output partitions in the
   Structured Streaming design);
+- for a local master, the Python daemon is `operators.spark.daemon` (pyspark's own, after importing what
+  cec's tasks import and freezing the garbage collector: a micro-batch's Python workers 0.8 -> 0.15 s
+  of CPU; its module doc), unless the session's conf names another;
 - Spark's Kafka connector is on the classpath (`spark.jars`) when its jars are there
   (`operators.spark.connector`: `make spark-kafka-jars`), so that `format("kafka")` reads and writes Kafka
   and `cec_aggregate` can read an ordinary topic through it.
@@ -24,8 +27,17 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["check_session", "is_local_master", "local_session", "task_max_failures"]
+__all__ = [
+    "DAEMON_MODULE",
+    "check_session",
+    "is_local_master",
+    "local_session",
+    "session_conf",
+    "task_max_failures",
+]
 
+# Named, not imported: importing it loads pandas and freezes the collector, which only its daemon wants.
+DAEMON_MODULE = "operators.spark.daemon"
 _LOCAL = re.compile(r"local\[(\d+|\*)(?:\s*,\s*(\d+))?\]")
 
 
@@ -39,7 +51,6 @@ def local_session(
     """Get or create the process's SparkSession with the settings above (Spark keeps one per process)."""
     from pyspark.sql import SparkSession
 
-    from operators.spark.connector import jars_conf
     from operators.spark.python_exec import spark_python
 
     # Read when the SparkContext starts (the Python every Spark Python process runs; a PYSPARK_PYTHON the
@@ -57,13 +68,23 @@ def local_session(
         .config("spark.pyspark.python", python)
         .config("spark.pyspark.driver.python", sys.executable)
     )
-    conf = dict(extra_conf or {})
-    conf.update(jars_conf(conf.get("spark.jars")))
-    for key, value in conf.items():
+    for key, value in session_conf(master, extra_conf).items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     return spark
+
+
+def session_conf(master: str, extra_conf: dict[str, str] | None = None) -> dict[str, str]:
+    """The settings `local_session` adds to its fixed ones: the caller's `extra_conf`, the Python daemon
+    for a local master (where the caller names none), and the Kafka connector's jars."""
+    from operators.spark.connector import jars_conf
+
+    conf = dict(extra_conf or {})
+    if _is_local(master):
+        conf.setdefault("spark.python.daemon.module", DAEMON_MODULE)
+    conf.update(jars_conf(conf.get("spark.jars")))
+    return conf
 
 
 def _is_local(master: str) -> bool:
