@@ -116,15 +116,16 @@ def run_job(spark: Any, job: dict[str, Any]) -> dict[str, Any]:
     # a7d9bd8, 19+ batches after the input's end).
     query = cec_aggregate(spark, available_now=True, **job["aggregate"])
     while query.isActive:
-        _write(status, {"batches": query.batches, "active": True})
+        _write(status, {"batches": query.batches, "active": True, "run_id": query.runId})
         query.awaitTermination(1)
     query.awaitTermination()
     out["query_seconds"] = time.perf_counter() - begin
-    _write(status, {"batches": query.batches, "active": False})
+    _write(status, {"batches": query.batches, "active": False, "run_id": query.runId})
     failure = query.exception()
     if failure is not None:
         raise RuntimeError(f"the attached query failed: {failure}")
     out["batches"] = query.batches
+    out["run_id"] = query.runId  # one run of one query from start to end: it was never restarted
     out["resumed"] = query.recovery.resumed
     out["executor_python"] = (
         spark.sparkContext.parallelize([0], 1).map(lambda _: __import__("sys").executable).collect()[0]

@@ -7,7 +7,10 @@ fixture broker:
    G-checks; executors ran on both workers with the Python that has cec installed; and the embedded
    SQLite store is refused on this non-local master with one clear line;
 2. SIGKILLing one worker's executor (its JVM, Python daemon and workers, found through the worker's work
-   dir) while the query runs still gives exactly the per-key aggregation.
+   dir) while the query runs still gives exactly the per-key aggregation, and the query is never
+   restarted: the run that was running at the kill (its `runId`) is the one that ends, with more
+   micro-batches: Spark reruns the lost partitions' tasks (the state store reloaded from the checkpoint,
+   the write task's transaction fencing the lost attempt's writer).
 
 One driver process (tests/operators/spark/cluster_driver.py) runs both as jobs of one application: Spark allows one
 SparkContext per process (the suite's `spark` fixture is a local one), and starting executors is the slow
@@ -298,6 +301,7 @@ def test_exact_after_an_executor_is_sigkilled_mid_run(
             os.kill(pid, signal.SIGKILL)
     result = cluster_app.result(job)
     assert at_kill["active"] and at_kill["batches"] < result["batches"], (at_kill, result["batches"])
+    assert result["run_id"] == at_kill["run_id"], "the query was restarted, not its lost partitions' tasks"
     assert all(_dead(pid) for pid in pids), f"executor {executor} survived SIGKILL"
     _assert_same(_cec_windows(json_input.bootstrap, job.output, tmp_path), json_input.reference)
 
