@@ -85,10 +85,10 @@ from pyspark.sql.types import (
 from cec.exceptions import ConfigError
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.verified import LogVerifier
-from operators.job import SCHEMAS
 from operators.spark.packing import PACK_OPTION, Packer, PackSpec, kept_packer, packed_schema
 from operators.spark.reader_pool import READERS
 from operators.spark.slices import KafkaOptions, SliceStreamReader, starting_positions
+from operators.specs import SCHEMAS
 from queuestore.exceptions import QueueStoreError
 
 if TYPE_CHECKING:
