@@ -209,9 +209,7 @@ def _replica(spec: JobSpec, store: QueueStore, source_spec: dict[str, Any]) -> S
         if recorded is not None:
             source.pin(recorded)
 
-    return StandbyReplica(
-        spec.operator.build(), source, footprints=spec.footprints, batch_size=spec.batch_size, prepare=pin
-    )
+    return StandbyReplica(spec.operator.build(), source, batch_size=spec.batch_size, prepare=pin)
 
 
 def _on_index(timeline: RestartTimeline, standby: Standby | None) -> None:
