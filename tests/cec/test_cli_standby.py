@@ -93,3 +93,22 @@ def test_standby_flag_mistakes_are_one_line(tmp_path: Path) -> None:
     assert out.returncode == 2 and out.stderr.strip().splitlines() == [
         "cec: error: --standby-replica goes with --standby"
     ], out.stderr
+
+
+def test_lease_timeout_mistakes_are_one_line(tmp_path: Path) -> None:
+    data = _input(tmp_path / "in.csv", 10)
+    out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), "--lease-timeout", "5")
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+        "cec: error: --lease-timeout needs the Kafka store: the lease is a Kafka consumer group (on one host "
+        "the writer's lock already shows a dead writer at once)"
+    ], out.stderr
+    # Checked before any broker is asked: this address has none.
+    kafka = ["--bootstrap-servers", "127.0.0.1:9"]
+    for bad in ("0", "-2", "inf"):
+        out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), *kafka, f"--lease-timeout={bad}")
+        assert out.returncode == 2 and out.stderr.strip().splitlines() == [
+            f"cec: error: --lease-timeout must be a positive number of seconds, got {float(bad)!r}"
+        ], out.stderr
+    out = cec(*_args(data, tmp_path / "o.csv", tmp_path / "s"), *kafka, "--lease-timeout", "soon")
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 2  # argparse: usage, error
+    assert "argument --lease-timeout: invalid float value: 'soon'" in out.stderr
