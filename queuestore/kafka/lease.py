@@ -137,7 +137,7 @@ class PartitionLease:
             err = None if msg is None else msg.error()
             if err is None:
                 continue  # nothing is ever written to the lease topic; a record would mean nothing
-            if err.code() in (KafkaError.INVALID_SESSION_TIMEOUT, KafkaError.INVALID_GROUP_ID):
+            if err.code() == KafkaError.INVALID_SESSION_TIMEOUT:
                 self._refuse(
                     LeaseRefusedError(
                         f"the broker refuses the writer lease of {self.where} ({err.str()}): a lease "
