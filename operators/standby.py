@@ -5,8 +5,11 @@ eventual checkpoint current (`recovery.standby.LogFollower`), and takes over whe
 - Failure detection: the partition's writer lock. The standby tries to open the partition's writer
   (`operators.job.open_output`, `while_locked`) and, while the primary holds it, follows the log and waits
   `poll_s`. On one host the lock is an flock the kernel releases at once when the primary dies (SIGKILL
-  included), so the next try gets it. There is no lease or heartbeat across hosts (yet): a standby on
-  another host than its primary takes over only where the store's lock is shared.
+  included), so the next try gets it. Across hosts, on Kafka, the writer lease does the same
+  (`queuestore.kafka.lease`, the store's `lease_timeout_s`, `cec run --lease-timeout`): a consumer group
+  whose session is the lease; a refused try keeps the standby in the group, and it gets the lease once the
+  primary's heartbeats stopped for the lease timeout. Without a lease, a standby on another host than its
+  primary shares no lock with it and takes over (fences it) at its first try.
 - Fencing: getting the writer is the fence. On SQLite the host lock keeps the old writer out; on Kafka the
   new writer's transactional producer (the same `transactional.id`, `queuestore.kafka.producer`) bumps the
   epoch, so a primary that comes back after it was fenced fails its next produce or commit and stops with
@@ -176,6 +179,8 @@ class Standby:
         )
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         try:
+            # A standby on another host (its own state directory) follows before it has an index there.
+            path.parent.mkdir(parents=True, exist_ok=True)
             tmp.write_text(json.dumps(asdict(status)))
             tmp.replace(path)
         except OSError:  # the status is for people; the standby goes on without it

@@ -3,12 +3,14 @@ can cross processes."""
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
+from cec.exceptions import ConfigError
 from cec.spec_form import SpecForm, check_count, check_needs
 from queuestore.base import QueueStore
 from queuestore.exceptions import QueueStoreError
@@ -19,6 +21,7 @@ __all__ = [
     "COMMIT_RECORDS_ENV",
     "REQUEST_TIMEOUT_ENV",
     "StoreSpec",
+    "check_lease_timeout",
     "open_store",
     "store_spec",
 ]
@@ -71,6 +74,9 @@ class StoreSpec(SpecForm):
     commit_interval: float | None = None
     commit_records: int | None = None
     request_timeout: float | None = None
+    # The cross-host writer lease, seconds (`queuestore.kafka.lease`; `cec run --lease-timeout`); None: the
+    # same-host lock only.
+    lease_timeout_s: float | None = None
     # both
     max_outstanding: int | None = None
     max_record_bytes: int | None = None
@@ -83,6 +89,25 @@ class StoreSpec(SpecForm):
         check_needs(self, _STORE_NEEDS)
         for name in ("commit_records", "max_outstanding", "max_record_bytes"):
             check_count(getattr(self, name), name)
+        check_lease_timeout(self.lease_timeout_s, self.type)
+
+
+def check_lease_timeout(value: Any, store_type: str, name: str = "lease_timeout_s") -> None:
+    """A lease timeout (`name`: how the user spelled it) is a positive number of seconds, of a Kafka store."""
+    if value is None:
+        return
+    if store_type != "kafka":
+        raise ConfigError(
+            f"{name} needs the Kafka store: the lease is a Kafka consumer group (on one host the writer's "
+            "lock already shows a dead writer at once)"
+        )
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
 
 
 def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> dict[str, Any]:
@@ -130,6 +155,8 @@ def open_store(spec: StoreSpec | Mapping[str, Any]) -> QueueStore:
             )
             if spec.get(name) is not None
         }
+        if spec.get("lease_timeout_s") is not None:
+            writer_settings["lease_timeout"] = float(spec["lease_timeout_s"])
         kafka = KafkaQueueStore(
             spec["bootstrap_servers"],
             Path(spec["state_dir"]),

@@ -288,6 +288,9 @@ def _server_properties(
         "share.coordinator.state.topic.min.isr": "1",
         # A consumer group's first member is assigned at once instead of after 3 s.
         "group.initial.rebalance.delay.ms": "0",
+        # Writer leases of a second or so (`queuestore.kafka.lease`: the lease timeout is the session
+        # timeout), below the default minimum of 6 s; only lowers a bound, no client's default changes.
+        "group.min.session.timeout.ms": "500",
         # cec creates its topics itself (with retention.ms=-1), and so do the tests: a topic that appears
         # only because someone produced to it would hide a missing create.
         "auto.create.topics.enable": "false",

@@ -32,7 +32,7 @@ from cec.cli.common import (
     write_results,
 )
 from cec.cli.run_operator import add_operator_arguments, check_operator_flags, operator_spec
-from cec.cli.standby import check_standby_flags
+from cec.cli.standby import LEASE_TIMEOUT_HELP, check_standby_flags, with_lease
 from cec.cli.trimming import add_trim_argument, trim_settings
 from cec.config import DEFAULT_U_TARGET
 from cec.exceptions import ConfigError
@@ -80,9 +80,10 @@ def add_parser(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None
         "--standby",
         action="store_true",
         help="run as the standby of the same command running as the primary (same arguments and "
-        "--store-dir): follow its output log, and when it dies take over exactly where it stopped and go on "
-        "(docs/recovery.md)",
+        "--store-dir; on another host its own --store-dir and, both, --lease-timeout): follow its output log, "
+        "and when it dies take over exactly where it stopped and go on (docs/recovery.md)",
     )
+    run.add_argument("--lease-timeout", type=float, metavar="SECONDS", help=LEASE_TIMEOUT_HELP)
     run.add_argument(
         "--standby-replica",
         choices=("on", "off"),
@@ -194,7 +195,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     results_path, dead_path = results_paths(args.results)
     trim_every, trim_pace = trim_settings(args)
     with store_dir(args.store_dir, "cec-run-") as root:
-        store_cfg = store_spec(root, args.bootstrap_servers)
+        store_cfg = with_lease(args, store_spec(root, args.bootstrap_servers))
         topic, knew = _output_topic(root, operator, input_path, args.output_topic)
         resumed = (
             None

@@ -36,7 +36,7 @@ from cec.cli.common import (
     write_results,
 )
 from cec.cli.run_operator import check_operator_flags, operator_spec
-from cec.cli.standby import check_standby_flags
+from cec.cli.standby import check_standby_flags, with_lease
 from cec.cli.trimming import trim_settings
 from cec.exceptions import ConfigError
 from cec.stopping import StopRequest, stopped_error
@@ -176,7 +176,7 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     trim_every, trim_pace = trim_settings(args)
     partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
     with store_dir(args.store_dir, "cec-run-") as root:
-        store_cfg = store_spec(root, args.bootstrap_servers)
+        store_cfg = with_lease(args, store_spec(root, args.bootstrap_servers))
         first_here = not _pinned_marker(root, operator, source).exists()
         output_topic, pinned = _pinned_source(root, args, operator, source)
         resumed = (

@@ -31,6 +31,7 @@ __all__ = [
     "STORE_CONSUMER_TUNING",
     "ClientSettings",
     "environment_config",
+    "lease_group_id",
     "quiet_librdkafka",
     "read_properties",
     "redact_config",
@@ -148,6 +149,12 @@ def transactional_id(prefix: str, topic: str, partition: int) -> str:
     return f"{prefix}cec.{topic}.{partition}"
 
 
+def lease_group_id(prefix: str, topic: str, partition: int) -> str:
+    """The consumer group of the writer lease of `topic[partition]` (`queuestore.kafka.lease`): the same on
+    every host, as the transactional id is, under the same prefix."""
+    return f"{prefix}cec-lease.{topic}.{partition}"
+
+
 @dataclass(frozen=True)
 class ClientSettings:
     """Where and how cec's clients of one cluster connect: the bootstrap list, the user's settings (code
@@ -206,6 +213,29 @@ class ClientSettings:
         )
         if read_committed:
             conf["isolation.level"] = "read_committed"
+        return conf
+
+    def lease_consumer(self, client_id: str, group_id: str, lease_timeout: float) -> dict[str, Any]:
+        """A member of a writer lease's group (`queuestore.kafka.lease`): its session is the lease, its
+        assignor never moves a partition away from a live member."""
+        session_ms = max(1, round(lease_timeout * 1000))
+        conf = self.client(client_id)
+        conf.update(
+            {
+                "group.id": group_id,
+                "partition.assignment.strategy": "cooperative-sticky",
+                "session.timeout.ms": session_ms,
+                # Three heartbeats a session, Kafka's rule of thumb: one lost heartbeat does not end a lease.
+                "heartbeat.interval.ms": max(1, session_ms // 3),
+                # The lease's own thread polls every 0.1 s; the bound only has to exceed the session (a
+                # librdkafka rule) and cover a thread that a busy process delays for a while.
+                "max.poll.interval.ms": max(session_ms, 30_000),
+                "enable.auto.commit": False,
+                "enable.auto.offset.store": False,
+                "auto.offset.reset": "latest",
+                "allow.auto.create.topics": False,
+            }
+        )
         return conf
 
     def transactional_producer(

@@ -16,8 +16,9 @@ from queuestore.base import ATTACHMENT_NAME, QueueStore, RecordMeta
 from queuestore.exceptions import QueueStoreError, StoreClosedError, UnknownTopicError
 from queuestore.kafka import admin as admin_ops
 from queuestore.kafka.admin import ATTACHMENT_TOPIC_PREFIX
-from queuestore.kafka.config import ClientSettings, redact_config, transactional_id
+from queuestore.kafka.config import ClientSettings, lease_group_id, redact_config, transactional_id
 from queuestore.kafka.framing import _HEADER_OVERHEAD, encode_message
+from queuestore.kafka.lease import PartitionLease, lease_topic
 from queuestore.kafka.reader import KafkaPartitionReader
 from queuestore.kafka.writer import KafkaPartitionWriter
 
@@ -59,6 +60,10 @@ class KafkaQueueStore(QueueStore):
     `transactional.id`s (e.g. per deployment on a shared cluster; every writer of one partition must use
     the same prefix, or they do not fence each other); `commit_interval` (seconds) and `commit_records` set
     the commit cadence; `clock` is what `commit_interval` is measured with (injectable for tests).
+
+    `lease_timeout` (seconds; None: no lease): a writer also holds its partition's cross-host lease
+    (`queuestore.kafka.lease`), so that a standby on another host sees the writer die within that long
+    instead of taking over at once. Every writer of a partition must give it (the same prefix, too).
     """
 
     # Transaction markers take offsets (`queuestore.kafka` docstring): a gap between two offsets is not damage.
@@ -77,7 +82,10 @@ class KafkaQueueStore(QueueStore):
         commit_interval: float = DEFAULT_COMMIT_INTERVAL,
         commit_records: int = DEFAULT_COMMIT_RECORDS,
         clock: Callable[[], float] = time.monotonic,
+        lease_timeout: float | None = None,
     ) -> None:
+        if lease_timeout is not None and not lease_timeout > 0:
+            raise QueueStoreError(f"lease_timeout must be > 0 seconds, got {lease_timeout!r}")
         self.bootstrap_servers = bootstrap_servers
         self.state_dir = Path(state_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -89,6 +97,10 @@ class KafkaQueueStore(QueueStore):
         self.commit_interval = commit_interval
         self.commit_records = max(1, commit_records)
         self.clock = clock
+        self.lease_timeout = lease_timeout
+        # The writer leases of this store's partitions, kept across refused tries (a standby's: it stays a
+        # member of the lease's group, so it is next) until the writer that held one closes.
+        self._leases: dict[tuple[str, int], PartitionLease] = {}
         self._config: dict[str, Any] = dict(config or {})
         self._topic_configs: dict[str, str] = {
             "cleanup.policy": "delete",
@@ -203,6 +215,39 @@ class KafkaQueueStore(QueueStore):
             self._children.append(w)
         return w
 
+    def _lease(self, topic: str, partition: int) -> PartitionLease | None:
+        """The partition's writer lease (joined now or at an earlier try), None without `lease_timeout`."""
+        if self.lease_timeout is None:
+            return None
+        with self._lock:
+            lease = self._leases.get((topic, partition))
+        if lease is not None:
+            return lease
+        companion = lease_topic(self.attachment_topic(topic))
+        self.create_topic(companion, 1)
+        lease = PartitionLease(
+            self._settings().lease_consumer(
+                f"cec-lease-{topic}-{partition}",
+                lease_group_id(self.transactional_id_prefix, topic, partition),
+                self.lease_timeout,
+            ),
+            companion,
+            where=f"{topic}[{partition}]",
+            timeout_s=self.lease_timeout,
+            # An empty group answers after the broker's group.initial.rebalance.delay.ms; a group whose
+            # holder died, once its session (the lease) timed out.
+            first_answer_s=self.lease_timeout + self.request_timeout,
+        )
+        with self._lock:
+            self._leases[(topic, partition)] = lease
+        return lease
+
+    def _release_lease(self, topic: str, partition: int) -> None:
+        with self._lock:
+            lease = self._leases.pop((topic, partition), None)
+        if lease is not None:
+            lease.close()
+
     def reader(self, topic: str, partition: int) -> KafkaPartitionReader:
         self._check_partition(topic, partition)
         r = KafkaPartitionReader(self, topic, partition)
@@ -298,6 +343,10 @@ class KafkaQueueStore(QueueStore):
                 child.close()
             except Exception:  # close the rest even if one fails; the error is not about them
                 log.exception("closing %r failed", child)
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+        for lease in leases:  # a standby's that never got its writer
+            lease.close()
         self._closed = True
         self._admin = None
 

@@ -16,6 +16,7 @@ from confluent_kafka import KafkaError, KafkaException, Message, Producer, Topic
 from queuestore.base import DurableCallback, PartitionWriter, RecordMeta
 from queuestore.exceptions import (
     BrokerUnavailableError,
+    PartitionLockedError,
     QueueStoreError,
     RecordTooLargeError,
     StoreClosedError,
@@ -65,6 +66,10 @@ class KafkaPartitionWriter(PartitionWriter):
         self.transactional_id = transactional_id(store.transactional_id_prefix, topic, partition)
         self._lock = PartitionLock(store.state_dir / "locks" / f"{topic}.{partition}.lock")
         try:
+            # Before the producer: its init_transactions() fences the partition's current writer.
+            lease = store._lease(topic, partition)
+            if lease is not None:
+                lease.acquire()  # PartitionLockedError while another live writer holds it
             self._txn = TransactionalProducer(
                 lambda: store._producer_config(topic, partition),
                 transactional_id=self.transactional_id,
@@ -72,8 +77,12 @@ class KafkaPartitionWriter(PartitionWriter):
                 bootstrap_servers=store.bootstrap_servers,
                 timeout=self._timeout,
             )
+        except PartitionLockedError:
+            self._lock.release()  # the lease stays joined: this process is next (`KafkaQueueStore._lease`)
+            raise
         except BaseException:
             self._lock.release()
+            store._release_lease(topic, partition)
             raise
         self._reset_decided = False  # the first stop decided whether to fence the own producer
         self._appended = 0
@@ -536,6 +545,7 @@ class KafkaPartitionWriter(PartitionWriter):
                 self._purge(producer)
         finally:
             self._producer = None
+            self._store._release_lease(self.topic, self.partition)
             self._lock.release()
             self._store._forget(self)
 

@@ -6,8 +6,16 @@ from pathlib import Path
 
 import pytest
 
+from cec.exceptions import ConfigError
 from queuestore.exceptions import QueueStoreError
-from queuestore.factory import COMMIT_INTERVAL_ENV, COMMIT_RECORDS_ENV, REQUEST_TIMEOUT_ENV, store_spec
+from queuestore.factory import (
+    COMMIT_INTERVAL_ENV,
+    COMMIT_RECORDS_ENV,
+    REQUEST_TIMEOUT_ENV,
+    StoreSpec,
+    open_store,
+    store_spec,
+)
 
 
 def test_embedded_store_when_no_bootstrap_servers(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -47,3 +55,37 @@ def test_a_bad_setting_is_one_line_naming_the_variable(
     with pytest.raises(QueueStoreError, match=name) as raised:
         store_spec(tmp_path, "127.0.0.1:9092")
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({"type": "sqlite", "root": "r", "lease_timeout_s": 5}, "lease_timeout_s needs the Kafka store"),
+        (
+            {"type": "kafka", "bootstrap_servers": "b:1", "state_dir": "s", "lease_timeout_s": 0},
+            "lease_timeout_s must be a positive number of seconds, got 0",
+        ),
+        (
+            {"type": "kafka", "bootstrap_servers": "b:1", "state_dir": "s", "lease_timeout_s": "5"},
+            "lease_timeout_s must be a positive number of seconds, got '5'",
+        ),
+    ],
+)
+def test_a_lease_timeout_is_positive_seconds_of_a_kafka_store(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError) as raised:
+        StoreSpec.from_dict(spec)
+    assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_a_lease_timeout_reaches_the_kafka_store(tmp_path: Path) -> None:
+    spec = {
+        "type": "kafka",
+        "bootstrap_servers": "127.0.0.1:9",
+        "state_dir": str(tmp_path),
+        "lease_timeout_s": 2,
+    }
+    store = open_store(spec)  # nothing is asked of the broker until a writer opens
+    try:
+        assert getattr(store, "lease_timeout", None) == 2.0
+    finally:
+        store.close()

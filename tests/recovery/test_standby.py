@@ -6,8 +6,12 @@ processes, SIGKILL, three input partitions, SQLite and Apache Kafka:
   standby takes over from what it followed;
 - a standby SIGKILLed during its takeover (after the EC build, during the replay), then a new standby or a
   plain restart: exact;
-- on Kafka, a standby on another host (another state directory: no shared lock) fences a frozen primary;
-  the primary, let go, stops with one line and never writes (read_committed output exact).
+- on Kafka, a standby on another host (another state directory: no shared lock) without a lease fences a
+  frozen primary at once; the primary, let go, stops with one line and never writes (read_committed output
+  exact);
+- on Kafka with the writer lease (`lease_timeout_s`), a standby on another host follows a running primary
+  (over a live input, so the primary is demonstrably writing) and never fences it; the primary SIGKILLed
+  mid-run, the standby takes over once the lease lapsed, from what it followed: exact.
 And the model: what the follower holds after reading the log up to X is the eventual checkpoint the
 builder reads back from log[0..X], for every prefix X of a real run's log, followed in steps of any size.
 """
@@ -19,6 +23,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -106,8 +111,8 @@ def _stats(path: Path) -> dict[str, Any]:
     return stats
 
 
-def _log_end(store: QueueStore) -> int:
-    with store.reader("agg", 0) as reader:
+def _log_end(store: QueueStore, topic: str = "agg") -> int:
+    with store.reader(topic, 0) as reader:
         return reader.end_offset()
 
 
@@ -343,9 +348,78 @@ def test_on_kafka_a_standby_fences_the_primary_which_then_stops_and_never_writes
         assert primary.returncode == 0, lines
         assert any(line.endswith(": recovering in this process") for line in lines), lines
     assert per_key(results(checker, topic)) == reference
-    # No lock is shared with another host and there is no lease yet: the standby took over at its start,
+    # No lock is shared with another host and there is no lease: the standby took over at its start,
     # before following anything, and recovered from the log as a cold restart does.
     assert _stats(tmp_path / "standby.stats.json")["recovery"]["ec_source"] == "log"
+
+
+LEASE_S = 3.0  # the writer lease of the test below (the test broker allows sessions from 0.5 s)
+
+
+def test_on_kafka_with_a_lease_a_standby_on_another_host_follows_the_running_primary_and_takes_over_exactly(
+    kafka_broker: Broker, tmp_path: Path, reference: dict[str, list[dict[str, Any]]]
+) -> None:
+    topic = f"lease-{tmp_path.name[-20:]}".replace("_", "-")
+
+    def kafka(state: str) -> dict[str, Any]:
+        return {
+            "type": "kafka",
+            "bootstrap_servers": kafka_broker.bootstrap,
+            "state_dir": str(tmp_path / state),
+            "commit_records": 40,
+            "max_outstanding": 512,
+            "lease_timeout_s": LEASE_S,
+        }
+
+    def job(state: str, stats: Path | None = None) -> JobSpec:
+        raw = _spec(kafka(state), stats).to_dict()
+        # A live stream (the same one for both: one epoch): the primary is still writing while the standby
+        # starts and follows, and is killed mid-run. The rate is not part of the input (same reference).
+        live = {**raw["source"], "rate": 5000.0, "arrival_epoch": epoch}
+        return JobSpec.from_dict({**raw, "source": live, "output_topic": topic})
+
+    epoch = time.time()
+    checker = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "check")
+    standby_host = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "standby-host")  # its status file
+    primary = start_worker(job("primary-host"), tmp_path / "primary.json")
+    standby: subprocess.Popen[bytes] | None = None
+    try:
+        wait_for(lambda: checker.topic_exists(topic) and _log_end(checker, topic) >= 3000, timeout=120)
+        # Another host: its own state directory, no lock shared; only the lease keeps it from taking over.
+        standby = _start_standby(
+            job("standby-host", tmp_path / "standby.stats.json"), tmp_path / "standby.json"
+        )
+
+        def following() -> bool:
+            status = read_status(standby_host, topic, 0)
+            return status is not None and status.state == "following" and status.replica == "applying"
+
+        wait_for(lambda: following() or primary.poll() is not None, timeout=120)
+        assert primary.poll() is None, "the primary finished before the standby followed it"
+        joined_at = _log_end(checker, topic)
+        # The primary goes on writing beside its standby, a member of the lease's group: never fenced.
+        wait_for(
+            lambda: _log_end(checker, topic) >= joined_at + 2000 or primary.poll() is not None, timeout=120
+        )
+        assert primary.poll() is None, "the primary stopped while its standby followed it"
+        assert following() and standby.poll() is None
+        os.kill(primary.pid, signal.SIGKILL)
+        primary.wait(timeout=60)
+        # Killed, not stopped by a fence (that is exit 2, or a recovery in its process and exit 0).
+        assert primary.returncode == -signal.SIGKILL
+        _, err = standby.communicate(timeout=300)
+        assert standby.returncode == 0, err.decode()[-3000:]
+    finally:
+        for proc in (primary, standby):
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+        standby_host.close()
+    assert "Traceback" not in err.decode()
+    assert per_key(results(checker, topic)) == reference
+    report = _stats(tmp_path / "standby.stats.json")["recovery"]
+    # It took over from what it followed (a standby that fenced at its start reads the log back: "log").
+    assert report["ec_source"] == "standby", report
+    checker.close()
 
 
 # -- the model --------------------------------------------------------------------------------------------
