@@ -298,19 +298,25 @@ def test_a_standby_killed_during_its_takeover_then_a_new_standby_or_a_restart_is
     assert per_key(results(store, "agg")) == reference
 
 
+def _kafka_store(broker: Broker, state_dir: Path, **extra: Any) -> dict[str, Any]:
+    """The Kafka store spec of one host of the tests below (its own state directory)."""
+    return {
+        "type": "kafka",
+        "bootstrap_servers": broker.bootstrap,
+        "state_dir": str(state_dir),
+        "commit_records": 40,
+        "max_outstanding": 512,
+        **extra,
+    }
+
+
 def test_on_kafka_a_standby_fences_the_primary_which_then_stops_and_never_writes(
     kafka_broker: Broker, tmp_path: Path, reference: dict[str, list[dict[str, Any]]]
 ) -> None:
     topic = f"standby-{tmp_path.name[-20:]}".replace("_", "-")
 
     def kafka(state: str) -> dict[str, Any]:
-        return {
-            "type": "kafka",
-            "bootstrap_servers": kafka_broker.bootstrap,
-            "state_dir": str(tmp_path / state),
-            "commit_records": 40,
-            "max_outstanding": 512,
-        }
+        return _kafka_store(kafka_broker, tmp_path / state)
 
     spec = JobSpec.from_dict({**_spec(kafka("primary")).to_dict(), "output_topic": topic})
     # Another host: its own state directory, so no lock is shared and only the transactional id fences.
@@ -362,14 +368,7 @@ def test_on_kafka_with_a_lease_a_standby_on_another_host_follows_the_running_pri
     topic = f"lease-{tmp_path.name[-20:]}".replace("_", "-")
 
     def kafka(state: str) -> dict[str, Any]:
-        return {
-            "type": "kafka",
-            "bootstrap_servers": kafka_broker.bootstrap,
-            "state_dir": str(tmp_path / state),
-            "commit_records": 40,
-            "max_outstanding": 512,
-            "lease_timeout_s": LEASE_S,
-        }
+        return _kafka_store(kafka_broker, tmp_path / state, lease_timeout_s=LEASE_S)
 
     def job(state: str, stats: Path | None = None) -> JobSpec:
         raw = _spec(kafka(state), stats).to_dict()
