@@ -32,12 +32,11 @@ overhead, the longest recovery.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Literal
 
 from cec.exceptions import ConfigError
-from cec.spec_form import check_known, json_object
+from cec.spec_form import check_known, check_positive, json_object
 from cec.timeparse import parse_duration_s
 
 __all__ = ["DEFAULT_U_TARGET", "POLICIES", "Checkpointing", "parse_duration_s"]
@@ -57,14 +56,7 @@ def _target(value: Any, name: str) -> int | None:
 
 
 def _millis(value: Any, name: str) -> float:
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{name} must be a positive number of milliseconds, got {value!r}")
-    return float(value)
+    return check_positive(value, name, "milliseconds")
 
 
 @dataclass(frozen=True)

@@ -6,13 +6,22 @@ source; `queuestore.factory.StoreSpec`): frozen dataclasses, validated on constr
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import MISSING, Field, dataclass, field, fields
 from typing import Any, ClassVar
 
 from cec.exceptions import ConfigError
 
-__all__ = ["SpecForm", "check_count", "check_known", "check_needs", "check_text", "json_object"]
+__all__ = [
+    "SpecForm",
+    "check_count",
+    "check_known",
+    "check_needs",
+    "check_positive",
+    "check_text",
+    "json_object",
+]
 
 
 def check_known(data: Iterable[Any], known: Iterable[str], kind: str) -> None:
@@ -44,6 +53,18 @@ def check_count(value: Any, name: str, *, least: int = 1) -> None:
         return
     if isinstance(value, bool) or not isinstance(value, int) or value < least:
         raise ConfigError(f"{name} must be an integer >= {least}, got {value!r}")
+
+
+def check_positive(value: Any, name: str, unit: str) -> float:
+    """`value` as a float, if it is a finite number above 0 (`unit`: what it counts, for the message)."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise ConfigError(f"{name} must be a positive number of {unit}, got {value!r}")
+    return float(value)
 
 
 def check_needs(spec: SpecForm, needs: Mapping[str, tuple[str, ...]]) -> None:

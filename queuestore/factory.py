@@ -3,7 +3,6 @@ can cross processes."""
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from cec.exceptions import ConfigError
-from cec.spec_form import SpecForm, check_count, check_needs
+from cec.spec_form import SpecForm, check_count, check_needs, check_positive
 from queuestore.base import QueueStore
 from queuestore.exceptions import QueueStoreError
 from queuestore.sqlite import SqliteQueueStore
@@ -101,13 +100,7 @@ def check_lease_timeout(value: Any, store_type: str, name: str = "lease_timeout_
             f"{name} needs the Kafka store: the lease is a Kafka consumer group (on one host the writer's "
             "lock already shows a dead writer at once)"
         )
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, (int, float))
-        or not math.isfinite(value)
-        or value <= 0
-    ):
-        raise ConfigError(f"{name} must be a positive number of seconds, got {value!r}")
+    check_positive(value, name, "seconds")
 
 
 def store_spec(store_dir: str | Path, bootstrap_servers: str | None = None) -> dict[str, Any]:
