@@ -116,6 +116,14 @@ def _log_end(store: QueueStore, topic: str = "agg") -> int:
         return reader.end_offset()
 
 
+def _kill_primary(primary: subprocess.Popen[bytes], standby: subprocess.Popen[bytes]) -> tuple[int, bytes]:
+    """SIGKILL the primary, then wait for its standby to end: the primary's exit code, the standby's stderr."""
+    os.kill(primary.pid, signal.SIGKILL)
+    primary.wait(timeout=60)
+    _, err = standby.communicate(timeout=300)
+    return primary.returncode, err
+
+
 def _frozen_primary(
     spec: JobSpec, tmp_path: Path, checker: QueueStore
 ) -> tuple[subprocess.Popen[bytes], int]:
@@ -161,10 +169,8 @@ def test_failover_to_a_following_standby_is_exact(
             assert "; replica 0 input tuples behind that log's crash point" in text
         else:
             assert lag["replica"] == "off" and "replica" not in text
-        os.kill(primary.pid, signal.SIGKILL)
-        primary.wait(timeout=60)
-        assert primary.returncode == -signal.SIGKILL
-        _, err = standby.communicate(timeout=300)
+        killed, err = _kill_primary(primary, standby)
+        assert killed == -signal.SIGKILL
         assert standby.returncode == 0, err.decode()[-3000:]
     finally:
         for proc in (primary, standby):
@@ -235,9 +241,7 @@ def test_a_running_primary_killed_mid_run_fails_over_to_its_replica_exactly(
         os.kill(primary.pid, signal.SIGCONT)  # on again: killed while it runs, the replica behind it
         wait_for(lambda: _log_end(store) >= end + 2000 or primary.poll() is not None, timeout=120)
         assert primary.poll() is None, "the primary finished before it could be killed mid-run"
-        os.kill(primary.pid, signal.SIGKILL)
-        primary.wait(timeout=60)
-        _, err = standby.communicate(timeout=300)
+        _, err = _kill_primary(primary, standby)
         assert standby.returncode == 0, err.decode()[-3000:]
     finally:
         for proc in (primary, standby):
@@ -281,9 +285,7 @@ def test_a_standby_killed_during_its_takeover_then_a_new_standby_or_a_restart_is
             return status is not None and (not replica or status.replica == "applying")
 
         wait_for(standing_by, timeout=120)
-        os.kill(primary.pid, signal.SIGKILL)
-        primary.wait(timeout=60)
-        _, err = standby.communicate(timeout=300)
+        _, err = _kill_primary(primary, standby)
         assert standby.returncode == -signal.SIGKILL, err.decode()[-3000:]
     finally:
         for proc in (primary, standby):
@@ -402,11 +404,9 @@ def test_on_kafka_with_a_lease_a_standby_on_another_host_follows_the_running_pri
         )
         assert primary.poll() is None, "the primary stopped while its standby followed it"
         assert following() and standby.poll() is None
-        os.kill(primary.pid, signal.SIGKILL)
-        primary.wait(timeout=60)
+        killed, err = _kill_primary(primary, standby)
         # Killed, not stopped by a fence (that is exit 2, or a recovery in its process and exit 0).
-        assert primary.returncode == -signal.SIGKILL
-        _, err = standby.communicate(timeout=300)
+        assert killed == -signal.SIGKILL
         assert standby.returncode == 0, err.decode()[-3000:]
     finally:
         for proc in (primary, standby):
