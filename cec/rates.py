@@ -45,6 +45,7 @@ class RecoveryFigures(Protocol):
     ec_load_seconds: float
     tuples_replayed: int
     catch_up_seconds: float
+    install_seconds: float  # of catch_up_seconds: the loaded windows installed (planned as EC load)
 
 
 @dataclass
@@ -56,8 +57,10 @@ class MeasuredRates:
     input_rate: float = 0.0  # input tuples per second of run time (0: not measured yet)
     process_rate: float = 0.0  # input tuples per second of processing (no waits, no G-checks; 0: not yet)
     outputs_per_input: float = 1.0  # records other than G-checks written per input tuple
-    # The fixed part of a recovery before any EC work: 0 for the local runtime (its recovery time starts
-    # with its EC build); the query's start for the attached operator on Spark (`observe_restart`).
+    # The fixed part of a recovery before any EC work (`observe_restart`): on the local runtime the
+    # process's start, store open and index, measured at this run's own start, fresh or not (a first run
+    # that planned without it missed a 2 s target by 0.6-1.2 s on a fresh host); the query's start for the
+    # attached operator on Spark.
     restart_seconds: float = 0.0
     from_recovery: bool = False  # EC build/load and replay rates come from a real recovery
     calibrated: bool = False  # EC build/load rates measured at startup (`recovery.calibrate`)
@@ -119,11 +122,15 @@ class MeasuredRates:
         if report.ec_build_seconds >= _MIN_SAMPLE_S and report.records_read > 0:
             self.ec_build_rate = report.records_read / report.ec_build_seconds
             self.measured.add("ec_build_rate")
-        if report.ec_load_seconds >= _MIN_SAMPLE_S and report.ec_windows > 0:
-            self.ec_load_rate = report.ec_windows / report.ec_load_seconds
+        # Installing the windows is per window, like decoding them: EC load, not replay (it took 0.3-0.4 s
+        # at 91k windows, which a replay rate spread over the tuples replayed).
+        load_seconds = report.ec_load_seconds + report.install_seconds
+        if load_seconds >= _MIN_SAMPLE_S and report.ec_windows > 0:
+            self.ec_load_rate = report.ec_windows / load_seconds
             self.measured.add("ec_load_rate")
-        if report.catch_up_seconds >= _MIN_SAMPLE_S and report.tuples_replayed > 0:
-            self.replay_rate = report.tuples_replayed / report.catch_up_seconds
+        replay_seconds = report.catch_up_seconds - report.install_seconds
+        if replay_seconds >= _MIN_SAMPLE_S and report.tuples_replayed > 0:
+            self.replay_rate = report.tuples_replayed / replay_seconds
             self.measured.add("replay_rate")
             self.from_recovery = True
 

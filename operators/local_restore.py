@@ -172,6 +172,9 @@ class LocalRestore:
             replaying = recovery.needed and not recovery.complete and not recovery.at_crash_point
             self.metrics.phase("replay" if replaying else "idle")
         if not recovery.needed:
+            # What a restart of this run will pay before its EC work, as this start paid it (process start,
+            # store open, index): planned with from the first G-check on, not only after a first recovery.
+            self.rates.observe_restart(self.timeline.startup_seconds())
             self.progress("empty log: nothing to recover, starting from the input's start", force=True)
             self.source.seek(self.instance.positions)
             return True

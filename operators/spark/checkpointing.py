@@ -72,6 +72,7 @@ class PlannedRecovery:
     ec_load_seconds: float = 0.0
     tuples_replayed: int = 0
     catch_up_seconds: float = 0.0
+    install_seconds: float = 0.0  # the partitions install their windows lazily, as keys are met
     started_wall: float = 0.0  # wall time (time.time) when this start began: `cec_aggregate()` was called
 
 

@@ -55,6 +55,7 @@ def test_rto_tightens_when_the_rates_it_measures_are_slower() -> None:
         ec_load_seconds: float = 0.5
         tuples_replayed: int = 50_000
         catch_up_seconds: float = 2.5  # 20k tuples/s
+        install_seconds: float = 0.0
         fixed: float = 0.0
 
     slower = rates()
@@ -138,10 +139,36 @@ def test_ec_rates_follow_the_live_rate_until_a_recovery_measures_them() -> None:
         ec_load_seconds: float = 0.45
         tuples_replayed: int = 50_000
         catch_up_seconds: float = 1.0
+        install_seconds: float = 0.0
 
     r.observe_recovery(Report())
     r.observe_run(seconds=1.0, busy_seconds=0.25, inputs=40_000, outputs=40_000, gchecks=0)
     assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)  # measured: no longer follows
+
+
+def test_installing_the_loaded_windows_is_planned_as_ec_load_not_replay() -> None:
+    """A recovery's window install (part of its catch-up time) is per window like the decode: the load
+    rate counts it and the replay rate leaves it out, so a restart that installs 90k windows and replays
+    few tuples is not planned as a slow replay."""
+
+    @dataclass
+    class Report:
+        records_read: int = 90_000
+        ec_windows: int = 90_000
+        ec_build_seconds: float = 0.3
+        ec_load_seconds: float = 0.2
+        tuples_replayed: int = 50_000
+        catch_up_seconds: float = 0.75
+        install_seconds: float = 0.25
+
+    r = MeasuredRates()
+    r.observe_recovery(Report())
+    assert r.ec_load_rate == pytest.approx(90_000 / 0.45)
+    assert r.replay_rate == pytest.approx(50_000 / 0.5)
+    without = MeasuredRates()
+    without.observe_recovery(replace(Report(), install_seconds=0.0))
+    assert without.ec_load_rate == pytest.approx(90_000 / 0.2)
+    assert without.replay_rate == pytest.approx(50_000 / 0.75)
 
 
 def test_rto_says_when_no_u_can_meet_it() -> None:
@@ -233,6 +260,7 @@ def test_calibrated_ec_rates_are_planned_with_until_a_recovery_measures_them() -
         ec_load_seconds: float = 0.45
         tuples_replayed: int = 50_000
         catch_up_seconds: float = 1.0
+        install_seconds: float = 0.0
 
     r.observe_recovery(Report())  # a real recovery's figures replace the calibration...
     assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)

@@ -79,6 +79,7 @@ def test_a_restart_whose_process_started_long_before_its_store_opened_misses_its
     assert rec.startup_seconds >= 100.0 and rec.recovery_seconds >= rec.startup_seconds
     assert rec.recovery_seconds == pytest.approx(sum(rec.phases.values()))
     assert rec.catch_up_seconds == pytest.approx(rec.phases["restore"] + rec.phases["replay"])
+    assert 0 < rec.install_seconds <= rec.phases["restore"]  # planned as EC load (cec.rates)
     assert stats.rates["restart_seconds"] >= 100.0  # what the policy plans the next restart with
     lines = recovery_lines(stats.as_dict()["recovery"]) + checkpoint_lines(
         stats.as_dict(), Checkpointing(recovery_target=5.0)
@@ -89,3 +90,13 @@ def test_a_restart_whose_process_started_long_before_its_store_opened_misses_its
     for name in ("store open", "index", "EC build", "EC load", "restore", "replay"):
         assert f", {name} " in shown
     assert "recovery target:       5000 ms: MISSED" in shown
+
+
+def test_a_first_run_plans_its_target_with_the_start_up_it_paid(tmp_path: Path) -> None:
+    """The fixed part of the next restart is known from the first start on: a run whose process took 100 s
+    to reach its store plans with it before any recovery, and says at once that 5 s cannot be met."""
+    stats = run_job(_spec(tmp_path), max_inputs=15_000, started=time.perf_counter() - 100.0)
+    assert stats.recovery is None
+    assert stats.rates["restart_seconds"] >= 100.0
+    refusal = stats.checkpoint_refusal or ""
+    assert "recovery target 5 s cannot be met: restarting (100." in refusal, refusal
