@@ -238,6 +238,9 @@ class GCheckController:
             self.rates.observe_recovery(recovery)
         inputs, outputs, gchecks, front_in, front_out, n, _, _ = counts
         self.replan(n)
+        # What no budget can change is known now (a start-up alone longer than a recovery target allows):
+        # said at once, not after the first measurement interval.
+        self._say_plan(n)
         self._interval = (now, inputs, outputs, gchecks, 0.0, front_in, front_out)
 
     def look(
