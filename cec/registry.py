@@ -14,7 +14,7 @@ same sums as one subtraction: extent = outputs now - outputs at the oldest footp
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,6 +56,11 @@ class WindowRegistry:
         """The keys of every open window (a host whose registry loads windows lazily lists the ones it has
         not loaded too, without loading them)."""
         return list(self._windows)
+
+    def by_key(self) -> Mapping[str, OpenWindow]:
+        """The open windows by key, oldest footprint first: the registry's own mapping, not a copy (a
+        standby's replica hands its ~92k windows over this way, `operators.replica`)."""
+        return self._windows
 
     @property
     def n(self) -> int:

@@ -192,7 +192,7 @@ class LocalRestore:
             else f"replay from {list(plan.start)} to crash point {list(ec.crash_pos)}"
         )
         self.progress(
-            f"recovered: extent {ec.extent_size:,} records, {len(recovery.windows):,} windows "
+            f"recovered: extent {ec.extent_size:,} records, {recovery.report.ec_windows:,} windows "
             f"(EC build {ec.build_seconds * 1000:.1f} ms, load {recovery.report.ec_load_seconds * 1000:.1f} ms), "
             f"{then}",
             force=True,

@@ -29,7 +29,6 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
 
 from cec.records import RecordCodec
 from cec.registry import OpenWindow
@@ -211,9 +210,9 @@ class StandbyReplica:
         return sum(max(0, b - p) for p, b in zip(instance.positions, self._bound, strict=True))
 
     # -- at the takeover -------------------------------------------------------------------------------
-    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, tuple[int, Any]] | str:
-        """key -> (seq, state) of every window open at `ec.crash_pos` (the log's final crash point), the input
-        applied up to it; or why not (`recovery.manager.LiveStates`). `within`: the tuples a replay from the
+    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, OpenWindow] | str:
+        """key -> its open window of every window open at `ec.crash_pos` (the log's final crash point), the
+        input applied up to it; or why not (`recovery.manager.LiveStates`). `within`: the tuples a replay from the
         footprints would read: a replica further behind than that gives way to it (a primary that ran
         ahead of its standby). Once: the states are handed over."""
         if self.unusable is not None:
@@ -246,9 +245,9 @@ class StandbyReplica:
                 return self._give_up("the replica was still restoring at the crash point")
         except Exception as exc:  # derived data (module doc)
             return self._give_up(f"the replica failed: {type(exc).__name__}: {exc}")
-        states = {w.key: (w.seq, w.state) for w in instance.registry}
+        windows = instance.registry.by_key()
         self._give_up("handed over")
-        return states
+        return windows
 
     def _give_up(self, why: str) -> str:
         self.unusable = why

@@ -39,9 +39,11 @@ class LiveStates(Protocol):
     standby's replica, `operators.replica`): asked once a standby's checkpoint is known, instead of
     decoding the footprints and replaying from them."""
 
-    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, tuple[int, Any]] | str:
-        """key -> (seq, state) of every window open at `ec.crash_pos`, the input applied up to it; or why
-        not (then recovery decodes the footprints and replays, as without them). `within`: the tuples a
+    def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, OpenWindow] | str:
+        """key -> its open window (seq and state) of every window open at `ec.crash_pos`, the input applied
+        up to it, handed over: recovery installs these objects themselves, their footprint marks set from
+        the log (`open_windows`); or why not (then recovery decodes the footprints and replays, as without
+        them). `within`: the tuples a
         replay from the footprints would read; a replica further behind the crash point than that says
         so instead of catching up (the replay is then the shorter way)."""
         ...
@@ -112,6 +114,11 @@ class Recovery:
     forward_stored: bool = False
     # The windows' states are as of the crash point already (a standby's replica): nothing to replay.
     at_crash_point: bool = False
+    # Then the replica's own windows, oldest footprint first, with `footprints` (their records decoded),
+    # installed as they are (`open_windows`) instead of `windows` (empty): at the paper's scale, making
+    # ~92k objects twice more was most of a standby's takeover after its catch-up.
+    handed_over: list[OpenWindow] | None = None
+    footprints: list[ECFootprint] = field(default_factory=list)
 
     @property
     def needed(self) -> bool:
@@ -128,11 +135,20 @@ def open_windows(recovery: Recovery) -> list[OpenWindow]:
     """The loaded windows as an operator's registry holds them, oldest footprint first (the log's order):
     each at its footprint's logical time, its output mark relative to the log's end and its input mark
     relative to the crash point (where a recovered instance's counts start). Built in one pass: at the
-    paper's scale (92k windows) a per-window open() was ~0.3 s of a recovery."""
+    paper's scale (92k windows) a per-window open() was ~0.3 s of a recovery. A replica's windows handed
+    over (`Recovery.handed_over`) get the same marks in place."""
     ec = recovery.checkpoint
     assert ec.crash_pos is not None
     end = ec.end_offset
     crash_total = sum(ec.crash_pos)
+    handed = recovery.handed_over
+    if handed is not None:
+        for window, fp in zip(handed, recovery.footprints, strict=True):
+            record = fp.record
+            window.tau1 = window.tau2 = record.time
+            window.out_mark = fp.offset - end
+            window.in_mark = sum(record.pos) - crash_total
+        return handed
     return [
         OpenWindow(
             lw.key,
@@ -238,26 +254,26 @@ class RecoveryManager:
         return recovery
 
 
-def _live_states(
-    footprints: list[ECFootprint], live: Mapping[str, tuple[int, Any]] | str
-) -> tuple[list[Any] | None, str]:
-    """The live state of each footprint's window, when `live` holds exactly those windows (each key at the
-    same seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and
-    why not."""
+def _live_windows(
+    footprints: list[ECFootprint], live: Mapping[str, OpenWindow] | str
+) -> tuple[list[OpenWindow] | None, str]:
+    """The live window of each footprint's, when `live` holds exactly those windows (each key at the same
+    seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and why
+    not."""
     if isinstance(live, str):
         return None, live
-    states = []
+    windows = []
     for fp in footprints:
         held = live.get(fp.key)
         seq = fp.row[4]
-        if held is None or held[0] != seq:
-            got = "none" if held is None else f"window {held[0]}"
+        if held is None or held.seq != seq:
+            got = "none" if held is None else f"window {held.seq}"
             return (
                 None,
                 f"the replica's windows differ from the log's (key {fp.key!r}: log window {seq}, replica {got})",
             )
-        states.append(held[1])
-    return states, "used"
+        windows.append(held)
+    return windows, "used"
 
 
 def load_checkpoint(
@@ -282,39 +298,43 @@ def load_checkpoint(
     plan = ReplayContract.build(
         ec.crash_pos, dict(zip(map(_KEY, footprints), map(_POS, records), strict=True)), input_partitions
     )
-    states: list[Any] | None = None
+    handed: list[OpenWindow] | None = None
     replica_note, replica_seconds = "", 0.0
     if isinstance(replica, str):
         replica_note = replica
     elif replica is not None:
         replica_started = time.perf_counter()
-        states, replica_note = _live_states(footprints, replica.states_at(ec, plan.replay_span))
+        handed, replica_note = _live_windows(footprints, replica.states_at(ec, plan.replay_span))
         replica_seconds = time.perf_counter() - replica_started
-    with gc_paused():
-        if states is None:
+    windows: list[LoadedWindow] = []
+    if handed is None:
+        with gc_paused():
             windows = [
                 _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
                 for fp, record in zip(footprints, records, strict=True)
-            ]
-        else:
-            windows = [
-                _loaded(fp.key, record.seq, state, fp)
-                for fp, record, state in zip(footprints, records, states, strict=True)
             ]
     load_seconds = time.perf_counter() - load_started - replica_seconds
     report = RecoveryReport(
         log_end=ec.end_offset,
         extent_records=ec.extent_size,
         records_read=ec.records_read,
-        ec_windows=len(windows),
+        ec_windows=len(footprints),
         corrupt_footprints=ec.corrupt_skipped,
         ec_build_seconds=ec.build_seconds,
         ec_load_seconds=load_seconds,
         replay_start=plan.start,
         crash_pos=plan.crash_pos,
-        replay_span=0 if states is not None else plan.replay_span,
+        replay_span=0 if handed is not None else plan.replay_span,
         log_complete=ec.complete,
         replica=replica_note,
         replica_seconds=replica_seconds,
     )
-    return Recovery(ec, windows, plan, report, at_crash_point=states is not None)
+    return Recovery(
+        ec,
+        windows,
+        plan,
+        report,
+        at_crash_point=handed is not None,
+        handed_over=handed,
+        footprints=footprints if handed is not None else [],
+    )

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cec.records import RecordCodec
+from cec.registry import OpenWindow
 from operators.base import InputTuple
 from operators.engine import OperatorInstance
 from operators.job import JobSpec, run_job
@@ -28,7 +29,7 @@ from operators.sources import InputSource, PurchaseGenerator
 from queuestore.base import Row
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
-from recovery.manager import load_checkpoint
+from recovery.manager import load_checkpoint, open_windows
 from recovery.standby import LogFollower
 from tests.helpers.log_prefix import LogPrefix, logged_rows
 
@@ -119,7 +120,7 @@ def _states(replica: StandbyReplica, ec: EventualCheckpoint) -> dict[str, tuple[
     held = replica.states_at(ec, within=1 << 30)
     assert not isinstance(held, str), held
     encode = replica.operator.encode_state
-    return {key: (seq, encode(state)) for key, (seq, state) in held.items() if key in ec.windows}
+    return {key: (w.seq, encode(w.state)) for key, w in held.items() if key in ec.windows}
 
 
 @settings(max_examples=30, deadline=None)
@@ -229,10 +230,10 @@ class _Held:
     """States some replica holds (`recovery.manager.LiveStates`)."""
 
     def __init__(self, states: dict[str, tuple[int, Any]]) -> None:
-        self.states = states
+        self.windows = {key: OpenWindow(key, seq, state, 0, 0, 0, 0) for key, (seq, state) in states.items()}
 
-    def states_at(self, ec: EventualCheckpoint, within: int) -> dict[str, tuple[int, Any]]:
-        return self.states
+    def states_at(self, ec: EventualCheckpoint, within: int) -> dict[str, OpenWindow]:
+        return self.windows
 
 
 def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_windows(
@@ -244,9 +245,18 @@ def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_win
     operator = spec.operator.build()
     decode = operator.decode_state
     exact = {key: (fp.row[4], decode(fp.record.state or b"")) for key, fp in ec.windows.items()}
-    used = load_checkpoint(ec, decode, CODEC, 3, replica=_Held(exact))
+    held = _Held(exact)
+    used = load_checkpoint(ec, decode, CODEC, 3, replica=held)
     assert used.at_crash_point and used.report.replica == "used" and used.report.replay_span == 0
-    assert {w.key: w.state for w in used.windows} == {key: state for key, (_, state) in exact.items()}
+    installed = open_windows(used)
+    assert {w.key: w.state for w in installed} == {key: state for key, (_, state) in exact.items()}
+    # The held windows themselves, with the marks a decoded window gets from its footprint.
+    decoded = open_windows(load_checkpoint(ec, decode, CODEC, 3))
+    assert [w.key for w in installed] == [w.key for w in decoded]
+    assert all(w is held.windows[w.key] for w in installed)
+    assert [(w.seq, w.tau1, w.tau2, w.out_mark, w.in_mark) for w in installed] == [
+        (w.seq, w.tau1, w.tau2, w.out_mark, w.in_mark) for w in decoded
+    ]
     key = next(iter(ec.windows))
     for live in (
         {**exact, key: (exact[key][0] + 1, exact[key][1])},
