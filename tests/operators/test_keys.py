@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from cec.exceptions import BadTupleError
 from operators.aggregate import KeyedAggregate, canonical_key
 from operators.base import InputTuple
+from operators.multi_aggregate import MultiAggregate
 from tests.operators.test_aggregate_fast_path import RecordingContext
 
 
@@ -96,3 +97,29 @@ def test_the_aggregate_keeps_keys_that_differ_only_in_spaces_or_type_apart(windo
         op.process(InputTuple(0, i, {"k": key, "v": 1.0, "t": 0}), ctx)
     windows = {w.key: w.state.count for w in ctx.registry}
     assert windows == {"a": 1, " a": 1, "true": 2, "True": 1, "5": 2}
+
+
+def _rule(raw: Any) -> str | BadTupleError:
+    try:
+        return canonical_key(raw, "k") or ""
+    except BadTupleError as exc:
+        return exc
+
+
+@given(st.one_of(scalars, st.none(), st.sampled_from(["", " ", "\udcff", 10**5000])))
+def test_key_of_takes_the_common_key_fast_and_gives_exactly_the_rule(raw: Any) -> None:
+    """`key_of` (what a replay asks every tuple for its fate) takes a shorter path for plain text and ints:
+    the same key as `canonical_key`, or the same refusal, for any value."""
+    for op in (
+        KeyedAggregate(key_field="k", value_field="v", agg="sum", window_count=10),
+        MultiAggregate(key_fields=["k"], aggs=[("sum", "v")], window_count=10),
+    ):
+        want = _rule(raw)
+        try:
+            got: str | BadTupleError = op.key_of({"k": raw}) or ""
+        except BadTupleError as exc:
+            got = exc
+        if isinstance(want, BadTupleError):
+            assert isinstance(got, BadTupleError) and got.reason == want.reason
+        else:
+            assert got == want
