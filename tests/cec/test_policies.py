@@ -10,6 +10,21 @@ import pytest
 from cec.policy import CostBenefitPolicy, RecoveryTimePolicy, WindowView
 from cec.rates import EC_PER_REPLAY, MeasuredRates
 from cec.schedule import MAX_DUTY, RTO_MAX_DUTY
+from recovery.manager import RecoveryReport
+
+
+def recovered(**figures: float) -> RecoveryReport:
+    """A recovery's report at the paper's scale, by default 300k records/s EC build, 200k windows/s EC
+    load and 50k tuples/s replay; `figures` replace its fields."""
+    defaults: dict[str, float] = {
+        "records_read": 90_000,
+        "ec_windows": 90_000,
+        "ec_build_seconds": 0.3,
+        "ec_load_seconds": 0.45,
+        "tuples_replayed": 50_000,
+        "catch_up_seconds": 1.0,
+    }
+    return RecoveryReport(**{**defaults, **figures})  # type: ignore[arg-type]
 
 
 def rates(**overrides: float) -> MeasuredRates:
@@ -131,17 +146,7 @@ def test_ec_rates_follow_the_live_rate_until_a_recovery_measures_them() -> None:
         MeasuredRates().ec_load_rate,
     )
 
-    @dataclass
-    class Report:
-        records_read: int = 90_000
-        ec_windows: int = 90_000
-        ec_build_seconds: float = 0.3
-        ec_load_seconds: float = 0.45
-        tuples_replayed: int = 50_000
-        catch_up_seconds: float = 1.0
-        install_seconds: float = 0.0
-
-    r.observe_recovery(Report())
+    r.observe_recovery(recovered())
     r.observe_run(seconds=1.0, busy_seconds=0.25, inputs=40_000, outputs=40_000, gchecks=0)
     assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)  # measured: no longer follows
 
@@ -151,22 +156,13 @@ def test_installing_the_loaded_windows_is_planned_as_ec_load_not_replay() -> Non
     rate counts it and the replay rate leaves it out, so a restart that installs 90k windows and replays
     few tuples is not planned as a slow replay."""
 
-    @dataclass
-    class Report:
-        records_read: int = 90_000
-        ec_windows: int = 90_000
-        ec_build_seconds: float = 0.3
-        ec_load_seconds: float = 0.2
-        tuples_replayed: int = 50_000
-        catch_up_seconds: float = 0.75
-        install_seconds: float = 0.25
-
+    installed = recovered(ec_load_seconds=0.2, catch_up_seconds=0.75, install_seconds=0.25)
     r = MeasuredRates()
-    r.observe_recovery(Report())
+    r.observe_recovery(installed)
     assert r.ec_load_rate == pytest.approx(90_000 / 0.45)
     assert r.replay_rate == pytest.approx(50_000 / 0.5)
     without = MeasuredRates()
-    without.observe_recovery(replace(Report(), install_seconds=0.0))
+    without.observe_recovery(replace(installed, install_seconds=0.0))
     assert without.ec_load_rate == pytest.approx(90_000 / 0.2)
     assert without.replay_rate == pytest.approx(50_000 / 0.75)
 
@@ -252,17 +248,7 @@ def test_calibrated_ec_rates_are_planned_with_until_a_recovery_measures_them() -
     problem = late.problem()
     assert problem is not None and "calibrated (at startup" in problem
 
-    @dataclass
-    class Report:
-        records_read: int = 90_000
-        ec_windows: int = 90_000
-        ec_build_seconds: float = 0.3
-        ec_load_seconds: float = 0.45
-        tuples_replayed: int = 50_000
-        catch_up_seconds: float = 1.0
-        install_seconds: float = 0.0
-
-    r.observe_recovery(Report())  # a real recovery's figures replace the calibration...
+    r.observe_recovery(recovered())  # a real recovery's figures replace the calibration...
     assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)
     r.calibrate(900_000.0, 900_000.0)  # ...and a later calibration does not replace them
     assert (r.ec_build_rate, r.ec_load_rate) == (300_000, 200_000)
