@@ -518,6 +518,9 @@ def test_end_offset_across_writer_sessions(store: KafkaQueueStore, topic: str) -
         ]
     with store.reader(topic, 1) as other:
         assert other.end_offset() == 0
+    # The topic's size from the broker's offset listing (what `cec run` on a fresh store dir says of a log
+    # it resumes), without reading it: every partition's offsets to its end, markers included.
+    assert store.offset_span(topic) == 159
 
 
 def test_end_offset_assigns_its_consumer_as_soon_as_it_is_made(
