@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from cec.records import Kind, RecordCodec
 from operators.aggregate import RESULT_SCHEMA
 from operators.base import DEAD_LETTER_SCHEMA
@@ -104,6 +102,8 @@ def one_calibration_per_module() -> Iterator[None]:
     run would measure them again (~50-80 ms a run, half of a 60-tuple run). Planning inputs only:
     what the module's runs write and recover is checked as before; the calibration itself is
     tests/cec/test_policies.py's."""
+    import pytest  # here: the benchmarks import this module without pytest's fixtures
+
     from recovery import calibrate
 
     measure = calibrate.calibrate_ec_rates
