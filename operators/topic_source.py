@@ -300,10 +300,15 @@ class KafkaTopicSource(MessageBatches, InputSource):
         """Nothing arrived for `idle_check_s`: a consumer of assigned partitions waits silently forever on a
         topic that was deleted (or deleted and created again, its offsets back at 0), so ask the broker.
         A broker that does not answer is not an error here: the client reconnects, and the store's writer
-        reports a broker that stays away."""
+        reports a broker that stays away.
+
+        Each request waits at most `idle_check_s` (not TIMEOUT_S): the operator's thread is in this call, so
+        a broker that died would hold the run's exit for the whole wait (30 s, against the bound of 3 x
+        CEC_KAFKA_REQUEST_TIMEOUT in docs/kafka.md); a check that gets no answer is made again later."""
         self._last_delivery = self._clock()
+        wait_s = min(TIMEOUT_S, self._idle_check_s)
         try:
-            md = self._admin.list_topics(timeout=TIMEOUT_S)  # all topics: naming one may auto-create it
+            md = self._admin.list_topics(timeout=wait_s)  # all topics: naming one may auto-create it
         except KafkaException as exc:
             log.info("Kafka at %s did not answer a metadata request: %s", self.bootstrap_servers, exc)
             return
@@ -316,7 +321,7 @@ class KafkaTopicSource(MessageBatches, InputSource):
                 f"{self.global_partitions[j]} at offset {self._next[j]:,}): the rest of the run's input is "
                 "gone; its log is intact but its results cannot be completed"
             )
-        now_id = topic_id(self._admin, self.topic, TIMEOUT_S)
+        now_id = topic_id(self._admin, self.topic, wait_s)
         if self._topic_id is not None and now_id is not None and now_id != self._topic_id:
             raise TopicDeletedError(
                 f"the input topic {self.topic!r} was deleted and created again while this run read it (its "
@@ -326,7 +331,7 @@ class KafkaTopicSource(MessageBatches, InputSource):
         for j in waiting:
             tp = TopicPartition(self.topic, self.global_partitions[j])
             try:
-                low, _high = self._live().get_watermark_offsets(tp, timeout=TIMEOUT_S)
+                low, _high = self._live().get_watermark_offsets(tp, timeout=wait_s)
             except KafkaException:
                 return  # as above: no answer is no evidence
             if low > self._next[j]:

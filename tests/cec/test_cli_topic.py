@@ -143,6 +143,18 @@ def _new_topic(broker: Broker, prefix: str) -> str:
     return topic
 
 
+@pytest.fixture(scope="module")
+def long_input(kafka_broker: Broker, tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict[str, Any]]:
+    """A topic of 60,000 purchases (~20,000 a partition: a run is still going when its log holds 1,000
+    records, to be stopped or stalled from outside) and its results per key (the same rows in a CSV).
+    Only read by the tests that use it, each with an output topic and a store of its own: one topic
+    and one reference run serve them all."""
+    purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
+    topic = _new_topic(kafka_broker, "purchases-long")
+    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    return topic, csv_reference(tmp_path_factory.mktemp("long-input"), purchases)
+
+
 @pytest.mark.parametrize("fmt", ["json", "avro"])
 @pytest.mark.parametrize("crash", [False, True], ids=["no-crash", "crash-after"])
 def test_topic_equals_the_same_records_in_a_csv(
@@ -660,15 +672,13 @@ def test_keys_follow_one_rule_and_are_never_merged(kafka_broker: Broker, tmp_pat
     ids=["sigterm", "sigint-trimmed"],
 )
 def test_a_bounded_run_stopped_before_its_end_says_so_and_a_rerun_completes_it(
-    kafka_broker: Broker, tmp_path: Path, signum: int, trimmed: bool
+    kafka_broker: Broker, tmp_path: Path, long_input: tuple[str, dict[str, Any]], signum: int, trimmed: bool
 ) -> None:
     """A supervisor's SIGTERM (or Ctrl-C) to a bounded run: exit 128 + the signal, one line saying the input
     was not finished, no results file that reads as complete (a trimmed run's rows so far are in
     `out.csv.partial`); the same command again resumes from the log and completes exactly."""
 
-    purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
-    topic = _new_topic(kafka_broker, "purchases-stop")
-    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    topic, want = long_input
     store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
     args = [
         "--store-dir",
@@ -701,7 +711,7 @@ def test_a_bounded_run_stopped_before_its_end_says_so_and_a_rerun_completes_it(
     assert Path(f"{results}.partial").exists() == trimmed
     again = topic_run(kafka_broker, topic, results, *args)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert per_key(results) == csv_reference(tmp_path, purchases)
+    assert per_key(results) == want
     assert not Path(f"{results}.partial").exists()
     assert not Path(f"{results}.partial").with_name("out.dead-letters.csv.partial").exists()
 
@@ -795,16 +805,14 @@ def test_a_mistake_in_the_kafka_config_file_is_one_line(tmp_path: Path) -> None:
 
 
 def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
-    kafka_broker: Broker, tmp_path: Path
+    kafka_broker: Broker, tmp_path: Path, long_input: tuple[str, dict[str, Any]]
 ) -> None:
     """The broker stalls (SIGSTOP) mid-run for longer than the store waits: one line naming the broker and
     the way out, exit 2; once it answers again the same command completes exactly."""
     if kafka_broker.pid is None:
         pytest.skip("needs a broker process this test session started (to stall it)")
 
-    purchases = make_purchases(60_000, keys=300, partitions=PARTITIONS)
-    topic = _new_topic(kafka_broker, "purchases-stall")
-    produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
+    topic, want = long_input
     store, results, output = tmp_path / "store", tmp_path / "out.csv", f"out-{uuid.uuid4().hex[:10]}"
     args = ["--store-dir", str(store), "--output-topic", output]
     proc = start_topic_run(kafka_broker, topic, results, *args, env={"CEC_KAFKA_REQUEST_TIMEOUT": "4"})
@@ -828,7 +836,7 @@ def test_a_broker_that_stops_answering_is_one_line_and_a_rerun_completes(
     assert lines[0].endswith("run the same command again to resume from it"), err
     again = topic_run(kafka_broker, topic, results, *args)
     assert again.returncode == 0, again.stdout + again.stderr
-    assert per_key(results) == csv_reference(tmp_path, purchases)
+    assert per_key(results) == want
 
 
 # docs/kafka.md's bound on a broker's death mid-run: the one line comes within 3 x CEC_KAFKA_REQUEST_TIMEOUT;

@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,6 +94,29 @@ def process_group_gone(pgid: int) -> Callable[[], bool]:
         return False
 
     return gone
+
+
+def one_calibration_per_module() -> Iterator[None]:
+    """For a module-scoped fixture: every in-process run of the module plans with the EC rates of one real
+    calibration (`recovery.calibrate`, measured at the first run's start, per backend), where each
+    run would measure them again (~50-80 ms a run, half of a 60-tuple run). Planning inputs only:
+    what the module's runs write and recover is checked as before; the calibration itself is
+    tests/cec/test_policies.py's."""
+    import pytest  # here: the benchmarks import this module without pytest's fixtures
+
+    from recovery import calibrate
+
+    measure = calibrate.calibrate_ec_rates
+    measured: dict[str | None, tuple[float, float]] = {}
+
+    def measured_once(*, backend: str | None = None, **kwargs: Any) -> tuple[float, float]:
+        if backend not in measured:
+            measured[backend] = measure(backend=backend, **kwargs)
+        return measured[backend]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(calibrate, "calibrate_ec_rates", measured_once)
+        yield
 
 
 def copy_input_identity(source: QueueStore, target: QueueStore, topic: str, partition: int = 0) -> None:

@@ -8,6 +8,7 @@ checks EC reconstruction against damaged footprints.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -22,8 +23,21 @@ from queuestore.exceptions import DamagedLogError
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
-from tests.helpers import copy_input_identity, hide_row, log_records, results, set_stored_kind
+from tests.helpers import (
+    copy_input_identity,
+    hide_row,
+    log_records,
+    one_calibration_per_module,
+    results,
+    set_stored_kind,
+)
 from tests.queuestore.damage import corrupt_record
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _one_calibration() -> Iterator[None]:
+    """Hundreds of short runs here, each of which would calibrate the EC rates at its start."""
+    yield from one_calibration_per_module()
 
 
 def _spec(

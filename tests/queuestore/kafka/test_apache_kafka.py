@@ -178,8 +178,10 @@ def test_trimming_deletes_the_head_and_the_trimmed_log_inspects_answers_and_reco
     trimmed log looked empty to `cec inspect` and to recovery."""
     # Every partition is trimmed once its log is a few trim intervals past the results writer's commit
     # interval (a due point every 2,000 records, at which the operator waits for the writer to be within
-    # 12,000 offsets): counts, not the machine's pace, so long before the input ends.
-    purchases = make_purchases(480_000, keys=40, partitions=PARTITIONS, seed=11)
+    # 12,000 offsets): counts, not the machine's pace, so long before the input ends. Measured: every
+    # partition trimmed by ~25,000-30,000 inputs (its log at ~11,000-12,500 records); 80,000 a partition
+    # leave the outside kill over 50,000 inputs of slack (480,000 before: six times what it needs).
+    purchases = make_purchases(240_000, keys=40, partitions=PARTITIONS, seed=11)
     topic = _new_topic(kafka_broker, "purchases-trim")
     produce(kafka_broker.bootstrap, topic, encoded(purchases, as_json))
     output, store = _output_topic(), tmp_path / "store"
