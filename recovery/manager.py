@@ -43,9 +43,8 @@ class LiveStates(Protocol):
         """key -> its open window (seq and state) of every window open at `ec.crash_pos`, the input applied
         up to it, handed over: recovery installs these objects themselves, their footprint marks set from
         the log (`open_windows`); or why not (then recovery decodes the footprints and replays, as without
-        them). `within`: the tuples a
-        replay from the footprints would read; a replica further behind the crash point than that says
-        so instead of catching up (the replay is then the shorter way)."""
+        them). `within`: the tuples a replay from the footprints would read; a replica further behind the
+        crash point than that says so instead of catching up (the replay is then the shorter way)."""
         ...
 
 
@@ -257,7 +256,7 @@ class RecoveryManager:
 def _live_windows(
     footprints: list[ECFootprint], live: Mapping[str, OpenWindow] | str
 ) -> tuple[list[OpenWindow] | None, str]:
-    """The live window of each footprint's, when `live` holds exactly those windows (each key at the same
+    """The live window of each footprint's key, when `live` holds exactly those windows (each key at the same
     seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and why
     not."""
     if isinstance(live, str):
