@@ -201,9 +201,7 @@ class MultiAggregate(Operator):
         BadTupleError names a missing field."""
         fields = self.key_fields
         if len(fields) == 1 and not self.by_window:
-            raw = value.get(fields[0])
-            key = plain_key(raw)  # the common key in fewer steps (`KeyedAggregate.key_of`)
-            return key if key is not None else canonical_key(raw, fields[0])
+            return canonical_key(value.get(fields[0]), fields[0])
         parts: list[str | int] = []
         for field in fields:
             part = canonical_key(value.get(field), field)
