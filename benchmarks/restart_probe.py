@@ -37,6 +37,10 @@ BOUNDARIES = (
     ("operators.runtime", "OperatorRuntime", "_calibrate", "calibrate"),
     ("operators.runtime", "OperatorRuntime", "_caught_up", "caught_up"),  # trees before the restore split
     ("operators.local_restore", "LocalRestore", "caught_up", "caught_up"),
+    ("operators.runtime", "OperatorRuntime", "__init__", "runtime_init"),
+    ("recovery.identity", None, "bind_log", "bind_log"),
+    ("operators.standby", "Standby", "took_over", "took_over"),
+    ("operators.local_restore", "LocalRestore", "restore", "local_restore"),
 )
 
 _OUT: TextIO | None = None

@@ -79,6 +79,11 @@ class ECFootprint:
         return self._row
 
     @property
+    def decoded(self) -> bool:
+        """Whether its record is decoded already (a standby decodes as it follows)."""
+        return self._record is not None
+
+    @property
     def record(self) -> OutputRecord:
         if self._record is None:
             # The builder keeps only values that passed their checksum: no need to compute it again.

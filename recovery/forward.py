@@ -82,6 +82,10 @@ class ForwardCheckpoint:
         elif kind in _FOOTPRINT_CODES:
             self.parts[key] = row
 
+    def windows(self, codec: RecordCodec) -> dict[str, ECFootprint]:
+        """key -> the footprint of its window's latest footprint (its record decoded when loaded)."""
+        return dict(zip(self.parts, _footprints(self.parts, self.parts.values(), codec), strict=True))
+
     def checkpoint(self, codec: RecordCodec, end_offset: int) -> EventualCheckpoint | None:
         """The eventual checkpoint at `end_offset` (the log's end: this has applied every record below it),
         or None where the entries do not add up to the crash point's N (module doc). Values are trusted:
@@ -100,15 +104,14 @@ class ForwardCheckpoint:
             return None
         if newest.n != len(self.parts):
             return None
-        rows = self.parts.values()
-        windows = dict(zip(self.parts, _footprints(self.parts, rows, codec), strict=True))
+        windows = self.windows(codec)
         return EventualCheckpoint(
             windows=windows,
             crash_pos=newest.pos,
             n=newest.n,
             time=newest.time,
             end_offset=end_offset,
-            extent_start=min(map(_OFFSET, rows), default=end_offset),
+            extent_start=min(map(_OFFSET, self.parts.values()), default=end_offset),
             records_read=0,
             corrupt_skipped=0,
             complete=newest.kind is Kind.EOS,

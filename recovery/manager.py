@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from cec.native import native
-from cec.records import RecordCodec
+from cec.records import OutputRecord, RecordCodec
 from cec.registry import OpenWindow
 from queuestore.base import PartitionReader
 from queuestore.ec_cache import ECCache
@@ -166,6 +166,7 @@ def open_windows(recovery: Recovery) -> list[OpenWindow]:
 _OFFSET = operator.attrgetter("offset")
 _KEY = operator.attrgetter("key")
 _POS = operator.attrgetter("pos")
+_SEQ = operator.attrgetter("seq")
 _LOADED_SLOTS = tuple(getattr(LoadedWindow, f.name) for f in dataclasses.fields(LoadedWindow))
 
 
@@ -254,25 +255,25 @@ class RecoveryManager:
 
 
 def _live_windows(
-    footprints: list[ECFootprint], live: Mapping[str, OpenWindow] | str
+    footprints: list[ECFootprint], records: list[OutputRecord], live: Mapping[str, OpenWindow] | str
 ) -> tuple[list[OpenWindow] | None, str]:
-    """The live window of each footprint's key, when `live` holds exactly those windows (each key at the same
-    seq; windows it holds beyond them closed in the log, by the tuple the crash cut); else None and why
-    not."""
+    """The live window of each footprint's key (`records`: the footprints' records, in their order), when
+    `live` holds exactly those windows (each key at the same seq; windows it holds beyond them closed in the
+    log, by the tuple the crash cut); else None and why not."""
     if isinstance(live, str):
         return None, live
-    windows = []
-    for fp in footprints:
-        held = live.get(fp.key)
-        seq = fp.row[4]
-        if held is None or held.seq != seq:
-            got = "none" if held is None else f"window {held.seq}"
+    held = list(map(live.get, map(_KEY, footprints)))  # C-level: one lookup per window, no Python frame
+    if None not in held and list(map(_SEQ, held)) == list(map(_SEQ, records)):
+        return held, "used"  # type: ignore[return-value]  # no None in it
+    for fp, window, record in zip(footprints, held, records, strict=True):
+        if window is None or window.seq != record.seq:
+            got = "none" if window is None else f"window {window.seq}"
             return (
                 None,
-                f"the replica's windows differ from the log's (key {fp.key!r}: log window {seq}, replica {got})",
+                f"the replica's windows differ from the log's (key {fp.key!r}: log window {record.seq}, "
+                f"replica {got})",
             )
-        windows.append(held)
-    return windows, "used"
+    raise AssertionError("unreachable: a difference was found above")
 
 
 def load_checkpoint(
@@ -303,7 +304,7 @@ def load_checkpoint(
         replica_note = replica
     elif replica is not None:
         replica_started = time.perf_counter()
-        handed, replica_note = _live_windows(footprints, replica.states_at(ec, plan.replay_span))
+        handed, replica_note = _live_windows(footprints, records, replica.states_at(ec, plan.replay_span))
         replica_seconds = time.perf_counter() - replica_started
     windows: list[LoadedWindow] = []
     if handed is None:

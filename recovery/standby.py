@@ -12,10 +12,10 @@ what a standby followed is derived data, never trusted blindly.
 
 from __future__ import annotations
 
-from cec.records import FOOTPRINT_KINDS, OutputRecord, RecordCodec
+from cec.records import FOOTPRINT_KINDS, RecordCodec
 from queuestore.base import PartitionReader, Row
 from recovery.cached import apply_tail, checkpoint_after_tail, matches_log
-from recovery.eventual import EventualCheckpoint
+from recovery.eventual import ECFootprint, EventualCheckpoint, gc_paused
 from recovery.forward import ForwardCheckpoint
 
 __all__ = ["FollowedCheckpoint", "LogFollower", "checkpoint_from_followed"]
@@ -28,16 +28,19 @@ class FollowedCheckpoint(ForwardCheckpoint):
     - the closed-window directory of what it applied: key -> the window sequence of its last R (what the
       stream index answers, `queuestore.index.last_closed_seq`), for its replica, which meets keys whose
       windows closed before it started (`operators.replica`);
-    - each key's latest footprint decoded (`decode_pending`, in batches as the standby follows), so that
-      the takeover's EC load finds its records decoded (at the paper's scale ~90,000 of them, most of the
-      load once a replica spares the states)."""
+    - each open window's footprint (`ECFootprint`, its record decoded), oldest first, kept as the standby
+      follows (`decode_pending`, in batches): at the takeover the checkpoint's windows are then a copy of
+      that mapping, not ~90,000 footprints made and decoded after the primary died (at the paper's scale
+      that was ~0.3 s of a takeover, most of it once a replica spares the states and the replay)."""
 
-    __slots__ = ("_undecoded", "closed", "decoded")
+    __slots__ = ("_undecoded", "closed", "footprints")
 
     def __init__(self) -> None:
         super().__init__()
         self.closed: dict[str, int] = {}
-        self.decoded: dict[str, tuple[int, OutputRecord]] = {}  # key -> (offset, record) of a footprint
+        # key -> the footprint of `parts[key]`, its record decoded, in the log's order: every entry of
+        # `parts` has one once `decode_pending` ran after the last `apply`.
+        self.footprints: dict[str, ECFootprint] = {}
         self._undecoded: list[Row] = []
 
     def apply(self, row: Row) -> None:
@@ -47,28 +50,34 @@ class FollowedCheckpoint(ForwardCheckpoint):
             return
         if kind == "R":
             self.closed[key] = row[4]
+            held = self.footprints.get(key)
+            if held is not None and held.row[4] == row[4]:
+                del self.footprints[key]  # the window closed (as `parts`)
         elif kind in _FOOTPRINT_CODES:
             self._undecoded.append(row)
 
     def decode_pending(self, codec: RecordCodec) -> None:
-        """Decode the footprints applied since the last call (checked by checksum when applied)."""
+        """Decode the footprints applied since the last call that are still their window's latest (checked
+        by checksum when applied; one a newer footprint or an R replaced meanwhile is not decoded)."""
         rows, self._undecoded = self._undecoded, []
-        if rows:
-            decoded = self.decoded
+        parts = self.parts
+        rows = [row for row in rows if parts.get(row[3]) is row]  # type: ignore[arg-type]  # keyed rows only
+        if not rows:
+            return
+        footprints = self.footprints
+        with gc_paused():  # one footprint and one record per window, none freed: as the EC build
             for row, record in zip(rows, codec.decode_rows(rows, verified=True), strict=True):
                 key = row[3]
                 assert key is not None  # only keyed footprints are kept for decoding (apply)
-                decoded[key] = (row[0], record)
+                footprints.pop(key, None)  # the newest footprint goes last: the log's order
+                footprints[key] = ECFootprint(row[0], key, row, codec, record)
 
-    def predecoded(self, ec: EventualCheckpoint) -> int:
-        """Give each footprint of `ec` that this decoded already its record; how many."""
-        decoded, given = self.decoded, 0
-        for key, footprint in ec.windows.items():
-            held = decoded.get(key)
-            if held is not None and held[0] == footprint.offset and footprint._record is None:
-                footprint._record = held[1]
-                given += 1
-        return given
+    def windows(self, codec: RecordCodec) -> dict[str, ECFootprint]:
+        """The footprints that were followed, decoded, oldest first (a copy: following goes on)."""
+        self.decode_pending(codec)
+        if len(self.footprints) != len(self.parts):  # never, by the rules above; the parts decide if so
+            return super().windows(codec)
+        return dict(self.footprints)
 
 
 class LogFollower:
@@ -117,8 +126,4 @@ def checkpoint_from_followed(
         return "the log was trimmed past what the standby had followed"
     if not matches_log(reader, forward.last):
         return "the standby's newest record is not the log's record at its offset"
-    taken = checkpoint_after_tail(reader, forward, codec, end, "what the standby followed")
-    if not isinstance(taken, str):
-        forward.decode_pending(codec)
-        forward.predecoded(taken[0])
-    return taken
+    return checkpoint_after_tail(reader, forward, codec, end, "what the standby followed")

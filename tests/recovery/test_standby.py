@@ -451,8 +451,12 @@ def _follow(rows: list[Row], steps: list[int]) -> None:
         kept = follower.forward.checkpoint(CODEC, log.end)
         read_back = EventualCheckpointBuilder(log, CODEC).build()
         assert kept is not None and ec_view(kept) == ec_view(read_back), log.end
-        # Every footprint's record was decoded as it was followed, and is the one the log holds.
-        assert follower.forward.predecoded(kept) == len(kept.windows)
+        # Every footprint's record was decoded as it was followed, and is the one the log holds; the
+        # windows come oldest footprint first, as the log holds them.
+        assert all(fp.decoded for fp in kept.windows.values())
+        assert [fp.offset for fp in kept.windows.values()] == sorted(
+            fp.offset for fp in kept.windows.values()
+        )
         assert all(fp.record == read_back.windows[key].record for key, fp in kept.windows.items())
         at = log.end
         if at == len(rows):
