@@ -20,7 +20,7 @@ from cec.records import RecordCodec
 from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
 from queuestore.chunks import PART_KIND, is_manifest, is_part, reassemble
 from queuestore.ec_cache import ECCache
-from queuestore.exceptions import TornRecordError
+from queuestore.exceptions import LogTrimmedError, TornRecordError
 from recovery.eventual import EventualCheckpoint, gc_paused
 from recovery.forward import ForwardCheckpoint
 
@@ -85,8 +85,9 @@ def apply_tail(
 ) -> int | str:
     """Apply the log's records from `forward.next_offset` to `end` (None: to the end the reader finds as
     it reads, for a log still being written) to `forward`, each checked by checksum first; the records
-    read, or why the tail could not be applied (a damaged record, a torn chunked value: the caller reads
-    the log back instead, where the rules for damaged records live). A chunked value's manifest is applied
+    read, or why the tail could not be applied (a damaged record, a torn chunked value, records trimmed
+    before they were applied: the caller reads the log back instead, where the rules for damaged records
+    live). A chunked value's manifest is applied
     with the whole value its parts make."""
     read = 0
     offset = forward.next_offset
@@ -113,6 +114,8 @@ def apply_tail(
             offset = chunk[-1][0] + 1
     except (TornRecordError, CodecError) as exc:  # a torn chunked value, a damaged one: read back instead
         return f"the log's tail could not be applied ({exc})"
+    except LogTrimmedError:  # the reader checks the log's start when a read does not begin where asked
+        return f"the log was trimmed past what was applied (offset {offset:,})"
     return read
 
 

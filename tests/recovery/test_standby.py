@@ -473,3 +473,31 @@ def test_the_follower_holds_the_builders_checkpoint_whatever_it_reads_at_a_time(
     real_log: list[Row], steps: list[int]
 ) -> None:
     _follow(real_log, steps)
+
+
+def test_a_log_trimmed_past_what_was_followed_makes_the_follower_unusable(tmp_path: Path) -> None:
+    """The follower relies on its reader, which asks the log's start only when a read does not begin where
+    asked (not before every read): a trim below what it followed changes nothing, one past it is a reason
+    (then the takeover reads the log back)."""
+    root = tmp_path / "store"
+    spec = JobSpec.from_dict(
+        {**_spec(_sqlite(root)).to_dict(),
+         "source": {"type": "generator", "count": 3000, "keys": 40, "seed": 9, "partitions": 3}}
+    )  # fmt: skip
+    run_job(spec)
+    store = SqliteQueueStore(root)
+    rows = logged_rows(store, "agg")
+    followed, behind = LogFollower(CODEC), LogFollower(CODEC)
+    with store.reader("agg", 0) as reader:
+        assert followed.catch_up(reader) == len(rows)
+    behind.forward.next_offset = 0  # follows from the log's beginning, after the trim
+    writer = store.writer("agg", 0)
+    try:
+        assert writer.trim(len(rows) // 2) > 0
+    finally:
+        writer.close()
+    with store.reader("agg", 0) as reader:
+        assert followed.catch_up(reader) == 0 and followed.unusable is None
+        assert behind.catch_up(reader) == 0
+        assert behind.unusable is not None and "trimmed" in behind.unusable
+    store.close()
