@@ -263,8 +263,12 @@ def _live_windows(
     if isinstance(live, str):
         return None, live
     held = list(map(live.get, map(_KEY, footprints)))  # C-level: one lookup per window, no Python frame
-    if None not in held and list(map(_SEQ, held)) == list(map(_SEQ, records)):
-        return held, "used"  # type: ignore[return-value]  # no None in it
+    try:
+        # (Not `None in held`: that calls the windows' dataclass __eq__ once per window, in Python.)
+        if list(map(_SEQ, held)) == list(map(_SEQ, records)):
+            return held, "used"  # type: ignore[return-value]  # no None in it: each has a seq
+    except AttributeError:  # a key the replica holds no window of (None): said below
+        pass
     for fp, window, record in zip(footprints, held, records, strict=True):
         if window is None or window.seq != record.seq:
             got = "none" if window is None else f"window {window.seq}"
