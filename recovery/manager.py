@@ -113,11 +113,12 @@ class Recovery:
     forward_stored: bool = False
     # The windows' states are as of the crash point already (a standby's replica): nothing to replay.
     at_crash_point: bool = False
-    # Then the replica's own windows, oldest footprint first, with `footprints` (their records decoded),
-    # installed as they are (`open_windows`) instead of `windows` (empty): at the paper's scale, making
-    # ~92k objects twice more was most of a standby's takeover after its catch-up.
+    # Then the replica's own windows, oldest footprint first, with `footprints` and their decoded
+    # `records`, installed as they are (`open_windows`) instead of `windows` (empty): at the paper's scale,
+    # making ~92k objects twice more was most of a standby's takeover after its catch-up.
     handed_over: list[OpenWindow] | None = None
     footprints: list[ECFootprint] = field(default_factory=list)
+    records: list[OutputRecord] = field(default_factory=list)
 
     @property
     def needed(self) -> bool:
@@ -142,11 +143,20 @@ def open_windows(recovery: Recovery) -> list[OpenWindow]:
     crash_total = sum(ec.crash_pos)
     handed = recovery.handed_over
     if handed is not None:
-        for window, fp in zip(handed, recovery.footprints, strict=True):
-            record = fp.record
-            window.tau1 = window.tau2 = record.time
-            window.out_mark = fp.offset - end
-            window.in_mark = sum(record.pos) - crash_total
+        # Column by column where C can do it (the windows live in a large heap after a replica's run: each
+        # pass over them is memory-bound, and a Python property per window added ~0.05 s at 90k).
+        records = recovery.records
+        marks = zip(
+            handed,
+            map(_TIME, records),
+            map(_OFFSET, recovery.footprints),
+            map(sum, map(_POS, records)),
+            strict=True,
+        )
+        for window, time_, offset, pos_total in marks:
+            window.tau1 = window.tau2 = time_
+            window.out_mark = offset - end
+            window.in_mark = pos_total - crash_total
         return handed
     return [
         OpenWindow(
@@ -167,6 +177,7 @@ _OFFSET = operator.attrgetter("offset")
 _KEY = operator.attrgetter("key")
 _POS = operator.attrgetter("pos")
 _SEQ = operator.attrgetter("seq")
+_TIME = operator.attrgetter("time")
 _LOADED_SLOTS = tuple(getattr(LoadedWindow, f.name) for f in dataclasses.fields(LoadedWindow))
 
 
@@ -341,4 +352,5 @@ def load_checkpoint(
         at_crash_point=handed is not None,
         handed_over=handed,
         footprints=footprints if handed is not None else [],
+        records=records if handed is not None else [],
     )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any
 
 from cec.exceptions import BadTupleError
@@ -44,6 +45,9 @@ if TYPE_CHECKING:
     from recovery.manager import Recovery, RecoveryReport
 
 __all__ = ["HostState", "OperatorInstance", "loaded_window_ends"]
+
+_KEY, _SEQ = attrgetter("key"), attrgetter("seq")
+_AFTER = (1).__add__  # a window's seq -> the next window's
 
 # What a host that keeps an instance between calls (the Spark state partition) saves of it besides its
 # windows: the input positions applied, logical time, event-time marks, the open windows' ends (for the
@@ -148,7 +152,8 @@ class OperatorInstance(InstanceContext):
         if self._wm is not None:
             for window in loaded:
                 self._track_end(window)
-        self.next_seq.update([(window.key, window.seq + 1) for window in loaded])
+        # C-level columns (no Python frame per window: ~0.05 s at 90k windows in a large heap).
+        self.next_seq.update(zip(map(_KEY, loaded), map(_AFTER, map(_SEQ, loaded)), strict=True))
         recovery.report.install_seconds = time.perf_counter() - install_started
         self.time = ec.time
         # Input counts are relative to the crash point, where the loaded windows' marks are taken.
