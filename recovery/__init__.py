@@ -3,13 +3,12 @@
 from recovery.contract import PositionStamper, ReplayContract, TupleFate, tuple_fate
 from recovery.eventual import ECFootprint, EventualCheckpoint, EventualCheckpointBuilder
 from recovery.exceptions import RecoveryError
-from recovery.manager import LoadedWindow, Recovery, RecoveryManager, RecoveryReport
+from recovery.manager import Recovery, RecoveryManager, RecoveryReport
 
 __all__ = [
     "ECFootprint",
     "EventualCheckpoint",
     "EventualCheckpointBuilder",
-    "LoadedWindow",
     "PositionStamper",
     "Recovery",
     "RecoveryError",

@@ -19,7 +19,7 @@ from typing import Any
 from cec.records import AvroCodec, Kind, OutputRecord, RecordCodec
 from cec.registry import WindowRegistry
 from queuestore.base import PartitionReader, RecordMeta, Row, StoredRecord
-from recovery.manager import RecoveryManager, open_windows
+from recovery.manager import RecoveryManager
 
 __all__ = ["READ_SHARE", "calibrate_ec_rates", "synthetic_extent"]
 
@@ -120,7 +120,7 @@ def calibrate_ec_rates(
         # EC load as a recovery pays it: the states decoded, then the windows installed in a registry
         # (`RecoveryReport.install_seconds`), which at the paper's scale costs about as much again.
         install_started = time.perf_counter()
-        WindowRegistry().load(open_windows(recovery))
+        WindowRegistry().load(recovery.windows)
         install_s = time.perf_counter() - install_started
         # A timer too coarse to see a phase pass counts as one tick: a rate too low rather than infinite.
         build_s = min(build_s, max(report.ec_build_seconds, 1e-6))

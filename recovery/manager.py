@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
@@ -31,7 +31,7 @@ from recovery.eventual import (
 from recovery.forward import ForwardCheckpoint
 from recovery.standby import LogFollower, checkpoint_from_followed
 
-__all__ = ["LiveStates", "LoadedWindow", "Recovery", "RecoveryManager", "RecoveryReport", "open_windows"]
+__all__ = ["LiveStates", "Recovery", "RecoveryManager", "RecoveryReport"]
 
 
 class LiveStates(Protocol):
@@ -42,18 +42,10 @@ class LiveStates(Protocol):
     def states_at(self, ec: EventualCheckpoint, within: int) -> Mapping[str, OpenWindow] | str:
         """key -> its open window (seq and state) of every window open at `ec.crash_pos`, the input applied
         up to it, handed over: recovery installs these objects themselves, their footprint marks set from
-        the log (`open_windows`); or why not (then recovery decodes the footprints and replays, as without
+        the log (`load_checkpoint`); or why not (then recovery decodes the footprints and replays, as without
         them). `within`: the tuples a replay from the footprints would read; a replica further behind the
         crash point than that says so instead of catching up (the replay is then the shorter way)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class LoadedWindow:
-    key: str
-    seq: int
-    state: Any
-    footprint: ECFootprint
 
 
 @dataclass
@@ -71,7 +63,7 @@ class RecoveryReport:
     tuples_replayed: int = 0  # filled in by the runtime as replay proceeds
     tuples_skipped: int = 0
     catch_up_seconds: float = 0.0  # restore + replay
-    # The loaded windows installed in the operator instance (`open_windows`, part of the `restore` phase):
+    # The loaded windows installed in the operator instance (`OperatorInstance.restore`, part of the `restore` phase):
     # the recovery-time policy plans with it as part of the EC load (`cec.rates.MeasuredRates`).
     install_seconds: float = 0.0
     # From the start of the restart (the process's, where the host knows it) to caught up: every phase of
@@ -104,21 +96,18 @@ class RecoveryReport:
 @dataclass
 class Recovery:
     checkpoint: EventualCheckpoint
-    windows: list[LoadedWindow]  # oldest footprint first
+    # The checkpoint's windows as the operator's registry holds them, oldest footprint first (the log's
+    # order), each with its footprint's marks (`_marks`): decoded from the footprints, or a replica's own.
+    windows: list[OpenWindow]
     plan: ReplayContract
     report: RecoveryReport
     # The checkpoint as the EC cache goes on from it (`queuestore.ec_cache`), and whether the cache holds
     # it already (loaded from it with no tail); None without a cache.
     forward: ForwardCheckpoint | None = None
     forward_stored: bool = False
-    # The windows' states are as of the crash point already (a standby's replica): nothing to replay.
+    # The windows are a standby's replica's own, their states as of the crash point already: nothing to
+    # replay (at the paper's scale, making ~92k objects twice more was most of a takeover after its catch-up).
     at_crash_point: bool = False
-    # Then the replica's own windows, oldest footprint first, with `footprints` and their decoded
-    # `records`, installed as they are (`open_windows`) instead of `windows` (empty): at the paper's scale,
-    # making ~92k objects twice more was most of a standby's takeover after its catch-up.
-    handed_over: list[OpenWindow] | None = None
-    footprints: list[ECFootprint] = field(default_factory=list)
-    records: list[OutputRecord] = field(default_factory=list)
 
     @property
     def needed(self) -> bool:
@@ -131,46 +120,31 @@ class Recovery:
         return self.checkpoint.complete
 
 
-def open_windows(recovery: Recovery) -> list[OpenWindow]:
-    """The loaded windows as an operator's registry holds them, oldest footprint first (the log's order):
-    each at its footprint's logical time, its output mark relative to the log's end and its input mark
-    relative to the crash point (where a recovered instance's counts start). Built in one pass: at the
-    paper's scale (92k windows) a per-window open() was ~0.3 s of a recovery. A replica's windows handed
-    over (`Recovery.handed_over`) get the same marks in place."""
-    ec = recovery.checkpoint
-    assert ec.crash_pos is not None
-    end = ec.end_offset
-    crash_total = sum(ec.crash_pos)
-    handed = recovery.handed_over
-    if handed is not None:
-        # Column by column where C can do it (the windows live in a large heap after a replica's run: each
-        # pass over them is memory-bound, and a Python property per window added ~0.05 s at 90k).
-        records = recovery.records
-        marks = zip(
-            handed,
-            map(_TIME, records),
-            map(_OFFSET, recovery.footprints),
-            map(sum, map(_POS, records)),
-            strict=True,
-        )
-        for window, time_, offset, pos_total in marks:
-            window.tau1 = window.tau2 = time_
-            window.out_mark = offset - end
-            window.in_mark = pos_total - crash_total
-        return handed
-    return [
-        OpenWindow(
-            lw.key,
-            lw.seq,
-            lw.state,
-            record.time,
-            record.time,
-            lw.footprint.offset - end,
-            sum(record.pos) - crash_total,
-        )
-        for lw in recovery.windows
-        for record in (lw.footprint.record,)
-    ]
+def _marks(
+    ec: EventualCheckpoint, footprints: list[ECFootprint], records: list[OutputRecord]
+) -> tuple[Iterator[int], Iterator[int], Iterator[int]]:
+    """The one rule for a loaded window's marks, as columns (one per footprint, in its order): its footprint's
+    logical time (tau1 = tau2), its output mark relative to the log's end and its input mark relative to
+    the crash point, where a recovered instance's counts start. Columns, not a Python frame per window: at
+    the paper's scale (92k windows) each per-window pass is memory-bound (more so in a replica's large heap)."""
+    crash_total = 0 if ec.crash_pos is None else sum(ec.crash_pos)  # None: an empty log, no footprints
+    times = map(_TIME, records)
+    out_marks = map((-ec.end_offset).__add__, map(_OFFSET, footprints))
+    in_marks = map((-crash_total).__add__, map(sum, map(_POS, records)))
+    return times, out_marks, in_marks
+
+
+def _mark(
+    windows: list[OpenWindow],
+    footprints: list[ECFootprint],
+    records: list[OutputRecord],
+    ec: EventualCheckpoint,
+) -> None:
+    """Give a replica's windows (handed over in the footprints' order) their footprints' marks (`_marks`)."""
+    for window, time_, out_mark, in_mark in zip(windows, *_marks(ec, footprints, records), strict=True):
+        window.tau1 = window.tau2 = time_
+        window.out_mark = out_mark
+        window.in_mark = in_mark
 
 
 _OFFSET = operator.attrgetter("offset")
@@ -178,15 +152,17 @@ _KEY = operator.attrgetter("key")
 _POS = operator.attrgetter("pos")
 _SEQ = operator.attrgetter("seq")
 _TIME = operator.attrgetter("time")
-_LOADED_SLOTS = tuple(getattr(LoadedWindow, f.name) for f in dataclasses.fields(LoadedWindow))
+_WINDOW_SLOTS = tuple(getattr(OpenWindow, f.name) for f in dataclasses.fields(OpenWindow))
 
 
-def _loaded(key: str, seq: int, state: Any, footprint: ECFootprint) -> LoadedWindow:
-    """LoadedWindow(key, seq, state, footprint); built by the C accelerator when there, because a frozen
-    dataclass's __init__ would be the largest cost of EC-load."""
+def _window(key: str, seq: int, state: Any, time_: int, out_mark: int, in_mark: int) -> OpenWindow:
+    """OpenWindow(key, seq, state, time_, time_, out_mark, in_mark); built by the C accelerator when there,
+    because a dataclass's __init__ would be the largest cost of EC-load."""
     if native is None:
-        return LoadedWindow(key, seq, state, footprint)
-    window: LoadedWindow = native.make(LoadedWindow, _LOADED_SLOTS, (key, seq, state, footprint))
+        return OpenWindow(key, seq, state, time_, time_, out_mark, in_mark)
+    window: OpenWindow = native.make(
+        OpenWindow, _WINDOW_SLOTS, (key, seq, state, time_, time_, out_mark, in_mark)
+    )
     return window
 
 
@@ -321,13 +297,21 @@ def load_checkpoint(
         replica_started = time.perf_counter()
         handed, replica_note = _live_windows(footprints, records, replica.states_at(ec, plan.replay_span))
         replica_seconds = time.perf_counter() - replica_started
-    windows: list[LoadedWindow] = []
-    if handed is None:
+    if handed is not None:
+        windows = handed
+        _mark(windows, footprints, records, ec)
+    else:
         with gc_paused():
-            windows = [
-                _loaded(fp.key, record.seq, decode_state(record.state or b""), fp)
-                for fp, record in zip(footprints, records, strict=True)
-            ]
+            states = [decode_state(record.state or b"") for record in records]
+            windows = list(
+                map(
+                    _window,
+                    map(_KEY, footprints),
+                    map(_SEQ, records),
+                    states,
+                    *_marks(ec, footprints, records),
+                )
+            )
     load_seconds = time.perf_counter() - load_started - replica_seconds
     report = RecoveryReport(
         log_end=ec.end_offset,
@@ -350,7 +334,4 @@ def load_checkpoint(
         plan,
         report,
         at_crash_point=handed is not None,
-        handed_over=handed,
-        footprints=footprints if handed is not None else [],
-        records=records if handed is not None else [],
     )

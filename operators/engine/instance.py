@@ -39,7 +39,6 @@ from operators.engine.records import RecordSink
 from operators.engine.stats import RunStats
 from recovery.contract import ReplayContract, TupleFate
 from recovery.exceptions import RecoveryError
-from recovery.manager import open_windows
 
 if TYPE_CHECKING:
     from recovery.manager import Recovery, RecoveryReport
@@ -147,7 +146,7 @@ class OperatorInstance(InstanceContext):
                 raise RecoveryError(f"{where}: {exc}" if where else str(exc)) from None
         # Oldest footprint first, so the registry order is the log order; installed in one call.
         install_started = time.perf_counter()
-        loaded = open_windows(recovery)
+        loaded = recovery.windows
         self.registry.load(loaded)
         if self._wm is not None:
             for window in loaded:

@@ -29,7 +29,7 @@ from operators.sources import InputSource, PurchaseGenerator
 from queuestore.base import Row
 from queuestore.sqlite import SqliteQueueStore
 from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
-from recovery.manager import load_checkpoint, open_windows
+from recovery.manager import load_checkpoint
 from recovery.standby import LogFollower
 from tests.helpers.log_prefix import LogPrefix, logged_rows
 
@@ -248,10 +248,10 @@ def test_recovery_takes_a_replicas_states_only_when_they_are_the_checkpoints_win
     held = _Held(exact)
     used = load_checkpoint(ec, decode, CODEC, 3, replica=held)
     assert used.at_crash_point and used.report.replica == "used" and used.report.replay_span == 0
-    installed = open_windows(used)
+    installed = used.windows
     assert {w.key: w.state for w in installed} == {key: state for key, (_, state) in exact.items()}
     # The held windows themselves, with the marks a decoded window gets from its footprint.
-    decoded = open_windows(load_checkpoint(ec, decode, CODEC, 3))
+    decoded = load_checkpoint(ec, decode, CODEC, 3).windows
     assert [w.key for w in installed] == [w.key for w in decoded]
     assert all(w is held.windows[w.key] for w in installed)
     assert [(w.seq, w.tau1, w.tau2, w.out_mark, w.in_mark) for w in installed] == [

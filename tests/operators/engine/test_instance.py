@@ -330,8 +330,9 @@ def _recovered(
         return LocalHost(operator, recovery=recovery, closed=closed)
     ec = recovery.checkpoint
     assert ec.crash_pos is not None
-    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(w.footprint.record.pos),
-              w.footprint.record.time) for w in recovery.windows]  # fmt: skip
+    footprints = {key: fp.record for key, fp in ec.windows.items()}
+    lines = [(w.key, w.seq, True, operator.encode_state(w.state), 0, list(footprints[w.key].pos),
+              footprints[w.key].time) for w in recovery.windows]  # fmt: skip
     lines += [(k, s + 1, False, None, -1, None, None) for k, s in closed.items() if k not in ec.windows]
     initial = pd.DataFrame(lines, columns=["cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time"])
     last = prefix[-1]
