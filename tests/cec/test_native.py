@@ -530,7 +530,20 @@ def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
                 ec.extent_start,
                 ec.records_read,
                 ec.fallbacks,
-                [(w.key, w.seq, w.state, w.footprint.offset, w.footprint.record) for w in rec.windows],
+                [
+                    (
+                        w.key,
+                        w.seq,
+                        w.state,
+                        w.tau1,
+                        w.tau2,
+                        w.out_mark,
+                        w.in_mark,
+                        ec.windows[w.key].offset,
+                        ec.windows[w.key].record,
+                    )
+                    for w in rec.windows
+                ],
                 rec.plan.start,
             )
 
