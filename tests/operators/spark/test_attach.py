@@ -75,6 +75,7 @@ class Purchases:
     topic: str
     state_dir: Path
     dead: int  # tuples without a price
+    truth: PerKey  # the count-window averages in plain Python (`_truth`), as `_per_key` gives results
 
 
 def write_purchases(
@@ -87,6 +88,7 @@ def write_purchases(
     gen = PurchaseGenerator(count, KEYS, seed=seed, partitions=partitions, invalid_every=invalid_every)
     codec, payloads = RecordCodec(), AvroCodec(INPUT_SCHEMA)
     dead = 0
+    priced: dict[int, list[tuple[int, int]]] = {}  # item -> (offset, price) in its partition's order
     store = KafkaQueueStore(bootstrap, state_dir)
     try:
         store.create_topic(topic, partitions)
@@ -95,13 +97,29 @@ def write_purchases(
                 for o in range(gen.sizes[j]):
                     value = gen.tuple_at(j, o)
                     dead += value["item_price"] is None
+                    if value["item_price"] is not None:
+                        priced.setdefault(value["item_id"], []).append((o, value["item_price"]))
                     record = OutputRecord(
                         Kind.R, int(value["item_time"] or 0), (), 0, payload=payloads.encode(value)
                     )
                     writer.append(codec.encode(record), record.meta())
     finally:
         store.close()
-    return Purchases(bootstrap, topic, state_dir, dead)
+    return Purchases(bootstrap, topic, state_dir, dead, _truth(priced))
+
+
+def _truth(priced: dict[int, list[tuple[int, int]]]) -> PerKey:
+    """The closed count windows of WINDOW priced purchases per item, in offset order (each item lives in
+    one partition), as `_per_key` gives results: (key, window, mean price, count, first offset, last
+    offset) — a count window without a time field spans offsets. The mean is the sum over the count, as
+    the aggregate computes it: integer prices, so the float is exact and compared with `==`."""
+    out: PerKey = {}
+    for item, tuples in priced.items():
+        for w in range(len(tuples) // WINDOW):
+            chunk = tuples[w * WINDOW : (w + 1) * WINDOW]
+            mean = sum(float(price) for _, price in chunk) / WINDOW
+            out.setdefault(str(item), []).append((str(item), w, mean, WINDOW, chunk[0][0], chunk[-1][0]))
+    return out
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +234,9 @@ def test_count_windows_equal_sparks_own_aggregation(
     assert got.keys() == want.keys() and len(got) > 400
     for wid, (value, count, start, end) in want.items():
         assert got[wid] == (pytest.approx(value, rel=1e-12), count, start, end), wid
+    # The plain-Python truth the other modules hold their runs to (instead of a failure-free run of their
+    # own) is this run's results, exactly.
+    assert reference.results == purchases.truth
 
     # The log: one G-open per window that outlived its first tuple, a dead letter per priceless tuple, and
     # N at the end of each partition = windows still open there (keys whose count is not a multiple of 7).

@@ -32,11 +32,9 @@ from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
 from tests.operators.spark.test_attach import (
     Purchases,
-    Reference,
     _args,
     _killed_driver,
-    purchases,  # noqa: F401 - the module's fixtures
-    reference,  # noqa: F401
+    purchases,  # noqa: F401 - the module's fixture
     write_purchases,
 )
 
@@ -99,7 +97,6 @@ def _starts(store: KafkaQueueStore, topic: str) -> list[int]:
 def test_trimmed_logs_recover_exactly_after_driver_sigkills_and_keep_unread_records(
     spark: SparkSession,
     purchases: Purchases,  # noqa: F811
-    reference: Reference,  # noqa: F811
     tmp_path: Path,
 ) -> None:
     output = f"avg-trim-{uuid.uuid4().hex[:8]}"
@@ -133,7 +130,7 @@ def test_trimmed_logs_recover_exactly_after_driver_sigkills_and_keep_unread_reco
     finally:
         store.close()
     assert downstream.repeated == []
-    assert downstream.per_key() == reference.results
+    assert downstream.per_key() == purchases.truth
 
 
 def test_trim_every_is_refused_below_zero(

@@ -5,9 +5,9 @@ the driver-side runs and the defaults are test_attach_trim.py's, whose helpers t
 A reader registered through `read_results(consumer=...)` reads between the runs; the driver's process
 group is SIGKILLed inside a trim (`DeleteRecords` answered, the driver told nothing), during a recovery,
 inside a write task's commit of a transaction that carries a trim bound's closed-window directory, and
-right after such a commit, before its `DeleteRecords`. What the reader got equals the failure-free run's
-results (one run for the module: `expected`), each window once, and no log is ever trimmed past the
-reader.
+right after such a commit, before its `DeleteRecords`. What the reader got equals the failure-free
+results (the input's plain-Python truth, `Purchases.truth`, which test_attach.py holds to a failure-free
+run and to Spark's own aggregation), each window once, and no log is ever trimmed past the reader.
 """
 
 from __future__ import annotations
@@ -29,7 +29,6 @@ from tests.brokers import Broker
 from tests.helpers.attached import run_to_end
 from tests.killpoints import PLAN_AFTER_EC_BUILD, WRITER_BEFORE_TRIM, WRITER_IN_COMMIT, WRITER_IN_TRIM
 from tests.operators.spark.test_attach import (
-    PerKey,
     Purchases,
     _args,
     _driver_child,
@@ -50,18 +49,6 @@ def purchases3(spark_kafka_broker: Broker, tmp_path_factory: pytest.TempPathFact
     return write_purchases(spark_kafka_broker.bootstrap, state_dir, partitions=3, seed=13, invalid_every=37)
 
 
-@pytest.fixture(scope="module")
-def expected(spark: SparkSession, purchases3: Purchases, tmp_path_factory: pytest.TempPathFactory) -> PerKey:
-    """The failure-free run's results over `purchases3`, per key: what every test here must read back.
-    Computed once for the module (the output does not depend on trimming nor on the micro-batch size,
-    which the tests vary; `trim_every=0`: the plain run)."""
-    failure_free = f"avg-ref3-{uuid.uuid4().hex[:8]}"
-    run_to_end(
-        spark, _args(purchases3, tmp_path_factory.mktemp("attach-trim-ref"), failure_free, trim_every=0)
-    )
-    return _per_key(read_results(spark, failure_free, purchases3.bootstrap).collect())
-
-
 def _read(spark: SparkSession, source: Purchases, output: str, consumer: str) -> list[Any]:
     return read_results(spark, output, source.bootstrap, consumer=consumer).collect()
 
@@ -69,7 +56,6 @@ def _read(spark: SparkSession, source: Purchases, output: str, consumer: str) ->
 def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_recovery(
     spark: SparkSession,
     purchases3: Purchases,
-    expected: PerKey,
     tmp_path: Path,
 ) -> None:
     """Trimming on the executors (the default writers), three input and three output partitions, a
@@ -81,7 +67,7 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
     3. the driver is SIGKILLed during the next start's recovery (its planning task), its `state_dir` then
        deleted: the closed-window directory of the trimmed part comes from Kafka;
     4. a run to the end.
-    What the reader got over all its reads equals the failure-free run's results, each window exactly once.
+    What the reader got over all its reads equals the failure-free results, each window exactly once.
     """
     output = f"avg-etrim-{uuid.uuid4().hex[:8]}"
     reader = "trim-reader"
@@ -119,14 +105,13 @@ def test_executor_trims_stay_exact_through_driver_sigkills_in_a_trim_and_in_reco
         store.close()
     windows = Counter((r["key"], r["window"]) for r in got)
     assert windows and max(windows.values()) == 1, [w for w, n in windows.items() if n > 1][:5]
-    assert _per_key(got) == expected
+    assert _per_key(got) == purchases3.truth
 
 
 @pytest.mark.parametrize("resume", [True, False], ids=["resumed", "from-logs"])
 def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tasks_commit(
     spark: SparkSession,
     purchases3: Purchases,
-    expected: PerKey,
     tmp_path: Path,
     resume: bool,
 ) -> None:
@@ -139,7 +124,7 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
     3. it is SIGKILLed by a write task right after a commit that made a bound's directory durable, before
        its `DeleteRecords`: the bound is never applied in that run;
     4. a run to the end.
-    What the reader got equals the failure-free run's results, each window exactly once; no log was ever
+    What the reader got equals the failure-free results, each window exactly once; no log was ever
     trimmed past the reader; and the retained bound holds after the restarts: the last run trimmed every
     partition at least up to min(the reader's acknowledgement, the extent's start before that run), so no
     bound a kill left unapplied keeps records, and what a partition keeps is the extent plus what the last
@@ -201,4 +186,4 @@ def test_executor_trims_stay_exact_and_bounded_through_sigkills_in_the_write_tas
         store.close()
     windows = Counter((r["key"], r["window"]) for r in got)
     assert windows and max(windows.values()) == 1, [w for w, n in windows.items() if n > 1][:5]
-    assert _per_key(got) == expected
+    assert _per_key(got) == purchases3.truth

@@ -26,20 +26,18 @@ from queuestore.index import StreamIndex
 from queuestore.kafka import KafkaQueueStore
 from recovery.eventual import EventualCheckpointBuilder
 from tests.helpers.attached import run_to_end
-from tests.operators.spark.test_attach import (  # the module's input topic and failure-free reference run
+from tests.operators.spark.test_attach import (  # the module's input topic (and its plain-Python truth)
     Purchases,
-    Reference,
     _args,
     _kinds,
     _results,
     purchases,
-    reference,
 )
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
 
-__all__ = ["purchases", "reference"]  # fixtures re-used from test_attach
+__all__ = ["purchases"]  # the fixture re-used from test_attach
 
 
 class DriverPulls:
@@ -98,7 +96,6 @@ def _driver_side_plan(bootstrap: str, root: Path, topic: str, partitions: int) -
 def test_a_restart_plans_on_the_executors_and_no_window_state_reaches_the_driver(
     spark: SparkSession,
     purchases: Purchases,
-    reference: Reference,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -145,7 +142,7 @@ def test_a_restart_plans_on_the_executors_and_no_window_state_reaches_the_driver
     finally:
         query.stop()
     assert query.exception() is None
-    assert _results(spark, purchases, output) == reference.results
+    assert _results(spark, purchases, output) == purchases.truth
     assert _kinds(purchases, tmp_path, output) == written  # the restart at the end writes nothing
 
 
