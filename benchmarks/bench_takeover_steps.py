@@ -3,8 +3,8 @@ time goes once the machine's scheduling is taken out (issue 26; bench_standby.py
 end, between processes, where the replica's lag decides).
 
 The log: the paper's purchases (`--keys` items, `--tuples` tuples over 2 input partitions, count windows of
-10, cec run's default checkpointing), written by `run_job` on the embedded store, then cut at `--crash-at`
-records (a crash there). Per repeat:
+10, cec run's default checkpointing), written by `run_job` on the embedded store, then cut where
+`--crash-at` (a share of the finished log's records) puts a crash. Per repeat:
 - cold: `RecoveryManager.recover` (EC read back from the log and loaded) and `OperatorInstance.restore`
   (the windows installed), as a restart without a standby pays them;
 - takeover: a `LogFollower` follows the cut log and a replica (`operators.replica`) applies the input to its
@@ -110,7 +110,9 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--keys", type=int, default=100_000)
     p.add_argument("--tuples", type=int, default=1_000_000)
-    p.add_argument("--crash-at", type=int, default=200_000, help="log records at the crash")
+    p.add_argument(
+        "--crash-at", type=float, default=0.8, help="the crash, as a share of the finished log's records"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument(
         "--out", type=Path, default=Path(__file__).resolve().parent / "out" / "takeover-steps.json"
@@ -123,17 +125,21 @@ def main(argv: list[str] | None = None) -> int:
         started = time.process_time()
         run_job(spec)
         primary_cpu = time.process_time() - started
-        print(f"primary: {args.tuples / primary_cpu:,.0f} tuples per CPU second", flush=True)
+        with SqliteQueueStore(full).reader("agg", 0) as reader:
+            crash_at = int(reader.end_offset() * args.crash_at)  # before its EOS: the run had not finished
+        print(
+            f"primary: {args.tuples / primary_cpu:,.0f} tuples per CPU second; crash at record {crash_at:,}"
+        )
         runs: dict[str, list[dict[str, Any]]] = {"cold": [], "takeover": []}
         for rep in range(args.repeats):
             for mode in ("cold", "takeover"):
                 root = work / f"{mode}-{rep}"
-                _cut(full, root, args.crash_at)
+                _cut(full, root, crash_at)
                 row = _restart(_spec(root, args), root, standby=mode == "takeover")
                 runs[mode].append(row)
                 extra = ""
                 if mode == "takeover":
-                    extra = (f", replica {row['replica']}; follower {args.crash_at / row['follower_cpu_s']:,.0f} "
+                    extra = (f", replica {row['replica']}; follower {crash_at / row['follower_cpu_s']:,.0f} "
                              f"records and replica {row['replica_applied'] / row['replica_cpu_s']:,.0f} tuples per "
                              "CPU second")  # fmt: skip
                 print(f"[{rep}] {mode:8} recover {row['recover_s']:.3f} s, restore {row['restore_s']:.3f} s, "
@@ -148,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(
             json.dumps(
-                {"tree": os.getcwd(), "keys": args.keys, "tuples": args.tuples, "crash_at": args.crash_at,
+                {"tree": os.getcwd(), "keys": args.keys, "tuples": args.tuples, "crash_at": crash_at,
                  "primary_tuples_per_cpu_s": args.tuples / primary_cpu, "loadavg": os.getloadavg(),
                  "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "runs": runs,
                  "summary": summary},
