@@ -86,6 +86,10 @@ class ForwardCheckpoint:
         """key -> the footprint of its window's latest footprint (its record decoded when loaded)."""
         return dict(zip(self.parts, _footprints(self.parts, self.parts.values(), codec), strict=True))
 
+    def oldest_offset(self, windows: dict[str, ECFootprint], end_offset: int) -> int:
+        """The extent's start: the offset of the oldest footprint of `windows` (`end_offset` if none)."""
+        return min(map(_OFFSET, self.parts.values()), default=end_offset)
+
     def checkpoint(self, codec: RecordCodec, end_offset: int) -> EventualCheckpoint | None:
         """The eventual checkpoint at `end_offset` (the log's end: this has applied every record below it),
         or None where the entries do not add up to the crash point's N (module doc). Values are trusted:
@@ -111,7 +115,7 @@ class ForwardCheckpoint:
             n=newest.n,
             time=newest.time,
             end_offset=end_offset,
-            extent_start=min(map(_OFFSET, self.parts.values()), default=end_offset),
+            extent_start=self.oldest_offset(windows, end_offset),
             records_read=0,
             corrupt_skipped=0,
             complete=newest.kind is Kind.EOS,

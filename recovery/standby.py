@@ -33,7 +33,7 @@ class FollowedCheckpoint(ForwardCheckpoint):
       that mapping, not ~90,000 footprints made and decoded after the primary died (at the paper's scale
       that was ~0.3 s of a takeover, most of it once a replica spares the states and the replay)."""
 
-    __slots__ = ("_undecoded", "closed", "footprints")
+    __slots__ = ("_shared", "_undecoded", "closed", "footprints")
 
     def __init__(self) -> None:
         super().__init__()
@@ -41,7 +41,16 @@ class FollowedCheckpoint(ForwardCheckpoint):
         # key -> the footprint of `parts[key]`, its record decoded, in the log's order: every entry of
         # `parts` has one once `decode_pending` ran after the last `apply`.
         self.footprints: dict[str, ECFootprint] = {}
+        self._shared = False  # `footprints` was handed out as a checkpoint's windows (copy before a change)
         self._undecoded: list[Row] = []
+
+    def _own(self) -> dict[str, ECFootprint]:
+        """`footprints`, to change: copied first if a checkpoint holds it (copy on write: at a takeover,
+        the last checkpoint, nothing changes it again and it is never copied; a copy of ~90k entries
+        touches every footprint, ~0.15 s in a standby whose objects are spread over a long run's heap)."""
+        if self._shared:
+            self.footprints, self._shared = dict(self.footprints), False
+        return self.footprints
 
     def apply(self, row: Row) -> None:
         super().apply(row)
@@ -52,7 +61,7 @@ class FollowedCheckpoint(ForwardCheckpoint):
             self.closed[key] = row[4]
             held = self.footprints.get(key)
             if held is not None and held.row[4] == row[4]:
-                del self.footprints[key]  # the window closed (as `parts`)
+                del self._own()[key]  # the window closed (as `parts`)
         elif kind in _FOOTPRINT_CODES:
             self._undecoded.append(row)
 
@@ -64,7 +73,7 @@ class FollowedCheckpoint(ForwardCheckpoint):
         rows = [row for row in rows if parts.get(row[3]) is row]  # type: ignore[arg-type]  # keyed rows only
         if not rows:
             return
-        footprints = self.footprints
+        footprints = self._own()
         with gc_paused():  # one footprint and one record per window, none freed: as the EC build
             for row, record in zip(rows, codec.decode_rows(rows, verified=True), strict=True):
                 key = row[3]
@@ -73,11 +82,18 @@ class FollowedCheckpoint(ForwardCheckpoint):
                 footprints[key] = ECFootprint(row[0], key, row, codec, record)
 
     def windows(self, codec: RecordCodec) -> dict[str, ECFootprint]:
-        """The footprints that were followed, decoded, oldest first (a copy: following goes on)."""
+        """The footprints that were followed, decoded, oldest first: the mapping itself, copied only if
+        following changes it later (`_own`)."""
         self.decode_pending(codec)
         if len(self.footprints) != len(self.parts):  # never, by the rules above; the parts decide if so
             return super().windows(codec)
-        return dict(self.footprints)
+        self._shared = True
+        return self.footprints
+
+    def oldest_offset(self, windows: dict[str, ECFootprint], end_offset: int) -> int:
+        if windows is self.footprints:  # in the log's order: the oldest is the first
+            return next(iter(windows.values())).offset if windows else end_offset
+        return super().oldest_offset(windows, end_offset)
 
 
 class LogFollower:

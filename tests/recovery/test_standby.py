@@ -38,7 +38,7 @@ from operators.standby import read_status
 from queuestore.base import QueueStore, Row
 from queuestore.kafka import KafkaQueueStore
 from queuestore.sqlite import SqliteQueueStore
-from recovery.eventual import EventualCheckpointBuilder
+from recovery.eventual import EventualCheckpoint, EventualCheckpointBuilder
 from recovery.standby import LogFollower
 from tests.brokers import Broker
 from tests.helpers import cec, child_env, per_key, results, start_worker, wait_for
@@ -444,10 +444,13 @@ def _follow(rows: list[Row], steps: list[int]) -> None:
     log = LogPrefix(rows, topic="growing")
     follower = LogFollower(CODEC)
     at = 0
+    earlier: list[tuple[EventualCheckpoint, tuple[object, ...]]] = []
     for step in [*steps, len(rows)]:
         log.end = min(len(rows), at + step)
         follower.catch_up(log)
         assert follower.unusable is None and follower.applied == log.end
+        # A checkpoint handed out earlier is not changed by following on (its windows are copied on write).
+        assert all(ec_view(ec) == view for ec, view in earlier)
         kept = follower.forward.checkpoint(CODEC, log.end)
         read_back = EventualCheckpointBuilder(log, CODEC).build()
         assert kept is not None and ec_view(kept) == ec_view(read_back), log.end
@@ -458,6 +461,7 @@ def _follow(rows: list[Row], steps: list[int]) -> None:
             fp.offset for fp in kept.windows.values()
         )
         assert all(fp.record == read_back.windows[key].record for key, fp in kept.windows.items())
+        earlier = [*earlier[-3:], (kept, ec_view(kept))]
         at = log.end
         if at == len(rows):
             break
