@@ -87,8 +87,7 @@ def apply_tail(
     it reads, for a log still being written) to `forward`, each checked by checksum first; the records
     read, or why the tail could not be applied (a damaged record, a torn chunked value, records trimmed
     before they were applied: the caller reads the log back instead, where the rules for damaged records
-    live). A chunked value's manifest is applied
-    with the whole value its parts make."""
+    live). A chunked value's manifest is applied with the whole value its parts make."""
     read = 0
     offset = forward.next_offset
     try:

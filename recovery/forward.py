@@ -87,7 +87,8 @@ class ForwardCheckpoint:
         return dict(zip(self.parts, _footprints(self.parts, self.parts.values(), codec), strict=True))
 
     def oldest_offset(self, windows: dict[str, ECFootprint], end_offset: int) -> int:
-        """The extent's start: the offset of the oldest footprint of `windows` (`end_offset` if none)."""
+        """The extent's start: the offset of the oldest footprint (`end_offset` if none); `windows` are the
+        checkpoint's (`windows`), which a subclass may keep in the log's order."""
         return min(map(_OFFSET, self.parts.values()), default=end_offset)
 
     def checkpoint(self, codec: RecordCodec, end_offset: int) -> EventualCheckpoint | None:
