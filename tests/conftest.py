@@ -189,9 +189,31 @@ def pytest_testnodedown(node: Any, error: object) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if getattr(config, "workeroutput", None) is not None:
+        return  # an xdist worker: the controller sums up
     lines = _broker_lines(config)
-    if lines and getattr(config, "workeroutput", None) is None:
+    if lines:
         terminalreporter.write_line("broker: " + "; ".join(sorted(lines)))
+    _slowest_files(terminalreporter)
+
+
+def _slowest_files(terminalreporter: Any, shown: int = 25) -> None:
+    """Test-seconds per file (setup + call + teardown), the slowest first: what LONGEST_FILES is ordered by
+    (refresh it from a CI run's lines)."""
+    per_file: dict[str, float] = {}
+    for reports in terminalreporter.stats.values():
+        for report in reports:
+            nodeid, duration = getattr(report, "nodeid", None), getattr(report, "duration", None)
+            if nodeid and isinstance(duration, float):
+                path = nodeid.split("::", 1)[0]
+                per_file[path] = per_file.get(path, 0.0) + duration
+    if len(per_file) < 2:
+        return
+    slowest = sorted(per_file.items(), key=lambda item: -item[1])[:shown]
+    total = sum(per_file.values())
+    terminalreporter.write_line(f"slowest files ({total:,.0f} test-seconds in all):")
+    for path, seconds in slowest:
+        terminalreporter.write_line(f"  {seconds:8.1f} s  {path}")
 
 
 class StoreBackend:
