@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException
+from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, OffsetSpec
 
 from operators.exceptions import TopicSourceError
@@ -97,7 +97,7 @@ def resolve_bounds(
     partitions = list(range(n))
     starts = list_offsets(admin, topic, partitions, OffsetSpec.earliest())
     listed = list_offsets(admin, topic, partitions, OffsetSpec.latest())
-    consumer = Consumer(consumer_config(bootstrap_servers, config, None))
+    consumer = kafka_admin.consumer_knowing(consumer_config(bootstrap_servers, config, None), topic)
     try:
         found = find_ends(
             consumer,

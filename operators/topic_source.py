@@ -65,7 +65,7 @@ from operators.topic_bounds import (
     topic_partition_count,
 )
 from operators.topic_tuples import KEY_FIELD, TIMESTAMP_FIELD, RecordTuples, decode_values
-from queuestore.kafka.admin import topic_id
+from queuestore.kafka.admin import consumer_knowing, topic_id
 
 __all__ = [
     "KEY_FIELD",
@@ -157,7 +157,11 @@ class KafkaTopicSource(MessageBatches, InputSource):
         self._local = {g: i for i, g in enumerate(self.global_partitions)}
         self._local_of = [self._local.get(g, -1) for g in range(total)]  # the same, as a list for C
         self._identity_partitions = list(self.global_partitions) == list(range(len(self.global_partitions)))
-        self._consumer: Consumer | None = Consumer(consumer_config(bootstrap_servers, config, group_id))
+        # Its first poll after `seek` does not wait for librdkafka's topic scan (up to ~1 s before a
+        # restart's first replayed input).
+        self._consumer: Consumer | None = consumer_knowing(
+            consumer_config(bootstrap_servers, config, group_id), topic
+        )
         self._ended = [False] * self.partitions
         self._limits: list[float] = [math.inf] * self.partitions  # see poll
         # What a record becomes (decode, pseudo-fields, required fields, dead-letter reasons): the rule the

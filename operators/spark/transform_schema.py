@@ -84,20 +84,22 @@ def sample_schema(opts: TopicOptions, limit: int = SAMPLE_RECORDS) -> StructType
     query decodes them: bool -> boolean, int -> bigint, float (or int and float) -> double, anything else
     (text, nested values, mixed types) -> string, in first-seen order. One ConfigError for a topic with no
     decodable record."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import TopicPartition
     from pyspark.sql.types import StructField, StructType
 
     from operators.topic_tuples import decode_values
+    from queuestore.kafka.admin import consumer_knowing
 
     starts, ends = opts.bounds()
-    consumer = Consumer(
+    consumer = consumer_knowing(
         {
             **opts.client_config,
             "bootstrap.servers": opts.bootstrap,
             "group.id": "cec-transform-schema",
             "enable.auto.commit": False,
             "isolation.level": "read_committed",
-        }
+        },
+        opts.topic,
     )
     raws: list[bytes | None] = []
     try:

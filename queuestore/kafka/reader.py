@@ -18,7 +18,6 @@ is `queuestore.kafka.ends`, the consumer config `queuestore.kafka.config`.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Topic
 from cec.native import native
 from queuestore.base import PartitionReader, Row, StoredRecord
 from queuestore.exceptions import BrokerUnavailableError, QueueStoreError, StoreClosedError, UnknownTopicError
+from queuestore.kafka.admin import METADATA_WARMUP_S, consumer_knowing
 from queuestore.kafka.ends import find_ends
 from queuestore.kafka.errors import (
     _BEYOND_END_CODES,
@@ -49,9 +49,6 @@ log = logging.getLogger(__name__)
 # max.partition.fetch.bytes and fetch.max.bytes of the bulk reader's consumer, unless the store's config
 # sets them (below receive.message.max.bytes' default, 100 MB, as librdkafka requires).
 _BULK_FETCH_BYTES = 32 << 20
-# The longest a new consumer waits for its topic's metadata (`KafkaPartitionReader._new_consumer`): about the
-# wait it saves; one round trip on a broker that answers.
-_METADATA_WARMUP_S = 1.0
 
 
 @dataclass
@@ -115,17 +112,9 @@ class KafkaPartitionReader(PartitionReader):
         return self._bulk
 
     def _new_consumer(self, conf: dict[str, Any]) -> Consumer:
-        """A consumer that already knows the partition's leader. librdkafka learns the metadata of a topic
-        first assigned to a new client only at its next topic scan, which runs once a second: the first
-        read of every new reader waited up to ~1 s for it (0.97 s each in the attached query's resume
-        check, measured with librdkafka's debug log: assigned at once, "metadata information unknown" a
-        second later). One metadata request for the topic when the consumer is made fills its cache
-        first. An answer that does not come in time only leaves the wait to librdkafka's scan, as before
-        (a broker that is down is found out by the read itself, within its stall timeout)."""
-        consumer = Consumer(conf)
-        with contextlib.suppress(KafkaException):
-            consumer.list_topics(self.topic, timeout=min(_METADATA_WARMUP_S, self._stall_timeout))
-        return consumer
+        """A consumer that already knows the partition's leader (`queuestore.kafka.admin.consumer_knowing`:
+        its first read does not wait for librdkafka's once-a-second topic scan)."""
+        return consumer_knowing(conf, self.topic, timeout=min(METADATA_WARMUP_S, self._stall_timeout))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(topic={self.topic!r}, partition={self.partition})"
