@@ -51,6 +51,7 @@ def open_output(
     on_index: Callable[[], None] | None = None,
     ec_cache: bool = False,
     while_locked: Callable[[], None] | None = None,
+    fence_later: bool = False,
 ) -> OutputQueue:
     """The partition's output queue, waiting up to `lock_wait_s` for a previous writer to let go.
 
@@ -59,7 +60,7 @@ def open_output(
     down a moment later). Two writers would break the log; waiting keeps it exclusive without failing.
     `results` (results topic, result schema): also publish every result there as plain JSON, in the
     output log's transactions (`operators.sinks.ResultsTopicOutput`). `defer_index_above`, `on_index`,
-    `ec_cache`: see `OutputQueue`. `while_locked`: called each time another writer still holds the
+    `ec_cache`, `fence_later`: see `OutputQueue`. `while_locked`: called each time another writer still holds the
     partition, instead of waiting up to `lock_wait_s` (a standby follows the log there until the
     primary's lock is released, `operators.standby`); it raises to give up.
     """
@@ -78,6 +79,7 @@ def open_output(
                     defer_index_above=defer_index_above,
                     on_index=on_index,
                     ec_cache=ec_cache,
+                    fence_later=fence_later,
                 )
             return OutputQueue(
                 store,
@@ -86,6 +88,7 @@ def open_output(
                 defer_index_above=defer_index_above,
                 on_index=on_index,
                 ec_cache=ec_cache,
+                fence_later=fence_later,
             )
         except PartitionLockedError:
             if while_locked is not None:
@@ -254,6 +257,8 @@ def _run_once(
                 while_locked=None
                 if standby is None
                 else lambda: standby.while_locked(store, spec.output_topic, spec.output_partition),
+                # Fenced while recovery reads the log (the runtime's restore settles it before it appends).
+                fence_later=True,
             )
         except BaseException:
             source.close()

@@ -140,6 +140,9 @@ class LocalRestore:
             finally:
                 if scan is not None:
                     scan.close()
+            # The writer fenced the log's earlier writers while the log was read (`OutputQueue.fence_later`):
+            # what was read is the whole log only if none of them added to it meanwhile.
+            output.settle_fence(reader, recovery.checkpoint.end_offset)
             crash_pos = recovery.checkpoint.crash_pos
             logged = [] if crash_pos is None else self._results_at_end(reader, crash_pos)
         self.timeline.mark("restore")

@@ -52,6 +52,7 @@ class ResultsTopicOutput(OutputQueue):
         defer_index_above: int | None = None,
         on_index: Callable[[], None] | None = None,
         ec_cache: bool = False,
+        fence_later: bool = False,
     ) -> None:
         super().__init__(
             store,
@@ -60,6 +61,7 @@ class ResultsTopicOutput(OutputQueue):
             defer_index_above=defer_index_above,
             on_index=on_index,
             ec_cache=ec_cache,
+            fence_later=fence_later,
         )
         append_side = getattr(self.writer, "append_side", None)
         if append_side is None:

@@ -114,6 +114,12 @@ class PartitionWriter(abc.ABC):
     def outstanding(self) -> int:
         """Records appended whose completion has not been served yet."""
 
+    def await_fence(self) -> None:
+        """Return once no earlier writer of the partition can add to its log. A writer opened with
+        `fence_later` (`QueueStore.writer`) may still be fencing; a backend whose writer excludes the
+        others when it is made (a lock) has nothing to wait for. Raises what the fence failed with."""
+        return None
+
     def trim(self, before_offset: int) -> int:
         """Delete every record below `before_offset` (trimming, DESIGN-NOTES section 3: the caller has
         checked that neither a checkpoint nor a registered consumer still needs them); the log start then
@@ -333,8 +339,10 @@ class QueueStore(abc.ABC):
     def partitions(self, topic: str) -> int: ...
 
     @abc.abstractmethod
-    def writer(self, topic: str, partition: int) -> PartitionWriter:
-        """Take exclusive ownership of a partition for appending."""
+    def writer(self, topic: str, partition: int, *, fence_later: bool = False) -> PartitionWriter:
+        """Take exclusive ownership of a partition for appending. `fence_later`: a backend whose exclusion
+        of earlier writers takes a round trip (Kafka's fence) may return before it is done; the owner reads
+        meanwhile and calls `PartitionWriter.await_fence` before it trusts the log's end or appends."""
 
     @abc.abstractmethod
     def reader(self, topic: str, partition: int) -> PartitionReader: ...

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from queuestore.base import PartitionReader, PartitionWriter, QueueStore, RecordMeta
 from queuestore.chunks import split
 from queuestore.ec_cache import ECCache
+from queuestore.exceptions import WriterResetError
 from queuestore.index import StreamIndex
 
 __all__ = ["OutputQueue"]
@@ -38,16 +39,19 @@ class OutputQueue:
         defer_index_above: int | None = None,
         on_index: Callable[[], None] | None = None,
         ec_cache: bool = False,
+        fence_later: bool = False,
     ) -> None:
         """`defer_index_above`: defer the index's rebuild when it is more than this many records behind
         the log (module doc); None: always bring it up to the log's end here. `on_index` is told when the
         writer is open and the index is about to be (a host's restart timeline, `recovery.timeline`).
         `ec_cache`: keep the EC cache beside the index (`queuestore.ec_cache`: written once the host's
-        recovery adopted a checkpoint)."""
+        recovery adopted a checkpoint). `fence_later`: the writer fences the partition's earlier writers in
+        the background while the host reads its log; the host calls `settle_fence` before it appends."""
         self.store = store
         self.topic = topic
         self.partition = partition
-        self.writer: PartitionWriter = store.writer(topic, partition)
+        self.writer: PartitionWriter = store.writer(topic, partition, fence_later=fence_later)
+        self._fence_later = fence_later
         if on_index is not None:
             on_index()
         try:
@@ -89,6 +93,22 @@ class OutputQueue:
         end a deferred index is catching up with."""
         deferred = self.index.deferred_end
         return self.index.next_offset if deferred is None else max(deferred, self.index.next_offset)
+
+    def settle_fence(self, reader: PartitionReader, read_to: int) -> None:
+        """Wait until the writer fenced the partition's earlier writers (`fence_later`), then make sure none
+        of them added a record at or above `read_to`, where the caller's reading of the log ended, before
+        it was fenced. A writer that died is fenced with nothing more (its open transaction aborted); one
+        still alive (on another host, or a zombie) may have committed meanwhile: WriterResetError then,
+        and the owner recovers again from a log that no one else can add to any more."""
+        self.writer.await_fence()
+        if not self._fence_later:
+            return
+        end = reader.end_offset()
+        if end > read_to and reader.read_forward(read_to, 1):
+            raise WriterResetError(
+                f"{self.topic}[{self.partition}]: an earlier writer added to the log (offsets {read_to:,}.."
+                f"{end:,}) while this one fenced it; recovering again from the log"
+            )
 
     def catch_up_index(self, max_records: int | None = None) -> bool:
         """Index up to `max_records` more records of a deferred rebuild (None: all that is left); True once

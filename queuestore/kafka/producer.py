@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -93,7 +94,10 @@ class TransactionalProducer:
         where: str,
         bootstrap_servers: str,
         timeout: float,
+        fence_later: bool = False,
     ) -> None:
+        """`fence_later`: return at once and fence in the background (see below); the owner calls
+        `await_fence` before it trusts that no earlier writer can still add to the log."""
         self._config = config
         self.transactional_id = transactional_id
         self.where = where
@@ -102,17 +106,38 @@ class TransactionalProducer:
         self.renewals = 0  # producers replaced after a transaction in doubt (module docstring)
         self._incidents_at_begin = 0  # the watch's count when the open transaction began
         self.producer: Producer | None
-        self.producer, self.watch = self._open("take over")
+        self._fencing: threading.Thread | None = None  # the background init of `fence_later`
+        self._fence_failure: QueueStoreError | None = None
+        if not fence_later:
+            self.producer, self.watch = self._open("take over")
+            return
+        # The fence (init_transactions) goes on in the background: after a writer died mid-transaction
+        # the coordinator answers the first InitProducerId with CONCURRENT_TRANSACTIONS while it aborts
+        # that transaction, and librdkafka asks again only 500 ms later (a fixed interval), so the fence
+        # takes ~0.5 s that a restart can spend reading its log. Nothing is produced before it is done:
+        # `begin` (every append's transaction) and `live` wait for it (`await_fence`).
+        self.producer, self.watch = self._new("take over")
+        self._fencing = threading.Thread(target=self._fence_in_background, name=f"fence {where}", daemon=True)
+        self._fencing.start()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.where}, transactional.id={self.transactional_id!r})"
 
     def _open(self, purpose: str) -> tuple[Producer, CoordinatorWatch]:
         """A producer with the transactional.id, initialised: it fenced every earlier one."""
+        producer, watch = self._new(purpose)
+        self._init(producer, purpose)
+        return producer, watch
+
+    def _new(self, purpose: str) -> tuple[Producer, CoordinatorWatch]:
+        """A producer with the transactional.id, not initialised yet."""
         conf = self._config()
         watch = CoordinatorWatch(conf.get("logger", STORE_LOG))
         conf["logger"] = watch
-        producer = Producer(conf)
+        return Producer(conf), watch
+
+    def _init(self, producer: Producer, purpose: str) -> None:
+        """`init_transactions`: fences every earlier producer of the id (module docstring)."""
         try:
             producer.init_transactions(self.timeout)
         except KafkaException as exc:
@@ -126,10 +151,36 @@ class TransactionalProducer:
                 f"cannot {purpose} {self.where} as transactional.id {self.transactional_id!r}: "
                 f"{exc.args[0].str() if exc.args and isinstance(exc.args[0], KafkaError) else exc}"
             ) from None
-        return producer, watch
+
+    def _fence_in_background(self) -> None:
+        assert self.producer is not None
+        try:
+            self._init(self.producer, "take over")
+        except QueueStoreError as exc:
+            self._fence_failure = exc
+
+    @property
+    def fence_pending(self) -> bool:
+        """Whether a `fence_later` fence has not been awaited yet."""
+        return self._fencing is not None
+
+    def await_fence(self) -> None:
+        """Wait for the background fence of `fence_later` (at once otherwise, or once it was awaited): from
+        its return no earlier producer of the id can add to the log. Raises what the fence failed with
+        (the producer is then unusable: the owner closes it)."""
+        fencing = self._fencing
+        if fencing is None:
+            if self._fence_failure is not None:
+                raise self._fence_failure
+            return
+        fencing.join()
+        self._fencing = None
+        if self._fence_failure is not None:
+            raise self._fence_failure
 
     def live(self) -> Producer:
         """The producer; StoreClosedError-free by design: callers check for a closed owner first."""
+        self.await_fence()
         if self.producer is None:
             raise QueueStoreError(f"the producer of {self.where} is closed")
         return self.producer
@@ -150,7 +201,8 @@ class TransactionalProducer:
         log.info("%s: producer replaced (epoch bumped) after a transaction in doubt", self.where)
 
     def begin(self) -> None:
-        """Begin a transaction (KafkaException as librdkafka raises it) and note the watch's count."""
+        """Begin a transaction (KafkaException as librdkafka raises it) and note the watch's count; the
+        first waits for a `fence_later` fence."""
         self.live().begin_transaction()
         self._incidents_at_begin = self.watch.incidents
 

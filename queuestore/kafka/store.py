@@ -218,10 +218,10 @@ class KafkaQueueStore(QueueStore):
 
     # -- writers and readers ----------------------------------------------------------------------------
 
-    def writer(self, topic: str, partition: int) -> KafkaPartitionWriter:
+    def writer(self, topic: str, partition: int, *, fence_later: bool = False) -> KafkaPartitionWriter:
         # Checked first because producing to a missing topic would auto-create it on Tansu.
         self._check_partition(topic, partition)
-        w = KafkaPartitionWriter(self, topic, partition)
+        w = KafkaPartitionWriter(self, topic, partition, fence_later=fence_later)
         with self._lock:
             self._children.append(w)
         return w

@@ -53,7 +53,9 @@ class KafkaPartitionWriter(PartitionWriter):
     epoch; `renewals` counts the producers replaced so).
     """
 
-    def __init__(self, store: KafkaQueueStore, topic: str, partition: int) -> None:
+    def __init__(
+        self, store: KafkaQueueStore, topic: str, partition: int, *, fence_later: bool = False
+    ) -> None:
         self.topic = topic
         self.partition = partition
         self._store = store
@@ -76,6 +78,7 @@ class KafkaPartitionWriter(PartitionWriter):
                 where=f"{topic}[{partition}]",
                 bootstrap_servers=store.bootstrap_servers,
                 timeout=self._timeout,
+                fence_later=fence_later,
             )
         except PartitionLockedError:
             self._lock.release()  # the lease stays joined: this process is next (`KafkaQueueStore._lease`)
@@ -188,6 +191,9 @@ class KafkaPartitionWriter(PartitionWriter):
                 self._failure = exc
             if on_durable is not None:
                 on_durable(None, exc)
+
+    def await_fence(self) -> None:
+        self._txn.await_fence()
 
     def _live_producer(self) -> Producer:
         producer = self._txn.producer  # per append: one attribute, not the property
@@ -524,6 +530,11 @@ class KafkaPartitionWriter(PartitionWriter):
         """
         if self._producer is None:
             return
+        if self._txn.fence_pending:
+            try:
+                self._txn.await_fence()  # the producer is the fence's until it is through
+            except QueueStoreError as exc:
+                self._failure = self._failure or exc  # an unfenced producer commits nothing: purged
         producer = self._producer
         if self._committer is not None and self._failure is not None:
             self._committer.join()  # the producer is the committer's until it is through

@@ -98,7 +98,8 @@ class SqliteQueueStore(QueueStore):
             raise QueueStoreError(f"{topic} has partitions 0..{count - 1}, not {partition}")
         return self._topic_dir(topic) / f"{partition}.sqlite"
 
-    def writer(self, topic: str, partition: int) -> SqlitePartitionWriter:
+    def writer(self, topic: str, partition: int, *, fence_later: bool = False) -> SqlitePartitionWriter:
+        # The file lock excludes the other writers when it is taken: nothing is fenced later.
         return SqlitePartitionWriter(
             self._partition_path(topic, partition),
             topic,

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer
+from confluent_kafka import Consumer, KafkaError, KafkaException, Message, Producer, TopicPartition
 
 from cec.records import RecordCodec
 from queuestore.base import RecordMeta, StoredRecord
@@ -32,9 +32,11 @@ from queuestore.exceptions import (
     TopicMismatchError,
     UnknownTopicError,
     WriterFencedError,
+    WriterResetError,
 )
 from queuestore.kafka import KafkaQueueStore, meta_from_headers, meta_to_headers, redact_config
 from queuestore.kafka.reader import KafkaPartitionReader
+from queuestore.output import OutputQueue
 from tests.brokers import Broker
 from tests.helpers import child_env
 from tests.queuestore.conformance.append_child import record
@@ -1114,6 +1116,108 @@ def test_writer_fenced_between_transactions(kafka_broker: Broker, tmp_path: Path
             old.close()
         with new_store.reader(name, 0) as r:
             assert values(r.scan_forward()) == [(value(0), meta(0))]
+    finally:
+        old_store.close()
+        new_store.close()
+
+
+def _high_watermark(bootstrap: str, topic: str) -> int:
+    """The partition's end with records of open transactions (read_uncommitted)."""
+    consumer = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": f"hw-{uuid.uuid4().hex[:8]}",
+            "isolation.level": "read_uncommitted",  # librdkafka's default is read_committed
+        }
+    )
+    try:
+        return int(consumer.get_watermark_offsets(TopicPartition(topic, 0), timeout=DEADLINE)[1])
+    finally:
+        consumer.close()
+
+
+def _cec(i: int) -> tuple[bytes, RecordMeta]:
+    """Record i of `append_child` as an output queue appends it (its index reads CEC records)."""
+    return RecordCodec().encode(record(i)), record(i).meta()
+
+
+def test_a_writer_fencing_later_reads_the_committed_log_and_settles_over_a_dead_writer(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """A restart's queue (`fence_later`) is usable for reading before its writer fenced the one that died
+    mid-transaction: the log then ends at the dead writer's last commit (its open transaction is not part
+    of it), `settle_fence` finds nothing added above that end, the dead writer is fenced and the new one
+    appends after the aborted records."""
+    if not kafka_broker.hides_aborted_records:
+        pytest.skip("needs a broker that hides aborted records (Apache Kafka)")
+    # Commits only when flushed (no interval, no record count), so the transaction stays open.
+    old_store = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path / "host-a", commit_interval=3600.0, commit_records=1_000_000
+    )
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        old = old_store.writer(name, 0)
+        for i in range(10):
+            old.append(*_cec(i))
+        old.flush(DEADLINE)
+        for i in range(10, 15):  # delivered, never committed: the writer dies with them in its transaction
+            old.append(*_cec(i))
+        wait_for(
+            lambda: old.poll(0.05) >= 0 and _high_watermark(kafka_broker.bootstrap, name) >= 16,
+            what="the open transaction's records",
+        )
+        queue = OutputQueue(new_store, name, 0, fence_later=True)
+        try:
+            with new_store.reader(name, 0) as reader:
+                end = reader.end_offset()
+                assert [r.meta for r in reader.scan_forward()] == [_cec(i)[1] for i in range(10)]
+                queue.settle_fence(reader, end)
+            with pytest.raises(WriterFencedError):
+                old.flush(DEADLINE)
+            old.close()
+            for i in range(100, 103):
+                queue.append(*_cec(i))
+            queue.flush()
+        finally:
+            queue.close()
+        with new_store.reader(name, 0) as reader:
+            assert [r.meta for r in reader.scan_forward()] == [
+                _cec(i)[1] for i in [*range(10), *range(100, 103)]
+            ]
+    finally:
+        old_store.close()
+        new_store.close()
+
+
+def test_settle_fence_refuses_a_log_that_holds_records_past_what_was_read(
+    kafka_broker: Broker, tmp_path: Path
+) -> None:
+    """An earlier writer still alive may commit between the new queue's reading of the log and its fence:
+    records at or above where the reading ended mean the reading missed them, and the owner must recover
+    again (`WriterResetError`). Stood in by reading less than the log holds (the race itself cannot be
+    timed from outside); reading all of it settles."""
+    old_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-a")
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        old = old_store.writer(name, 0)
+        for i in range(10):
+            old.append(*_cec(i))
+        old.flush(DEADLINE)
+        queue = OutputQueue(new_store, name, 0, fence_later=True)
+        try:
+            with new_store.reader(name, 0) as reader:
+                with pytest.raises(
+                    WriterResetError, match=rf"^{name}\[0\]: an earlier writer added to the log"
+                ):
+                    queue.settle_fence(reader, 7)
+                queue.settle_fence(reader, reader.end_offset())
+        finally:
+            queue.close()
+            old.close()
     finally:
         old_store.close()
         new_store.close()
