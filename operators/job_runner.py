@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from cec.metrics import OperatorMetrics, serve
 from cec.policy import make_policy
 from cec.schedule import CheckpointSchedule
 from operators.crash_after import CrashAfter
@@ -27,6 +26,7 @@ from recovery.identity import bind_log, check_log, record_source
 from recovery.timeline import RestartTimeline
 
 if TYPE_CHECKING:
+    from cec.metrics import OperatorMetrics
     from operators.replica import StandbyReplica
     from operators.standby import Standby
 
@@ -139,6 +139,8 @@ def _recorded_input(
 def _metrics(spec: JobSpec) -> OperatorMetrics | None:
     if spec.metrics_port is None:
         return None
+    from cec.metrics import OperatorMetrics, serve  # prometheus_client only for a run that serves metrics
+
     serve(spec.metrics_port + spec.output_partition)
     return OperatorMetrics(spec.output_topic, spec.output_partition)
 

@@ -15,10 +15,9 @@ log again.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cec import progress as progress_tasks
-from cec.metrics import OperatorMetrics
 from cec.rates import MeasuredRates
 from cec.records import AvroCodec, RecordCodec
 from operators.base import Operator
@@ -33,6 +32,9 @@ from recovery.cut_tuple import results_at_end
 from recovery.manager import LiveStates, RecoveryManager
 from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
+
+if TYPE_CHECKING:
+    from cec.metrics import OperatorMetrics  # prometheus_client: imported only by a run that serves metrics
 
 __all__ = ["LocalRestore"]
 

@@ -19,15 +19,18 @@ from __future__ import annotations
 import re
 import zlib
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cec.exceptions import CodecError
-from cec.metrics import OperatorMetrics
 from cec.records import RecordCodec
 from operators.engine import OperatorInstance, Phase
 from operators.engine.trimming import TrimPace, TrimPoints, bound, capped
 from operators.sources import InputSource
 from queuestore.base import QueueStore
 from queuestore.output import OutputQueue
+
+if TYPE_CHECKING:
+    from cec.metrics import OperatorMetrics  # prometheus_client: imported only by a run that serves metrics
 
 __all__ = ["LogTrimmer", "trim_after_consumers"]
 

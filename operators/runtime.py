@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from cec import progress as progress_tasks
 from cec.exceptions import ConfigError
-from cec.metrics import OperatorMetrics
 from cec.policy import CheckpointPolicy, GOpenOnly
 from cec.rates import MeasuredRates
 from cec.records import RecordCodec
@@ -39,6 +39,9 @@ from queuestore.output import OutputQueue
 from recovery.manager import LiveStates
 from recovery.standby import LogFollower
 from recovery.timeline import RestartTimeline
+
+if TYPE_CHECKING:
+    from cec.metrics import OperatorMetrics  # prometheus_client: imported only by a run that serves metrics
 
 __all__ = ["OperatorRuntime", "Progress", "RunStats"]
 
