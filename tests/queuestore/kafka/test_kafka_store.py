@@ -5,6 +5,7 @@ Waits are polls bounded by deadlines: nothing in these tests sleeps to let somet
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -36,6 +37,7 @@ from queuestore.exceptions import (
 )
 from queuestore.kafka import KafkaQueueStore, meta_from_headers, meta_to_headers, redact_config
 from queuestore.kafka.reader import KafkaPartitionReader
+from queuestore.kafka.writer import KafkaPartitionWriter
 from queuestore.output import OutputQueue
 from tests.brokers import Broker
 from tests.helpers import child_env
@@ -1141,6 +1143,30 @@ def _cec(i: int) -> tuple[bytes, RecordMeta]:
     return RecordCodec().encode(record(i)), record(i).meta()
 
 
+@contextlib.contextmanager
+def _committed_by_another_host(
+    kafka_broker: Broker, tmp_path: Path, count: int, *, commit_interval: float = 0.1
+) -> Iterator[tuple[KafkaPartitionWriter, KafkaQueueStore, str]]:
+    """A new topic whose writer (a store of its own: another host) committed records 0..count-1 of
+    `append_child` and stays open; yields it, the second host's store and the topic. `commit_interval`
+    (with no record count) is when that writer commits on its own besides `flush`."""
+    old_store = KafkaQueueStore(
+        kafka_broker.bootstrap, tmp_path / "host-a", commit_interval=commit_interval, commit_records=1_000_000
+    )
+    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
+    try:
+        name = f"t-{uuid.uuid4().hex[:12]}"
+        old_store.create_topic(name, 1)
+        old = old_store.writer(name, 0)
+        for i in range(count):
+            old.append(*_cec(i))
+        old.flush(DEADLINE)
+        yield old, new_store, name
+    finally:
+        old_store.close()
+        new_store.close()
+
+
 def test_a_writer_fencing_later_reads_the_committed_log_and_settles_over_a_dead_writer(
     kafka_broker: Broker, tmp_path: Path
 ) -> None:
@@ -1151,17 +1177,11 @@ def test_a_writer_fencing_later_reads_the_committed_log_and_settles_over_a_dead_
     if not kafka_broker.hides_aborted_records:
         pytest.skip("needs a broker that hides aborted records (Apache Kafka)")
     # Commits only when flushed (no interval, no record count), so the transaction stays open.
-    old_store = KafkaQueueStore(
-        kafka_broker.bootstrap, tmp_path / "host-a", commit_interval=3600.0, commit_records=1_000_000
-    )
-    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
-    try:
-        name = f"t-{uuid.uuid4().hex[:12]}"
-        old_store.create_topic(name, 1)
-        old = old_store.writer(name, 0)
-        for i in range(10):
-            old.append(*_cec(i))
-        old.flush(DEADLINE)
+    with _committed_by_another_host(kafka_broker, tmp_path, 10, commit_interval=3600.0) as (
+        old,
+        new_store,
+        name,
+    ):
         for i in range(10, 15):  # delivered, never committed: the writer dies with them in its transaction
             old.append(*_cec(i))
         wait_for(
@@ -1186,9 +1206,6 @@ def test_a_writer_fencing_later_reads_the_committed_log_and_settles_over_a_dead_
             assert [r.meta for r in reader.scan_forward()] == [
                 _cec(i)[1] for i in [*range(10), *range(100, 103)]
             ]
-    finally:
-        old_store.close()
-        new_store.close()
 
 
 def test_settle_fence_refuses_a_log_that_holds_records_past_what_was_read(
@@ -1198,15 +1215,7 @@ def test_settle_fence_refuses_a_log_that_holds_records_past_what_was_read(
     records at or above where the reading ended mean the reading missed them, and the owner must recover
     again (`WriterResetError`). Stood in by reading less than the log holds (the race itself cannot be
     timed from outside); reading all of it settles."""
-    old_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-a")
-    new_store = KafkaQueueStore(kafka_broker.bootstrap, tmp_path / "host-b")
-    try:
-        name = f"t-{uuid.uuid4().hex[:12]}"
-        old_store.create_topic(name, 1)
-        old = old_store.writer(name, 0)
-        for i in range(10):
-            old.append(*_cec(i))
-        old.flush(DEADLINE)
+    with _committed_by_another_host(kafka_broker, tmp_path, 10) as (old, new_store, name):
         queue = OutputQueue(new_store, name, 0, fence_later=True)
         try:
             with new_store.reader(name, 0) as reader:
@@ -1218,9 +1227,6 @@ def test_settle_fence_refuses_a_log_that_holds_records_past_what_was_read(
         finally:
             queue.close()
             old.close()
-    finally:
-        old_store.close()
-        new_store.close()
 
 
 def _appender(
