@@ -377,7 +377,7 @@ def _check(
     for q, cursor in enumerate(cursors):
         where = f"{current.topic}[{q}]"
         with store.reader(current.topic, q) as reader:
-            reader.hint_end(outputs[q].index.next_offset)
+            reader.hint_end(outputs[q].log_end)  # the index may only have noted the end (`open_outputs`)
             end = reader.end_offset()
             if end < cursor.next_offset:
                 raise _Refused(
