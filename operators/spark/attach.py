@@ -278,8 +278,10 @@ def cec_aggregate(
         if results_topic is not None:
             results = (results_topic, spec.build().result_schema)
             create_results_topic(store, results_topic, current.partitions)
-        # Takes the partitions' writer locks before reading the logs.
-        outputs = open_outputs(store, current, results)
+        # Takes the partitions' writer locks before reading the logs. A start that may resume the Spark
+        # checkpoint indexes the logs only if it recovers from them instead (`start_recovery`).
+        may_resume = never_resumes(resume_checkpoint=resume_checkpoint, writers=writers) is None
+        outputs = open_outputs(store, current, results, defer_index=may_resume)
         try:
             timers = uses_timers(config.checkpointing)
             fingerprint = query_fingerprint(
@@ -323,9 +325,8 @@ def cec_aggregate(
         started_wall=started_wall,
     )
     gcheck = GCheckSpec.from_checkpointing(config.checkpointing, planned)
-    resumable = never_resumes(resume_checkpoint=resume_checkpoint, writers=writers) is None
     checkpoint = run_checkpoint(
-        decision, recovery, Path(checkpoint_location), resumable=resumable,
+        decision, recovery, Path(checkpoint_location), resumable=may_resume,
         input_topic=input_topic, input_partitions=input_partitions, fingerprint=fingerprint, timers=timers,
     )  # fmt: skip
     input_types: dict[str, str] = {}
@@ -341,7 +342,7 @@ def cec_aggregate(
                 trigger=QueryTrigger(available_now, processing_time, query_name),
                 checkpoint=checkpoint,
                 input_types=input_types,
-                batch_markers=resumable,
+                batch_markers=may_resume,
             )
         # How read_results types the columns: time windows' bounds as timestamps, keys as their input types.
         key_fields = (spec.key_fields or (spec.key,)) if spec.several else (spec.key,)

@@ -58,20 +58,34 @@ def create_results_topic(store: KafkaQueueStore, topic: str, partitions: int) ->
 
 
 def open_outputs(
-    store: KafkaQueueStore, gen: Generation, results: tuple[str, dict[str, Any]] | None = None
+    store: KafkaQueueStore,
+    gen: Generation,
+    results: tuple[str, dict[str, Any]] | None = None,
+    *,
+    defer_index: bool = False,
 ) -> list[OutputQueue]:
     """The current generation's output partitions (their writer locks); with `results` (results topic,
     result schema), ones that publish each result there too, as `cec run --results-topic` does (the
-    driver's writers, `writers="driver"`)."""
+    driver's writers, `writers="driver"`). `defer_index`: each partition's stream index only notes the
+    log's end instead of indexing the records past it (`queuestore.output.OutputQueue`,
+    `defer_index_above=0`): the executors' write tasks never index what they append, so a start reads
+    every record the last run wrote, which only a recovery from the logs needs (`start_recovery` then
+    catches the indexes up); a start that resumes the Spark checkpoint never reads them."""
     outputs: list[OutputQueue] = []
+    defer_above = 0 if defer_index else None
     try:
         for q in range(gen.partitions):
             if results is None:
-                outputs.append(OutputQueue(store, gen.topic, q))
+                outputs.append(OutputQueue(store, gen.topic, q, defer_index_above=defer_above))
             else:
                 outputs.append(
                     ResultsTopicOutput(
-                        store, gen.topic, q, results_topic=results[0], result_schema=results[1]
+                        store,
+                        gen.topic,
+                        q,
+                        results_topic=results[0],
+                        result_schema=results[1],
+                        defer_index_above=defer_above,
                     )
                 )
     except BaseException:

@@ -377,15 +377,21 @@ def _check(
     for q, cursor in enumerate(cursors):
         where = f"{current.topic}[{q}]"
         with store.reader(current.topic, q) as reader:
-            reader.hint_end(outputs[q].index.next_offset)
+            reader.hint_end(outputs[q].log_end)  # the index may only have noted the end (`open_outputs`)
             end = reader.end_offset()
             if end < cursor.next_offset:
                 raise _Refused(
                     f"the checkpoint is ahead of the logs: {where} ends at offset {end}, batch {batch} "
                     f"wrote it up to {cursor.next_offset}"
                 )
+            # The cursor is one past the batch's last record: its transaction's commit marker (and any
+            # aborted attempt's) may take offsets after it, records may not. The newest record below the
+            # log's end is also the newest below the cursor when it lies below the cursor: one read back.
+            at_end = newest_record(reader, end, codec) if end > cursor.next_offset else None
+            past = at_end if at_end is not None and at_end[0] >= cursor.next_offset else None
             if cursor.next_offset:
-                found = newest_record(reader, cursor.next_offset, codec)
+                below = at_end is not None and past is None
+                found = at_end if below else newest_record(reader, cursor.next_offset, codec)
                 last = None if found is None else found[1]
                 if last is None or (tuple(last.pos), last.n, last.time) != (
                     cursor.pos,
@@ -396,10 +402,7 @@ def _check(
                         f"{where} below offset {cursor.next_offset} is not what batch {batch} wrote"
                     )
             newest = cursor.pos
-            # The cursor is one past the batch's last record: its transaction's commit marker (and any
-            # aborted attempt's) may take offsets after it, records may not.
-            found = newest_record(reader, end, codec) if end > cursor.next_offset else None
-            if found is not None and found[0] >= cursor.next_offset:
+            if past is not None:
                 if pending is None:
                     raise _Refused(
                         f"the checkpoint is behind the logs: {where} ends at offset {end}, its last "
@@ -410,7 +413,7 @@ def _check(
                         f"{where} holds part of batch {batch + 1}, whose timer G-checks a rerun may make "
                         "otherwise"
                     )
-                tail = found[1]
+                tail = past[1]
                 limit = [pending.get(str(j), -1) for j in range(input_partitions)]
                 if tail is None or any(p > lim for p, lim in zip(tail.pos, limit, strict=True)):
                     raise _Refused(

@@ -60,6 +60,8 @@ def start_recovery(
     if decision.recovery is not None:
         recovery = decision.recovery
     else:
+        for out in outputs:  # opened with a deferred index by a start that may resume (`open_outputs`)
+            out.catch_up_index()
         recovery = plan_recovery(spark, store, generations, outputs, input_partitions, client=client)
         recovery.reason = decision.reason
     try:

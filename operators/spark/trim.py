@@ -129,6 +129,7 @@ def directory_starts(store: KafkaQueueStore, outputs: Sequence[OutputQueue]) -> 
         elif carried is None and start == 0:
             covered.append(0)  # nothing trimmed: a directory of nothing below offset 0
         else:
+            out.catch_up_index()  # the directory below: every record's (`open_outputs`, `defer_index`)
             end = out.index.next_offset
             carry(
                 cast("KafkaPartitionWriter", out.writer),

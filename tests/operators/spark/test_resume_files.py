@@ -75,12 +75,8 @@ class _Store:
         yield _EmptyLog() if self.logs is None else self.logs[q]
 
 
-class _Index:
-    next_offset = 0
-
-
 class _Output:
-    index = _Index()
+    log_end = 0  # the end an OutputQueue knows of (its index's, or the end a deferred index noted)
 
 
 def _generations() -> list[Generation]:
