@@ -42,31 +42,34 @@ BACKENDS = ["sqlite", "kafka"]
 # start to about a third of the CPU seconds of the JVM's defaults; a SPARK_SUBMIT_OPTS already set is kept.
 os.environ.setdefault("SPARK_SUBMIT_OPTS", driver_jvm_options())
 
-# The files that take longest in CI, longest first (pytest_collection_modifyitems below): from the CI run's
-# junit times at 38328fb (per file), the Spark files' scaled by the drivers' JVM options (tests/spark_cds.py).
+# The files that take longest in CI, longest first (pytest_collection_modifyitems below): the suite's closing
+# "slowest files" lines of the CI preview at 8e2c99c (2026-11-28: 5,988 test-seconds, 3,058 s on 2 workers).
 LONGEST_FILES = (
-    "tests/operators/spark/test_attach_windows.py",
-    "tests/operators/spark/test_attach.py",
-    "tests/cec/test_cli_trim.py",
-    "tests/cec/test_cli_topic.py",
-    "tests/operators/spark/test_attach_resume_refused.py",
-    "tests/recovery/test_recovery_rules.py",
-    "tests/operators/spark/test_attach_transform.py",
-    "tests/operators/spark/test_attach_several.py",
     "tests/operators/spark/test_attach_trim_executors.py",
-    "tests/operators/spark/test_attach_resume.py",
+    "tests/operators/spark/test_attach.py",
+    "tests/cec/test_cli_topic.py",
+    "tests/operators/spark/test_attach_windows.py",
     "tests/chaos/test_chaos.py",
-    "tests/operators/spark/test_attach_results.py",
-    "tests/operators/spark/test_attach_topic.py",
+    "tests/cec/test_cli_trim.py",
+    "tests/operators/spark/test_attach_resume_refused.py",
     "tests/cec/test_cli.py",
-    "tests/operators/spark/test_attach_trim.py",
-    "tests/operators/spark/test_attach_spark_kafka.py",
+    "tests/operators/spark/test_attach_transform.py",
+    "tests/operators/spark/test_attach_results.py",
     "tests/operators/spark/test_cluster.py",
-    "tests/recovery/test_contract.py",
-    "tests/queuestore/kafka/test_kafka_store.py",
+    "tests/operators/spark/test_attach_several.py",
+    "tests/operators/spark/test_attach_topic.py",
+    "tests/recovery/test_standby.py",
+    "tests/operators/spark/test_attach_resume.py",
     "tests/operators/spark/test_attach_watermarks.py",
     "tests/operators/spark/test_attach_rto.py",
+    "tests/operators/spark/test_attach_spark_kafka.py",
+    "tests/operators/spark/test_attach_trim.py",
+    "tests/queuestore/kafka/test_kafka_wire_faults.py",
+    "tests/recovery/test_recovery_rules.py",
+    "tests/recovery/test_recovery_exact.py",
+    "tests/queuestore/kafka/test_apache_kafka.py",
     "tests/operators/spark/test_host.py",
+    "tests/cec/test_readme_examples.py",
 )
 
 
