@@ -22,6 +22,7 @@ from typing import Any
 from cec.cli.common import (
     check_not_all_dead,
     checkpointing_of,
+    concurrently,
     digest,
     load_stats,
     output_lines,
@@ -174,21 +175,26 @@ def cmd_run_topic(args: argparse.Namespace) -> int:
     results_path, dead_path = results_paths(args.results)
     source = _source_spec(args)
     trim_every, trim_pace = trim_settings(args)
-    partitions = topic_partition_count(args.bootstrap_servers, args.input_topic)
     with store_dir(args.store_dir, "cec-run-") as root:
         store_cfg = with_lease(args, store_spec(root, args.bootstrap_servers))
         first_here = not _pinned_marker(root, operator, source).exists()
-        output_topic, pinned = _pinned_source(root, args, operator, source)
-        resumed = (
-            None
-            if not first_here
-            else resumed_elsewhere_line(
-                store_cfg, output_topic, "give --output-topic NEW-NAME (or delete that topic)"
-            )
+        partitions, (output_topic, pinned) = concurrently(
+            lambda: topic_partition_count(args.bootstrap_servers, args.input_topic),
+            lambda: _pinned_source(root, args, operator, source),
+        )
+        resumed, _ = concurrently(
+            lambda: (
+                None
+                if not first_here
+                else resumed_elsewhere_line(
+                    store_cfg, output_topic, "give --output-topic NEW-NAME (or delete that topic)"
+                )
+            ),
+            # A wrong field or format is said now, not after the whole run.
+            lambda: check_topic_input(pinned),
         )
         if resumed is not None:
             say(resumed)
-        check_topic_input(pinned)  # a wrong field or format is said now, not after the whole run
         template = JobSpec(
             operator=OperatorSpec.from_dict(operator),
             source=SourceSpec.from_dict({**pinned, "group_id": f"cec-{output_topic}"}),
