@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import io
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import fastavro
 
 from cec.exceptions import CodecError
 from cec.native import compile_avro, native
+
+_T = TypeVar("_T")
 
 __all__ = ["AvroCodec"]
 
@@ -75,18 +77,34 @@ class AvroCodec:
         obj = self.decode(data[start:] if start else data)
         return tuple(obj[name] for name in self._names)
 
-    def decode_tuples(self, datas: list[bytes]) -> list[tuple[Any, ...]]:
-        """`[decode_tuple(d) for d in datas]`, in one C call when every body is plain (a source's batch of
-        results); a body the C path declines is decoded alone, which names what is wrong with it."""
+    def decode_tuples(self, datas: list[bytes], start: int = 0) -> list[tuple[Any, ...]]:
+        """`[decode_tuple(d, start) for d in datas]`, in one C call when every body is plain (a source's
+        batch of results, EC-load's window states); a body the C path declines is decoded alone, which
+        names what is wrong with it."""
         if self._program is not None and native is not None:
-            fields = native.decode_avro_many(self._program, datas, 0)
+            fields = native.decode_avro_many(self._program, datas, start)
             if None not in fields:
                 return [tuple(f) for f in fields]
             return [
-                tuple(f) if f is not None else self.decode_tuple(d)
+                tuple(f) if f is not None else self.decode_tuple(d, start)
                 for f, d in zip(fields, datas, strict=True)
             ]
-        return [self.decode_tuple(d) for d in datas]
+        return [self.decode_tuple(d, start) for d in datas]
+
+    def decode_slots(self, datas: list[bytes], cls: type[_T]) -> list[_T]:
+        """`[cls(*decode_tuple(d)) for d in datas]` for a slots class whose fields are the schema's, in its
+        order (EC-load's window states): built in C without `cls.__init__` when every body is plain; a body
+        the C path declines is decoded alone, which names what is wrong with it."""
+        if self._program is not None and native is not None:
+            descrs = tuple(getattr(cls, name) for name in self._names)
+            objs = native.decode_avro_many(self._program, datas, 0, cls, descrs)
+            if None not in objs:
+                return cast("list[_T]", objs)
+            return [
+                obj if obj is not None else cls(*self.decode_tuple(d))
+                for obj, d in zip(objs, datas, strict=True)
+            ]
+        return [cls(*self.decode_tuple(d)) for d in datas]
 
     def decode(self, data: bytes) -> dict[str, Any]:
         if self._program is not None and native is not None:

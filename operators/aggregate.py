@@ -421,3 +421,27 @@ class KeyedAggregate(Operator):
             return AggState(1, x, x, x, start, start + span)
         # Field order of STATE_SCHEMA is AggState's: EC-load decodes one state per open window.
         return AggState(*self._state_codec.decode_tuple(data))
+
+    def decode_states(self, datas: list[bytes]) -> list[AggState]:
+        """`decode_state` of each, the full forms in one C call and the first-tuple forms in another (EC-load:
+        one Python call per open window was ~0.2 s of a restart at the paper's ~91,000 windows)."""
+        head = _FIRST_TUPLE_HEAD
+        first_form = [data[:1] == head for data in datas]
+        if True not in first_form:
+            return self._state_codec.decode_slots(datas, AggState)
+        fulls = iter(
+            self._state_codec.decode_slots(
+                [d for d, f in zip(datas, first_form, strict=True) if not f], AggState
+            )
+        )
+        firsts = iter(
+            self._first_codec.decode_tuples([d for d, f in zip(datas, first_form, strict=True) if f], 1)
+        )
+        out: list[AggState] = []
+        for first in first_form:
+            if first:
+                x, start, span = next(firsts)
+                out.append(AggState(1, x, x, x, start, start + span))
+            else:
+                out.append(next(fulls))
+        return out

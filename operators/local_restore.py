@@ -131,6 +131,7 @@ class LocalRestore:
                 codec=self.codec,
                 progress=scanned,
                 on_phase=self._phase,
+                decode_states=self.operator.decode_states if self.operator.stateful else None,
             )
             try:
                 recovery = manager.recover(

@@ -130,7 +130,13 @@ class StandbyReplica:
             return False
         operator = self.operator
         decode = operator.decode_state if operator.stateful else (lambda _raw: None)
-        recovery = load_checkpoint(ec, decode, self.codec, self.source.partitions)
+        recovery = load_checkpoint(
+            ec,
+            decode,
+            self.codec,
+            self.source.partitions,
+            decode_states=operator.decode_states if operator.stateful else None,
+        )
         closed = dict(forward.closed) if isinstance(forward, FollowedCheckpoint) else {}
         instance = OperatorInstance(
             operator,

@@ -175,10 +175,13 @@ class RecoveryManager:
         codec: RecordCodec | None = None,
         progress: Callable[[int, int, int], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
+        decode_states: Callable[[list[bytes]], list[Any]] | None = None,
     ) -> None:
-        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics)."""
+        """`on_phase` is told "ec_build", then "ec_load", as each phase starts (metrics). `decode_states`:
+        `decode_state` of a list at once, where the operator has it (`Operator.decode_states`)."""
         self.reader = reader
         self.decode_state = decode_state
+        self.decode_states = decode_states
         self.codec = codec or RecordCodec()
         self.progress = progress
         self.on_phase = on_phase or (lambda phase: None)
@@ -232,7 +235,14 @@ class RecoveryManager:
         elif replica is not None and ec.complete:
             asked = "the log is complete"
         self.on_phase("ec_load")
-        recovery = load_checkpoint(ec, self.decode_state, self.codec, input_partitions, replica=asked)
+        recovery = load_checkpoint(
+            ec,
+            self.decode_state,
+            self.codec,
+            input_partitions,
+            replica=asked,
+            decode_states=self.decode_states,
+        )
         report = recovery.report
         report.ec_build_seconds = ec.build_seconds
         report.recovery_seconds = time.perf_counter() - started
@@ -274,8 +284,10 @@ def load_checkpoint(
     input_partitions: int,
     *,
     replica: LiveStates | str | None = None,
+    decode_states: Callable[[list[bytes]], list[Any]] | None = None,
 ) -> Recovery:
-    """EC-load: every footprint's record decoded, the replay planned, and each window's state decoded or,
+    """EC-load: every footprint's record decoded, the replay planned, and each window's state decoded (by
+    `decode_states` at once where given, else `decode_state` one by one) or,
     where `replica` holds exactly the checkpoint's windows at the crash point (`LiveStates`), taken from it
     (then nothing is replayed). `replica` as a string: why none was asked (the report's `replica`). The
     report's `ec_load_seconds` leaves out the replica's catch-up, its `replica_seconds` (a restart's
@@ -302,7 +314,8 @@ def load_checkpoint(
         _mark(windows, footprints, records, ec)
     else:
         with gc_paused():
-            states = [decode_state(record.state or b"") for record in records]
+            raw = [record.state or b"" for record in records]
+            states = decode_states(raw) if decode_states is not None else list(map(decode_state, raw))
             windows = list(
                 map(
                     _window,

@@ -20,6 +20,8 @@ import fastavro
 import google_crc32c
 import pytest
 from confluent_kafka import KafkaError, Message
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cec
 import cec.avro_codec
@@ -373,6 +375,63 @@ def test_a_batch_of_payloads_decodes_as_each_alone() -> None:
         codec.decode_tuples([*bodies[:3], b"\x02", *bodies[3:6]])
 
 
+_STATE_OP = KeyedAggregate(key_field="k", value_field="v", window_count=10)
+_LONGS = st.integers(-(2**63), 2**63 - 1)
+_DOUBLES = st.floats(allow_nan=True, allow_infinity=True)
+_STATES = st.builds(AggState, st.integers(0, 2**62), _DOUBLES, _DOUBLES, _DOUBLES, _LONGS, _LONGS)
+# The first-tuple form (one tuple in: total, lo and hi one double), which `encode_footprint` shortens.
+_FIRST_STATES = st.builds(
+    lambda x, start, span: AggState(1, x, x, x, start, start + span),
+    _DOUBLES,
+    st.integers(-(2**40), 2**40),
+    st.integers(0, 2**40),
+)
+# What a footprint's state may hold: either form of a state, or bytes no encoder wrote.
+_STATE_BODIES = st.lists(
+    st.one_of(
+        _STATES.map(_STATE_OP.encode_footprint),
+        _FIRST_STATES.map(_STATE_OP.encode_footprint),
+        st.binary(max_size=40),
+    ),
+    max_size=30,
+)
+
+
+def _decoded_each(datas: list[bytes]) -> list[str] | type[Exception]:
+    """`decode_state` of each body (as text: NaN and the sign of a zero compare), or the error the first
+    failing body raises."""
+    try:
+        return [repr(_STATE_OP.decode_state(d)) for d in datas]
+    except Exception as exc:  # the type is what the batch must match
+        return type(exc)
+
+
+def _decoded_batch(datas: list[bytes]) -> list[str] | type[Exception]:
+    try:
+        return [repr(s) for s in _STATE_OP.decode_states(datas)]
+    except Exception as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(_STATE_BODIES)
+def test_a_batch_of_window_states_decodes_as_each_alone(datas: list[bytes]) -> None:
+    """`KeyedAggregate.decode_states` (EC-load, C calls over all open windows) equals `decode_state` one by
+    one for any bodies, both forms and damaged ones mixed: the same states, or the same error."""
+    each = _decoded_each(datas)
+    assert _decoded_batch(datas) == each
+    assert each is CodecError or isinstance(each, list)
+
+
+@settings(max_examples=100, deadline=None)
+@given(_STATE_BODIES)
+def test_a_batch_of_window_states_decodes_the_same_without_the_accelerator(datas: list[bytes]) -> None:
+    with pytest.MonkeyPatch.context() as m:
+        _python_only(m)
+        slow = _decoded_batch(datas)
+    assert slow == _decoded_batch(datas)
+
+
 class _Msg:
     """Stands in for confluent_kafka.Message where a test needs an error event."""
 
@@ -520,9 +579,11 @@ def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
     store = _damaged_log(tmp_path)
     op = KeyedAggregate(key_field="item_id", value_field="item_price", window_count=5)
 
-    def recover() -> tuple[Any, ...]:
+    def recover(batch: bool = True) -> tuple[Any, ...]:
         with store.reader("agg", 0) as reader:
-            rec = RecoveryManager(reader, op.decode_state).recover(1)
+            rec = RecoveryManager(
+                reader, op.decode_state, decode_states=op.decode_states if batch else None
+            ).recover(1)
             ec = rec.checkpoint
             return (
                 ec.crash_pos,
@@ -549,6 +610,7 @@ def test_ec_and_ec_load_identical_with_and_without_the_accelerator(
 
     fast = recover()
     assert fast[4]  # damaged footprints were passed over
+    assert recover(batch=False) == fast  # the window states decoded one by one
     with monkeypatch.context() as m:
         _python_only(m)
         slow = recover()
