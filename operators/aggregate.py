@@ -429,19 +429,17 @@ class KeyedAggregate(Operator):
         first_form = [data[:1] == head for data in datas]
         if True not in first_form:
             return self._state_codec.decode_slots(datas, AggState)
-        fulls = iter(
-            self._state_codec.decode_slots(
-                [d for d, f in zip(datas, first_form, strict=True) if not f], AggState
+        firsts = [
+            AggState(1, x, x, x, start, start + span)
+            for x, start, span in self._first_codec.decode_tuples(
+                [d for d, f in zip(datas, first_form, strict=True) if f], 1
             )
+        ]
+        if False not in first_form:
+            return firsts
+        fulls = self._state_codec.decode_slots(
+            [d for d, f in zip(datas, first_form, strict=True) if not f], AggState
         )
-        firsts = iter(
-            self._first_codec.decode_tuples([d for d, f in zip(datas, first_form, strict=True) if f], 1)
-        )
-        out: list[AggState] = []
-        for first in first_form:
-            if first:
-                x, start, span = next(firsts)
-                out.append(AggState(1, x, x, x, start, start + span))
-            else:
-                out.append(next(fulls))
-        return out
+        # Both forms, back in the bodies' order.
+        next_first, next_full = iter(firsts).__next__, iter(fulls).__next__
+        return [next_first() if f else next_full() for f in first_form]
