@@ -278,13 +278,23 @@ class CecAggregateProcessor(StatefulProcessor):
         keys = part.keys
         names = ("cec_key", "seq", "open", "state", "fp_gen", "pos_w", "fp_time")
         columns = [initialState[c].tolist() for c in names]
-        decode = self.operator.decode_state
+        keys_, _seqs, opens, raw_states = columns[:4]
+        # The open windows' states decoded at once, as the local host's EC-load does (Operator.decode_states).
+        states = iter(
+            self.operator.decode_states(
+                [
+                    bytes(st)
+                    for k, is_open, st in zip(keys_, opens, raw_states, strict=True)
+                    if is_open and k is not None
+                ]
+            )
+        )
         watermarks = self.spec.allowed_lateness is not None
         loaded: list[tuple[str, int, Any]] = []
-        for k, seq, is_open, state, fp_gen, pos_w, fp_time in zip(*columns, strict=True):
+        for k, seq, is_open, _state, fp_gen, pos_w, fp_time in zip(*columns, strict=True):
             seq = int(seq)
             if is_open and k is not None:
-                s = decode(bytes(state))
+                s = next(states)
                 window_pos = tuple(int(p) for p in pos_w)
                 # Loaded windows are not live (G-checked only after a tuple past the key's crash point);
                 # their footprint clock is pos_w.
