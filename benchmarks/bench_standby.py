@@ -152,6 +152,8 @@ def _finish(proc: subprocess.Popen[bytes], what: str) -> None:
 def _kill_primary_at(primary: subprocess.Popen[bytes], store: SqliteQueueStore, kill_at: int) -> float:
     # One reader, asked every 10 ms: a new reader every 2 ms took ~0.7 ms of CPU each, a quarter of a core
     # taken from the primary and its standby on a 2-core machine while they ran. The kill's own time is t0.
+    # The log is there only once the primary created it (a fast machine asked before that).
+    _wait(lambda: store.topic_exists(TOPIC) or primary.poll() is not None, "the primary's log", interval=0.01)
     with store.reader(TOPIC, 0) as reader:
         _wait(
             lambda: reader.end_offset() >= kill_at or primary.poll() is not None,

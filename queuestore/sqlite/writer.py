@@ -10,7 +10,8 @@ import sqlite3
 import threading
 import time
 from collections import deque
-from itertools import repeat
+from functools import lru_cache
+from itertools import chain, repeat
 from pathlib import Path
 
 from queuestore.base import (
@@ -36,6 +37,42 @@ from queuestore.sqlite.files import (
 )
 
 __all__ = ["SqlitePartitionWriter"]
+
+
+# Rows per INSERT statement, at most: SQLite binds at most SQLITE_LIMIT_VARIABLE_NUMBER parameters per statement
+# (32,766 since 3.32, 999 before), six per row.
+_MAX_ROWS_PER_STATEMENT = 4096
+
+
+def _statement_rows(conn: sqlite3.Connection) -> int:
+    getlimit = getattr(conn, "getlimit", None)  # Python >= 3.11
+    variables = 999 if getlimit is None else getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER)
+    return max(1, min(_MAX_ROWS_PER_STATEMENT, variables // 6))
+
+
+@lru_cache(maxsize=32)
+def _insert_sql(count: int) -> str:
+    return f"INSERT INTO log ({_COLUMNS}) VALUES " + ",".join(repeat("(?,?,?,?,?,?)", count))
+
+
+def insert_rows(
+    conn: sqlite3.Connection, rows: list[tuple[object, ...]], per_statement: int | None = None
+) -> None:
+    """INSERT `rows` (offset, kind, time, key, seq, value) in a few multi-row statements, not one per row.
+
+    Why: `executemany` gives up the GIL around every row's step and takes it back to bind the next one, so an
+    I/O thread beside a busy operator thread waits a switch interval per row: 32,768 rows took 8.2 s against
+    0.05 s alone (measured; at 50k tuples/s the log's durable end stood still for 1-3 s at a time). One
+    statement of k rows binds them all, then steps once: 0.09 s beside the same busy thread at k = 5,000.
+    Statements are of a full size or a power of two below it, so that the connection's statement cache
+    holds every SQL text used."""
+    size = per_statement or _statement_rows(conn)
+    at, total = 0, len(rows)
+    while at < total:
+        left = total - at
+        count = size if left >= size else 1 << (left.bit_length() - 1)
+        conn.execute(_insert_sql(count), list(chain.from_iterable(rows[at : at + count])))
+        at += count
 
 
 class SqlitePartitionWriter(PartitionWriter):
@@ -258,14 +295,18 @@ class SqlitePartitionWriter(PartitionWriter):
             if item is None:
                 return
             rows, callbacks = item
-            # Coalesce whatever else is queued into one transaction: fewer commits under load.
+            # Coalesce whatever else is queued into one transaction: fewer commits under load. Extended in
+            # place (`_submit` hands its lists over and starts new ones): the operator submits a small batch
+            # at every poll, and `rows = rows + more` copied the whole transaction once per batch, quadratic:
+            # at 50k tuples/s the log's durable end then stood still for 1-3 s at a time (measured,
+            # benchmarks/bench_durable_gaps.py).
             while not self._io_queue.empty() and len(rows) < 8 * self._max_batch:
                 more = self._io_queue.get_nowait()
                 if more is None:
                     self._io_queue.put(None)
                     break
-                rows = rows + more[0]
-                callbacks = callbacks + more[1]
+                rows.extend(more[0])
+                callbacks.extend(more[1])
             error: Exception | None = None
             if self._failure is not None:
                 # Fail-stop: these rows' offsets come after the failed batch's; writing them would leave
@@ -274,7 +315,7 @@ class SqlitePartitionWriter(PartitionWriter):
             else:
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
-                    self._conn.executemany(f"INSERT INTO log ({_COLUMNS}) VALUES (?,?,?,?,?,?)", rows)
+                    insert_rows(self._conn, rows)
                     self._commit()
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed
                     if isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc):
