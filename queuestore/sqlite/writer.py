@@ -297,9 +297,7 @@ class SqlitePartitionWriter(PartitionWriter):
             rows, callbacks = item
             # Coalesce whatever else is queued into one transaction: fewer commits under load. Extended in
             # place (`_submit` hands its lists over and starts new ones): the operator submits a small batch
-            # at every poll, and `rows = rows + more` copied the whole transaction once per batch, quadratic:
-            # at 50k tuples/s the log's durable end then stood still for 1-3 s at a time (measured,
-            # benchmarks/bench_durable_gaps.py).
+            # at every poll, and `rows = rows + more` copied the transaction so far once per queued batch.
             while not self._io_queue.empty() and len(rows) < 8 * self._max_batch:
                 more = self._io_queue.get_nowait()
                 if more is None:
