@@ -61,6 +61,12 @@ _inputs = Counter(
     "cec_input_tuples", "input tuples read (replayed ones included)", _LABELS, registry=REGISTRY
 )
 _appended = Counter("cec_appended_records", "records appended to the output log", _LABELS, registry=REGISTRY)
+_outstanding = Gauge(
+    "cec_outstanding_records",
+    "records appended to the output log and not durable yet (what a reader of the log cannot see yet)",
+    _LABELS,
+    registry=REGISTRY,
+)
 _input_rate = Gauge("cec_input_rate", "input tuples per second", _LABELS, registry=REGISTRY)
 _append_rate = Gauge("cec_append_rate", "records appended per second", _LABELS, registry=REGISTRY)
 _dead = Counter("cec_dead_letters", "input tuples dead-lettered", _LABELS, registry=REGISTRY)
@@ -143,11 +149,13 @@ class OperatorMetrics:
         gchecks: int,
         duty: float,
         dead_letters: int = 0,
+        outstanding: int | None = None,
     ) -> None:
         """The instance's figures now; `inputs`..`gchecks` and `dead_letters` are its running totals since
-        it started."""
+        it started; `outstanding`: records appended and not durable yet."""
         self.update(
             dead_letters=dead_letters,
+            outstanding=outstanding,
             open_windows=open_windows,
             extent=extent,
             replay=replay,
@@ -170,6 +178,7 @@ class OperatorMetrics:
         gchecks: int | None = None,
         duty: float | None = None,
         dead_letters: int | None = None,
+        outstanding: int | None = None,
     ) -> None:
         """`sample` for a host that knows only some of the figures (the Spark driver): those not given
         are left as they are (a gauge never set is not exported with a made-up value)."""
@@ -178,6 +187,7 @@ class OperatorMetrics:
             (_extent, extent),
             (_replay, replay),
             (_duty, duty),
+            (_outstanding, outstanding),
         ):
             if value is not None:
                 self._child(gauge).set(value)

@@ -352,6 +352,9 @@ class OperatorRuntime:
             gchecks=stats.gchecks,
             duty=self.schedule.real_duty(),
             dead_letters=stats.dead_letters,
+            # A durable end that stands still while the operator runs shows here first (a standby, a
+            # downstream reader and a restart see only durable records).
+            outstanding=self.output.outstanding,
         )
 
     def _finish(self, *, complete: bool) -> None:

@@ -27,6 +27,7 @@ NAMES = (
     "cec_checkpoint_duty_ratio",
     "cec_input_tuples_total",
     "cec_appended_records_total",
+    "cec_outstanding_records",
     "cec_input_rate",
     "cec_append_rate",
     "cec_dead_letters_total",
@@ -124,6 +125,8 @@ def test_endpoint_scraped_during_a_run_and_a_recovery_holds_every_name(tmp_path:
     total = REGISTRY.get_sample_value("cec_recovery_seconds", labels)
     assert total == pytest.approx(sum(phases.values()))
     assert REGISTRY.get_sample_value("cec_input_tuples_total", labels) > 20_000
+    # The run stopped: its final flush made every appended record durable, and the last sample says so.
+    assert REGISTRY.get_sample_value("cec_outstanding_records", labels) == 0
 
 
 def test_recovery_phases_are_timed_as_they_happen() -> None:
@@ -165,6 +168,9 @@ def test_rates_come_from_the_injected_clock() -> None:
     assert REGISTRY.get_sample_value("cec_append_rate", labels) == 100.0
     assert REGISTRY.get_sample_value("cec_input_tuples_total", labels) == 500
     assert REGISTRY.get_sample_value("cec_extent_records", labels) == 9
+    assert REGISTRY.get_sample_value("cec_outstanding_records", labels) is None  # never given: not made up
+    metrics.sample(inputs=600, outputs=300, outstanding=37, **figures)
+    assert REGISTRY.get_sample_value("cec_outstanding_records", labels) == 37
 
 
 def _free_port() -> int:
