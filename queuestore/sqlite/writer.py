@@ -61,9 +61,10 @@ def insert_rows(
     """INSERT `rows` (offset, kind, time, key, seq, value) in a few multi-row statements, not one per row.
 
     Why: `executemany` gives up the GIL around every row's step and takes it back to bind the next one, so an
-    I/O thread beside a busy operator thread waits a switch interval per row: 32,768 rows took 8.2 s against
-    0.05 s alone (measured; at 50k tuples/s the log's durable end stood still for 1-3 s at a time). One
-    statement of k rows binds them all, then steps once: 0.09 s beside the same busy thread at k = 5,000.
+    I/O thread beside a busy operator thread waits a switch interval per row: 32,768 rows took 8.2-9.5 s
+    against 0.07-0.09 s alone (benchmarks/bench_sqlite_gil.py; at 50k tuples/s the log's durable end stood
+    still for 1-3 s at a time, benchmarks/bench_durable_gaps.py). One statement of k rows binds them all, then
+    steps once: 0.16-0.19 s beside the same busy thread at k = 4,096.
     Statements are of a full size or a power of two below it, so that the connection's statement cache
     holds every SQL text used."""
     size = per_statement or _statement_rows(conn)
@@ -123,6 +124,9 @@ class SqlitePartitionWriter(PartitionWriter):
         self._fsync = fsync
         self._trim_conn: sqlite3.Connection | None = None
         self._max_batch = max_batch
+        self._statement_rows = _statement_rows(
+            self._conn
+        )  # the connection's limit: asked once, not per commit
         self._pending: list[tuple[int, str, int, str | None, int, bytes]] = []
         self._pending_callbacks: list[DurableCallback | None] = []
         self._max_outstanding = max_outstanding
@@ -313,7 +317,7 @@ class SqlitePartitionWriter(PartitionWriter):
             else:
                 try:
                     self._conn.execute("BEGIN IMMEDIATE")
-                    insert_rows(self._conn, rows)
+                    insert_rows(self._conn, rows, self._statement_rows)
                     self._commit()
                 except Exception as exc:  # the whole batch failed: every record in it is reported failed
                     if isinstance(exc, sqlite3.DatabaseError) and _is_damage(exc):
