@@ -52,9 +52,14 @@ def gc_paused() -> Iterator[None]:
             # Everything allocated meanwhile counts as young: re-enabled as is, the next allocation would
             # start a full collection over all of it (measured: ~0.8 s at 92k windows). Promote it to the
             # oldest generation instead (freeze + unfreeze), where it waits for the next full collection
-            # like any long-lived data; garbage cycles made meanwhile are collected then too.
+            # like any long-lived data; garbage cycles made meanwhile are collected then too. Where
+            # something was frozen already (a Spark Python worker forked from cec's daemon, which froze what
+            # it preloaded: operators.spark.daemon), unfreezing would hand that back to every full collection
+            # too: the new objects stay frozen beside it instead (refcounting still frees them).
+            frozen_before = gc.get_freeze_count()
             gc.freeze()
-            gc.unfreeze()
+            if not frozen_before:
+                gc.unfreeze()
             gc.enable()
 
 
