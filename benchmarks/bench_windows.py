@@ -105,7 +105,9 @@ def child(args: argparse.Namespace) -> int:
         source={"type": "csv", "path": args.data},
         store={"type": "sqlite", "root": args.root},
         output_topic="agg",
-        checkpointing=Checkpointing(),
+        checkpointing=Checkpointing.default()
+        if args.checkpointing == "default"
+        else Checkpointing.gopen_only(),
         batch_size=512,
     )
     before = resource.getrusage(resource.RUSAGE_SELF)
@@ -133,12 +135,15 @@ def child(args: argparse.Namespace) -> int:
     return 0
 
 
-def run_child(tree: Path, variant: str, data: Path, root: Path, lateness: str | None) -> dict[str, Any]:
+def run_child(
+    tree: Path, variant: str, data: Path, root: Path, lateness: str | None, checkpointing: str
+) -> dict[str, Any]:
     result = root.with_suffix(".json")
     cmd = [sys.executable, str(Path(__file__).resolve()), "--child", "--tree", str(tree), "--variant", variant,
            "--data", str(data), "--root", str(root), "--result", str(result)]  # fmt: skip
     if lateness is not None:
         cmd += ["--lateness", lateness]
+    cmd += ["--checkpointing", checkpointing]
     proc = subprocess.run(cmd, capture_output=True, text=True, cwd="/tmp")
     if proc.returncode != 0:
         raise RuntimeError(f"{variant} in {tree} failed ({proc.returncode}): {proc.stderr[-3000:]}")
@@ -162,6 +167,7 @@ def summary(run: dict[str, Any]) -> dict[str, Any]:
         "result_bytes_per_tuple": results / n,
         "gopens": kinds.get("GOPEN", {}).get("records", 0),
         "r_records": kinds.get("R", {}).get("records", 0),
+        "kinds": kinds,
         "digest": run["digest"],
         "load_average": run["load_average"],
     }
@@ -181,6 +187,13 @@ def main() -> int:
     parser.add_argument("--lateness", help="close by the watermark with this allowed lateness (e.g. 0)")
     parser.add_argument(
         "--before-tree", type=Path, help="a second source tree, run interleaved with this one"
+    )
+    parser.add_argument(
+        "--checkpointing",
+        choices=("gopen-only", "default"),
+        default="gopen-only",
+        help="gopen-only (as `cec run --gopen-only`, the default here) or default (`cec run`'s own: "
+        "G-checks with U = 100,000)",
     )
     parser.add_argument("--out", type=Path)
     # the hidden child mode: one run
@@ -209,7 +222,14 @@ def main() -> int:
             shift = r % len(runs)
             for tree, variant in runs[shift:] + runs[:shift]:
                 row = summary(
-                    run_child(trees[tree], variant, data, Path(tmp) / f"{tree}-{variant}-{r}", args.lateness)
+                    run_child(
+                        trees[tree],
+                        variant,
+                        data,
+                        Path(tmp) / f"{tree}-{variant}-{r}",
+                        args.lateness,
+                        args.checkpointing,
+                    )
                 )
                 table[tree][variant].append(row)
                 print(

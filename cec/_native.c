@@ -1763,11 +1763,76 @@ static PyObject *py_kafka_frame(PyObject *self, PyObject *const *args, Py_ssize_
     return out;
 }
 
+/* One value of a plain Avro type `code` (null, boolean, long, double, bytes, string) at out[at...]; the new
+ * end, or -1 when the value is not exactly of that type (the caller then declines). */
+static Py_ssize_t enc_avro_value(unsigned char *out, Py_ssize_t at, Py_ssize_t cap, long code, PyObject *v) {
+    switch (code) {
+    case 0: /* null */
+        return v == Py_None ? at : -1;
+    case 1: /* boolean */
+        if (!PyBool_Check(v)) return -1;
+        out[at++] = v == Py_True ? 1 : 0;
+        return at;
+    case 2: { /* int, long */
+        long long x;
+        if (PyBool_Check(v) || !as_long_long(v, &x)) return -1;
+        return enc_long(out, at, x);
+    }
+    case 4: { /* double, little-endian IEEE 754 */
+        if (!PyFloat_CheckExact(v)) return -1;
+        double d = PyFloat_AS_DOUBLE(v);
+        if (PyFloat_Pack8(d, (char *)out + at, 1) < 0) { PyErr_Clear(); return -1; }
+        return at + 8;
+    }
+    case 5: { /* bytes */
+        if (!PyBytes_CheckExact(v)) return -1;
+        Py_ssize_t len = PyBytes_GET_SIZE(v);
+        at = enc_long(out, at, (long long)len);
+        memcpy(out + at, PyBytes_AS_STRING(v), (size_t)len);
+        return at + len;
+    }
+    case 6: { /* string */
+        if (!PyUnicode_CheckExact(v)) return -1;
+        Py_ssize_t len;
+        const char *u = PyUnicode_AsUTF8AndSize(v, &len);
+        if (u == NULL) { PyErr_Clear(); return -1; }
+        if (at + 10 + len > cap) return -1; /* not expected: 4 bytes per code point at most */
+        at = enc_long(out, at, (long long)len);
+        memcpy(out + at, u, (size_t)len);
+        return at + len;
+    }
+    default:
+        return -1;
+    }
+}
+
+/* The branch of a two-branch union of null and one plain type (["null", "double"], ["string", "null"]:
+ * an optional field, as the several-aggregate results' nullable columns) that `v` takes, or -1. Only these
+ * unions: the value None fits the null branch alone and a value exactly of the other type fits that one
+ * alone, so the branch is the one fastavro picks (the first branch its looser checks accept: an int in
+ * ["null", "double"] would be a double there, and is declined here since it is not exactly a float). */
+static int avro_union_branch(PyObject *branches, PyObject *v, long *code) {
+    if (!PyTuple_Check(branches) || PyTuple_GET_SIZE(branches) != 2) return -1;
+    long codes[2];
+    for (int i = 0; i < 2; i++) {
+        PyObject *b = PyTuple_GET_ITEM(branches, i);
+        if (!PyTuple_Check(b) || PyTuple_GET_SIZE(b) < 1) return -1;
+        codes[i] = PyLong_AsLong(PyTuple_GET_ITEM(b, 0));
+        if (codes[i] == -1 && PyErr_Occurred()) { PyErr_Clear(); return -1; }
+    }
+    int null_at = codes[0] == 0 ? 0 : codes[1] == 0 ? 1 : -1;
+    if (null_at < 0) return -1;
+    long other = codes[1 - null_at];
+    if (other != 1 && other != 2 && other != 4 && other != 5 && other != 6) return -1;
+    *code = v == Py_None ? 0 : other;
+    return v == Py_None ? null_at : 1 - null_at;
+}
+
 /* encode_avro(program, values): the schemaless Avro encoding of a flat record whose field values are
  * `values` (a list or tuple, in the program's field order; a `compile_avro` program); None when a field's
- * type is not a plain null, boolean, long, double, string or bytes, or a value is not exactly of that
- * type (an int for a double, a long beyond 64 bits...): the caller then encodes with fastavro, which
- * converts or raises as it always did. */
+ * type is not a plain null, boolean, long, double, string or bytes, or a union of null and one of them, or
+ * a value is not exactly of that type (an int for a double, a long beyond 64 bits...): the caller then
+ * encodes with fastavro, which converts or raises as it always did. */
 static PyObject *py_encode_avro(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 2 || !PyTuple_Check(args[0])) {
         PyErr_SetString(PyExc_TypeError, "encode_avro(program: tuple, values: list | tuple)");
@@ -1780,7 +1845,7 @@ static PyObject *py_encode_avro(PyObject *self, PyObject *const *args, Py_ssize_
     Py_ssize_t cap = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *v = values[i];
-        cap += 10;
+        cap += 20; /* a union's branch index, then the value */
         if (PyBytes_CheckExact(v)) cap += PyBytes_GET_SIZE(v);
         else if (PyUnicode_Check(v)) cap += 4 * PyUnicode_GET_LENGTH(v);
     }
@@ -1794,49 +1859,14 @@ static PyObject *py_encode_avro(PyObject *self, PyObject *const *args, Py_ssize_
         if (!PyTuple_Check(op) || PyTuple_GET_SIZE(op) < 1) goto decline;
         long code = PyLong_AsLong(PyTuple_GET_ITEM(op, 0));
         if (code == -1 && PyErr_Occurred()) { PyErr_Clear(); goto decline; }
-        switch (code) {
-        case 0: /* null */
-            if (v != Py_None) goto decline;
-            break;
-        case 1: /* boolean */
-            if (!PyBool_Check(v)) goto decline;
-            out[at++] = v == Py_True ? 1 : 0;
-            break;
-        case 2: { /* int, long */
-            long long x;
-            if (PyBool_Check(v) || !as_long_long(v, &x)) goto decline;
-            at = enc_long(out, at, x);
-            break;
+        if (code == 8) { /* a union: its branch's index, then the value as that branch */
+            if (PyTuple_GET_SIZE(op) < 2) goto decline;
+            int branch = avro_union_branch(PyTuple_GET_ITEM(op, 1), v, &code);
+            if (branch < 0) goto decline;
+            at = enc_long(out, at, (long long)branch);
         }
-        case 4: { /* double, little-endian IEEE 754 */
-            if (!PyFloat_CheckExact(v)) goto decline;
-            double d = PyFloat_AS_DOUBLE(v);
-            if (PyFloat_Pack8(d, (char *)out + at, 1) < 0) { PyErr_Clear(); goto decline; }
-            at += 8;
-            break;
-        }
-        case 5: { /* bytes */
-            if (!PyBytes_CheckExact(v)) goto decline;
-            Py_ssize_t len = PyBytes_GET_SIZE(v);
-            at = enc_long(out, at, (long long)len);
-            memcpy(out + at, PyBytes_AS_STRING(v), (size_t)len);
-            at += len;
-            break;
-        }
-        case 6: { /* string */
-            if (!PyUnicode_CheckExact(v)) goto decline;
-            Py_ssize_t len;
-            const char *u = PyUnicode_AsUTF8AndSize(v, &len);
-            if (u == NULL) { PyErr_Clear(); goto decline; }
-            if (at + 10 + len > cap) goto decline; /* not expected: 4 bytes per code point at most */
-            at = enc_long(out, at, (long long)len);
-            memcpy(out + at, u, (size_t)len);
-            at += len;
-            break;
-        }
-        default:
-            goto decline;
-        }
+        at = enc_avro_value(out, at, cap, code, v);
+        if (at < 0) goto decline;
     }
     result = PyBytes_FromStringAndSize((const char *)out, at);
     goto done;
