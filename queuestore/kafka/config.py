@@ -181,6 +181,14 @@ class ClientSettings:
             # a lost answer (a produce's, a fetch's) is asked again well within the time cec gives an
             # operation before it fails it.
             "socket.timeout.ms": max(1000, int(self.request_timeout * 1000 / 3)),
+            # No re-bootstrap when every known broker is down (librdkafka's default since 2.10 is
+            # `rebootstrap`): in librdkafka 2.16 a consumer that re-bootstrapped while its connections were
+            # being cut went silent for good (no reconnect, no log line) and its next assign or unassign,
+            # which waits for the client's main thread without a timeout, never returned: `cec run` hung
+            # at the start in find_ends' unassign (found by a soak of wire faults; benchmarks/soak_ends.py:
+            # 2 hangs in 48 rounds with it, none without). Without it the client retries the brokers it
+            # knows, as librdkafka did before 2.10; a user's setting still wins.
+            "metadata.recovery.strategy": "none",
         }
         conf.update(environment_config())
         conf.update(self.user_config)

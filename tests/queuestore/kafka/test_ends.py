@@ -4,17 +4,24 @@ out-of-range answer sends the read back to the log start, asked again, so the fi
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
 import uuid
 from pathlib import Path
 
 import pytest
 
+from operators.topic_bounds import resolve_bounds
 from queuestore.base import RecordMeta
 from queuestore.kafka import KafkaQueueStore
+from queuestore.kafka.config import ClientSettings
 from tests.brokers import Broker
-from tests.faultproxy import API_KEYS, Fault, FaultPlan, FaultProxy, Rule
-from tests.helpers import wait_for
+from tests.chaos.harness import CHAOS_MIX
+from tests.faultproxy import API_KEYS, Chaos, Fault, FaultPlan, FaultProxy, Rule
+from tests.helpers import child_env, wait_for
+from tests.topic_data import create_topic, produce
 
 pytestmark = pytest.mark.kafka_transactions
 
@@ -64,3 +71,67 @@ def test_the_end_is_found_while_trimming_moves_the_log_start(
         assert found == [true_end]
     finally:
         store.close()
+
+
+# -- a client that re-bootstraps under wire faults ------------------------------------------------------------
+def test_clients_do_not_rebootstrap_unless_the_user_says_so() -> None:
+    """Every client cec makes keeps to the brokers it knows when all of them are down (queuestore.kafka.config:
+    librdkafka 2.16's re-bootstrap left a consumer that never answered its next unassign); a user's
+    setting wins, as with any default."""
+    plain = ClientSettings("127.0.0.1:1")
+    for conf in (
+        plain.client("c"),
+        plain.consumer("c"),
+        plain.consumer("c", group_id="g", read_committed=False),
+        plain.lease_consumer("c", "g", 5.0),
+    ):
+        assert conf["metadata.recovery.strategy"] == "none"
+    user = ClientSettings("127.0.0.1:1", {"metadata.recovery.strategy": "rebootstrap"})
+    assert user.consumer("c")["metadata.recovery.strategy"] == "rebootstrap"
+
+
+ROUNDS = 12
+# One round in a process of its own: librdkafka's assign and unassign hold the GIL while they wait, so a
+# round that hangs there freezes its whole process (a thread's deadline would never fire).
+_ROUND = """
+import json, sys
+from operators.exceptions import TopicSourceError
+from operators.topic_bounds import resolve_bounds
+try:
+    b = resolve_bounds(sys.argv[1], sys.argv[2])
+    print(json.dumps({"starts": list(b.starts), "ends": list(b.ends)}))
+except TopicSourceError as exc:
+    print(json.dumps({"error": str(exc)}))
+"""
+
+
+def test_the_ends_of_an_input_are_found_under_wire_faults_without_hanging(
+    fault_proxy: FaultProxy, proxied_broker: Broker
+) -> None:
+    """`resolve_bounds` (a topic input's ends, the first thing `cec run --input-topic` asks) through the fault
+    proxy under seeded chaos (delays, lost answers, cut connections): every round returns the true ends or fails
+    with the source's one-line error, within its deadline. With librdkafka's re-bootstrap on, a round hung
+    for good in find_ends' unassign (2 of 48 rounds of benchmarks/soak_ends.py; round 4 of this test)."""
+    topic = f"ends-chaos-{uuid.uuid4().hex[:8]}"
+    create_topic(proxied_broker.bootstrap, topic, 4)
+    produce(proxied_broker.bootstrap, topic, [(i % 4, b"k%d" % (i % 13), b"{}") for i in range(2_000)])
+    truth = resolve_bounds(proxied_broker.bootstrap, topic)
+    for seed in range(ROUNDS):
+        fault_proxy.reset()
+        fault_proxy.plan = FaultPlan(Chaos(0.3, mix=CHAOS_MIX, delay_s=(0.01, 1.5)), seed=seed)
+        try:
+            proc = subprocess.run(
+                [sys.executable, "-c", _ROUND, fault_proxy.address, topic],
+                env=child_env(),
+                capture_output=True,
+                text=True,
+                timeout=DEADLINE,
+            )
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"round {seed} hung for {DEADLINE:.0f} s: {fault_proxy.describe()}", pytrace=False)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        outcome = json.loads(proc.stdout.splitlines()[-1])
+        if "error" in outcome:
+            assert "\n" not in outcome["error"], outcome
+        else:
+            assert (tuple(outcome["starts"]), tuple(outcome["ends"])) == (truth.starts, truth.ends), seed
