@@ -6,7 +6,7 @@ A round either returns the true ends of the 4-partition topic or fails with the 
 a round that does not return within `--deadline` is a hang: its seed, the proxy's latest injections and
 the Python stacks are printed, and the soak stops. `--strategy rebootstrap` sets librdkafka's
 `metadata.recovery.strategy` as it was before cec set it to `none` (queuestore.kafka.config): with it, 2 of
-48 rounds hung for good in find_ends' unassign (2026-11-29); without, none.
+47 rounds hung for good in find_ends' unassign (2026-11-29); without, none.
 
     nice -n 5 .venv/bin/python benchmarks/soak_ends.py --rounds 200 [--strategy rebootstrap]
 """

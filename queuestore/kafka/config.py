@@ -186,7 +186,7 @@ class ClientSettings:
             # being cut went silent for good (no reconnect, no log line) and its next assign or unassign,
             # which waits for the client's main thread without a timeout, never returned: `cec run` hung
             # at the start in find_ends' unassign (found by a soak of wire faults; benchmarks/soak_ends.py:
-            # 2 hangs in 48 rounds with it, none without). Without it the client retries the brokers it
+            # 2 hangs in 47 rounds with it, none without). Without it the client retries the brokers it
             # knows, as librdkafka did before 2.10; a user's setting still wins.
             "metadata.recovery.strategy": "none",
         }

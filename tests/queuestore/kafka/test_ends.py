@@ -111,7 +111,7 @@ def test_the_ends_of_an_input_are_found_under_wire_faults_without_hanging(
     """`resolve_bounds` (a topic input's ends, the first thing `cec run --input-topic` asks) through the fault
     proxy under seeded chaos (delays, lost answers, cut connections): every round returns the true ends or fails
     with the source's one-line error, within its deadline. With librdkafka's re-bootstrap on, a round hung
-    for good in find_ends' unassign (2 of 48 rounds of benchmarks/soak_ends.py; round 4 of this test)."""
+    for good in find_ends' unassign (2 of 47 rounds of benchmarks/soak_ends.py; 2 of 5 runs of this test)."""
     topic = f"ends-chaos-{uuid.uuid4().hex[:8]}"
     create_topic(proxied_broker.bootstrap, topic, 4)
     produce(proxied_broker.bootstrap, topic, [(i % 4, b"k%d" % (i % 13), b"{}") for i in range(2_000)])
