@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import confluent_kafka
+
 from cec.exceptions import ConfigError
 
 __all__ = [
@@ -47,6 +49,10 @@ STORE_LOG = logging.getLogger(LIBRDKAFKA_LOGGERS[0])
 SOURCE_LOG = logging.getLogger(LIBRDKAFKA_LOGGERS[1])
 
 _cache: dict[tuple[str, int], dict[str, str]] = {}
+
+# Whether this librdkafka knows `metadata.recovery.strategy` (KIP-899, librdkafka 2.10; confluent-kafka 2.4+
+# is accepted, and an unknown property is an error there).
+_REBOOTSTRAPS = confluent_kafka.libversion()[1] >= 0x020A0000
 
 _SENSITIVE_PREFIXES = ("sasl.", "ssl.")
 _SENSITIVE_WORDS = ("password", "secret", "token", "credential", "jaas", "key")
@@ -181,15 +187,16 @@ class ClientSettings:
             # a lost answer (a produce's, a fetch's) is asked again well within the time cec gives an
             # operation before it fails it.
             "socket.timeout.ms": max(1000, int(self.request_timeout * 1000 / 3)),
-            # No re-bootstrap when every known broker is down (librdkafka's default since 2.10 is
-            # `rebootstrap`): in librdkafka 2.16 a consumer that re-bootstrapped while its connections were
-            # being cut went silent for good (no reconnect, no log line) and its next assign or unassign,
-            # which waits for the client's main thread without a timeout, never returned: `cec run` hung
-            # at the start in find_ends' unassign (found by a soak of wire faults; benchmarks/soak_ends.py:
-            # 2 hangs in 47 rounds with it, none without). Without it the client retries the brokers it
-            # knows, as librdkafka did before 2.10; a user's setting still wins.
-            "metadata.recovery.strategy": "none",
         }
+        if _REBOOTSTRAPS:
+            # No re-bootstrap when every known broker is down (librdkafka's default since 2.10): in
+            # librdkafka 2.16 a consumer that re-bootstrapped while its connections were being cut went
+            # silent for good (no reconnect, no log line) and its next assign or unassign, which waits for
+            # the client's main thread without a timeout and holds the GIL, froze the process: `cec run`
+            # hung at its start in find_ends' unassign (found by a soak of wire faults; benchmarks/
+            # soak_ends.py: 2 hangs in 47 rounds with it, none in 287 without). Without it the client
+            # retries the brokers it knows, as librdkafka did before 2.10; a user's setting still wins.
+            conf["metadata.recovery.strategy"] = "none"
         conf.update(environment_config())
         conf.update(self.user_config)
         return conf

@@ -16,6 +16,7 @@ import pytest
 from operators.topic_bounds import resolve_bounds
 from queuestore.base import RecordMeta
 from queuestore.kafka import KafkaQueueStore
+from queuestore.kafka import config as kafka_config
 from queuestore.kafka.config import ClientSettings
 from tests.brokers import Broker
 from tests.chaos.harness import CHAOS_MIX
@@ -77,7 +78,10 @@ def test_the_end_is_found_while_trimming_moves_the_log_start(
 def test_clients_do_not_rebootstrap_unless_the_user_says_so() -> None:
     """Every client cec makes keeps to the brokers it knows when all of them are down (queuestore.kafka.config:
     librdkafka 2.16's re-bootstrap left a consumer that never answered its next unassign); a user's
-    setting wins, as with any default."""
+    setting wins, as with any default. (A librdkafka before 2.10 has no such property: nothing is set.)"""
+    if not kafka_config._REBOOTSTRAPS:
+        assert "metadata.recovery.strategy" not in ClientSettings("127.0.0.1:1").client("c")
+        return
     plain = ClientSettings("127.0.0.1:1")
     for conf in (
         plain.client("c"),
