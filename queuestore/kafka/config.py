@@ -189,13 +189,16 @@ class ClientSettings:
             "socket.timeout.ms": max(1000, int(self.request_timeout * 1000 / 3)),
         }
         if _REBOOTSTRAPS:
-            # No re-bootstrap when every known broker is down (librdkafka's default since 2.10): in
-            # librdkafka 2.16 a consumer that re-bootstrapped while its connections were being cut went
-            # silent for good (no reconnect, no log line) and its next assign or unassign, which waits for
-            # the client's main thread without a timeout and holds the GIL, froze the process: `cec run`
-            # hung at its start in find_ends' unassign (found by a soak of wire faults; benchmarks/
-            # soak_ends.py: 2 hangs in 47 rounds with it, none in 287 without). Without it the client
-            # retries the brokers it knows, as librdkafka did before 2.10; a user's setting still wins.
+            # No re-bootstrap when every known broker is down (librdkafka's default since 2.10). In
+            # librdkafka 2.16 a consumer that re-bootstrapped while its connections were being cut could
+            # deadlock inside librdkafka (gdb: its main thread's OffsetForLeaderEpoch leader query waiting on
+            # the metadata lock against a failing broker thread undelegating the partitions), and its next
+            # assign or unassign, which waits for that main thread without a timeout and holds the GIL,
+            # froze the whole process: `cec run --input-topic` hung at its start in find_ends' unassign
+            # (found by a soak of wire faults; benchmarks/soak_ends.py: 2 hangs in 47 rounds and seed 10
+            # every time with it, none in 367 rounds without). Re-bootstrapping re-learns every partition's
+            # leader, which sets off those epoch validations while brokers fail; without it the client
+            # retries the brokers it knows, as before 2.10. A user's setting still wins.
             conf["metadata.recovery.strategy"] = "none"
         conf.update(environment_config())
         conf.update(self.user_config)
